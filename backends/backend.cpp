@@ -1,0 +1,28 @@
+// The list of built-in backends, assembled explicitly in one place.
+#include "backends/backend.hpp"
+
+namespace normgrad {
+
+const std::vector<const Backend*>& available_backends() {
+  static const std::vector<const Backend*> backends = [] {
+    std::vector<const Backend*> v;
+    // jit and dnnl join here, ahead of ref, as they land.
+    v.push_back(ref_backend());
+    return v;
+  }();
+  return backends;
+}
+
+const std::vector<std::string>& known_backend_names() {
+  static const std::vector<std::string> names = {"auto", "jit", "dnnl", "ref"};
+  return names;
+}
+
+const Backend* find_backend(const std::string& name) {
+  for (const Backend* b : available_backends()) {
+    if (name == b->name()) return b;
+  }
+  return nullptr;
+}
+
+}  // namespace normgrad

@@ -1,0 +1,47 @@
+// Backend and Kernel: the interface every backend implements.
+//
+// A backend answers supports(partition) with OK or the reason it declines, and
+// compiles a supported partition into a Kernel. A Kernel is immutable after
+// compile and may be executed from many threads at once; it receives dense or
+// strided buffers already checked against the partition's tensors.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/partition.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  // e.g. "ref:batch_norm_bwd" or oneDNN's "bnorm_jit:avx512_core".
+  virtual std::string name() const = 0;
+  // inputs and outputs follow the partition's port order.
+  virtual Status execute(const std::vector<const void*>& inputs,
+                         const std::vector<void*>& outputs) const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual Status supports(const Partition& partition) const = 0;
+  virtual StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const = 0;
+};
+
+// Backends built into this library, in auto-selection order (fastest first;
+// ref last, since it supports every valid partition).
+const std::vector<const Backend*>& available_backends();
+// Names a user may force: "auto", "ref", "dnnl", "jit".
+const std::vector<std::string>& known_backend_names();
+// nullptr when `name` is not built into this library.
+const Backend* find_backend(const std::string& name);
+
+// Explicit registration functions, called once from available_backends().
+const Backend* ref_backend();
+
+}  // namespace normgrad

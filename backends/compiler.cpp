@@ -1,0 +1,191 @@
+// Backend selection, CompiledPartition::execute checks, and CompiledGraph.
+#include "backends/compiler.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <set>
+
+namespace normgrad {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int verbose_level() {
+  const char* v = std::getenv("NORMGRAD_VERBOSE");
+  return v ? std::atoi(v) : 0;
+}
+
+std::string shapes_of(const Partition& p) {
+  std::string s;
+  for (const LogicalTensor& lt : p.inputs) {
+    s += (s.empty() ? "" : " ") + std::string(dtype_name(lt.dtype)) + ":" + dims_to_string(lt.dims);
+  }
+  return s;
+}
+
+Status check_tensor(const std::string& where, const LogicalTensor& port, const Tensor& t) {
+  if (t.desc.id != port.id) {
+    return invalid_argument(where + ": tensor id " + std::to_string(t.desc.id) + ", expected " +
+                            std::to_string(port.id));
+  }
+  if (t.desc.dtype != port.dtype) {
+    return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): dtype " +
+                            dtype_name(t.desc.dtype) + ", expected " + dtype_name(port.dtype));
+  }
+  if (t.desc.dims != port.dims) {
+    return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): shape " +
+                            dims_to_string(t.desc.dims) + ", expected " + dims_to_string(port.dims));
+  }
+  if (port.effective_strides() != t.desc.effective_strides()) {
+    return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): strides " +
+                            dims_to_string(t.desc.effective_strides()) + ", expected " +
+                            dims_to_string(port.effective_strides()));
+  }
+  NG_ASSIGN_OR_RETURN(int64_t bytes, port.buffer_bytes());
+  if (bytes > 0 && t.data == nullptr) {
+    return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): null buffer for " +
+                            std::to_string(bytes) + " bytes");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& outputs) const {
+  const std::string who = "partition " + std::to_string(partition_.id) + " (" + partition_.ops_string() + ")";
+  if (inputs.size() != partition_.inputs.size() || outputs.size() != partition_.outputs.size()) {
+    return invalid_argument(who + ": got " + std::to_string(inputs.size()) + " inputs and " +
+                            std::to_string(outputs.size()) + " outputs, expected " +
+                            std::to_string(partition_.inputs.size()) + " and " +
+                            std::to_string(partition_.outputs.size()));
+  }
+  std::vector<const void*> in(inputs.size());
+  std::vector<void*> out(outputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    NG_RETURN_IF_ERROR(check_tensor(who + ": input " + std::to_string(i), partition_.inputs[i], inputs[i]));
+    in[i] = inputs[i].data;
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    NG_RETURN_IF_ERROR(check_tensor(who + ": output " + std::to_string(i), partition_.outputs[i], outputs[i]));
+    out[i] = outputs[i].data;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = kernel_->execute(in, out);
+  if (verbose_level() >= 1) {
+    std::cerr << "normgrad_verbose,exec," << backend_->name() << "," << kernel_->name() << ","
+              << partition_.ops_string() << "," << shapes_of(partition_) << "," << ms_since(t0) << "\n";
+  }
+  return s;
+}
+
+StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Partition& partition,
+                                                                     const CompileOptions& options) {
+  const std::string who = "partition " + std::to_string(partition.id) + " (" + partition.ops_string() + ")";
+  std::vector<const Backend*> candidates;
+  const std::string& wanted = !partition.backend.empty() && options.backend == "auto" ? partition.backend : options.backend;
+  if (wanted == "auto") {
+    candidates = available_backends();
+  } else {
+    const Backend* b = find_backend(wanted);
+    if (b == nullptr) {
+      bool known = false;
+      for (const std::string& n : known_backend_names()) known = known || n == wanted;
+      if (known) return unimplemented("backend '" + wanted + "' is not built into this version of normgrad");
+      return invalid_argument("unknown backend '" + wanted + "' (expected auto, ref, dnnl or jit)");
+    }
+    candidates.push_back(b);
+  }
+  std::string reasons;
+  for (const Backend* b : candidates) {
+    Status s = b->supports(partition);
+    if (!s.ok()) {
+      if (verbose_level() >= 2) {
+        std::cerr << "normgrad_verbose,decline," << b->name() << "," << partition.ops_string() << ","
+                  << s.message() << "\n";
+      }
+      reasons += std::string(reasons.empty() ? "" : "; ") + b->name() + ": " + s.message();
+      continue;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto kernel = b->compile(partition);
+    if (!kernel.ok()) return kernel.status().with_context(who + " on " + b->name());
+    const double ms = ms_since(t0);
+    auto cp = std::make_shared<const CompiledPartition>(partition, b, std::move(kernel).value(), ms);
+    if (verbose_level() >= 1) {
+      std::cerr << "normgrad_verbose,compile," << b->name() << "," << cp->kernel_name() << ","
+                << partition.ops_string() << "," << shapes_of(partition) << "," << ms << "\n";
+    }
+    return cp;
+  }
+  return unimplemented(who + ": no backend can run it (" + reasons + ")");
+}
+
+StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const CompileOptions& options) {
+  CompiledGraph cg;
+  cg.graph_ = graph;
+  if (!cg.graph_.finalized()) NG_RETURN_IF_ERROR(cg.graph_.finalize());
+  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(cg.graph_));
+  for (const Partition& p : parts) {
+    NG_ASSIGN_OR_RETURN(auto cp, compile_partition(p, options));
+    cg.partitions_.push_back(std::move(cp));
+  }
+  cg.inputs_ = cg.graph_.graph_inputs();
+  cg.outputs_ = cg.graph_.graph_outputs();
+  return cg;
+}
+
+Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
+                              const std::map<int64_t, void*>& outputs,
+                              std::vector<double>* partition_ms) const {
+  for (const LogicalTensor& lt : inputs_) {
+    if (inputs.count(lt.id) == 0) return invalid_argument("graph input tensor " + std::to_string(lt.id) + " has no buffer");
+  }
+  for (const LogicalTensor& lt : outputs_) {
+    if (outputs.count(lt.id) == 0) return invalid_argument("graph output tensor " + std::to_string(lt.id) + " has no buffer");
+  }
+  // Intermediates: produced by one partition, consumed by another, not a graph output.
+  std::map<int64_t, std::vector<char>> scratch;
+  std::map<int64_t, void*> written;
+  for (const auto& [id, ptr] : outputs) written[id] = ptr;
+  if (partition_ms) partition_ms->assign(partitions_.size(), 0.0);
+  for (size_t k = 0; k < partitions_.size(); ++k) {
+    const Partition& p = partitions_[k]->partition();
+    std::vector<Tensor> in, out;
+    for (const LogicalTensor& lt : p.inputs) {
+      auto w = written.find(lt.id);
+      const void* ptr = nullptr;
+      if (w != written.end() && graph_.producer_of(lt.id) >= 0) {
+        ptr = w->second;
+      } else if (auto i = inputs.find(lt.id); i != inputs.end()) {
+        ptr = i->second;
+      } else {
+        return internal_error("tensor " + std::to_string(lt.id) + " is read before it is written");
+      }
+      in.push_back({lt, const_cast<void*>(ptr)});
+    }
+    for (const LogicalTensor& lt : p.outputs) {
+      void* ptr;
+      if (auto o = outputs.find(lt.id); o != outputs.end()) {
+        ptr = o->second;
+      } else {
+        NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
+        auto& buf = scratch[lt.id];
+        buf.resize(static_cast<size_t>(bytes));
+        ptr = buf.data();
+        written[lt.id] = ptr;
+      }
+      out.push_back({lt, ptr});
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    NG_RETURN_IF_ERROR(partitions_[k]->execute(in, out));
+    if (partition_ms) (*partition_ms)[k] = ms_since(t0);
+  }
+  return ok_status();
+}
+
+}  // namespace normgrad

@@ -1,0 +1,74 @@
+// Compiling partitions and whole graphs, and executing them on user buffers.
+//
+// compile_partition picks a backend (the forced one, else the first that
+// supports the partition) and returns an immutable CompiledPartition.
+// CompiledGraph is the convenience that finalizes a graph, splits it into
+// partitions, compiles each and runs them in order with owned intermediates.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "graph/graph.hpp"
+#include "passes/partitioner.hpp"
+
+namespace normgrad {
+
+struct CompileOptions {
+  // "auto", or the name of one backend; forcing a backend that declines is an error.
+  std::string backend = "auto";
+};
+
+class CompiledPartition {
+ public:
+  CompiledPartition(Partition partition, const Backend* backend, std::shared_ptr<const Kernel> kernel,
+                    double compile_ms)
+      : partition_(std::move(partition)), backend_(backend), kernel_(std::move(kernel)),
+        compile_ms_(compile_ms) {}
+
+  const Partition& partition() const { return partition_; }
+  const char* backend_name() const { return backend_->name(); }
+  std::string kernel_name() const { return kernel_->name(); }
+  double compile_ms() const { return compile_ms_; }
+
+  // Tensors in the partition's port order; each must match its port's id,
+  // dtype and dims, and point at a buffer large enough for its strides.
+  Status execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const;
+
+ private:
+  Partition partition_;
+  const Backend* backend_;
+  std::shared_ptr<const Kernel> kernel_;
+  double compile_ms_;
+};
+
+StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Partition& partition,
+                                                                     const CompileOptions& options);
+
+class CompiledGraph {
+ public:
+  // Finalizes a copy of `graph` if needed, partitions and compiles it.
+  static StatusOr<CompiledGraph> compile(const Graph& graph, const CompileOptions& options);
+
+  const Graph& graph() const { return graph_; }
+  const std::vector<std::shared_ptr<const CompiledPartition>>& partitions() const { return partitions_; }
+  const std::vector<LogicalTensor>& inputs() const { return inputs_; }
+  const std::vector<LogicalTensor>& outputs() const { return outputs_; }
+
+  // Buffers by tensor id: every graph input and every graph output must be given.
+  // Intermediates are allocated per call, so concurrent calls are safe.
+  // `partition_ms`, when given, receives each partition's wall time.
+  Status execute(const std::map<int64_t, const void*>& inputs, const std::map<int64_t, void*>& outputs,
+                 std::vector<double>* partition_ms = nullptr) const;
+
+ private:
+  Graph graph_;
+  std::vector<std::shared_ptr<const CompiledPartition>> partitions_;
+  std::vector<LogicalTensor> inputs_;
+  std::vector<LogicalTensor> outputs_;
+};
+
+}  // namespace normgrad

@@ -1,0 +1,76 @@
+// The reference backend: runs any partition op by op through ref::execute_op.
+//
+// It supports every valid partition, so every valid graph runs. Tensors that
+// live inside a partition (fused groups) get per-call scratch buffers in their
+// own dtype, which reproduces the unfused rounding exactly.
+#include <map>
+
+#include "backends/backend.hpp"
+#include "backends/ref/ref_ops.hpp"
+
+namespace normgrad {
+namespace {
+
+class RefKernel final : public Kernel {
+ public:
+  explicit RefKernel(Partition p) : partition_(std::move(p)) {}
+
+  std::string name() const override {
+    std::string n = "ref:";
+    for (size_t i = 0; i < partition_.ops.size(); ++i) n += (i ? "+" : "") + std::string(op_kind_name(partition_.ops[i].kind()));
+    return n;
+  }
+
+  Status execute(const std::vector<const void*>& inputs, const std::vector<void*>& outputs) const override {
+    std::map<int64_t, void*> buffers;
+    std::map<int64_t, std::vector<char>> scratch;
+    for (size_t i = 0; i < inputs.size(); ++i) buffers[partition_.inputs[i].id] = const_cast<void*>(inputs[i]);
+    for (size_t i = 0; i < outputs.size(); ++i) buffers[partition_.outputs[i].id] = outputs[i];
+    for (const Op& op : partition_.ops) {
+      std::vector<const void*> in;
+      std::vector<void*> out;
+      for (const LogicalTensor& lt : op.inputs()) {
+        auto it = buffers.find(lt.id);
+        if (it == buffers.end()) return internal_error(op.label() + ": tensor " + std::to_string(lt.id) + " has no buffer");
+        in.push_back(it->second);
+      }
+      for (const LogicalTensor& lt : op.outputs()) {
+        auto it = buffers.find(lt.id);
+        if (it == buffers.end()) {
+          NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
+          auto& buf = scratch[lt.id];
+          buf.resize(static_cast<size_t>(bytes));
+          it = buffers.emplace(lt.id, buf.data()).first;
+        }
+        out.push_back(it->second);
+      }
+      NG_RETURN_IF_ERROR(ref::execute_op(op, in, out));
+    }
+    return ok_status();
+  }
+
+ private:
+  Partition partition_;
+};
+
+class RefBackend final : public Backend {
+ public:
+  const char* name() const override { return "ref"; }
+  Status supports(const Partition& partition) const override {
+    if (partition.ops.empty()) return invalid_argument("empty partition");
+    return ok_status();
+  }
+  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override {
+    NG_RETURN_IF_ERROR(supports(partition));
+    return std::shared_ptr<const Kernel>(std::make_shared<RefKernel>(partition));
+  }
+};
+
+}  // namespace
+
+const Backend* ref_backend() {
+  static const RefBackend backend;
+  return &backend;
+}
+
+}  // namespace normgrad

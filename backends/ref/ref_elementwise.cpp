@@ -1,0 +1,69 @@
+// Reference ReLU, ReLUBackward, Add, TypeCast and StaticTranspose on strided buffers.
+#include "backends/ref/ref_indexing.hpp"
+#include "backends/ref/ref_ops.hpp"
+
+namespace normgrad {
+namespace ref {
+
+Status elementwise(const Op& op, const std::vector<const void*>& in, const std::vector<void*>& out) {
+  const LogicalTensor& dst = op.outputs()[0];
+  const Dims& dims = dst.dims;
+  const Dims dst_strides = dst.effective_strides();
+  std::vector<Dims> in_strides;
+  for (const LogicalTensor& lt : op.inputs()) in_strides.push_back(lt.effective_strides());
+  auto load = [&](size_t i, const std::vector<int64_t>& idx) {
+    return load_as_double(in[i], offset_of(idx, in_strides[i]), op.inputs()[i].dtype);
+  };
+  auto store = [&](const std::vector<int64_t>& idx, double v) {
+    store_from_double(out[0], offset_of(idx, dst_strides), dst.dtype, v);
+  };
+  switch (op.kind()) {
+    case OpKind::kReLU:
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+        const double x = load(0, idx);
+        store(idx, x > 0.0 ? x : (x != x ? x : 0.0));  // NaN propagates
+      });
+      return ok_status();
+    case OpKind::kReLUBackward:
+      // Input 0 is ReLU's src (use_dst = false) or dst (use_dst = true); in both
+      // cases the gradient passes where that value is > 0.
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+        const double x = load(0, idx);
+        store(idx, x > 0.0 ? load(1, idx) : 0.0);
+      });
+      return ok_status();
+    case OpKind::kAdd:
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) { store(idx, load(0, idx) + load(1, idx)); });
+      return ok_status();
+    case OpKind::kTypeCast:
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) { store(idx, load(0, idx)); });
+      return ok_status();
+    case OpKind::kStaticTranspose: {
+      NG_ASSIGN_OR_RETURN(std::vector<int64_t> order, op.attr_s64s("order"));
+      const auto rank = static_cast<int64_t>(order.size());
+      std::vector<int64_t> src_idx(order.size());
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+        // dst dim k is src dim order[k].
+        for (int64_t k = 0; k < rank; ++k) src_idx[(order[k] + rank) % rank] = idx[k];
+        store(idx, load(0, src_idx));
+      });
+      return ok_status();
+    }
+    default: break;
+  }
+  return internal_error(op.label() + ": not an elementwise op");
+}
+
+Status execute_op(const Op& op, const std::vector<const void*>& inputs,
+                  const std::vector<void*>& outputs) {
+  switch (op.kind()) {
+    case OpKind::kBatchNormTrainingBackward: return batch_norm_backward(op, inputs, outputs);
+    case OpKind::kBatchNormForwardTraining: return batch_norm_forward_training(op, inputs, outputs);
+    case OpKind::kBatchNormInference: return batch_norm_inference(op, inputs, outputs);
+    case OpKind::kEnd: return ok_status();
+    default: return elementwise(op, inputs, outputs);
+  }
+}
+
+}  // namespace ref
+}  // namespace normgrad

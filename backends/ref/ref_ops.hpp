@@ -1,0 +1,30 @@
+// Reference implementations of every op, on strided buffers, in float64.
+//
+// Each function takes a verified, shape-inferred op and the buffers of its
+// ports in port order. Arithmetic is double; results are rounded once to the
+// output dtype. This is the oracle the other backends are measured against,
+// so the code follows the formulas literally.
+#pragma once
+
+#include <vector>
+
+#include "graph/op.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+namespace ref {
+
+Status execute_op(const Op& op, const std::vector<const void*>& inputs,
+                  const std::vector<void*>& outputs);
+
+// Per family, called by execute_op.
+Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
+                           const std::vector<void*>& out);
+Status batch_norm_forward_training(const Op& op, const std::vector<const void*>& in,
+                                   const std::vector<void*>& out);
+Status batch_norm_inference(const Op& op, const std::vector<const void*>& in,
+                            const std::vector<void*>& out);
+Status elementwise(const Op& op, const std::vector<const void*>& in, const std::vector<void*>& out);
+
+}  // namespace ref
+}  // namespace normgrad

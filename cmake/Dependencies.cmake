@@ -1,0 +1,25 @@
+# Dependency lookup: Debian 12 packages only, through their CMake CONFIG files.
+#
+# oneDNN's config looks for OpenCL headers (ocl-icd-opencl-dev) even on CPU builds;
+# the later backends need dnnl and xbyak, so they are found here once for all.
+find_package(TBB CONFIG REQUIRED)
+find_package(nlohmann_json 3.10 CONFIG REQUIRED)
+if(NORMGRAD_WITH_DNNL)
+  find_package(dnnl CONFIG REQUIRED)
+endif()
+if(NORMGRAD_WITH_JIT)
+  find_package(xbyak CONFIG REQUIRED)
+endif()
+if(NORMGRAD_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+endif()
+if(NORMGRAD_BUILD_BENCH)
+  find_package(benchmark CONFIG REQUIRED)
+endif()
+
+# Every object library in the tree compiles with the repository root on the include path.
+function(normgrad_object_library name)
+  add_library(${name} OBJECT ${ARGN})
+  target_include_directories(${name} PUBLIC ${CMAKE_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC TBB::tbb nlohmann_json::nlohmann_json)
+endfunction()

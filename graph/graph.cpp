@@ -1,0 +1,277 @@
+// Graph: op insertion checks, finalize (joining, cycle detection, shape inference).
+#include "graph/graph.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "graph/op_checks.hpp"
+
+namespace normgrad {
+namespace {
+
+std::string op_ref(const Op& op) { return "op " + std::to_string(op.id()) + " (" + op.label() + ")"; }
+
+// Merges `incoming` into `known` for one tensor id; unknown dims and strides are
+// filled in, known ones must agree.
+Status merge_metadata(LogicalTensor& known, const LogicalTensor& incoming, const std::string& where) {
+  const std::string who = "tensor " + std::to_string(known.id);
+  if (known.dtype != incoming.dtype) {
+    return invalid_graph(who + " has conflicting dtypes: " + dtype_name(known.dtype) + " and " +
+                         dtype_name(incoming.dtype) + " (at " + where + ")");
+  }
+  if (!incoming.rank_known()) return ok_status();
+  if (!known.rank_known()) {
+    known.dims = incoming.dims;
+    known.strides = incoming.strides;
+    return ok_status();
+  }
+  if (known.dims.size() != incoming.dims.size()) {
+    return invalid_graph(who + " has conflicting shapes: " + dims_to_string(known.dims) + " and " +
+                         dims_to_string(incoming.dims) + " (at " + where + ")");
+  }
+  for (size_t i = 0; i < known.dims.size(); ++i) {
+    const int64_t a = known.dims[i], b = incoming.dims[i];
+    if (a == kUnknownDim) {
+      known.dims[i] = b;
+    } else if (b != kUnknownDim && a != b) {
+      return invalid_graph(who + " has conflicting shapes: " + dims_to_string(known.dims) +
+                           " and " + dims_to_string(incoming.dims) + " (at " + where + ")");
+    }
+  }
+  if (incoming.strides_known()) {
+    if (known.strides_known() && known.strides != incoming.strides) {
+      return invalid_graph(who + " has conflicting strides: " + dims_to_string(known.strides) +
+                           " and " + dims_to_string(incoming.strides) + " (at " + where + ")");
+    }
+    known.strides = incoming.strides;
+  }
+  if (known.layout != incoming.layout && incoming.layout == LayoutType::kStrided) {
+    known.layout = LayoutType::kStrided;
+  }
+  return ok_status();
+}
+
+bool all_inputs_known(const Op& op) {
+  return std::all_of(op.inputs().begin(), op.inputs().end(),
+                     [](const LogicalTensor& t) { return t.dims_known(); });
+}
+
+}  // namespace
+
+Status Graph::add_op(Op op) {
+  NG_RETURN_IF_ERROR(verify_op_structure(op));
+  for (const Op& other : ops_) {
+    if (other.id() == op.id()) {
+      return invalid_graph(op.label() + ": op id " + std::to_string(op.id()) +
+                           " is already used by " + other.label());
+    }
+  }
+  if (all_inputs_known(op)) {
+    // Shape rules fire as early as they can; finalize repeats them with propagated shapes.
+    Op probe = op;
+    NG_RETURN_IF_ERROR(infer_op_shapes(probe));
+  }
+  ops_.push_back(std::move(op));
+  finalized_ = false;
+  return ok_status();
+}
+
+Status Graph::collect_tensors() {
+  tensors_.clear();
+  producer_.clear();
+  consumers_.clear();
+  for (size_t k = 0; k < ops_.size(); ++k) {
+    const Op& op = ops_[k];
+    for (size_t i = 0; i < op.outputs().size(); ++i) {
+      const LogicalTensor& lt = op.outputs()[i];
+      auto [it, inserted] = producer_.emplace(lt.id, k);
+      if (!inserted) {
+        return invalid_graph("tensor " + std::to_string(lt.id) + " is produced by both " +
+                             op_ref(ops_[it->second]) + " and " + op_ref(op));
+      }
+    }
+  }
+  for (size_t k = 0; k < ops_.size(); ++k) {
+    const Op& op = ops_[k];
+    auto visit = [&](const LogicalTensor& lt, const std::string& where) -> Status {
+      auto [it, inserted] = tensors_.emplace(lt.id, lt);
+      if (!inserted) NG_RETURN_IF_ERROR(merge_metadata(it->second, lt, where));
+      return ok_status();
+    };
+    for (size_t i = 0; i < op.inputs().size(); ++i) {
+      const LogicalTensor& lt = op.inputs()[i];
+      NG_RETURN_IF_ERROR(visit(lt, op_ref(op) + " input " + std::to_string(i)));
+      auto& cons = consumers_[lt.id];
+      if (std::find(cons.begin(), cons.end(), k) == cons.end()) cons.push_back(k);
+      auto p = producer_.find(lt.id);
+      if (p != producer_.end() && p->second == k) {
+        return invalid_graph("cycle: " + op_ref(op) + " consumes its own output tensor " +
+                             std::to_string(lt.id));
+      }
+    }
+    for (size_t i = 0; i < op.outputs().size(); ++i) {
+      NG_RETURN_IF_ERROR(visit(op.outputs()[i], op_ref(op) + " output " + std::to_string(i)));
+    }
+  }
+  if (input_ports_) {
+    const std::set<int64_t> ports(input_ports_->begin(), input_ports_->end());
+    for (const Op& op : ops_) {
+      for (const LogicalTensor& lt : op.inputs()) {
+        if (producer_.count(lt.id) == 0 && ports.count(lt.id) == 0) {
+          return invalid_graph(op_ref(op) + " reads tensor " + std::to_string(lt.id) +
+                               ", which no op produces and which is not a graph input port");
+        }
+      }
+    }
+    for (int64_t id : *input_ports_) {
+      if (tensors_.count(id) == 0) {
+        return invalid_graph("input port " + std::to_string(id) + " names no tensor of the graph");
+      }
+      if (producer_.count(id) != 0) {
+        return invalid_graph("input port " + std::to_string(id) + " is produced by " +
+                             op_ref(ops_[producer_[id]]));
+      }
+    }
+  }
+  if (output_ports_) {
+    for (int64_t id : *output_ports_) {
+      if (producer_.count(id) == 0) {
+        return invalid_graph("output port " + std::to_string(id) + " is not produced by any op");
+      }
+    }
+  }
+  return ok_status();
+}
+
+Status Graph::sort_topologically() {
+  const size_t n = ops_.size();
+  std::vector<size_t> pending(n, 0);
+  std::vector<std::set<size_t>> successors(n);
+  for (size_t k = 0; k < n; ++k) {
+    std::set<size_t> preds;
+    for (const LogicalTensor& lt : ops_[k].inputs()) {
+      auto p = producer_.find(lt.id);
+      if (p != producer_.end()) preds.insert(p->second);
+    }
+    pending[k] = preds.size();
+    for (size_t p : preds) successors[p].insert(k);
+  }
+  // Kahn's algorithm, taking ready ops in insertion order so the result is stable.
+  std::vector<size_t> order;
+  std::set<size_t> ready;
+  for (size_t k = 0; k < n; ++k) {
+    if (pending[k] == 0) ready.insert(k);
+  }
+  while (!ready.empty()) {
+    const size_t k = *ready.begin();
+    ready.erase(ready.begin());
+    order.push_back(k);
+    for (size_t s : successors[k]) {
+      if (--pending[s] == 0) ready.insert(s);
+    }
+  }
+  if (order.size() != n) {
+    std::string members;
+    for (size_t k = 0; k < n; ++k) {
+      if (pending[k] != 0) members += (members.empty() ? "" : ", ") + op_ref(ops_[k]);
+    }
+    return invalid_graph("cycle among " + members);
+  }
+  std::vector<Op> sorted;
+  sorted.reserve(n);
+  for (size_t k : order) sorted.push_back(std::move(ops_[k]));
+  ops_ = std::move(sorted);
+  return ok_status();
+}
+
+Status Graph::infer_shapes() {
+  for (Op& op : ops_) {
+    for (size_t i = 0; i < op.inputs().size(); ++i) {
+      LogicalTensor& lt = op.mutable_inputs()[i];
+      const LogicalTensor& known = tensors_.at(lt.id);
+      if (!known.dims_known()) {
+        return invalid_graph(op_ref(op) + " input " + std::to_string(i) + ": tensor " +
+                             std::to_string(lt.id) + " has unknown shape " +
+                             dims_to_string(known.dims) +
+                             (producer_.count(lt.id) ? "" : "; graph inputs need concrete shapes"));
+      }
+      lt = known;
+    }
+    for (LogicalTensor& lt : op.mutable_outputs()) {
+      const LogicalTensor& known = tensors_.at(lt.id);
+      lt.dims = known.dims;
+      lt.strides = known.strides;
+    }
+    NG_RETURN_IF_ERROR(infer_op_shapes(op));
+    for (size_t i = 0; i < op.outputs().size(); ++i) {
+      LogicalTensor& lt = op.mutable_outputs()[i];
+      NG_RETURN_IF_ERROR(merge_metadata(tensors_.at(lt.id), lt, op_ref(op) + " output " + std::to_string(i)));
+      lt = tensors_.at(lt.id);
+    }
+  }
+  // Consumers declared before inference may still hold unknown dims: refresh them.
+  for (Op& op : ops_) {
+    for (LogicalTensor& lt : op.mutable_inputs()) lt = tensors_.at(lt.id);
+  }
+  return ok_status();
+}
+
+Status Graph::finalize() {
+  finalized_ = false;
+  if (ops_.empty()) return invalid_graph("the graph has no ops");
+  NG_RETURN_IF_ERROR(collect_tensors());
+  NG_RETURN_IF_ERROR(sort_topologically());
+  NG_RETURN_IF_ERROR(collect_tensors());  // indices changed with the new order
+  NG_RETURN_IF_ERROR(infer_shapes());
+  for (const Op& op : ops_) NG_RETURN_IF_ERROR(verify_op_structure(op));
+  finalized_ = true;
+  return ok_status();
+}
+
+const LogicalTensor* Graph::find_tensor(int64_t id) const {
+  auto it = tensors_.find(id);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+int64_t Graph::producer_of(int64_t tensor_id) const {
+  auto it = producer_.find(tensor_id);
+  return it == producer_.end() ? -1 : static_cast<int64_t>(it->second);
+}
+
+std::vector<size_t> Graph::consumers_of(int64_t tensor_id) const {
+  auto it = consumers_.find(tensor_id);
+  return it == consumers_.end() ? std::vector<size_t>{} : it->second;
+}
+
+std::vector<LogicalTensor> Graph::graph_inputs() const {
+  std::vector<LogicalTensor> result;
+  if (input_ports_) {
+    for (int64_t id : *input_ports_) result.push_back(tensors_.at(id));
+    return result;
+  }
+  std::set<int64_t> seen;
+  for (const Op& op : ops_) {
+    for (const LogicalTensor& lt : op.inputs()) {
+      if (producer_.count(lt.id) == 0 && seen.insert(lt.id).second) result.push_back(tensors_.at(lt.id));
+    }
+  }
+  return result;
+}
+
+std::vector<LogicalTensor> Graph::graph_outputs() const {
+  std::vector<LogicalTensor> result;
+  if (output_ports_) {
+    for (int64_t id : *output_ports_) result.push_back(tensors_.at(id));
+    return result;
+  }
+  for (const Op& op : ops_) {
+    for (const LogicalTensor& lt : op.outputs()) {
+      bool consumed = false;
+      for (size_t c : consumers_of(lt.id)) consumed = consumed || ops_[c].kind() != OpKind::kEnd;
+      if (!consumed) result.push_back(tensors_.at(lt.id));
+    }
+  }
+  return result;
+}
+
+}  // namespace normgrad

@@ -1,0 +1,75 @@
+// Graph: ops joined by tensor ids, checked as they are added and when finalized.
+//
+// add_op verifies an op against its schema at once (ports, attributes, dtypes,
+// and shapes where they are known). finalize joins producers and consumers by
+// tensor id, rejects duplicate producers, conflicting metadata for one id,
+// cycles and dangling inputs, orders the ops topologically and infers every
+// shape. After finalize the ops carry complete, consistent tensor metadata.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/op.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+
+class Graph {
+ public:
+  Graph() = default;
+
+  // Checks the op against its schema and the ops already added (op id unique).
+  Status add_op(Op op);
+  Status finalize();
+  bool finalized() const { return finalized_; }
+
+  // Optional explicit ports, as oneDNN's JSON `input_ports` / `output_ports`.
+  // With input ports set, a tensor that no op produces must be one of them.
+  void set_input_ports(std::vector<int64_t> ids) { input_ports_ = std::move(ids); }
+  void set_output_ports(std::vector<int64_t> ids) { output_ports_ = std::move(ids); }
+  const std::optional<std::vector<int64_t>>& input_ports() const { return input_ports_; }
+  const std::optional<std::vector<int64_t>>& output_ports() const { return output_ports_; }
+
+  // File-level metadata, kept for a faithful JSON round trip.
+  std::string version = "3.0.0";
+  std::string engine_kind = "cpu";
+  std::string fpmath_mode = "strict";
+  std::optional<std::string> fpmath_mode_apply_to_int;
+
+  // Ops in insertion order before finalize, topological order after it.
+  const std::vector<Op>& ops() const { return ops_; }
+  // For passes: edits leave the graph un-finalized; call finalize() again.
+  std::vector<Op>& mutable_ops() {
+    finalized_ = false;
+    return ops_;
+  }
+
+  // After finalize: every tensor's metadata, producers and consumers.
+  const LogicalTensor* find_tensor(int64_t id) const;
+  // Index into ops() of the producer, or -1 for a graph input.
+  int64_t producer_of(int64_t tensor_id) const;
+  std::vector<size_t> consumers_of(int64_t tensor_id) const;
+  // Tensors no op produces, in first-use order (or input_ports order).
+  std::vector<LogicalTensor> graph_inputs() const;
+  // output_ports when given; otherwise produced tensors that no op other than End consumes.
+  std::vector<LogicalTensor> graph_outputs() const;
+
+ private:
+  Status collect_tensors();
+  Status sort_topologically();
+  Status infer_shapes();
+
+  std::vector<Op> ops_;
+  bool finalized_ = false;
+  std::optional<std::vector<int64_t>> input_ports_;
+  std::optional<std::vector<int64_t>> output_ports_;
+  std::map<int64_t, LogicalTensor> tensors_;
+  std::map<int64_t, size_t> producer_;
+  std::map<int64_t, std::vector<size_t>> consumers_;
+};
+
+}  // namespace normgrad

@@ -1,0 +1,399 @@
+// JSON I/O for graphs: a location-tracking reader over nlohmann::json and a writer.
+#include "graph/json_io.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace normgrad {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+// Nesting depth of JSON text, scanning strings correctly; stops early past `limit`.
+int json_depth(const std::string& text, int limit) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      max_depth = std::max(max_depth, ++depth);
+      if (max_depth > limit) return max_depth;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+const char* json_type(const Json& j) { return j.type_name(); }
+
+Status at(const std::string& where, const std::string& what) { return invalid_argument(where + ": " + what); }
+
+Status check_keys(const Json& obj, const std::string& where, std::initializer_list<const char*> known) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || it.key() == k;
+    if (!ok) {
+      std::string list;
+      for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+      return at(where, "unknown key '" + it.key() + "' (expected " + list + ")");
+    }
+  }
+  return ok_status();
+}
+
+StatusOr<const Json*> member(const Json& obj, const std::string& where, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return at(where, std::string("missing key '") + key + "'");
+  return &*it;
+}
+
+StatusOr<int64_t> as_int(const Json& j, const std::string& where) {
+  if (j.is_number_integer()) return j.get<int64_t>();
+  if (j.is_number_unsigned()) {
+    const auto u = j.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return at(where, "integer " + std::to_string(u) + " does not fit in int64");
+    }
+    return static_cast<int64_t>(u);
+  }
+  return at(where, std::string("expected an integer, got ") + json_type(j));
+}
+
+StatusOr<std::string> as_string(const Json& j, const std::string& where) {
+  if (!j.is_string()) return at(where, std::string("expected a string, got ") + json_type(j));
+  return j.get<std::string>();
+}
+
+StatusOr<std::vector<int64_t>> as_int_array(const Json& j, const std::string& where) {
+  if (!j.is_array()) return at(where, std::string("expected an array of integers, got ") + json_type(j));
+  std::vector<int64_t> v;
+  v.reserve(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    NG_ASSIGN_OR_RETURN(int64_t x, as_int(j[i], where + "[" + std::to_string(i) + "]"));
+    v.push_back(x);
+  }
+  return v;
+}
+
+StatusOr<float> as_f32(const Json& j, const std::string& where) {
+  if (!j.is_number()) return at(where, std::string("expected a number, got ") + json_type(j));
+  const double d = j.get<double>();
+  if (std::isfinite(d) && std::fabs(d) > std::numeric_limits<float>::max()) {
+    return at(where, "value " + std::to_string(d) + " does not fit in f32");
+  }
+  return static_cast<float>(d);
+}
+
+StatusOr<bool> as_bool(const Json& j, const std::string& where) {
+  if (j.is_boolean()) return j.get<bool>();
+  // oneDNN's dump writes bools as 0/1.
+  if (j.is_number_integer() || j.is_number_unsigned()) {
+    const auto v = j.get<int64_t>();
+    if (v == 0 || v == 1) return v == 1;
+  }
+  return at(where, std::string("expected a bool (true, false, 0 or 1), got ") + j.dump());
+}
+
+StatusOr<AttrValue> parse_attr(const Json& j, const std::string& where) {
+  if (!j.is_object()) return at(where, std::string("expected an object, got ") + json_type(j));
+  NG_RETURN_IF_ERROR(check_keys(j, where, {"type", "value"}));
+  NG_ASSIGN_OR_RETURN(const Json* type_j, member(j, where, "type"));
+  NG_ASSIGN_OR_RETURN(const Json* value_j, member(j, where, "value"));
+  NG_ASSIGN_OR_RETURN(std::string type, as_string(*type_j, where + ".type"));
+  auto kind = parse_attr_kind(type);
+  if (!kind.ok()) return kind.status().with_context(where + ".type");
+  const std::string vw = where + ".value";
+  switch (*kind) {
+    case AttrKind::kS64: {
+      NG_ASSIGN_OR_RETURN(int64_t v, as_int(*value_j, vw));
+      return AttrValue(v);
+    }
+    case AttrKind::kS64s: {
+      NG_ASSIGN_OR_RETURN(std::vector<int64_t> v, as_int_array(*value_j, vw));
+      return AttrValue(std::move(v));
+    }
+    case AttrKind::kF32: {
+      NG_ASSIGN_OR_RETURN(float v, as_f32(*value_j, vw));
+      return AttrValue(v);
+    }
+    case AttrKind::kF32s: {
+      if (!value_j->is_array()) return at(vw, "expected an array of numbers");
+      std::vector<float> v;
+      for (size_t i = 0; i < value_j->size(); ++i) {
+        NG_ASSIGN_OR_RETURN(float x, as_f32((*value_j)[i], vw + "[" + std::to_string(i) + "]"));
+        v.push_back(x);
+      }
+      return AttrValue(std::move(v));
+    }
+    case AttrKind::kBool: {
+      NG_ASSIGN_OR_RETURN(bool v, as_bool(*value_j, vw));
+      return AttrValue(v);
+    }
+    case AttrKind::kString: {
+      NG_ASSIGN_OR_RETURN(std::string v, as_string(*value_j, vw));
+      return AttrValue(std::move(v));
+    }
+  }
+  return at(where, "unreachable attribute kind");
+}
+
+StatusOr<LogicalTensor> parse_tensor(const Json& j, const std::string& where) {
+  if (!j.is_object()) return at(where, std::string("expected an object, got ") + json_type(j));
+  NG_RETURN_IF_ERROR(
+      check_keys(j, where, {"id", "dtype", "shape", "stride", "layout_type", "property_type"}));
+  LogicalTensor lt;
+  NG_ASSIGN_OR_RETURN(const Json* id_j, member(j, where, "id"));
+  NG_ASSIGN_OR_RETURN(lt.id, as_int(*id_j, where + ".id"));
+  if (lt.id < 0) return at(where + ".id", "tensor ids must be >= 0, got " + std::to_string(lt.id));
+  NG_ASSIGN_OR_RETURN(const Json* dt_j, member(j, where, "dtype"));
+  NG_ASSIGN_OR_RETURN(std::string dt, as_string(*dt_j, where + ".dtype"));
+  auto dtype = parse_dtype(dt);
+  if (!dtype.ok()) return dtype.status().with_context(where + ".dtype");
+  lt.dtype = *dtype;
+  NG_ASSIGN_OR_RETURN(const Json* shape_j, member(j, where, "shape"));
+  NG_ASSIGN_OR_RETURN(lt.dims, as_int_array(*shape_j, where + ".shape"));
+  if (lt.dims.size() > static_cast<size_t>(kMaxRank)) {
+    return at(where + ".shape", "rank " + std::to_string(lt.dims.size()) + " exceeds " + std::to_string(kMaxRank));
+  }
+  for (int64_t d : lt.dims) {
+    if (d < 0 && d != kUnknownDim) {
+      return at(where + ".shape", "dims must be >= 0 (or INT64_MIN for unknown), got " + std::to_string(d));
+    }
+  }
+  if (auto it = j.find("stride"); it != j.end()) {
+    NG_ASSIGN_OR_RETURN(lt.strides, as_int_array(*it, where + ".stride"));
+    if (!lt.strides.empty() && lt.strides.size() != lt.dims.size()) {
+      return at(where + ".stride", std::to_string(lt.strides.size()) + " strides for rank " +
+                                       std::to_string(lt.dims.size()));
+    }
+    for (int64_t s : lt.strides) {
+      if (s < 0 && s != kUnknownDim) {
+        return at(where + ".stride", "strides must be >= 0, got " + std::to_string(s));
+      }
+    }
+  }
+  if (auto it = j.find("layout_type"); it != j.end()) {
+    NG_ASSIGN_OR_RETURN(std::string s, as_string(*it, where + ".layout_type"));
+    auto layout = parse_layout_type(s);
+    if (!layout.ok()) return layout.status().with_context(where + ".layout_type");
+    lt.layout = *layout;
+  }
+  if (auto it = j.find("property_type"); it != j.end()) {
+    NG_ASSIGN_OR_RETURN(std::string s, as_string(*it, where + ".property_type"));
+    auto property = parse_property_type(s);
+    if (!property.ok()) return property.status().with_context(where + ".property_type");
+    lt.property = *property;
+  }
+  NG_RETURN_IF_ERROR(lt.validate(where));
+  return lt;
+}
+
+StatusOr<Op> parse_op(const Json& j, const std::string& where) {
+  if (!j.is_object()) return at(where, std::string("expected an object, got ") + json_type(j));
+  NG_RETURN_IF_ERROR(check_keys(j, where, {"id", "name", "kind", "attrs", "inputs", "outputs"}));
+  NG_ASSIGN_OR_RETURN(const Json* id_j, member(j, where, "id"));
+  NG_ASSIGN_OR_RETURN(int64_t id, as_int(*id_j, where + ".id"));
+  NG_ASSIGN_OR_RETURN(const Json* kind_j, member(j, where, "kind"));
+  NG_ASSIGN_OR_RETURN(std::string kind_name, as_string(*kind_j, where + ".kind"));
+  auto kind = parse_op_kind(kind_name);
+  if (!kind.ok()) return kind.status().with_context(where + ".kind");
+  std::string name;
+  if (auto it = j.find("name"); it != j.end()) {
+    NG_ASSIGN_OR_RETURN(name, as_string(*it, where + ".name"));
+  }
+  Op op(id, *kind, name);
+  if (auto it = j.find("attrs"); it != j.end()) {
+    if (!it->is_object()) return at(where + ".attrs", std::string("expected an object, got ") + json_type(*it));
+    for (auto a = it->begin(); a != it->end(); ++a) {
+      NG_ASSIGN_OR_RETURN(AttrValue v, parse_attr(a.value(), where + ".attrs." + a.key()));
+      op.set_attr(a.key(), std::move(v));
+    }
+  }
+  for (const char* port : {"inputs", "outputs"}) {
+    NG_ASSIGN_OR_RETURN(const Json* arr, member(j, where, port));
+    const std::string pw = where + "." + port;
+    if (!arr->is_array()) return at(pw, std::string("expected an array, got ") + json_type(*arr));
+    for (size_t i = 0; i < arr->size(); ++i) {
+      NG_ASSIGN_OR_RETURN(LogicalTensor lt, parse_tensor((*arr)[i], pw + "[" + std::to_string(i) + "]"));
+      if (port[0] == 'i') {
+        op.add_input(std::move(lt));
+      } else {
+        op.add_output(std::move(lt));
+      }
+    }
+  }
+  return op;
+}
+
+OrderedJson tensor_to_json(const LogicalTensor& lt) {
+  OrderedJson j;
+  j["id"] = lt.id;
+  j["dtype"] = dtype_name(lt.dtype);
+  j["shape"] = lt.dims;
+  j["stride"] = lt.strides.empty() && lt.dims_known() ? dense_strides(lt.dims) : lt.strides;
+  j["layout_type"] = layout_type_name(lt.layout);
+  j["property_type"] = property_type_name(lt.property);
+  return j;
+}
+
+OrderedJson attr_to_json(const AttrValue& v) {
+  OrderedJson j;
+  j["type"] = attr_kind_name(attr_value_kind(v));
+  if (const bool* b = std::get_if<bool>(&v)) {
+    j["value"] = *b ? 1 : 0;  // oneDNN's reader and writer use 0/1 for bools
+  } else {
+    std::visit([&](const auto& x) { j["value"] = x; }, v);
+  }
+  return j;
+}
+
+}  // namespace
+
+StatusOr<std::string> read_text_file(const std::string& path, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found(path + ": cannot open file");
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size < 0) return invalid_argument(path + ": cannot determine the file size");
+  if (static_cast<uint64_t>(size) > max_bytes) {
+    return out_of_range(path + ": file is " + std::to_string(size) + " bytes, the limit is " +
+                        std::to_string(max_bytes));
+  }
+  in.seekg(0, std::ios::beg);
+  std::string text(static_cast<size_t>(size), '\0');
+  if (size > 0 && !in.read(text.data(), size)) return invalid_argument(path + ": read failed");
+  return text;
+}
+
+StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limits) {
+  if (text.size() > limits.max_bytes) {
+    return out_of_range("JSON text is " + std::to_string(text.size()) + " bytes, the limit is " +
+                        std::to_string(limits.max_bytes));
+  }
+  const int depth = json_depth(text, limits.max_depth);
+  if (depth > limits.max_depth) {
+    return out_of_range("JSON nesting deeper than the limit of " + std::to_string(limits.max_depth));
+  }
+  Json root;
+  try {
+    root = Json::parse(text);
+  } catch (const Json::exception& e) {
+    return invalid_argument(std::string("malformed JSON: ") + e.what());
+  }
+  const std::string where = "<root>";
+  if (!root.is_object()) return at(where, std::string("expected an object, got ") + json_type(root));
+  NG_RETURN_IF_ERROR(check_keys(root, where,
+                                {"version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int",
+                                 "input_ports", "output_ports", "graph"}));
+  Graph g;
+  if (auto it = root.find("version"); it != root.end()) {
+    NG_ASSIGN_OR_RETURN(g.version, as_string(*it, "version"));
+  }
+  if (auto it = root.find("engine_kind"); it != root.end()) {
+    NG_ASSIGN_OR_RETURN(g.engine_kind, as_string(*it, "engine_kind"));
+    if (g.engine_kind != "cpu") {
+      return at("engine_kind", "'" + g.engine_kind + "' is not supported (normgrad runs on cpu)");
+    }
+  }
+  if (auto it = root.find("fpmath_mode"); it != root.end()) {
+    NG_ASSIGN_OR_RETURN(g.fpmath_mode, as_string(*it, "fpmath_mode"));
+    static const char* const kModes[] = {"strict", "bf16", "f16", "tf32", "any"};
+    bool known = false;
+    for (const char* m : kModes) known = known || g.fpmath_mode == m;
+    if (!known) return at("fpmath_mode", "unknown mode '" + g.fpmath_mode + "'");
+  }
+  if (auto it = root.find("fpmath_mode_apply_to_int"); it != root.end()) {
+    // Written as the string "true"/"false" by oneDNN's dump; a bool is accepted too.
+    if (it->is_string()) {
+      const std::string s = it->get<std::string>();
+      if (s != "true" && s != "false") return at("fpmath_mode_apply_to_int", "expected 'true' or 'false', got '" + s + "'");
+      g.fpmath_mode_apply_to_int = s;
+    } else {
+      NG_ASSIGN_OR_RETURN(bool b, as_bool(*it, "fpmath_mode_apply_to_int"));
+      g.fpmath_mode_apply_to_int = b ? "true" : "false";
+    }
+  }
+  if (auto it = root.find("input_ports"); it != root.end()) {
+    NG_ASSIGN_OR_RETURN(std::vector<int64_t> ports, as_int_array(*it, "input_ports"));
+    g.set_input_ports(std::move(ports));
+  }
+  if (auto it = root.find("output_ports"); it != root.end()) {
+    NG_ASSIGN_OR_RETURN(std::vector<int64_t> ports, as_int_array(*it, "output_ports"));
+    g.set_output_ports(std::move(ports));
+  }
+  NG_ASSIGN_OR_RETURN(const Json* ops, member(root, where, "graph"));
+  if (!ops->is_array()) return at("graph", std::string("expected an array, got ") + json_type(*ops));
+  if (ops->size() > limits.max_ops) {
+    return out_of_range("graph: " + std::to_string(ops->size()) + " ops exceed the limit of " +
+                        std::to_string(limits.max_ops));
+  }
+  for (size_t i = 0; i < ops->size(); ++i) {
+    const std::string ow = "graph[" + std::to_string(i) + "]";
+    NG_ASSIGN_OR_RETURN(Op op, parse_op((*ops)[i], ow));
+    Status s = g.add_op(std::move(op));
+    if (!s.ok()) return s.with_context(ow);
+  }
+  return g;
+}
+
+StatusOr<Graph> load_graph(const std::string& path, const JsonLimits& limits) {
+  NG_ASSIGN_OR_RETURN(std::string text, read_text_file(path, limits.max_bytes));
+  auto g = graph_from_json(text, limits);
+  if (!g.ok()) return g.status().with_context(path);
+  return g;
+}
+
+std::string graph_to_json(const Graph& graph) {
+  OrderedJson root;
+  root["version"] = graph.version;
+  root["engine_kind"] = graph.engine_kind;
+  root["fpmath_mode"] = graph.fpmath_mode;
+  if (graph.fpmath_mode_apply_to_int) root["fpmath_mode_apply_to_int"] = *graph.fpmath_mode_apply_to_int;
+  if (graph.input_ports()) root["input_ports"] = *graph.input_ports();
+  if (graph.output_ports()) root["output_ports"] = *graph.output_ports();
+  OrderedJson ops = OrderedJson::array();
+  for (const Op& op : graph.ops()) {
+    OrderedJson j;
+    j["id"] = op.id();
+    j["name"] = op.name();
+    j["kind"] = op_kind_name(op.kind());
+    OrderedJson attrs = OrderedJson::object();
+    for (const auto& [key, value] : op.attrs()) attrs[key] = attr_to_json(value);
+    j["attrs"] = attrs;
+    OrderedJson ins = OrderedJson::array(), outs = OrderedJson::array();
+    for (const LogicalTensor& lt : op.inputs()) ins.push_back(tensor_to_json(lt));
+    for (const LogicalTensor& lt : op.outputs()) outs.push_back(tensor_to_json(lt));
+    j["inputs"] = ins;
+    j["outputs"] = outs;
+    ops.push_back(std::move(j));
+  }
+  root["graph"] = ops;
+  return root.dump(2) + "\n";
+}
+
+Status save_graph(const Graph& graph, const std::string& path) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) return not_found(path + ": cannot open for writing");
+  out << graph_to_json(graph);
+  if (!out) return internal_error(path + ": write failed");
+  return ok_status();
+}
+
+}  // namespace normgrad

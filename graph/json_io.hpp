@@ -1,0 +1,36 @@
+// Loading and saving graphs in oneDNN's graph JSON format.
+//
+// The format is the one benchdnn's graph driver reads and oneDNN's graph dump
+// writes. The reader accepts the writer's quirks (bools as 0/1, unknown dims as
+// INT64_MIN, fpmath_mode_apply_to_int as a string or bool, any key order) and
+// rejects anything else with the JSON location of the problem, e.g.
+//   graph[0].inputs[3].shape: expected an array of integers
+// Nesting depth and text size are limited before the parser runs.
+#pragma once
+
+#include <string>
+
+#include "graph/graph.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+
+struct JsonLimits {
+  size_t max_bytes = size_t{64} << 20;  // 64 MiB of text
+  int max_depth = 32;                   // oneDNN's graphs nest 5 levels deep
+  size_t max_ops = 100000;
+};
+
+// Parses JSON text into a graph whose ops have been added (checked against their
+// schemas); the caller decides when to finalize (after benchdnn-style rewrites).
+StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limits = {});
+StatusOr<Graph> load_graph(const std::string& path, const JsonLimits& limits = {});
+
+// Writes what oneDNN reads: 2-space indented, keys in oneDNN's order.
+std::string graph_to_json(const Graph& graph);
+Status save_graph(const Graph& graph, const std::string& path);
+
+// Reads a whole file, refusing files larger than max_bytes.
+StatusOr<std::string> read_text_file(const std::string& path, size_t max_bytes);
+
+}  // namespace normgrad

@@ -1,0 +1,175 @@
+// LogicalTensor: overflow-checked sizes, validation and printing.
+#include "graph/logical_tensor.hpp"
+
+#include <sstream>
+
+namespace normgrad {
+
+const char* layout_type_name(LayoutType layout) {
+  switch (layout) {
+    case LayoutType::kUndef: return "undef";
+    case LayoutType::kAny: return "any";
+    case LayoutType::kStrided: return "strided";
+  }
+  return "undef";
+}
+
+StatusOr<LayoutType> parse_layout_type(const std::string& name) {
+  if (name == "strided") return LayoutType::kStrided;
+  if (name == "any") return LayoutType::kAny;
+  if (name == "undef") return LayoutType::kUndef;
+  if (name == "opaque") {
+    return invalid_argument("layout_type 'opaque' is not supported (use strided or any)");
+  }
+  return invalid_argument("unknown layout_type '" + name + "'");
+}
+
+const char* property_type_name(PropertyType property) {
+  switch (property) {
+    case PropertyType::kUndef: return "undef";
+    case PropertyType::kVariable: return "variable";
+    case PropertyType::kConstant: return "constant";
+  }
+  return "undef";
+}
+
+StatusOr<PropertyType> parse_property_type(const std::string& name) {
+  if (name == "undef") return PropertyType::kUndef;
+  if (name == "variable") return PropertyType::kVariable;
+  if (name == "constant") return PropertyType::kConstant;
+  return invalid_argument("unknown property_type '" + name + "'");
+}
+
+StatusOr<int64_t> checked_mul(int64_t a, int64_t b, const std::string& what) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) {
+    return out_of_range(what + ": size overflows int64 (" + std::to_string(a) + " x " +
+                        std::to_string(b) + ")");
+  }
+  return r;
+}
+
+StatusOr<int64_t> checked_add(int64_t a, int64_t b, const std::string& what) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) {
+    return out_of_range(what + ": size overflows int64 (" + std::to_string(a) + " + " +
+                        std::to_string(b) + ")");
+  }
+  return r;
+}
+
+StatusOr<int64_t> checked_product(const Dims& dims, const std::string& what) {
+  int64_t p = 1;
+  for (int64_t d : dims) {
+    if (d < 0) return invalid_argument(what + ": dims must be known and >= 0, got " + dims_to_string(dims));
+    NG_ASSIGN_OR_RETURN(p, checked_mul(p, d, what));
+  }
+  return p;
+}
+
+Dims dense_strides(const Dims& dims) {
+  Dims s(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
+    // Saturating: callers validate the product first, so this never wraps for valid tensors.
+    const int64_t next = dims[i + 1] > 0 ? dims[i + 1] : 1;
+    int64_t r;
+    s[i] = __builtin_mul_overflow(s[i + 1], next, &r) ? std::numeric_limits<int64_t>::max() : r;
+  }
+  return s;
+}
+
+std::string dims_to_string(const Dims& dims) {
+  if (dims.empty()) return "?(unknown rank)";
+  std::ostringstream os;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) os << 'x';
+    if (dims[i] == kUnknownDim) {
+      os << '?';
+    } else {
+      os << dims[i];
+    }
+  }
+  return os.str();
+}
+
+bool LogicalTensor::dims_known() const {
+  if (dims.empty()) return false;
+  for (int64_t d : dims) {
+    if (d == kUnknownDim || d < 0) return false;
+  }
+  return true;
+}
+
+bool LogicalTensor::strides_known() const {
+  if (strides.size() != dims.size()) return false;
+  for (int64_t s : strides) {
+    if (s == kUnknownDim) return false;
+  }
+  return true;
+}
+
+Dims LogicalTensor::effective_strides() const {
+  if (strides_known()) return strides;
+  return dense_strides(dims);
+}
+
+StatusOr<int64_t> LogicalTensor::element_count() const {
+  return checked_product(dims, "tensor " + std::to_string(id));
+}
+
+StatusOr<int64_t> LogicalTensor::buffer_elements() const {
+  const std::string what = "tensor " + std::to_string(id);
+  NG_ASSIGN_OR_RETURN(int64_t count, element_count());
+  if (count == 0) return int64_t{0};
+  const Dims s = effective_strides();
+  int64_t max_offset = 0;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    NG_ASSIGN_OR_RETURN(int64_t span, checked_mul(dims[i] - 1, s[i], what));
+    NG_ASSIGN_OR_RETURN(max_offset, checked_add(max_offset, span, what));
+  }
+  return checked_add(max_offset, 1, what);
+}
+
+StatusOr<int64_t> LogicalTensor::buffer_bytes() const {
+  NG_ASSIGN_OR_RETURN(int64_t elems, buffer_elements());
+  return checked_mul(elems, dtype_size(dtype), "tensor " + std::to_string(id) + " bytes");
+}
+
+Status LogicalTensor::validate(const std::string& what) const {
+  if (rank() > kMaxRank) {
+    return invalid_argument(what + ": rank " + std::to_string(rank()) + " exceeds the maximum " +
+                            std::to_string(kMaxRank));
+  }
+  for (int64_t d : dims) {
+    if (d != kUnknownDim && d < 0) {
+      return invalid_argument(what + ": dims must be >= 0, got " + dims_to_string(dims));
+    }
+  }
+  if (!strides.empty()) {
+    if (strides.size() != dims.size()) {
+      return invalid_argument(what + ": " + std::to_string(strides.size()) +
+                              " strides for rank " + std::to_string(dims.size()));
+    }
+    for (int64_t s : strides) {
+      if (s != kUnknownDim && s < 0) {
+        return invalid_argument(what + ": strides must be >= 0, got " + dims_to_string(strides));
+      }
+    }
+  }
+  if (dims_known()) {
+    NG_ASSIGN_OR_RETURN(int64_t bytes, buffer_bytes());
+    (void)bytes;
+  }
+  return ok_status();
+}
+
+std::string LogicalTensor::to_string() const {
+  return "id " + std::to_string(id) + " " + dtype_name(dtype) + " " + dims_to_string(dims);
+}
+
+bool same_metadata(const LogicalTensor& a, const LogicalTensor& b) {
+  return a.id == b.id && a.dtype == b.dtype && a.dims == b.dims && a.layout == b.layout &&
+         (!a.dims_known() || a.effective_strides() == b.effective_strides());
+}
+
+}  // namespace normgrad

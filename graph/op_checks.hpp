@@ -1,0 +1,17 @@
+// The two hooks through which the IR checks ops against their schemas.
+//
+// Declared here and defined in ops/op_registry.cpp, so that graph/ never
+// includes ops/ headers while Graph::add_op can still verify ops at once.
+#pragma once
+
+#include "graph/op.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+
+// Ports, attributes, dtypes and per-tensor sanity; shapes may still be unknown.
+Status verify_op_structure(const Op& op);
+// Shape rule: inputs must have known dims; sets or checks the output dims.
+Status infer_op_shapes(Op& op);
+
+}  // namespace normgrad

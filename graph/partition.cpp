@@ -1,0 +1,12 @@
+// Partition: printing helpers.
+#include "graph/partition.hpp"
+
+namespace normgrad {
+
+std::string Partition::ops_string() const {
+  std::string s;
+  for (const Op& op : ops) s += (s.empty() ? "" : "+") + std::string(op_kind_name(op.kind()));
+  return s;
+}
+
+}  // namespace normgrad

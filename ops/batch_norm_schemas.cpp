@@ -1,0 +1,207 @@
+// Schemas of the batch-norm family: BatchNormTrainingBackward,
+// BatchNormForwardTraining and BatchNormInference, as oneDNN Graph defines them.
+//
+// Beyond oneDNN: ranks 2 to 6 for every layout, a backward with 4 inputs and 3
+// outputs (gamma = 1), and bf16 statistics for bf16 data.
+#include <cmath>
+
+#include "ops/batch_norm_desc.hpp"
+#include "ops/op_registry.hpp"
+
+namespace normgrad {
+namespace {
+
+constexpr int kMinRank = 2;
+constexpr int kMaxBnRank = 6;
+
+// Port names copied out of a schema, so rules can be built before the schema is registered.
+struct PortNames {
+  std::vector<std::string> in, out;
+  explicit PortNames(const OpSchema& s) {
+    for (const PortSpec& p : s.inputs()) in.push_back(p.name);
+    for (const PortSpec& p : s.outputs()) out.push_back(p.name);
+  }
+  const std::string& of(bool is_input, size_t i) const { return is_input ? in.at(i) : out.at(i); }
+};
+
+DataFormat format_of(const Op& op) {
+  auto it = op.attrs().find("data_format");
+  if (it == op.attrs().end()) return DataFormat::kNXC;  // oneDNN Graph's default
+  return std::get<std::string>(it->second) == "NCX" ? DataFormat::kNCX : DataFormat::kNXC;
+}
+
+Status check_epsilon(const Op& op) {
+  auto eps = op.attr_f32("epsilon");
+  if (!eps.ok()) return ok_status();  // missing is reported by the structural check
+  if (!std::isfinite(*eps) || *eps < 0.f) {
+    return invalid_argument(op.label() + ": attribute 'epsilon' must be finite and >= 0, got " +
+                            std::to_string(*eps));
+  }
+  return ok_status();
+}
+
+// Data ports share T in {f32, bf16, f16}; statistics ports share U, which is
+// f32, or bf16 when T is bf16.
+OpSchema::Rule bn_dtype_rule(PortNames names, std::vector<size_t> data_in,
+                             std::vector<size_t> data_out) {
+  return [names, data_in, data_out](const Op& op) -> Status {
+    const DataType t = op.inputs()[data_in[0]].dtype;
+    auto is_data_in = [&](size_t i) {
+      return std::find(data_in.begin(), data_in.end(), i) != data_in.end();
+    };
+    auto is_data_out = [&](size_t i) {
+      return std::find(data_out.begin(), data_out.end(), i) != data_out.end();
+    };
+    std::optional<DataType> u;
+    std::string u_port;
+    auto check = [&](bool is_input, size_t i, DataType dt) -> Status {
+      const bool data = is_input ? is_data_in(i) : is_data_out(i);
+      const std::string where = port_label(op, is_input, i, names.of(is_input, i));
+      if (data) {
+        if (dt != t) {
+          return invalid_argument(where + ": dtype " + dtype_name(dt) + " differs from src's " +
+                                  dtype_name(t));
+        }
+        return ok_status();
+      }
+      if (!u) {
+        if (dt != DataType::kF32 && !(t == DataType::kBF16 && dt == DataType::kBF16)) {
+          return invalid_argument(where + ": dtype " + dtype_name(dt) + " is not allowed with " +
+                                  dtype_name(t) + " data (statistics are f32" +
+                                  (t == DataType::kBF16 ? " or bf16)" : ")"));
+        }
+        u = dt;
+        u_port = where;
+      } else if (dt != *u) {
+        return invalid_argument(where + ": dtype " + dtype_name(dt) + " differs from " + u_port +
+                                "'s " + dtype_name(*u) + " (statistics share one dtype)");
+      }
+      return ok_status();
+    };
+    for (size_t i = 0; i < op.inputs().size(); ++i) NG_RETURN_IF_ERROR(check(true, i, op.inputs()[i].dtype));
+    for (size_t i = 0; i < op.outputs().size(); ++i) NG_RETURN_IF_ERROR(check(false, i, op.outputs()[i].dtype));
+    return ok_status();
+  };
+}
+
+// Data inputs share the dims of input 0, rank 2..6; statistics ports are 1-D with C elements.
+OpSchema::ShapeRule bn_shape_rule(PortNames names, std::vector<size_t> data_in,
+                                  std::vector<size_t> data_out) {
+  return [names, data_in, data_out](Op& op) -> Status {
+    const LogicalTensor& src = op.inputs()[data_in[0]];
+    const std::string src_where = port_label(op, true, data_in[0], names.in.at(data_in[0]));
+    if (src.rank() < kMinRank || src.rank() > kMaxBnRank) {
+      return invalid_argument(src_where + ": rank " + std::to_string(src.rank()) +
+                              " is not supported (expected 2 to 6), shape " + dims_to_string(src.dims));
+    }
+    const int caxis = format_of(op) == DataFormat::kNCX ? 1 : src.rank() - 1;
+    const int64_t c = src.dims[caxis];
+    for (size_t i = 0; i < op.inputs().size(); ++i) {
+      const LogicalTensor& lt = op.inputs()[i];
+      const std::string where = port_label(op, true, i, names.in.at(i));
+      if (std::find(data_in.begin(), data_in.end(), i) != data_in.end()) {
+        if (lt.dims != src.dims) {
+          return invalid_argument(where + ": shape " + dims_to_string(lt.dims) +
+                                  " differs from src's " + dims_to_string(src.dims));
+        }
+      } else if (lt.rank() != 1 || lt.dims[0] != c) {
+        if (lt.rank() == 1) {
+          return invalid_argument(where + " has " + std::to_string(lt.dims[0]) +
+                                  " elements, expected C=" + std::to_string(c));
+        }
+        return invalid_argument(where + ": must be 1-D with C=" + std::to_string(c) +
+                                " elements, got shape " + dims_to_string(lt.dims));
+      }
+    }
+    for (size_t i = 0; i < op.outputs().size(); ++i) {
+      const bool data = std::find(data_out.begin(), data_out.end(), i) != data_out.end();
+      NG_RETURN_IF_ERROR(set_or_check_dims(op, i, names.out.at(i), data ? src.dims : Dims{c}));
+    }
+    return ok_status();
+  };
+}
+
+const std::vector<std::string> kFormats = {"NCX", "NXC"};
+
+void add_bn_rules(OpSchema& s, std::vector<size_t> data_in, std::vector<size_t> data_out) {
+  const PortNames names(s);
+  s.rule(check_epsilon).rule(bn_dtype_rule(names, data_in, data_out));
+  s.shape_rule(bn_shape_rule(names, data_in, data_out));
+}
+
+}  // namespace
+
+const char* data_format_name(DataFormat f) { return f == DataFormat::kNCX ? "NCX" : "NXC"; }
+
+void register_batch_norm_schemas(OpRegistry& registry) {
+  {
+    OpSchema s(OpKind::kBatchNormTrainingBackward);
+    s.input("src").input("diff_dst").input("mean").input("variance").input("gamma", true);
+    s.output("diff_src").output("diff_gamma", true).output("diff_beta", true);
+    s.output_counts({1, 3});
+    s.attr("epsilon", AttrKind::kF32, true);
+    s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    add_bn_rules(s, {0, 1}, {0});
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s(OpKind::kBatchNormForwardTraining);
+    s.input("src").input("mean").input("variance").input("gamma", true).input("beta", true);
+    s.input_counts({3, 5});
+    s.output("dst").output("running_mean").output("running_variance").output("batch_mean");
+    s.output("batch_variance");
+    s.attr("epsilon", AttrKind::kF32, true);
+    s.attr("momentum", AttrKind::kF32, false, 0.1f);
+    s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    add_bn_rules(s, {0}, {0});
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s(OpKind::kBatchNormInference);
+    s.input("src").input("gamma").input("beta").input("mean").input("variance");
+    s.output("dst");
+    s.attr("epsilon", AttrKind::kF32, true);
+    s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    add_bn_rules(s, {0}, {0});
+    registry.add(std::move(s));
+  }
+}
+
+StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
+  BatchNormDesc d;
+  d.kind = op.kind();
+  if (op.kind() != OpKind::kBatchNormTrainingBackward &&
+      op.kind() != OpKind::kBatchNormForwardTraining && op.kind() != OpKind::kBatchNormInference) {
+    return invalid_argument(op.label() + ": not a batch-norm op");
+  }
+  d.format = format_of(op);
+  d.dims = op.inputs()[0].dims;
+  if (d.dims.size() < 2) return invalid_argument(op.label() + ": shapes are not inferred");
+  d.channel_axis = d.format == DataFormat::kNCX ? 1 : static_cast<int>(d.dims.size()) - 1;
+  d.channels = d.dims[d.channel_axis];
+  NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, op.label()));
+  d.reduce_size = d.channels == 0 ? 0 : total / d.channels;
+  NG_ASSIGN_OR_RETURN(d.epsilon, op.attr_f32("epsilon"));
+  if (op.has_attr("momentum")) {
+    NG_ASSIGN_OR_RETURN(d.momentum, op.attr_f32("momentum"));
+  }
+  d.data_dt = op.inputs()[0].dtype;
+  switch (op.kind()) {
+    case OpKind::kBatchNormTrainingBackward:
+      d.stats_dt = op.inputs()[2].dtype;
+      d.has_gamma = op.inputs().size() == 5;
+      d.mode = op.outputs().size() == 3 ? BackwardMode::kTraining : BackwardMode::kFrozenNoScale;
+      break;
+    case OpKind::kBatchNormForwardTraining:
+      d.stats_dt = op.inputs()[1].dtype;
+      d.has_gamma = op.inputs().size() == 5;
+      break;
+    default:
+      d.stats_dt = op.inputs()[1].dtype;
+      d.has_gamma = true;
+      break;
+  }
+  return d;
+}
+
+}  // namespace normgrad

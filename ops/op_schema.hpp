@@ -1,0 +1,88 @@
+// OpSchema: the contract of one op kind, built fluently, checked on every op.
+//
+// A schema lists the input and output ports (names, optional trailing ports,
+// allowed counts), the attributes (kind, required or default, allowed string
+// values), a dtype rule, and a shape rule that checks the input shapes and
+// fills in the output dims. Messages name the op, the port and the rule:
+//   BatchNormTrainingBackward 'bn3': input 4 'gamma' has 63 elements, expected C=64
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "graph/op.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+
+struct PortSpec {
+  std::string name;
+  bool optional = false;
+};
+
+struct AttrSpec {
+  std::string name;
+  AttrKind kind = AttrKind::kF32;
+  bool required = false;
+  std::optional<AttrValue> default_value;
+  std::vector<std::string> allowed_strings;  // empty: any string
+};
+
+class OpSchema {
+ public:
+  // Checks dtypes or attribute values of an op whose ports and attributes are well formed.
+  using Rule = std::function<Status(const Op&)>;
+  // Checks input shapes (all known) and sets or checks the output dims.
+  using ShapeRule = std::function<Status(Op&)>;
+
+  explicit OpSchema(OpKind kind) : kind_(kind) {}
+
+  OpSchema& input(std::string name, bool optional = false);
+  OpSchema& output(std::string name, bool optional = false);
+  // Restricts the number of inputs or outputs (default: every count from required to all).
+  OpSchema& input_counts(std::set<size_t> counts);
+  OpSchema& output_counts(std::set<size_t> counts);
+  OpSchema& attr(std::string name, AttrKind kind, bool required,
+                 std::optional<AttrValue> default_value = std::nullopt,
+                 std::vector<std::string> allowed_strings = {});
+  // Extra checks, run in order after the structural ones.
+  OpSchema& rule(Rule rule);
+  OpSchema& shape_rule(ShapeRule rule);
+
+  OpKind kind() const { return kind_; }
+  const std::vector<PortSpec>& inputs() const { return inputs_; }
+  const std::vector<PortSpec>& outputs() const { return outputs_; }
+  const std::vector<AttrSpec>& attrs() const { return attrs_; }
+  const AttrSpec* find_attr(const std::string& name) const;
+  std::string input_name(size_t i) const;
+  std::string output_name(size_t i) const;
+
+  // Port counts, attributes (unknown, missing, wrong type, disallowed value),
+  // per-tensor sanity and dtypes. Shapes are not needed.
+  Status verify_structure(const Op& op) const;
+  // Runs the shape rule; every input must have known dims.
+  Status infer_shapes(Op& op) const;
+
+ private:
+  OpKind kind_;
+  std::vector<PortSpec> inputs_;
+  std::vector<PortSpec> outputs_;
+  std::set<size_t> input_counts_;
+  std::set<size_t> output_counts_;
+  std::vector<AttrSpec> attrs_;
+  std::vector<Rule> rules_;
+  ShapeRule shape_rule_;
+};
+
+// Message helpers shared by the schema files, so every rule reads alike.
+std::string port_label(const Op& op, bool is_input, size_t index, const std::string& port_name);
+// The attribute's value or the schema default; the op must be verified.
+AttrValue attr_or_default(const Op& op, const OpSchema& schema, const std::string& name);
+// Sets `out.dims` to `dims` when unknown, or checks that the known ones agree.
+Status set_or_check_dims(Op& op, size_t out_index, const std::string& out_name,
+                         const Dims& dims);
+
+}  // namespace normgrad

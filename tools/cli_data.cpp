@@ -1,0 +1,191 @@
+// Random valid inputs (with true batch statistics), comparisons and thresholds.
+#include "tools/cli_data.hpp"
+
+#include <cmath>
+#include <filesystem>
+
+#include "backends/ref/ref_indexing.hpp"
+#include "backends/ref/ref_ops.hpp"
+#include "graph/npy.hpp"
+#include "ops/batch_norm_desc.hpp"
+#include "ops/op_registry.hpp"
+
+namespace normgrad {
+namespace cli {
+namespace {
+
+// splitmix64: the same stream on every platform, unlike std:: distributions.
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53; }
+};
+
+// The input port name under which `id` is consumed first ("src", "variance", ...).
+std::string role_of(const Graph& graph, int64_t id) {
+  for (size_t k : graph.consumers_of(id)) {
+    const Op& op = graph.ops()[k];
+    const OpSchema* schema = op_registry().find(op.kind());
+    for (size_t i = 0; i < op.inputs().size(); ++i) {
+      if (op.inputs()[i].id == id && schema) return schema->input_name(i);
+    }
+  }
+  return "";
+}
+
+void fill_random(Buffer& b, const std::string& role, Rng& rng) {
+  double lo = -1.0, hi = 1.0;
+  if (role == "variance") lo = 0.5, hi = 2.0;
+  if (role == "gamma" || role == "scale") lo = 0.5, hi = 1.5;
+  const Dims strides = b.desc.effective_strides();
+  bool all_one = true;
+  ref::for_each_index(b.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+    const int64_t off = ref::offset_of(idx, strides);
+    store_from_double(b.data(), off, b.desc.dtype, rng.uniform(lo, hi));
+    all_one = all_one && load_as_double(b.data(), off, b.desc.dtype) == 1.0;
+  });
+  if ((role == "gamma" || role == "scale") && all_one && !b.desc.dims.empty() && b.desc.dims[0] > 0) {
+    store_from_double(b.data(), 0, b.desc.dtype, 1.25);  // never all ones, even by chance
+  }
+}
+
+// Writes the biased batch statistics of `src` into the mean and variance buffers.
+Status set_batch_statistics(const Op& op, const Buffer& src, Buffer& mean, Buffer& var) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  const Dims xs = src.desc.effective_strides();
+  const int64_t ms = mean.desc.effective_strides()[0], vs = var.desc.effective_strides()[0];
+  for (int64_t c = 0; c < d.channels; ++c) {
+    double sum = 0.0;
+    ref::for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      sum += load_as_double(src.data(), ref::offset_of(idx, xs), src.desc.dtype);
+    });
+    const double m = d.reduce_size > 0 ? sum / static_cast<double>(d.reduce_size) : 0.0;
+    double sq = 0.0;
+    ref::for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double t = load_as_double(src.data(), ref::offset_of(idx, xs), src.desc.dtype) - m;
+      sq += t * t;
+    });
+    double v = d.reduce_size > 0 ? sq / static_cast<double>(d.reduce_size) : 0.0;
+    if (round_to_dtype(v, var.desc.dtype) <= 0.0) v = 1.0;
+    store_from_double(mean.data(), c * ms, mean.desc.dtype, m);
+    store_from_double(var.data(), c * vs, var.desc.dtype, v);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<Buffer> allocate(const LogicalTensor& desc) {
+  Buffer b;
+  b.desc = desc;
+  NG_ASSIGN_OR_RETURN(int64_t bytes, desc.buffer_bytes());
+  b.bytes.assign(static_cast<size_t>(bytes), 0);
+  return b;
+}
+
+StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const std::string& dir,
+                                                uint64_t seed, std::map<int64_t, std::string>* sources) {
+  std::map<int64_t, Buffer> inputs;
+  Rng rng{seed};
+  for (const LogicalTensor& lt : graph.graph_inputs()) {
+    NG_ASSIGN_OR_RETURN(Buffer b, allocate(lt));
+    const std::string path = dir.empty() ? "" : dir + "/" + std::to_string(lt.id) + ".npy";
+    if (!path.empty() && std::filesystem::exists(path)) {
+      if (lt.effective_strides() != dense_strides(lt.dims)) {
+        return unimplemented(path + ": tensor " + std::to_string(lt.id) + " is strided; .npy inputs need dense tensors");
+      }
+      NG_RETURN_IF_ERROR(read_npy_into(path, lt, b.data()));
+      (*sources)[lt.id] = "file";
+    } else {
+      fill_random(b, role_of(graph, lt.id), rng);
+      (*sources)[lt.id] = "random";
+    }
+    inputs.emplace(lt.id, std::move(b));
+  }
+  // Walk the graph with ref so that a batch norm whose src is computed (a fused
+  // producer) still gets the statistics of the values it will really see.
+  std::map<int64_t, Buffer> values;
+  for (const Op& op : graph.ops()) {
+    auto buffer_of = [&](int64_t id) -> Buffer* {
+      if (auto it = inputs.find(id); it != inputs.end()) return &it->second;
+      if (auto it = values.find(id); it != values.end()) return &it->second;
+      return nullptr;
+    };
+    if (op.kind() == OpKind::kBatchNormTrainingBackward) {
+      const int64_t mid = op.inputs()[2].id, vid = op.inputs()[3].id;
+      if ((*sources)[mid] == "random" && (*sources)[vid] == "random" && inputs.count(mid) && inputs.count(vid)) {
+        Buffer* src = buffer_of(op.inputs()[0].id);
+        if (src == nullptr) return internal_error("src of " + op.label() + " has no value");
+        NG_RETURN_IF_ERROR(set_batch_statistics(op, *src, inputs.at(mid), inputs.at(vid)));
+      }
+    }
+    std::vector<const void*> in;
+    std::vector<void*> out;
+    for (const LogicalTensor& lt : op.inputs()) {
+      Buffer* b = buffer_of(lt.id);
+      if (b == nullptr) return internal_error("tensor " + std::to_string(lt.id) + " has no value");
+      in.push_back(b->data());
+    }
+    for (const LogicalTensor& lt : op.outputs()) {
+      NG_ASSIGN_OR_RETURN(Buffer b, allocate(lt));
+      out.push_back(values.emplace(lt.id, std::move(b)).first->second.data());
+    }
+    NG_RETURN_IF_ERROR(ref::execute_op(op, in, out));
+  }
+  return inputs;
+}
+
+ErrorStats compare(const Buffer& got, const Buffer& want) {
+  ErrorStats e;
+  double num = 0.0, den = 0.0;
+  const Dims gs = got.desc.effective_strides(), ws = want.desc.effective_strides();
+  ref::for_each_index(want.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+    const double g = load_as_double(got.data(), ref::offset_of(idx, gs), got.desc.dtype);
+    const double w = load_as_double(want.data(), ref::offset_of(idx, ws), want.desc.dtype);
+    if (std::isnan(g) || std::isnan(w)) {
+      if (std::isnan(g) != std::isnan(w)) ++e.nan_mismatch;
+      return;
+    }
+    if (std::isinf(g) || std::isinf(w)) {
+      if (g != w) ++e.nan_mismatch;
+      return;
+    }
+    const double diff = std::fabs(g - w);
+    e.max_abs = std::max(e.max_abs, diff);
+    num += diff * diff;
+    den += w * w;
+  });
+  e.rel_l2 = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+  return e;
+}
+
+double threshold_for(DataType dt, bool is_reduction) {
+  switch (dt) {
+    case DataType::kF32: return is_reduction ? 1e-5 : 6e-7;
+    case DataType::kF16: return is_reduction ? 1e-2 : 4.9e-3;
+    case DataType::kBF16: return is_reduction ? 7.8e-2 : 3.9e-2;
+    case DataType::kUndef: break;
+  }
+  return 0.0;
+}
+
+bool is_reduction_output(const Graph& graph, int64_t tensor_id) {
+  const int64_t k = graph.producer_of(tensor_id);
+  if (k < 0) return false;
+  const Op& op = graph.ops()[static_cast<size_t>(k)];
+  for (size_t i = 0; i < op.outputs().size(); ++i) {
+    if (op.outputs()[i].id == tensor_id) {
+      return op.outputs()[i].rank() == 1 && (op.kind() == OpKind::kBatchNormTrainingBackward ||
+                                             op.kind() == OpKind::kBatchNormForwardTraining) && i > 0;
+    }
+  }
+  return false;
+}
+
+}  // namespace cli
+}  // namespace normgrad

@@ -1,0 +1,52 @@
+// Test data for the command line: valid random inputs, tensor buffers, and the
+// error metrics and per-dtype thresholds of `normgrad run --check`.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/graph.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+namespace cli {
+
+// Owned dense-or-strided storage for one tensor.
+struct Buffer {
+  LogicalTensor desc;
+  std::vector<char> bytes;
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+};
+
+StatusOr<Buffer> allocate(const LogicalTensor& desc);
+
+// Fills every graph input of a finalized graph. Inputs found as DIR/<id>.npy
+// (when `dir` is not empty) are read; the rest are random from `seed`:
+// data uniform in [-1, 1), variance in [0.5, 2), gamma in [0.5, 1.5) and never
+// all ones. A BatchNormTrainingBackward's mean and variance, when random, are
+// the true (biased) batch statistics of its src, computed in float64 on the
+// rounded data; a zero variance becomes 1 so the inputs stay valid.
+// `sources` receives "file" or "random" per tensor id.
+StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const std::string& dir,
+                                                uint64_t seed, std::map<int64_t, std::string>* sources);
+
+struct ErrorStats {
+  double max_abs = 0.0;
+  double rel_l2 = 0.0;   // ||got - want|| / ||want|| (absolute L2 when want is all zero)
+  int64_t nan_mismatch = 0;
+};
+
+ErrorStats compare(const Buffer& got, const Buffer& want);
+
+// benchdnn's relative L2 thresholds: data outputs 6e-7 f32, 4.9e-3 f16,
+// 3.9e-2 bf16; reductions (diff_gamma, diff_beta, statistics) looser.
+double threshold_for(DataType dt, bool is_reduction);
+
+// True when output `tensor_id` of the graph is a per-channel reduction.
+bool is_reduction_output(const Graph& graph, int64_t tensor_id);
+
+}  // namespace cli
+}  // namespace normgrad
