@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Shared set-up for scripts/run and scripts/test: install missing Debian
+# packages (as root; otherwise print the apt-get line and stop), configure
+# build/ once, and build incrementally. Idempotent and quick when nothing changed.
+set -euo pipefail
+
+NG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+NG_BUILD="${NG_BUILD:-$NG_ROOT/build}"
+NG_PACKAGES=(cmake make g++ libdnnl-dev libtbb-dev libgtest-dev googletest nlohmann-json3-dev
+             libxbyak-dev libbenchmark-dev ocl-icd-opencl-dev)
+
+ng_install_deps() {
+  local missing=()
+  for p in "${NG_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "normgrad needs these Debian packages; install them with:" >&2
+    echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "== installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+ng_build() {
+  if [ ! -f "$NG_BUILD/CMakeCache.txt" ]; then
+    echo "== configuring $NG_BUILD"
+    cmake -S "$NG_ROOT" -B "$NG_BUILD" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  fi
+  echo "== building"
+  cmake --build "$NG_BUILD" -j "$(nproc)"
+}

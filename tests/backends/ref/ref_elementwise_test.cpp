@@ -1,0 +1,65 @@
+// Reference elementwise ops against hand-computed values, including strided tensors.
+#include "backends/compiler.hpp"
+#include "tests/test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::lt;
+
+std::vector<float> run(const Graph& g, const std::map<int64_t, std::vector<float>>& in, int64_t out_id, size_t out_elems) {
+  auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  std::map<int64_t, const void*> ip;
+  for (const auto& [id, v] : in) ip[id] = v.data();
+  std::vector<float> out(out_elems, -77.f);
+  Status s = cg->execute(ip, {{out_id, out.data()}});
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return out;
+}
+
+TEST(RefElementwise, ReLUBackwardBothVariantsMaskOnPositive) {
+  for (bool use_dst : {true, false}) {
+    Graph g;
+    Op op(0, OpKind::kReLUBackward, "rb");
+    op.set_attr("use_dst", use_dst);
+    op.add_input(lt(0, DataType::kF32, {4})).add_input(lt(1, DataType::kF32, {4})).add_output(lt(2, DataType::kF32, {4}));
+    ASSERT_TRUE(g.add_op(op).ok());
+    auto y = run(g, {{0, {-1, 0, 2, 3}}, {1, {5, 6, 7, 8}}}, 2, 4);
+    EXPECT_EQ(y, (std::vector<float>{0, 0, 7, 8}));
+  }
+}
+
+TEST(RefElementwise, ChainWithTransposeCastAndAdd) {
+  // x (2x3) -> transpose [1, 0] -> (3x2); + y; relu; cast to bf16 and back is exact for these values.
+  Graph g;
+  Op t(0, OpKind::kStaticTranspose, "t");
+  t.set_attr("order", std::vector<int64_t>{1, 0});
+  t.add_input(lt(0, DataType::kF32, {2, 3})).add_output(lt(1, DataType::kF32, {3, 2}));
+  Op a(1, OpKind::kAdd, "a");
+  a.add_input(lt(1, DataType::kF32, {3, 2})).add_input(lt(2, DataType::kF32, {3, 2})).add_output(lt(3, DataType::kF32, {3, 2}));
+  Op r(2, OpKind::kReLU, "r");
+  r.add_input(lt(3, DataType::kF32, {3, 2})).add_output(lt(4, DataType::kF32, {3, 2}));
+  Op c(3, OpKind::kTypeCast, "c");
+  c.add_input(lt(4, DataType::kF32, {3, 2})).add_output(lt(5, DataType::kBF16, {3, 2}));
+  Op back(4, OpKind::kTypeCast, "b");
+  back.add_input(lt(5, DataType::kBF16, {3, 2})).add_output(lt(6, DataType::kF32, {3, 2}));
+  for (Op* op : {&back, &c, &r, &a, &t}) ASSERT_TRUE(g.add_op(*op).ok());  // any order
+  auto y = run(g, {{0, {1, 2, 3, 4, 5, 6}}, {2, {0, -10, 0, 0, -9, 1}}}, 6, 6);
+  // transpose: {1,4, 2,5, 3,6}; + y: {1,-6, 2,5, -6,7}; relu: {1,0, 2,5, 0,7}.
+  EXPECT_EQ(y, (std::vector<float>{1, 0, 2, 5, 0, 7}));
+}
+
+TEST(RefElementwise, StridedInputIsAddressedThroughStrides) {
+  Graph g;
+  Op r(0, OpKind::kReLU, "r");
+  LogicalTensor in = lt(0, DataType::kF32, {2, 2});
+  in.strides = {1, 2};  // column-major view
+  r.add_input(in).add_output(lt(1, DataType::kF32, {2, 2}));
+  ASSERT_TRUE(g.add_op(r).ok());
+  auto y = run(g, {{0, {1, -2, 3, 4}}}, 1, 4);
+  EXPECT_EQ(y, (std::vector<float>{1, 3, 0, 4}));
+}
+
+}  // namespace
+}  // namespace normgrad

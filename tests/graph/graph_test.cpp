@@ -1,0 +1,112 @@
+// Graph: add_op and finalize rules (duplicates, producers, metadata, cycles,
+// dangling inputs) and shape inference through unknown dims.
+#include "graph/graph.hpp"
+
+#include "tests/test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::lt;
+
+Op relu(int64_t id, int64_t in, int64_t out, Dims dims = {2, 3}) {
+  Op op(id, OpKind::kReLU, "relu" + std::to_string(id));
+  op.add_input(lt(in, DataType::kF32, dims)).add_output(lt(out, DataType::kF32, dims));
+  return op;
+}
+
+TEST(Graph, DuplicateOpIdIsRejectedAtOnce) {
+  Graph g;
+  ASSERT_TRUE(g.add_op(relu(1, 0, 1)).ok());
+  EXPECT_STATUS_HAS(g.add_op(relu(1, 1, 2)), "op id 1 is already used by ReLU 'relu1'");
+}
+
+TEST(Graph, TwoProducers) {
+  Graph g;
+  ASSERT_TRUE(g.add_op(relu(1, 0, 5)).ok());
+  ASSERT_TRUE(g.add_op(relu(2, 1, 5)).ok());
+  EXPECT_STATUS_HAS(g.finalize(), "tensor 5 is produced by both op 1");
+}
+
+TEST(Graph, ConflictingMetadata) {
+  Graph g;
+  ASSERT_TRUE(g.add_op(relu(1, 0, 1)).ok());
+  Op b = relu(2, 1, 2);
+  b.mutable_inputs()[0].dims = {2, 4};
+  b.mutable_outputs()[0].dims = {2, 4};
+  ASSERT_TRUE(g.add_op(b).ok());
+  EXPECT_STATUS_HAS(g.finalize(), "tensor 1 has conflicting shapes: 2x3 and 2x4");
+  Graph h;
+  ASSERT_TRUE(h.add_op(relu(1, 0, 1)).ok());
+  Op c(2, OpKind::kReLU, "r");
+  c.add_input(lt(1, DataType::kBF16, {2, 3})).add_output(lt(2, DataType::kBF16, {2, 3}));
+  ASSERT_TRUE(h.add_op(c).ok());
+  EXPECT_STATUS_HAS(h.finalize(), "tensor 1 has conflicting dtypes: f32 and bf16");
+}
+
+TEST(Graph, Cycles) {
+  Graph self;
+  ASSERT_TRUE(self.add_op(relu(1, 3, 3)).ok());
+  EXPECT_STATUS_HAS(self.finalize(), "consumes its own output tensor 3");
+  Graph loop;
+  ASSERT_TRUE(loop.add_op(relu(1, 10, 11)).ok());
+  ASSERT_TRUE(loop.add_op(relu(2, 11, 10)).ok());
+  EXPECT_STATUS_HAS(loop.finalize(), "cycle among op 1");
+}
+
+TEST(Graph, DanglingInputsWithExplicitPorts) {
+  Graph g;
+  ASSERT_TRUE(g.add_op(relu(1, 0, 1)).ok());
+  ASSERT_TRUE(g.add_op(relu(2, 7, 2)).ok());
+  g.set_input_ports({0});
+  EXPECT_STATUS_HAS(g.finalize(), "reads tensor 7, which no op produces and which is not a graph input port");
+  g.set_input_ports({0, 7});
+  g.set_output_ports({9});
+  EXPECT_STATUS_HAS(g.finalize(), "output port 9 is not produced by any op");
+  g.set_output_ports({1, 2});
+  EXPECT_TRUE(g.finalize().ok());
+  Graph empty;
+  EXPECT_STATUS_HAS(empty.finalize(), "the graph has no ops");
+}
+
+TEST(Graph, InfersUnknownShapesAndOrdersTopologically) {
+  Graph g;
+  // Added consumer first, with unknown dims everywhere except the graph inputs.
+  Op bn = bn_bwd({2, 3, 4, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  bn.mutable_inputs()[1] = lt(20, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
+  for (auto& out : bn.mutable_outputs()) out.dims = {};
+  ASSERT_TRUE(g.add_op(bn).ok());
+  Op r(9, OpKind::kReLUBackward, "rb");
+  r.add_input(lt(30, DataType::kF32, {2, 3, 4, 4})).add_input(lt(31, DataType::kF32, {2, 3, 4, 4}));
+  r.add_output(lt(20, DataType::kF32, {}));
+  ASSERT_TRUE(g.add_op(r).ok());
+  ASSERT_TRUE(g.finalize().ok());
+  EXPECT_EQ(g.ops()[0].kind(), OpKind::kReLUBackward);
+  EXPECT_EQ(g.find_tensor(20)->dims, (Dims{2, 3, 4, 4}));
+  EXPECT_EQ(g.find_tensor(6)->dims, (Dims{3}));
+  EXPECT_EQ(g.ops()[1].inputs()[1].dims, (Dims{2, 3, 4, 4}));
+  EXPECT_EQ(g.graph_inputs().size(), 6u);  // src 0, mean 2, variance 3, gamma 4, and 30, 31
+  EXPECT_EQ(g.graph_outputs().size(), 3u);
+}
+
+TEST(Graph, UnknownGraphInputShapeIsAnError) {
+  Graph g;
+  ASSERT_TRUE(g.add_op(relu(1, 0, 1, {kUnknownDim, 3})).ok());
+  EXPECT_STATUS_HAS(g.finalize(), "has unknown shape ?x3; graph inputs need concrete shapes");
+}
+
+TEST(Graph, ShapeRulesFireAfterPropagation) {
+  // The producer makes 2x5x4x4 while the batch norm's stats say C = 3.
+  Graph g;
+  Op bn = bn_bwd({2, 3, 4, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  bn.mutable_inputs()[0] = lt(40, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
+  bn.mutable_inputs()[1] = lt(41, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
+  ASSERT_TRUE(g.add_op(bn).ok());
+  ASSERT_TRUE(g.add_op(relu(1, 50, 40, {2, 5, 4, 4})).ok());
+  ASSERT_TRUE(g.add_op(relu(2, 51, 41, {2, 5, 4, 4})).ok());
+  EXPECT_STATUS_HAS(g.finalize(), "input 2 'mean' has 3 elements, expected C=5");
+}
+
+}  // namespace
+}  // namespace normgrad

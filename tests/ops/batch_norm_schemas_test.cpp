@@ -1,0 +1,119 @@
+// Error flow of the batch-norm schemas: every rule, with status and message fragment.
+#include "tests/test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::lt;
+
+Status add(Op op) {
+  Graph g;
+  return g.add_op(std::move(op));
+}
+
+TEST(BatchNormTrainingBackwardSchema, AcceptsTheDocumentedForms) {
+  for (const char* fmt : {"NCX", "NXC"}) {
+    for (int rank = 2; rank <= 6; ++rank) {
+      Dims shape(static_cast<size_t>(rank), 3);
+      EXPECT_TRUE(add(bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, true, 3)).ok());
+      EXPECT_TRUE(add(bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, false, 3)).ok());  // gamma = 1
+      EXPECT_TRUE(add(bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, true, 1)).ok());
+    }
+  }
+  EXPECT_TRUE(add(bn_bwd({2, 4, 3, 3}, "NCX", DataType::kBF16, DataType::kBF16, true, 3)).ok());
+  EXPECT_TRUE(add(bn_bwd({2, 4, 3, 3}, "NCX", DataType::kBF16, DataType::kF32, true, 3)).ok());
+  EXPECT_TRUE(add(bn_bwd({2, 4, 3, 3}, "NXC", DataType::kF16, DataType::kF32, true, 3)).ok());
+}
+
+TEST(BatchNormTrainingBackwardSchema, PortCounts) {
+  Op op = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  op.mutable_outputs().pop_back();
+  EXPECT_STATUS_HAS(add(op), "has 2 outputs, expected 1 or 3");
+  Op three_in = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, false, 3);
+  three_in.mutable_inputs().pop_back();
+  EXPECT_STATUS_HAS(add(three_in), "has 3 inputs, expected 4 to 5");
+}
+
+TEST(BatchNormTrainingBackwardSchema, Attributes) {
+  Op op = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  op.erase_attr("epsilon");
+  EXPECT_STATUS_HAS(add(op), "required attribute 'epsilon' is missing");
+  op.set_attr("epsilon", -1.0f);
+  EXPECT_STATUS_HAS(add(op), "'epsilon' must be finite and >= 0");
+  op.set_attr("epsilon", std::numeric_limits<float>::infinity());
+  EXPECT_STATUS_HAS(add(op), "'epsilon' must be finite and >= 0");
+  op.set_attr("epsilon", int64_t{1});
+  EXPECT_STATUS_HAS(add(op), "attribute 'epsilon' has type s64, expected f32");
+  op.set_attr("epsilon", 0.0f);
+  EXPECT_TRUE(add(op).ok());
+  op.set_attr("data_format", std::string("NHWC"));
+  EXPECT_STATUS_HAS(add(op), "'data_format' is 'NHWC', expected one of NCX, NXC");
+  op.set_attr("data_format", std::string("NCX"));
+  op.set_attr("momentum", 0.5f);
+  EXPECT_STATUS_HAS(add(op), "unknown attribute 'momentum'");
+}
+
+TEST(BatchNormTrainingBackwardSchema, Dtypes) {
+  Op op = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  op.mutable_inputs()[1].dtype = DataType::kBF16;
+  EXPECT_STATUS_HAS(add(op), "input 1 'diff_dst': dtype bf16 differs from src's f32");
+  EXPECT_STATUS_HAS(add(bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kBF16, true, 3)),
+                    "input 2 'mean': dtype bf16 is not allowed with f32 data");
+  EXPECT_STATUS_HAS(add(bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF16, DataType::kF16, true, 3)),
+                    "dtype f16 is not allowed with f16 data");
+  Op mixed = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kBF16, DataType::kF32, true, 3);
+  mixed.mutable_inputs()[4].dtype = DataType::kBF16;
+  EXPECT_STATUS_HAS(add(mixed), "input 4 'gamma': dtype bf16 differs from");
+  Op out = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  out.mutable_outputs()[0].dtype = DataType::kF16;
+  EXPECT_STATUS_HAS(add(out), "output 0 'diff_src': dtype f16 differs from src's f32");
+}
+
+TEST(BatchNormTrainingBackwardSchema, Shapes) {
+  Op op = bn_bwd({2, 64, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  op.mutable_inputs()[4].dims = {63};
+  EXPECT_STATUS_HAS(add(op), "input 4 'gamma' has 63 elements, expected C=64");
+  Op nxc = bn_bwd({2, 3, 3, 64}, "NXC", DataType::kF32, DataType::kF32, true, 3);
+  nxc.mutable_inputs()[2].dims = {3};
+  EXPECT_STATUS_HAS(add(nxc), "input 2 'mean' has 3 elements, expected C=64");
+  Op two_d = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  two_d.mutable_inputs()[3].dims = {2, 2};
+  EXPECT_STATUS_HAS(add(two_d), "input 3 'variance': must be 1-D with C=4 elements, got shape 2x2");
+  Op dd = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  dd.mutable_inputs()[1].dims = {2, 4, 3, 4};
+  EXPECT_STATUS_HAS(add(dd), "input 1 'diff_dst': shape 2x4x3x4 differs from src's 2x4x3x3");
+  EXPECT_STATUS_HAS(add(bn_bwd({4}, "NCX", DataType::kF32, DataType::kF32, true, 3)), "rank 1 is not supported");
+  Op seven = bn_bwd({1, 2, 1, 1, 1, 1, 1}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  EXPECT_STATUS_HAS(add(seven), "rank 7 is not supported (expected 2 to 6)");
+  Op out = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  out.mutable_outputs()[1].dims = {5};
+  EXPECT_STATUS_HAS(add(out), "output 1 'diff_gamma': shape 5 does not match the inferred 4");
+}
+
+TEST(BatchNormForwardTrainingSchema, Rules) {
+  Op op(0, OpKind::kBatchNormForwardTraining, "fwd");
+  op.set_attr("epsilon", 1e-5f).set_attr("data_format", std::string("NCX"));
+  op.add_input(lt(0, DataType::kF32, {2, 3, 4})).add_input(lt(1, DataType::kF32, {3}));
+  op.add_input(lt(2, DataType::kF32, {3})).add_input(lt(3, DataType::kF32, {3}));
+  for (int i = 0; i < 5; ++i) op.add_output(lt(10 + i, DataType::kF32, i == 0 ? Dims{2, 3, 4} : Dims{3}));
+  EXPECT_STATUS_HAS(add(op), "has 4 inputs, expected 3 or 5");
+  op.add_input(lt(4, DataType::kF32, {3}));
+  EXPECT_TRUE(add(op).ok());
+  op.set_attr("momentum", std::string("x"));
+  EXPECT_STATUS_HAS(add(op), "attribute 'momentum' has type string, expected f32");
+}
+
+TEST(BatchNormInferenceSchema, Rules) {
+  Op op(0, OpKind::kBatchNormInference, "inf");
+  op.set_attr("epsilon", 1e-5f);
+  op.add_input(lt(0, DataType::kF32, {2, 4, 4, 3}));
+  for (int i = 1; i <= 4; ++i) op.add_input(lt(i, DataType::kF32, {3}));
+  op.add_output(lt(5, DataType::kF32, {2, 4, 4, 3}));
+  EXPECT_TRUE(add(op).ok());  // NXC is the default
+  op.set_attr("data_format", std::string("NCX"));
+  EXPECT_STATUS_HAS(add(op), "input 1 'gamma' has 3 elements, expected C=4");
+}
+
+}  // namespace
+}  // namespace normgrad

@@ -1,0 +1,81 @@
+// Error flow of ReLU, ReLUBackward, Add, TypeCast, StaticTranspose and End.
+#include "tests/test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::lt;
+
+Op binary(OpKind kind, Dims a, Dims b, DataType dt = DataType::kF32) {
+  Op op(0, kind, "e");
+  op.add_input(lt(0, dt, a)).add_input(lt(1, dt, b)).add_output(lt(2, dt, a));
+  return op;
+}
+
+Status add(Op op) {
+  Graph g;
+  return g.add_op(std::move(op));
+}
+
+TEST(ElementwiseSchemas, AddRefusesBroadcasting) {
+  EXPECT_TRUE(add(binary(OpKind::kAdd, {2, 3}, {2, 3})).ok());
+  EXPECT_STATUS_HAS(add(binary(OpKind::kAdd, {2, 3}, {1, 3})), "broadcasting is not supported");
+  Op op = binary(OpKind::kAdd, {2, 3}, {2, 3});
+  op.set_attr("auto_broadcast", std::string("pdpd"));
+  EXPECT_STATUS_HAS(add(op), "'auto_broadcast' is 'pdpd', expected one of none, numpy");
+}
+
+TEST(ElementwiseSchemas, ReLUBackward) {
+  Op op = binary(OpKind::kReLUBackward, {2, 3}, {2, 3});
+  op.set_attr("use_dst", false);
+  EXPECT_TRUE(add(op).ok());
+  op.set_attr("use_dst", int64_t{0});
+  EXPECT_STATUS_HAS(add(op), "attribute 'use_dst' has type s64, expected bool");
+  Op dt = binary(OpKind::kReLUBackward, {2, 3}, {2, 3});
+  dt.mutable_inputs()[1].dtype = DataType::kBF16;
+  EXPECT_STATUS_HAS(add(dt), "input 1 'diff_dst': dtype bf16 differs from input 0's f32");
+  Op three(0, OpKind::kReLUBackward, "");
+  three.add_input(lt(0, DataType::kF32, {2}));
+  three.add_output(lt(1, DataType::kF32, {2}));
+  EXPECT_STATUS_HAS(add(three), "has 1 inputs, expected 2");
+}
+
+TEST(ElementwiseSchemas, StaticTranspose) {
+  Op op(0, OpKind::kStaticTranspose, "t");
+  op.add_input(lt(0, DataType::kF32, {2, 3, 4})).add_output(lt(1, DataType::kF32, {4, 2, 3}));
+  EXPECT_STATUS_HAS(add(op), "required attribute 'order' is missing");
+  op.set_attr("order", std::vector<int64_t>{2, 0, 1});
+  EXPECT_TRUE(add(op).ok());
+  op.set_attr("order", std::vector<int64_t>{-1, 0, 1});  // negative axes count from the end
+  EXPECT_TRUE(add(op).ok());
+  op.set_attr("order", std::vector<int64_t>{2, 2, 1});
+  EXPECT_STATUS_HAS(add(op), "'order' is not a permutation of 0..2");
+  op.set_attr("order", std::vector<int64_t>{1, 0});
+  EXPECT_STATUS_HAS(add(op), "'order' has 2 entries, expected the rank 3");
+  op.set_attr("order", std::vector<int64_t>{0, 1, 2});
+  EXPECT_STATUS_HAS(add(op), "shape 4x2x3 does not match the inferred 2x3x4");
+}
+
+TEST(ElementwiseSchemas, TypeCastAndEnd) {
+  Op cast(0, OpKind::kTypeCast, "c");
+  cast.add_input(lt(0, DataType::kBF16, {5})).add_output(lt(1, DataType::kF32, {6}));
+  EXPECT_STATUS_HAS(add(cast), "shape 6 does not match the inferred 5");
+  Op end(1, OpKind::kEnd, "end");
+  end.add_input(lt(0, DataType::kF32, {5}));
+  EXPECT_TRUE(add(end).ok());
+  end.add_output(lt(3, DataType::kF32, {5}));
+  EXPECT_STATUS_HAS(add(end), "has 1 outputs, expected 0");
+}
+
+TEST(ElementwiseSchemas, UndefDtypeAndNegativeIds) {
+  Op op = binary(OpKind::kReLU, {2}, {2});
+  op.mutable_inputs().pop_back();
+  op.mutable_inputs()[0].dtype = DataType::kUndef;
+  EXPECT_STATUS_HAS(add(op), "input 0 'src': dtype is undef");
+  Op neg = binary(OpKind::kAdd, {2}, {2});
+  neg.mutable_inputs()[1].id = -4;
+  EXPECT_STATUS_HAS(add(neg), "tensor id -4 is negative");
+}
+
+}  // namespace
+}  // namespace normgrad

@@ -1,0 +1,122 @@
+// `normgrad run` end to end: fixtures pass --check, outputs are written, bad
+// graphs and options give a message and exit code 2, never a signal.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "graph/npy.hpp"
+#include "tests/test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+const std::string kCli = NORMGRAD_CLI;
+const std::string kData = NORMGRAD_TEST_DATA;
+const std::string kExamples = NORMGRAD_EXAMPLES;
+
+struct Result {
+  int exit_code = -1;
+  bool signaled = false;
+  std::string output;  // stdout and stderr
+};
+
+Result run(const std::string& args) {
+  Result r;
+  const std::string cmd = kCli + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.signaled = WIFSIGNALED(status);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/ng_cli_" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(CliRun, FixturesPassCheck) {
+  for (const char* f : {"op/f32/bnorm_bwd.json", "pattern/f32/bn_bwd_relu_bwd_fusion.json", "op/f32/bnorm.json",
+                        "op/f32/bnorm_fwd_d.json", "pattern/f32/bn_relu_fusion.json"}) {
+    const Result r = run("run " + kData + "/onednn/" + f + " --check --seed 3");
+    EXPECT_EQ(r.exit_code, 0) << f << "\n" << r.output;
+    EXPECT_NE(r.output.find("PASSED"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("backend=ref"), std::string::npos) << r.output;
+  }
+}
+
+TEST(CliRun, ExamplesPassAndWriteOutputs) {
+  for (const auto& e : std::filesystem::directory_iterator(kExamples)) {
+    const std::string out_dir = ::testing::TempDir() + "/ng_cli_out_" + e.path().stem().string();
+    const Result r = run("run " + e.path().string() + " --check --iters 2 --threads 1 --outputs " + out_dir);
+    EXPECT_EQ(r.exit_code, 0) << e.path() << "\n" << r.output;
+    EXPECT_TRUE(std::filesystem::exists(out_dir + "/5.npy")) << r.output;
+  }
+}
+
+TEST(CliRun, InputsFromDirectoryAreUsed) {
+  // Feed oneDNN's canonical vector through .npy files and read diff_src back.
+  const std::string dir = ::testing::TempDir() + "/ng_cli_inputs";
+  std::filesystem::create_directories(dir);
+  const float src[4] = {1, 2, 3, 4}, dd[4] = {0.1f, 0.1f, 0.2f, 0.2f}, mean[1] = {2.5f}, var[1] = {1.25f}, gamma[1] = {2};
+  ASSERT_TRUE(write_npy(dir + "/0.npy", LogicalTensor(0, DataType::kF32, {1, 1, 2, 2}), src).ok());
+  ASSERT_TRUE(write_npy(dir + "/1.npy", LogicalTensor(1, DataType::kF32, {1, 1, 2, 2}), dd).ok());
+  ASSERT_TRUE(write_npy(dir + "/2.npy", LogicalTensor(2, DataType::kF32, {1}), mean).ok());
+  ASSERT_TRUE(write_npy(dir + "/3.npy", LogicalTensor(3, DataType::kF32, {1}), var).ok());
+  ASSERT_TRUE(write_npy(dir + "/4.npy", LogicalTensor(4, DataType::kF32, {1}), gamma).ok());
+  const std::string graph = R"({"version": "3.0.0", "engine_kind": "cpu", "fpmath_mode": "strict", "graph": [
+    {"id": 0, "name": "bn", "kind": "BatchNormTrainingBackward",
+     "attrs": {"epsilon": {"type": "f32", "value": 0.0}, "data_format": {"type": "string", "value": "NCX"}},
+     "inputs": [{"id": 0, "dtype": "f32", "shape": [1, 1, 2, 2]}, {"id": 1, "dtype": "f32", "shape": [1, 1, 2, 2]},
+                {"id": 2, "dtype": "f32", "shape": [1]}, {"id": 3, "dtype": "f32", "shape": [1]},
+                {"id": 4, "dtype": "f32", "shape": [1]}],
+     "outputs": [{"id": 5, "dtype": "f32", "shape": [1, 1, 2, 2]}, {"id": 6, "dtype": "f32", "shape": [1]},
+                 {"id": 7, "dtype": "f32", "shape": [1]}]}]})";
+  const std::string path = write_temp("canonical.json", graph);
+  const std::string out = ::testing::TempDir() + "/ng_cli_canonical_out";
+  const Result r = run("run " + path + " --inputs " + dir + " --outputs " + out + " --check");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0(file) 1(file) 2(file) 3(file) 4(file)"), std::string::npos) << r.output;
+  float got[4];
+  ASSERT_TRUE(read_npy_into(out + "/5.npy", LogicalTensor(5, DataType::kF32, {1, 1, 2, 2}), got).ok());
+  EXPECT_NEAR(got[0], 0.01788854, 1e-7);
+  EXPECT_NEAR(got[1], -0.05366563, 1e-7);
+}
+
+TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
+  const std::string bad_json = write_temp("bad.json", "{\"graph\": [ {\"id\": 0, \"kind\": \"BatchNormTrainingBackward\"");
+  const std::string cve = write_temp("cve.json", R"({"graph": [{"id": 0, "name": "bn", "kind": "BatchNormTrainingBackward",
+    "attrs": {"epsilon": {"type": "f32", "value": 0.001}, "data_format": {"type": "string", "value": "NCX"}},
+    "inputs": [{"id": 0, "dtype": "f32", "shape": [1, 1, 1, 2]}, {"id": 1, "dtype": "f32", "shape": [1, 1, 3, 3]},
+               {"id": 2, "dtype": "f32", "shape": [1]}, {"id": 3, "dtype": "f32", "shape": [1]}],
+    "outputs": [{"id": 5, "dtype": "f32", "shape": [1, 1, 1, 2]}]}]})");
+  const struct {
+    std::string args, fragment;
+  } cases[] = {
+      {"run " + bad_json, "malformed JSON"},
+      {"run " + cve, "input 1 'diff_dst': shape 1x1x3x3 differs from src's 1x1x1x2"},
+      {"run /nonexistent.json", "cannot open file"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --backend dnnl", "backend 'dnnl' is not built"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --backend cuda", "unknown backend 'cuda'"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --iters 0", "--iters must be an integer"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --frobnicate", "unknown option --frobnicate"},
+      {"fly", "unknown command 'fly'"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_FALSE(r.signaled) << c.args;
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.fragment), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
