@@ -129,13 +129,22 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   CompiledGraph cg;
   cg.graph_ = graph;
   if (!cg.graph_.finalized()) NG_RETURN_IF_ERROR(cg.graph_.finalize());
-  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(cg.graph_));
+  cg.lowered_ = cg.graph_;
+  NG_ASSIGN_OR_RETURN(bool changed, default_pipeline().run(cg.lowered_));
+  (void)changed;
+  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(cg.lowered_));
   for (const Partition& p : parts) {
     NG_ASSIGN_OR_RETURN(auto cp, compile_partition(p, options));
     cg.partitions_.push_back(std::move(cp));
   }
   cg.inputs_ = cg.graph_.graph_inputs();
   cg.outputs_ = cg.graph_.graph_outputs();
+  for (const LogicalTensor& lt : cg.outputs_) {
+    NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
+    if (cg.lowered_.producer_of(lt.id) < 0 && bytes != 0) {
+      return internal_error("graph output tensor " + std::to_string(lt.id) + " lost its producer in the passes");
+    }
+  }
   return cg;
 }
 
@@ -159,11 +168,12 @@ Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
     for (const LogicalTensor& lt : p.inputs) {
       auto w = written.find(lt.id);
       const void* ptr = nullptr;
-      if (w != written.end() && graph_.producer_of(lt.id) >= 0) {
+      NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
+      if (w != written.end() && lowered_.producer_of(lt.id) >= 0) {
         ptr = w->second;
       } else if (auto i = inputs.find(lt.id); i != inputs.end()) {
         ptr = i->second;
-      } else {
+      } else if (bytes != 0) {  // an empty tensor (a dropped reserve space) needs no buffer
         return internal_error("tensor " + std::to_string(lt.id) + " is read before it is written");
       }
       in.push_back({lt, const_cast<void*>(ptr)});

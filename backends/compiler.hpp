@@ -2,8 +2,12 @@
 //
 // compile_partition picks a backend (the forced one, else the first that
 // supports the partition) and returns an immutable CompiledPartition.
-// CompiledGraph is the convenience that finalizes a graph, splits it into
-// partitions, compiles each and runs them in order with owned intermediates.
+// CompiledGraph is the convenience that finalizes a graph, runs the default
+// pass pipeline on a copy (the lowered graph), splits that into partitions,
+// compiles each and runs them in order with owned intermediates. Its inputs
+// and outputs are the user's graph's: inputs a pass made unused are accepted
+// and ignored, and empty outputs no kernel writes (TensorFlow's reserve
+// spaces) need no work.
 #pragma once
 
 #include <map>
@@ -14,6 +18,7 @@
 #include "backends/backend.hpp"
 #include "graph/graph.hpp"
 #include "passes/partitioner.hpp"
+#include "passes/pass.hpp"
 
 namespace normgrad {
 
@@ -50,10 +55,12 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Parti
 
 class CompiledGraph {
  public:
-  // Finalizes a copy of `graph` if needed, partitions and compiles it.
+  // Finalizes a copy of `graph` if needed, lowers, partitions and compiles it.
   static StatusOr<CompiledGraph> compile(const Graph& graph, const CompileOptions& options);
 
+  // The user's graph, finalized, and the graph after the pass pipeline.
   const Graph& graph() const { return graph_; }
+  const Graph& lowered_graph() const { return lowered_; }
   const std::vector<std::shared_ptr<const CompiledPartition>>& partitions() const { return partitions_; }
   const std::vector<LogicalTensor>& inputs() const { return inputs_; }
   const std::vector<LogicalTensor>& outputs() const { return outputs_; }
@@ -66,6 +73,7 @@ class CompiledGraph {
 
  private:
   Graph graph_;
+  Graph lowered_;
   std::vector<std::shared_ptr<const CompiledPartition>> partitions_;
   std::vector<LogicalTensor> inputs_;
   std::vector<LogicalTensor> outputs_;

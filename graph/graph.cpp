@@ -219,11 +219,18 @@ Status Graph::infer_shapes() {
 Status Graph::finalize() {
   finalized_ = false;
   if (ops_.empty()) return invalid_graph("the graph has no ops");
+  // Structure first: passes edit ops directly, and the shape rules index ports.
+  std::set<int64_t> op_ids;
+  for (const Op& op : ops_) {
+    NG_RETURN_IF_ERROR(verify_op_structure(op));
+    if (!op_ids.insert(op.id()).second) {
+      return invalid_graph(op.label() + ": op id " + std::to_string(op.id()) + " is used twice");
+    }
+  }
   NG_RETURN_IF_ERROR(collect_tensors());
   NG_RETURN_IF_ERROR(sort_topologically());
   NG_RETURN_IF_ERROR(collect_tensors());  // indices changed with the new order
   NG_RETURN_IF_ERROR(infer_shapes());
-  for (const Op& op : ops_) NG_RETURN_IF_ERROR(verify_op_structure(op));
   finalized_ = true;
   return ok_status();
 }

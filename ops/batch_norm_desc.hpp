@@ -15,12 +15,14 @@ namespace normgrad {
 enum class DataFormat : uint8_t { kNCX, kNXC };
 const char* data_format_name(DataFormat f);
 
-// Which maths the backward computes.
+// Which maths the backward's diff_src follows (diff_gamma and diff_beta, when
+// asked for, are the same sums in both modes).
 enum class BackwardMode : uint8_t {
-  // 3 outputs: diff_src, diff_gamma, diff_beta through the batch statistics.
+  // Through the batch statistics: gamma s (dy - diff_beta/M - xhat diff_gamma/M).
   kTraining,
-  // oneDNN Graph's single-output form: diff_src = dy / sqrt(var + eps), gamma ignored.
-  kFrozenNoScale,
+  // Frozen statistics: gamma s dy (TensorFlow's is_training = false; oneDNN
+  // Graph's single-output form, where gamma is ignored, i.e. use_gamma = false).
+  kFrozen,
 };
 
 struct BatchNormDesc {
@@ -35,8 +37,15 @@ struct BatchNormDesc {
   DataType data_dt = DataType::kF32;
   DataType stats_dt = DataType::kF32;
   bool has_gamma = false;     // backward: gamma given; forward: gamma and beta given
+  // Backward only:
   BackwardMode mode = BackwardMode::kTraining;
+  bool use_gamma = false;           // diff_src is scaled by gamma (else gamma = 1)
+  bool variance_is_inv_std = false; // input 3 holds 1/sqrt(var + eps) (cuDNN, PyTorch save_invstd)
+  bool diff_scale_shift = false;    // diff_gamma and diff_beta are computed (3 outputs)
 };
+
+// The backward's mode when the op carries no explicit `is_training`: oneDNN
+// Graph's meaning (3 outputs: training; 1 output: frozen with gamma ignored).
 
 // The op must have passed its schema and shape inference.
 StatusOr<BatchNormDesc> describe_batch_norm(const Op& op);

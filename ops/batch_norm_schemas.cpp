@@ -141,6 +141,9 @@ void register_batch_norm_schemas(OpRegistry& registry) {
     s.output_counts({1, 3});
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    // normgrad extensions, set by the canonicalisation pass (docs/ops/BatchNormTrainingBackward.md).
+    s.attr("is_training", AttrKind::kBool, false);
+    s.attr("variance_is_inv_std", AttrKind::kBool, false, false);
     add_bn_rules(s, {0, 1}, {0});
     registry.add(std::move(s));
   }
@@ -190,7 +193,19 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
     case OpKind::kBatchNormTrainingBackward:
       d.stats_dt = op.inputs()[2].dtype;
       d.has_gamma = op.inputs().size() == 5;
-      d.mode = op.outputs().size() == 3 ? BackwardMode::kTraining : BackwardMode::kFrozenNoScale;
+      d.diff_scale_shift = op.outputs().size() == 3;
+      if (op.has_attr("is_training")) {
+        NG_ASSIGN_OR_RETURN(bool training, op.attr_bool("is_training"));
+        d.mode = training ? BackwardMode::kTraining : BackwardMode::kFrozen;
+        d.use_gamma = d.has_gamma;
+      } else {
+        // oneDNN Graph: the single-output form is frozen and ignores gamma.
+        d.mode = d.diff_scale_shift ? BackwardMode::kTraining : BackwardMode::kFrozen;
+        d.use_gamma = d.has_gamma && d.diff_scale_shift;
+      }
+      if (op.has_attr("variance_is_inv_std")) {
+        NG_ASSIGN_OR_RETURN(d.variance_is_inv_std, op.attr_bool("variance_is_inv_std"));
+      }
       break;
     case OpKind::kBatchNormForwardTraining:
       d.stats_dt = op.inputs()[1].dtype;

@@ -21,6 +21,7 @@ const OpRegistry& op_registry() {
     OpRegistry r;
     register_batch_norm_schemas(r);
     register_elementwise_schemas(r);
+    register_tf_batch_norm_schemas(r);
     return r;
   }();
   return registry;

@@ -72,6 +72,7 @@ Status set_batch_statistics(const Op& op, const Buffer& src, Buffer& mean, Buffe
     });
     double v = d.reduce_size > 0 ? sq / static_cast<double>(d.reduce_size) : 0.0;
     if (round_to_dtype(v, var.desc.dtype) <= 0.0) v = 1.0;
+    if (d.variance_is_inv_std) v = 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
     store_from_double(mean.data(), c * ms, mean.desc.dtype, m);
     store_from_double(var.data(), c * vs, var.desc.dtype, v);
   }
@@ -88,7 +89,7 @@ StatusOr<Buffer> allocate(const LogicalTensor& desc) {
   return b;
 }
 
-StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const std::string& dir,
+StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered, const std::string& dir,
                                                 uint64_t seed, std::map<int64_t, std::string>* sources) {
   std::map<int64_t, Buffer> inputs;
   Rng rng{seed};
@@ -102,7 +103,9 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const std::s
       NG_RETURN_IF_ERROR(read_npy_into(path, lt, b.data()));
       (*sources)[lt.id] = "file";
     } else {
-      fill_random(b, role_of(graph, lt.id), rng);
+      std::string role = role_of(lowered, lt.id);
+      if (role.empty()) role = role_of(graph, lt.id);
+      fill_random(b, role, rng);
       (*sources)[lt.id] = "random";
     }
     inputs.emplace(lt.id, std::move(b));
@@ -110,7 +113,7 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const std::s
   // Walk the graph with ref so that a batch norm whose src is computed (a fused
   // producer) still gets the statistics of the values it will really see.
   std::map<int64_t, Buffer> values;
-  for (const Op& op : graph.ops()) {
+  for (const Op& op : lowered.ops()) {
     auto buffer_of = [&](int64_t id) -> Buffer* {
       if (auto it = inputs.find(id); it != inputs.end()) return &it->second;
       if (auto it = values.find(id); it != values.end()) return &it->second;
@@ -128,7 +131,13 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const std::s
     std::vector<void*> out;
     for (const LogicalTensor& lt : op.inputs()) {
       Buffer* b = buffer_of(lt.id);
-      if (b == nullptr) return internal_error("tensor " + std::to_string(lt.id) + " has no value");
+      if (b == nullptr) {
+        // Only an empty tensor (a dropped reserve space) may have no buffer.
+        NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
+        if (bytes != 0) return internal_error("tensor " + std::to_string(lt.id) + " has no value");
+        in.push_back(nullptr);
+        continue;
+      }
       in.push_back(b->data());
     }
     for (const LogicalTensor& lt : op.outputs()) {

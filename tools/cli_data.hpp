@@ -23,14 +23,17 @@ struct Buffer {
 
 StatusOr<Buffer> allocate(const LogicalTensor& desc);
 
-// Fills every graph input of a finalized graph. Inputs found as DIR/<id>.npy
+// Fills every input of `graph` (the user's finalized graph); `lowered` is the
+// same graph after the pass pipeline, whose canonical ops decide roles and
+// statistics. Inputs found as DIR/<id>.npy
 // (when `dir` is not empty) are read; the rest are random from `seed`:
 // data uniform in [-1, 1), variance in [0.5, 2), gamma in [0.5, 1.5) and never
 // all ones. A BatchNormTrainingBackward's mean and variance, when random, are
 // the true (biased) batch statistics of its src, computed in float64 on the
-// rounded data; a zero variance becomes 1 so the inputs stay valid.
+// rounded data (1/sqrt(var + eps) in the inverse-std convention); a zero
+// variance becomes 1 so the inputs stay valid.
 // `sources` receives "file" or "random" per tensor id.
-StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const std::string& dir,
+StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered, const std::string& dir,
                                                 uint64_t seed, std::map<int64_t, std::string>* sources);
 
 struct ErrorStats {

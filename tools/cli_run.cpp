@@ -141,7 +141,7 @@ int run_command(const Args& args) {
   const CompiledGraph& cg = *compiled;
 
   std::map<int64_t, std::string> sources;
-  auto inputs = make_inputs(cg.graph(), args.get("inputs"), static_cast<uint64_t>(seed), &sources);
+  auto inputs = make_inputs(cg.graph(), cg.lowered_graph(), args.get("inputs"), static_cast<uint64_t>(seed), &sources);
   if (!inputs.ok()) return fail(inputs.status());
   std::map<int64_t, const void*> in_ptrs;
   for (auto& [id, buf] : *inputs) in_ptrs[id] = buf.data();
@@ -208,7 +208,7 @@ int run_command(const Args& args) {
   std::cout << std::scientific << std::setprecision(3);
   for (const auto& [id, want] : expected) {
     const ErrorStats e = compare(outputs.at(id), want);
-    const bool reduction = is_reduction_output(cg.graph(), id);
+    const bool reduction = is_reduction_output(cg.lowered_graph(), id);
     const double limit = threshold_for(want.desc.dtype, reduction);
     const bool pass = e.nan_mismatch == 0 && e.rel_l2 <= limit;
     all_pass = all_pass && pass;

@@ -7,6 +7,7 @@
 
 #include "backends/backend.hpp"
 #include "backends/ref/ref_ops.hpp"
+#include "ops/tf_batch_norm.hpp"
 
 namespace normgrad {
 namespace {
@@ -58,6 +59,11 @@ class RefBackend final : public Backend {
   const char* name() const override { return "ref"; }
   Status supports(const Partition& partition) const override {
     if (partition.ops.empty()) return invalid_argument("empty partition");
+    for (const Op& op : partition.ops) {
+      if (is_tf_batch_norm_grad(op.kind())) {
+        return unimplemented(op.label() + ": TensorFlow ops run after the canonicalize pass rewrites them");
+      }
+    }
     return ok_status();
   }
   StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override {

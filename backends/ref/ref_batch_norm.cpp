@@ -1,10 +1,11 @@
 // Reference batch norm: training backward (both forms), forward training, inference.
 //
-// Per channel c over its M = N x spatial elements, with s = 1/sqrt(var + eps):
+// Per channel c over its M = N x spatial elements, with s = 1/sqrt(var + eps)
+// (or s = the input itself in the inverse-std convention), gamma = 1 unless used:
 //   diff_beta  = sum dy
 //   diff_gamma = s * sum dy (x - mean)
 //   diff_src   = gamma s (dy - diff_beta/M - (x - mean) s diff_gamma/M)   (training)
-//   diff_src   = s dy                                (oneDNN's single-output form)
+//   diff_src   = gamma s dy                                     (frozen statistics)
 #include <cmath>
 
 #include "backends/ref/ref_indexing.hpp"
@@ -58,26 +59,30 @@ Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
   for (int64_t c = 0; c < d.channels; ++c) {
     const double mean = stat_at(op, in, 2, c);
     const double var = stat_at(op, in, 3, c);
-    const double s = 1.0 / std::sqrt(var + static_cast<double>(d.epsilon));
-    if (d.mode == BackwardMode::kFrozenNoScale) {
-      for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) { dx.set(idx, s * dy.at(idx)); });
-      continue;
-    }
-    const double gamma = d.has_gamma ? stat_at(op, in, 4, c) : 1.0;
+    const double s = d.variance_is_inv_std ? var : 1.0 / std::sqrt(var + static_cast<double>(d.epsilon));
+    const double gamma = d.use_gamma ? stat_at(op, in, 4, c) : 1.0;
     double sum_dy = 0.0, sum_dy_xm = 0.0;
-    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-      const double g = dy.at(idx);
-      sum_dy += g;
-      sum_dy_xm += g * (x.at(idx) - mean);
-    });
+    if (d.mode == BackwardMode::kTraining || d.diff_scale_shift) {
+      for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+        const double g = dy.at(idx);
+        sum_dy += g;
+        sum_dy_xm += g * (x.at(idx) - mean);
+      });
+    }
     const double diff_beta = sum_dy;
     const double diff_gamma = s * sum_dy_xm;
-    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-      const double xhat = (x.at(idx) - mean) * s;
-      dx.set(idx, gamma * s * (dy.at(idx) - diff_beta / m - xhat * diff_gamma / m));
-    });
-    stat_set(op, out, 1, c, diff_gamma);
-    stat_set(op, out, 2, c, diff_beta);
+    if (d.mode == BackwardMode::kFrozen) {
+      for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) { dx.set(idx, gamma * s * dy.at(idx)); });
+    } else {
+      for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+        const double xhat = (x.at(idx) - mean) * s;
+        dx.set(idx, gamma * s * (dy.at(idx) - diff_beta / m - xhat * diff_gamma / m));
+      });
+    }
+    if (d.diff_scale_shift) {
+      stat_set(op, out, 1, c, diff_gamma);
+      stat_set(op, out, 2, c, diff_beta);
+    }
   }
   return ok_status();
 }

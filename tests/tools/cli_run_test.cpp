@@ -58,7 +58,7 @@ TEST(CliRun, ExamplesPassAndWriteOutputs) {
     const std::string out_dir = ::testing::TempDir() + "/ng_cli_out_" + e.path().stem().string();
     const Result r = run("run " + e.path().string() + " --check --iters 2 --threads 1 --outputs " + out_dir);
     EXPECT_EQ(r.exit_code, 0) << e.path() << "\n" << r.output;
-    EXPECT_TRUE(std::filesystem::exists(out_dir + "/5.npy")) << r.output;
+    EXPECT_FALSE(std::filesystem::is_empty(out_dir)) << r.output;
   }
 }
 

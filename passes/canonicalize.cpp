@@ -1,0 +1,90 @@
+// CanonicalizePass: TensorFlow gradients to BatchNormTrainingBackward, explicit modes.
+#include "passes/canonicalize.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "ops/tf_batch_norm.hpp"
+
+namespace normgrad {
+namespace {
+
+StatusOr<Op> rewrite_tf(const Op& tf) {
+  NG_ASSIGN_OR_RETURN(TfBatchNormFormat f, tf_batch_norm_format(tf));
+  Op bn(tf.id(), OpKind::kBatchNormTrainingBackward, tf.name());
+  float eps = 0.0001f;  // TensorFlow's default
+  if (tf.has_attr("epsilon")) {
+    NG_ASSIGN_OR_RETURN(eps, tf.attr_f32("epsilon"));
+  }
+  bool training = true;
+  if (tf.has_attr("is_training")) {
+    NG_ASSIGN_OR_RETURN(training, tf.attr_bool("is_training"));
+  }
+  bool inv_std = false;
+  if (tf.has_attr("reserve_space_2_is_inv_std")) {
+    NG_ASSIGN_OR_RETURN(inv_std, tf.attr_bool("reserve_space_2_is_inv_std"));
+  }
+  bn.set_attr("epsilon", eps);
+  bn.set_attr("data_format", std::string(f.channels_last ? "NXC" : "NCX"));
+  bn.set_attr("is_training", training);
+  if (inv_std) bn.set_attr("variance_is_inv_std", true);
+  const auto& in = tf.inputs();
+  bn.add_input(in[1]).add_input(in[0]).add_input(in[3]).add_input(in[4]).add_input(in[2]);
+  for (size_t i = 0; i < 3; ++i) bn.add_output(tf.outputs()[i]);
+  return bn;
+}
+
+}  // namespace
+
+StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
+  bool changed = false;
+  std::set<int64_t> dropped;  // empty reserve outputs that lost their producer
+  std::vector<Op> ops;
+  for (const Op& op : graph.ops()) {
+    if (is_tf_batch_norm_grad(op.kind())) {
+      NG_ASSIGN_OR_RETURN(Op bn, rewrite_tf(op));
+      for (size_t i = 3; i < op.outputs().size(); ++i) dropped.insert(op.outputs()[i].id);
+      ops.push_back(std::move(bn));
+      changed = true;
+    } else if (op.kind() == OpKind::kBatchNormTrainingBackward && !op.has_attr("is_training")) {
+      Op bn = op;
+      const bool training = op.outputs().size() == 3;
+      bn.set_attr("is_training", training);
+      if (!training && bn.inputs().size() == 5) bn.mutable_inputs().pop_back();  // oneDNN ignores gamma here
+      ops.push_back(std::move(bn));
+      changed = true;
+    } else {
+      ops.push_back(op);
+    }
+  }
+  if (!dropped.empty()) {
+    // End ops that only marked a dropped reserve output go too; any other
+    // reader of one gets it as an (empty) graph input.
+    std::vector<Op> kept;
+    for (Op& op : ops) {
+      if (op.kind() == OpKind::kEnd && dropped.count(op.inputs()[0].id)) continue;
+      kept.push_back(std::move(op));
+    }
+    ops = std::move(kept);
+    if (graph.input_ports()) {
+      std::vector<int64_t> ports = *graph.input_ports();
+      for (const Op& op : ops) {
+        for (const LogicalTensor& lt : op.inputs()) {
+          if (dropped.count(lt.id) && std::find(ports.begin(), ports.end(), lt.id) == ports.end()) ports.push_back(lt.id);
+        }
+      }
+      graph.set_input_ports(std::move(ports));
+    }
+    if (graph.output_ports()) {
+      std::vector<int64_t> ports;
+      for (int64_t id : *graph.output_ports()) {
+        if (!dropped.count(id)) ports.push_back(id);
+      }
+      graph.set_output_ports(std::move(ports));
+    }
+  }
+  if (changed) graph.mutable_ops() = std::move(ops);
+  return changed;
+}
+
+}  // namespace normgrad

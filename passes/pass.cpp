@@ -1,0 +1,53 @@
+// PassPipeline: running, re-verifying, printing and timing passes; the default pipeline.
+#include "passes/pass.hpp"
+
+#include <chrono>
+
+#include "graph/json_io.hpp"
+#include "passes/canonicalize.hpp"
+
+namespace normgrad {
+
+PassPipeline& PassPipeline::add(std::unique_ptr<Pass> pass) {
+  passes_.push_back(std::move(pass));
+  return *this;
+}
+
+std::vector<std::string> PassPipeline::pass_names() const {
+  std::vector<std::string> names;
+  for (const auto& p : passes_) names.emplace_back(p->name());
+  return names;
+}
+
+StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
+                                 std::vector<PassRecord>* records) const {
+  if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
+  bool any = false;
+  for (const auto& pass : passes_) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto changed = pass->run(graph);
+    if (!changed.ok()) return changed.status().with_context(std::string("pass ") + pass->name());
+    if (*changed || !graph.finalized()) {
+      Status s = graph.finalize();
+      if (!s.ok()) return s.with_context(std::string("after pass ") + pass->name());
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    any = any || *changed;
+    if (records) records->push_back({pass->name(), *changed, ms});
+    if (print_after_all) *print_after_all << "// after " << pass->name() << "\n" << graph_to_json(graph);
+  }
+  return any;
+}
+
+PassPipeline default_pipeline() {
+  PassPipeline p;
+  p.add(std::make_unique<CanonicalizePass>());
+  return p;
+}
+
+StatusOr<std::unique_ptr<Pass>> make_pass(const std::string& name) {
+  if (name == "canonicalize") return std::unique_ptr<Pass>(std::make_unique<CanonicalizePass>());
+  return invalid_argument("unknown pass '" + name + "' (known: canonicalize)");
+}
+
+}  // namespace normgrad
