@@ -1,0 +1,120 @@
+// CanonicalizePass: graph in -> graph out (structure), and numeric equality
+// of the whole graph through ref before and after the pass.
+#include "passes/canonicalize.hpp"
+
+#include <random>
+
+#include "backends/compiler.hpp"
+#include "graph/json_io.hpp"
+#include "tests/test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::lt;
+
+Graph tf_graph(bool training, const std::string& fmt, bool inv_std) {
+  const Dims shape = fmt == "NCHW" ? Dims{2, 3, 4, 4} : Dims{2, 4, 4, 3};
+  Op op(4, OpKind::kFusedBatchNormGradV3, "grad");
+  op.set_attr("is_training", training).set_attr("data_format", fmt).set_attr("epsilon", 0.01f);
+  if (inv_std) op.set_attr("reserve_space_2_is_inv_std", true);
+  op.add_input(lt(0, DataType::kF32, shape)).add_input(lt(1, DataType::kF32, shape));
+  for (int i = 2; i <= 4; ++i) op.add_input(lt(i, DataType::kF32, {3}));
+  op.add_input(lt(5, DataType::kF32, {0}));
+  op.add_output(lt(6, DataType::kF32, shape)).add_output(lt(7, DataType::kF32, {3})).add_output(lt(8, DataType::kF32, {3}));
+  op.add_output(lt(9, DataType::kF32, {0})).add_output(lt(10, DataType::kF32, {0}));
+  Graph g;
+  EXPECT_TRUE(g.add_op(op).ok());
+  Op end(5, OpKind::kEnd, "end");
+  end.add_input(lt(9, DataType::kF32, {0}));
+  EXPECT_TRUE(g.add_op(end).ok());
+  EXPECT_TRUE(g.finalize().ok());
+  return g;
+}
+
+TEST(CanonicalizePass, RewritesFusedBatchNormGradV3) {
+  Graph g = tf_graph(false, "NCHW", true);
+  auto changed = CanonicalizePass().run(g);
+  ASSERT_TRUE(changed.ok() && *changed);
+  ASSERT_TRUE(g.finalize().ok());
+  ASSERT_EQ(g.ops().size(), 1u);  // the End that marked an empty reserve output is gone
+  const Op& bn = g.ops()[0];
+  EXPECT_EQ(bn.kind(), OpKind::kBatchNormTrainingBackward);
+  EXPECT_EQ(bn.name(), "grad");
+  EXPECT_EQ(*bn.attr_string("data_format"), "NCX");
+  EXPECT_EQ(*bn.attr_bool("is_training"), false);
+  EXPECT_EQ(*bn.attr_bool("variance_is_inv_std"), true);
+  EXPECT_EQ(*bn.attr_f32("epsilon"), 0.01f);
+  // src = x (1), diff_dst = y_backprop (0), mean = rs1 (3), variance = rs2 (4), gamma = scale (2).
+  std::vector<int64_t> in_ids, out_ids;
+  for (const auto& t : bn.inputs()) in_ids.push_back(t.id);
+  for (const auto& t : bn.outputs()) out_ids.push_back(t.id);
+  EXPECT_EQ(in_ids, (std::vector<int64_t>{1, 0, 3, 4, 2}));
+  EXPECT_EQ(out_ids, (std::vector<int64_t>{6, 7, 8}));
+  // A second run changes nothing.
+  EXPECT_FALSE(*CanonicalizePass().run(g));
+}
+
+TEST(CanonicalizePass, MakesOneDnnFormsExplicit) {
+  Graph g;
+  ASSERT_TRUE(g.add_op(bn_bwd({2, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 1)).ok());
+  ASSERT_TRUE(g.finalize().ok());
+  ASSERT_TRUE(*CanonicalizePass().run(g));
+  ASSERT_TRUE(g.finalize().ok());
+  EXPECT_EQ(*g.ops()[0].attr_bool("is_training"), false);
+  EXPECT_EQ(g.ops()[0].inputs().size(), 4u);  // gamma, which oneDNN ignores here, is gone
+  Graph h;
+  ASSERT_TRUE(h.add_op(bn_bwd({2, 3, 4}, "NXC", DataType::kF32, DataType::kF32, false, 3)).ok());
+  ASSERT_TRUE(h.finalize().ok());
+  ASSERT_TRUE(*CanonicalizePass().run(h));
+  EXPECT_EQ(*h.ops()[0].attr_bool("is_training"), true);
+}
+
+TEST(CanonicalizePass, PipelinePrintsAfterEachPass) {
+  Graph g = tf_graph(true, "NHWC", false);
+  std::ostringstream os;
+  std::vector<PassRecord> records;
+  auto changed = default_pipeline().run(g, &os, &records);
+  ASSERT_TRUE(changed.ok() && *changed);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].name, "canonicalize");
+  EXPECT_NE(os.str().find("// after canonicalize"), std::string::npos);
+  EXPECT_NE(os.str().find("\"BatchNormTrainingBackward\""), std::string::npos);
+  EXPECT_EQ(os.str().find("FusedBatchNormGradV3"), std::string::npos);
+}
+
+// The pass must not change any number: compare ref on the canonical graph with
+// ref on a hand-written BatchNormTrainingBackward of the same meaning.
+TEST(CanonicalizePass, NumbersAgreeWithTheHandWrittenForm) {
+  for (bool training : {true, false}) {
+    Graph tf = tf_graph(training, "NHWC", false);
+    Graph bn;
+    Op op = bn_bwd({2, 4, 4, 3}, "NXC", DataType::kF32, DataType::kF32, true, 3, 0.01f);
+    op.set_attr("is_training", training);
+    // Rename tensors to the TF graph's ids: src 1, diff_dst 0, mean 3, variance 4, gamma 2; outputs 6, 7, 8.
+    const int64_t in_ids[] = {1, 0, 3, 4, 2}, out_ids[] = {6, 7, 8};
+    for (size_t i = 0; i < 5; ++i) op.mutable_inputs()[i].id = in_ids[i];
+    for (size_t i = 0; i < 3; ++i) op.mutable_outputs()[i].id = out_ids[i];
+    ASSERT_TRUE(bn.add_op(op).ok());
+    auto a = CompiledGraph::compile(tf, CompileOptions{"ref"});
+    auto b = CompiledGraph::compile(bn, CompileOptions{"ref"});
+    ASSERT_TRUE(a.ok() && b.ok());
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    std::vector<float> x(96), dy(96), s(3), m(3), v(3);
+    for (auto* vec : {&x, &dy, &s, &m, &v}) {
+      for (float& f : *vec) f = u(rng);
+    }
+    std::map<int64_t, const void*> in = {{0, dy.data()}, {1, x.data()}, {2, s.data()}, {3, m.data()}, {4, v.data()}, {5, nullptr}};
+    std::vector<float> o1(96), g1(3), b1(3), o2(96), g2(3), b2(3);
+    ASSERT_TRUE(a->execute(in, {{6, o1.data()}, {7, g1.data()}, {8, b1.data()}, {9, nullptr}, {10, nullptr}}).ok());
+    ASSERT_TRUE(b->execute(in, {{6, o2.data()}, {7, g2.data()}, {8, b2.data()}}).ok());
+    EXPECT_EQ(o1, o2);
+    EXPECT_EQ(g1, g2);
+    EXPECT_EQ(b1, b2);
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
