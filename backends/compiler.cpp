@@ -102,6 +102,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Parti
   }
   std::string reasons;
   for (const Backend* b : candidates) {
+    const auto t0 = std::chrono::steady_clock::now();  // supports() may already build the kernel
     Status s = b->supports(partition);
     if (!s.ok()) {
       if (verbose_level() >= 2) {
@@ -111,7 +112,6 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Parti
       reasons += std::string(reasons.empty() ? "" : "; ") + b->name() + ": " + s.message();
       continue;
     }
-    const auto t0 = std::chrono::steady_clock::now();
     auto kernel = b->compile(partition);
     if (!kernel.ok()) return kernel.status().with_context(who + " on " + b->name());
     const double ms = ms_since(t0);

@@ -120,6 +120,7 @@ int run_command(const Args& args) {
   if (threads > 0) {
     thread_limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
                                                          static_cast<size_t>(threads));
+    set_backend_threads(static_cast<int>(threads));
   }
   CompileOptions options;
   options.backend = args.get("backend", "auto");

@@ -1,0 +1,46 @@
+// The oneDNN backend: lowers single-op partitions to oneDNN 2.6 primitives and
+// declines, with the reason, whatever oneDNN cannot run exactly.
+#include <omp.h>
+
+#include "backends/backend.hpp"
+#include "backends/dnnl/dnnl_kernels.hpp"
+
+namespace normgrad {
+namespace {
+
+class DnnlBackend final : public Backend {
+ public:
+  const char* name() const override { return "dnnl"; }
+
+  Status supports(const Partition& partition) const override { return build(partition).status(); }
+
+  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override { return build(partition); }
+
+ private:
+  // Plans are cached by signature, so supports() followed by compile() builds once.
+  static StatusOr<std::shared_ptr<const Kernel>> build(const Partition& partition) {
+    if (partition.ops.size() != 1) return unimplemented("fused partitions are not lowered to oneDNN");
+    const Op& op = partition.ops[0];
+    switch (op.kind()) {
+      case OpKind::kBatchNormTrainingBackward: return dnnl_impl::make_batch_norm_backward(op);
+      case OpKind::kReLU:
+      case OpKind::kReLUBackward:
+      case OpKind::kAdd:
+      case OpKind::kTypeCast:
+      case OpKind::kStaticTranspose: return dnnl_impl::make_neighbour(op);
+      default: break;
+    }
+    return unimplemented(std::string(op_kind_name(op.kind())) + " is not lowered to oneDNN (ref runs it)");
+  }
+};
+
+}  // namespace
+
+const Backend* dnnl_backend() {
+  static const DnnlBackend backend;
+  return &backend;
+}
+
+void set_dnnl_threads(int n) { omp_set_num_threads(n); }
+
+}  // namespace normgrad

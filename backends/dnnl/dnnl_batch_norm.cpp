@@ -1,0 +1,192 @@
+// Batch-norm backward on dnnl::batch_normalization_backward.
+//
+// Our forms map onto oneDNN's flags as follows (s = 1/sqrt(var + eps)):
+//   training, diff_gamma/diff_beta wanted or gamma used
+//       -> prop backward, use_scale | use_shift (gamma = ones when absent);
+//          DNNL_ARG_SHIFT must be passed with use_shift, so a zero shift is given
+//   training, no gamma, diff_src only     -> prop backward_data, no flags
+//   frozen (use_global_stats), same split -> the above plus use_global_stats
+// Unwanted diff_gamma/diff_beta land in per-call scratch. oneDNN's statistics
+// are f32 only (bf16 statistics memory runs and gives wrong results), so bf16
+// mean, variance, gamma and the diff outputs are converted around the call; an
+// inverse standard deviation is turned back into a variance (1/s^2 - eps).
+#include <cmath>
+
+#include "backends/dnnl/dnnl_common.hpp"
+#include "backends/dnnl/dnnl_kernels.hpp"
+#include "ops/batch_norm_desc.hpp"
+
+namespace normgrad {
+namespace dnnl_impl {
+namespace {
+
+using dnnl::normalization_flags;
+using dnnl::prop_kind;
+
+struct BnPlan {
+  BatchNormDesc d;
+  Op op;
+  bool use_scale_shift = false;  // scale and shift arguments are passed
+  bool global_stats = false;
+  dnnl::batch_normalization_backward::primitive_desc pd;
+  dnnl::batch_normalization_backward prim;
+  std::string impl;
+};
+
+// Reads channel statistics as f32 (bf16 converted; strided 1-D allowed).
+void load_stats(const void* p, const LogicalTensor& lt, int64_t c, std::vector<float>& out) {
+  const int64_t stride = lt.effective_strides()[0];
+  out.resize(static_cast<size_t>(c));
+  for (int64_t i = 0; i < c; ++i) out[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
+}
+
+bool dense_f32(const LogicalTensor& lt) {
+  return lt.dtype == DataType::kF32 && (lt.dims[0] <= 1 || lt.effective_strides()[0] == 1);
+}
+
+class BnKernel final : public Kernel {
+ public:
+  explicit BnKernel(std::shared_ptr<const BnPlan> plan) : plan_(std::move(plan)) {}
+  std::string name() const override { return plan_->impl; }
+
+  Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    const BnPlan& p = *plan_;
+    const BatchNormDesc& d = p.d;
+    const int64_t c = d.channels;
+    const auto& ins = p.op.inputs();
+    const auto& outs = p.op.outputs();
+    // Statistics in f32, dense.
+    std::vector<float> mean, var, gamma, shift, dscale, dshift;
+    const float* mean_p = static_cast<const float*>(in[2]);
+    const float* var_p = static_cast<const float*>(in[3]);
+    if (!dense_f32(ins[2])) {
+      load_stats(in[2], ins[2], c, mean);
+      mean_p = mean.data();
+    }
+    if (!dense_f32(ins[3]) || d.variance_is_inv_std) {
+      load_stats(in[3], ins[3], c, var);
+      if (d.variance_is_inv_std) {
+        for (float& v : var) v = std::max(0.0f, static_cast<float>(1.0 / (static_cast<double>(v) * v) - d.epsilon));
+      }
+      var_p = var.data();
+    }
+    const float* gamma_p = nullptr;
+    float* dscale_p = nullptr;
+    float* dshift_p = nullptr;
+    if (p.use_scale_shift) {
+      if (d.use_gamma && dense_f32(ins[4])) {
+        gamma_p = static_cast<const float*>(in[4]);
+      } else if (d.use_gamma) {
+        load_stats(in[4], ins[4], c, gamma);
+        gamma_p = gamma.data();
+      } else {
+        gamma.assign(static_cast<size_t>(c), 1.0f);
+        gamma_p = gamma.data();
+      }
+      shift.assign(static_cast<size_t>(c), 0.0f);
+      const bool direct = d.diff_scale_shift && dense_f32(outs[1]) && dense_f32(outs[2]);
+      if (direct) {
+        dscale_p = static_cast<float*>(out[1]);
+        dshift_p = static_cast<float*>(out[2]);
+      } else {
+        dscale.resize(static_cast<size_t>(c));
+        dshift.resize(static_cast<size_t>(c));
+        dscale_p = dscale.data();
+        dshift_p = dshift.data();
+      }
+    }
+    Status s = guard("batch_normalization_backward execute", [&] {
+      const dnnl::engine& eng = cpu_engine();
+      dnnl::stream stream(eng);
+      Scratchpad scratch = make_scratchpad(p.pd);
+      auto mem = [&](const dnnl::memory::desc& md, const void* ptr) {
+        return dnnl::memory(md, eng, const_cast<void*>(ptr));
+      };
+      std::unordered_map<int, dnnl::memory> args = {
+          {DNNL_ARG_SRC, mem(p.pd.src_desc(), in[0])},
+          {DNNL_ARG_DIFF_DST, mem(p.pd.diff_dst_desc(), in[1])},
+          {DNNL_ARG_MEAN, mem(p.pd.mean_desc(), mean_p)},
+          {DNNL_ARG_VARIANCE, mem(p.pd.variance_desc(), var_p)},
+          {DNNL_ARG_DIFF_SRC, mem(p.pd.diff_src_desc(), out[0])},
+          {DNNL_ARG_SCRATCHPAD, scratch.mem}};
+      if (p.use_scale_shift) {
+        const dnnl::memory::desc cmd({c}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
+        args[DNNL_ARG_SCALE] = mem(cmd, gamma_p);
+        args[DNNL_ARG_SHIFT] = mem(cmd, shift.data());
+        args[DNNL_ARG_DIFF_SCALE] = mem(cmd, dscale_p);
+        args[DNNL_ARG_DIFF_SHIFT] = mem(cmd, dshift_p);
+      }
+      p.prim.execute(stream, args);
+      stream.wait();
+    });
+    NG_RETURN_IF_ERROR(s);
+    if (d.diff_scale_shift && dscale_p == dscale.data()) {
+      const int64_t s1 = outs[1].effective_strides()[0], s2 = outs[2].effective_strides()[0];
+      for (int64_t i = 0; i < c; ++i) {
+        store_from_double(out[1], i * s1, outs[1].dtype, dscale[i]);
+        store_from_double(out[2], i * s2, outs[2].dtype, dshift[i]);
+      }
+    }
+    return ok_status();
+  }
+
+ private:
+  std::shared_ptr<const BnPlan> plan_;
+};
+
+StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  if (d.data_dt == DataType::kF16) return unimplemented("oneDNN 2.6 has no f16 batch normalization on CPU");
+  if (d.dims.size() > 5) return unimplemented("oneDNN batch normalization takes ranks 2 to 5, got " + std::to_string(d.dims.size()));
+  if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
+  auto plan = std::make_shared<BnPlan>();
+  plan->d = d;
+  plan->op = op;
+  plan->global_stats = d.mode == BackwardMode::kFrozen;
+  plan->use_scale_shift = d.use_gamma || d.diff_scale_shift;
+  // oneDNN dim i is our dim perm[i]: N, C, spatial...
+  std::vector<int> perm = {0, d.channel_axis};
+  for (int i = 1; i < static_cast<int>(d.dims.size()); ++i) {
+    if (i != d.channel_axis) perm.push_back(i);
+  }
+  NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(op.inputs()[0], d.data_dt, perm));
+  NG_ASSIGN_OR_RETURN(dnnl::memory::desc dd_md, make_md(op.inputs()[1], d.data_dt, perm));
+  NG_ASSIGN_OR_RETURN(dnnl::memory::desc ds_md, make_md(op.outputs()[0], d.data_dt, perm));
+  normalization_flags flags = normalization_flags::none;
+  if (plan->global_stats) flags = flags | normalization_flags::use_global_stats;
+  if (plan->use_scale_shift) flags = flags | normalization_flags::use_scale | normalization_flags::use_shift;
+  const prop_kind prop = plan->use_scale_shift ? prop_kind::backward : prop_kind::backward_data;
+  NG_RETURN_IF_ERROR(guard("batch_normalization_backward primitive descriptor", [&] {
+    const dnnl::engine& eng = cpu_engine();
+    dnnl::batch_normalization_forward::primitive_desc hint(
+        dnnl::batch_normalization_forward::desc(prop_kind::forward_training, src_md, d.epsilon, flags), eng);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    plan->pd = dnnl::batch_normalization_backward::primitive_desc(
+        dnnl::batch_normalization_backward::desc(prop, dd_md, src_md, d.epsilon, flags), attr, eng, hint);
+    // The diff_src layout must be ours exactly; oneDNN keeps what we ask for plain strides.
+    if (plan->pd.diff_src_desc() != ds_md) throw dnnl::error(dnnl_unimplemented, "diff_src layout differs");
+    plan->prim = dnnl::batch_normalization_backward(plan->pd);
+    plan->impl = plan->pd.impl_info_str();
+  }));
+  return std::shared_ptr<const BnPlan>(std::move(plan));
+}
+
+PlanCache<BnPlan>& bn_cache() {
+  static PlanCache<BnPlan> cache;
+  return cache;
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const Kernel>> make_batch_norm_backward(const Op& op) {
+  std::string key = "bnb";
+  for (const auto& t : op.inputs()) key += "|" + signature_of(t);
+  for (const auto& t : op.outputs()) key += "|" + signature_of(t);
+  for (const auto& [k, v] : op.attrs()) key += "|" + k + "=" + attr_value_to_string(v);
+  NG_ASSIGN_OR_RETURN(auto plan, bn_cache().get_or_build(key, [&] { return build_plan(op); }));
+  return std::shared_ptr<const Kernel>(std::make_shared<BnKernel>(std::move(plan)));
+}
+
+}  // namespace dnnl_impl
+}  // namespace normgrad

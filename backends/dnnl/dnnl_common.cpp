@@ -1,0 +1,63 @@
+// oneDNN backend helpers: engine, memory descriptors, errors, scratchpads.
+#include "backends/dnnl/dnnl_common.hpp"
+
+namespace normgrad {
+namespace dnnl_impl {
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+StatusOr<dnnl::memory::data_type> to_dnnl(DataType dt) {
+  switch (dt) {
+    case DataType::kF32: return dnnl::memory::data_type::f32;
+    case DataType::kBF16: return dnnl::memory::data_type::bf16;
+    default: break;
+  }
+  return unimplemented(std::string("dtype ") + dtype_name(dt) + " is not lowered to oneDNN 2.6 on CPU");
+}
+
+StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt, const std::vector<int>& perm) {
+  NG_ASSIGN_OR_RETURN(dnnl::memory::data_type ddt, to_dnnl(dt));
+  const Dims strides = lt.effective_strides();
+  dnnl::memory::dims dims, strd;
+  for (size_t i = 0; i < lt.dims.size(); ++i) {
+    const size_t from = perm.empty() ? i : static_cast<size_t>(perm[i]);
+    dims.push_back(lt.dims[from]);
+    strd.push_back(strides[from]);
+  }
+  dnnl::memory::desc md;
+  NG_RETURN_IF_ERROR(guard("memory descriptor for tensor " + std::to_string(lt.id), [&] {
+    md = dnnl::memory::desc(dims, ddt, strd);
+  }));
+  return md;
+}
+
+Status guard(const std::string& what, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const dnnl::error& e) {
+    return unimplemented("oneDNN: " + what + ": " + e.what() + " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+  } catch (const std::exception& e) {
+    return internal_error("oneDNN: " + what + ": " + e.what());
+  }
+  return ok_status();
+}
+
+Scratchpad make_scratchpad(const dnnl::primitive_desc_base& pd) {
+  Scratchpad s;
+  const dnnl::memory::desc md = pd.scratchpad_desc();
+  s.bytes.resize(md.get_size() + 1);
+  s.mem = dnnl::memory(md, cpu_engine(), s.bytes.data());
+  return s;
+}
+
+std::string signature_of(const LogicalTensor& lt) {
+  std::string s = std::string(dtype_name(lt.dtype)) + ":" + dims_to_string(lt.dims) + "/";
+  for (int64_t v : lt.effective_strides()) s += std::to_string(v) + ",";
+  return s;
+}
+
+}  // namespace dnnl_impl
+}  // namespace normgrad

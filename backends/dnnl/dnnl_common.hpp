@@ -1,0 +1,72 @@
+// Shared pieces of the oneDNN backend: the engine, memory descriptors built
+// from logical tensors, the plan cache, and turning dnnl::error into Status.
+//
+// Built only with NORMGRAD_WITH_DNNL (Debian's oneDNN 2.6, primitives API).
+// Every call into oneDNN goes through `guard`, so no exception crosses the
+// backend boundary.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "graph/logical_tensor.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+namespace dnnl_impl {
+
+// One CPU engine per process.
+const dnnl::engine& cpu_engine();
+
+// f32 and bf16 map to oneDNN; anything else is refused with a reason.
+StatusOr<dnnl::memory::data_type> to_dnnl(DataType dt);
+
+// A memory descriptor for `lt` whose oneDNN dim i is our dim perm[i] (identity
+// when perm is empty), keeping the tensor's own strides, so any strided
+// layout is described exactly.
+StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt, const std::vector<int>& perm = {});
+
+// Runs `fn`, turning dnnl::error (and any other exception) into a Status.
+Status guard(const std::string& what, const std::function<void()>& fn);
+
+// A per-execute user scratchpad for `pd`, as oneDNN's library scratchpad is
+// not thread-safe.
+struct Scratchpad {
+  std::vector<char> bytes;
+  dnnl::memory mem;
+};
+Scratchpad make_scratchpad(const dnnl::primitive_desc_base& pd);
+
+// Thread-safe cache of compiled plans by signature string.
+template <typename Plan>
+class PlanCache {
+ public:
+  StatusOr<std::shared_ptr<const Plan>> get_or_build(const std::string& key,
+                                                     const std::function<StatusOr<std::shared_ptr<const Plan>>()>& build) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = plans_.find(key);
+      if (it != plans_.end()) return it->second;
+    }
+    auto plan = build();  // outside the lock: building can take milliseconds
+    if (!plan.ok()) return plan.status();
+    std::lock_guard<std::mutex> lock(mu_);
+    return plans_.emplace(key, *plan).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_;
+};
+
+// "f32:2x3x4/12,4,1"
+std::string signature_of(const LogicalTensor& lt);
+
+}  // namespace dnnl_impl
+}  // namespace normgrad

@@ -1,0 +1,56 @@
+// Running a graph on one backend and on ref with the same valid random inputs,
+// and comparing every output under benchdnn's per-dtype thresholds.
+#pragma once
+
+#include <string>
+
+#include "backends/compiler.hpp"
+#include "tests/test_util.hpp"
+#include "tools/cli_data.hpp"
+
+namespace normgrad {
+namespace testing_util {
+
+struct Comparison {
+  Status status;                    // compile or execute failure of the backend under test
+  std::string kernel;               // kernel names, "+"-joined
+  double worst_ratio = 0.0;         // max over outputs of rel_l2 / threshold
+  std::string report;
+};
+
+inline Comparison compare_with_ref(const Graph& graph, const std::string& backend, uint64_t seed = 1) {
+  Comparison c;
+  auto cg = CompiledGraph::compile(graph, CompileOptions{backend});
+  if (!cg.ok()) {
+    c.status = cg.status();
+    return c;
+  }
+  for (const auto& p : cg->partitions()) c.kernel += (c.kernel.empty() ? "" : "+") + p->kernel_name();
+  auto ref = CompiledGraph::compile(graph, CompileOptions{"ref"});
+  EXPECT_TRUE(ref.ok()) << ref.status().to_string();
+  std::map<int64_t, std::string> sources;
+  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, &sources);
+  EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
+  std::map<int64_t, const void*> in;
+  for (auto& [id, b] : *inputs) in[id] = b.data();
+  std::map<int64_t, cli::Buffer> got, want;
+  std::map<int64_t, void*> got_p, want_p;
+  for (const LogicalTensor& lt : cg->outputs()) {
+    got_p[lt.id] = got.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+    want_p[lt.id] = want.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+  }
+  c.status = cg->execute(in, got_p);
+  if (!c.status.ok()) return c;
+  EXPECT_TRUE(ref->execute(in, want_p).ok());
+  for (const auto& [id, w] : want) {
+    const cli::ErrorStats e = cli::compare(got.at(id), w);
+    const double limit = cli::threshold_for(w.desc.dtype, cli::is_reduction_output(cg->lowered_graph(), id));
+    const double ratio = e.nan_mismatch ? 1e9 : e.rel_l2 / limit;
+    c.worst_ratio = std::max(c.worst_ratio, ratio);
+    c.report += "tensor " + std::to_string(id) + " rel_l2 " + std::to_string(e.rel_l2) + " limit " + std::to_string(limit) + "; ";
+  }
+  return c;
+}
+
+}  // namespace testing_util
+}  // namespace normgrad

@@ -1,0 +1,156 @@
+// The oneDNN backend against ref: the sweep of DESIGN section 7 for every
+// combination oneDNN runs, each decline with its reason, and concurrent execution.
+#include <thread>
+
+#include "tests/backend_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::compare_with_ref;
+using testing_util::lt;
+
+Graph one_op(const Op& op) {
+  Graph g;
+  Status s = g.add_op(op);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return g;
+}
+
+TEST(DnnlBackend, BatchNormBackwardSweep) {
+  const std::pair<DataType, DataType> dtypes[] = {
+      {DataType::kF32, DataType::kF32}, {DataType::kBF16, DataType::kF32}, {DataType::kBF16, DataType::kBF16}};
+  int ran = 0;
+  for (auto [dt, sdt] : dtypes) {
+    for (const char* fmt : {"NCX", "NXC"}) {
+      for (int rank = 2; rank <= 5; ++rank) {
+        for (int64_t c : {1, 3, 16, 17, 64}) {
+          for (int form = 0; form < 6; ++form) {
+            // 0: 3 outputs + gamma, 1: 3 outputs no gamma (gamma = 1), 2: oneDNN single output,
+            // 3: frozen with gamma (TF is_training=false), 4: training diff_src only, 5: inverse std.
+            const bool gamma = form != 1;
+            const int outputs = form == 2 || form == 4 ? 1 : 3;
+            // M = N for rank 2: keep it at 8, since with M = 2 the exact diff_src is 0 and
+            // any relative error is noise.
+            Dims shape = {rank == 2 ? 8 : 2};
+            const int64_t spatial[] = {7, 3, 5};
+            if (std::string(fmt) == "NCX") shape.push_back(c);
+            for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
+            if (std::string(fmt) == "NXC") shape.push_back(c);
+            Op op = bn_bwd(shape, fmt, dt, sdt, gamma, outputs, 1e-3f);
+            if (form == 3) op.set_attr("is_training", false);
+            if (form == 4) op.set_attr("is_training", true);
+            if (form == 5) op.set_attr("is_training", true).set_attr("variance_is_inv_std", true);
+            SCOPED_TRACE(std::string(dtype_name(dt)) + "/" + dtype_name(sdt) + " " + fmt + " " + dims_to_string(shape) +
+                         " form " + std::to_string(form));
+            const auto r = compare_with_ref(one_op(op), "dnnl", static_cast<uint64_t>(ran));
+            ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+            EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ran, 3 * 2 * 4 * 5 * 6);
+}
+
+TEST(DnnlBackend, LargeOffsetData) {
+  // mean 1e4 exposes cancellation in one-pass statistics; the inputs carry exact batch stats.
+  Op op = bn_bwd({4, 32, 9, 9}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  Graph g = one_op(op);
+  const auto r = compare_with_ref(g, "dnnl", 99);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+}
+
+TEST(DnnlBackend, DeclinesWithReasons) {
+  auto reason = [](const Op& op) { return compare_with_ref(one_op(op), "dnnl").status; };
+  EXPECT_STATUS_HAS(reason(bn_bwd({2, 3, 4}, "NCX", DataType::kF16, DataType::kF32, true, 3)),
+                    "oneDNN 2.6 has no f16 batch normalization on CPU");
+  EXPECT_STATUS_HAS(reason(bn_bwd({2, 3, 2, 2, 2, 2}, "NCX", DataType::kF32, DataType::kF32, true, 3)),
+                    "oneDNN batch normalization takes ranks 2 to 5");
+  EXPECT_STATUS_HAS(reason(bn_bwd({0, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3)), "empty tensors are left to ref");
+  Op inf(0, OpKind::kBatchNormInference, "i");
+  inf.set_attr("epsilon", 1e-5f);
+  inf.add_input(lt(0, DataType::kF32, {2, 3}));
+  for (int i = 1; i <= 4; ++i) inf.add_input(lt(i, DataType::kF32, {3}));
+  inf.add_output(lt(5, DataType::kF32, {2, 3}));
+  EXPECT_STATUS_HAS(reason(inf), "BatchNormInference is not lowered to oneDNN");
+  // diff_src strided differently from diff_dst: oneDNN would write diff_dst's layout.
+  Op strided = bn_bwd({2, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  strided.mutable_outputs()[0].strides = {1, 2, 6};
+  EXPECT_STATUS_HAS(reason(strided), "diff_src layout differs");
+  // auto falls back to ref for all of them.
+  const auto r = compare_with_ref(one_op(bn_bwd({2, 3, 4}, "NCX", DataType::kF16, DataType::kF32, true, 3)), "auto");
+  EXPECT_TRUE(r.status.ok());
+  EXPECT_EQ(r.kernel, "ref:BatchNormTrainingBackward");
+}
+
+TEST(DnnlBackend, Neighbours) {
+  for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+    for (bool use_dst : {true, false}) {
+      Op op(0, OpKind::kReLUBackward, "rb");
+      op.set_attr("use_dst", use_dst);
+      op.add_input(lt(0, dt, {2, 5, 3, 3})).add_input(lt(1, dt, {2, 5, 3, 3})).add_output(lt(2, dt, {2, 5, 3, 3}));
+      const auto r = compare_with_ref(one_op(op), "dnnl");
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_EQ(r.worst_ratio, 0.0) << r.report;  // a mask is exact
+    }
+    Op add(0, OpKind::kAdd, "a");
+    add.add_input(lt(0, dt, {3, 7})).add_input(lt(1, dt, {3, 7})).add_output(lt(2, dt, {3, 7}));
+    auto r = compare_with_ref(one_op(add), "dnnl");
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    Op tr(0, OpKind::kStaticTranspose, "t");
+    tr.set_attr("order", std::vector<int64_t>{0, 2, 3, 1});
+    tr.add_input(lt(0, dt, {2, 3, 4, 5})).add_output(lt(1, dt, {2, 4, 5, 3}));
+    r = compare_with_ref(one_op(tr), "dnnl");
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_EQ(r.worst_ratio, 0.0) << r.report;
+  }
+  Op cast(0, OpKind::kTypeCast, "c");
+  cast.add_input(lt(0, DataType::kF32, {4, 9})).add_output(lt(1, DataType::kBF16, {4, 9}));
+  const auto r = compare_with_ref(one_op(cast), "dnnl");
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_EQ(r.worst_ratio, 0.0) << r.report;  // round to nearest even, like ref
+}
+
+TEST(DnnlBackend, ConcurrentExecutionMatchesSerial) {
+  Graph g = one_op(bn_bwd({4, 48, 12, 12}, "NXC", DataType::kF32, DataType::kF32, true, 3));
+  auto cg = CompiledGraph::compile(g, CompileOptions{"dnnl"});
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  std::map<int64_t, std::string> sources;
+  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, &sources);
+  ASSERT_TRUE(inputs.ok());
+  std::map<int64_t, const void*> in;
+  for (auto& [id, b] : *inputs) in[id] = b.data();
+  auto run_once = [&](std::map<int64_t, cli::Buffer>& outs) {
+    std::map<int64_t, void*> p;
+    for (const LogicalTensor& lt : cg->outputs()) p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+    return cg->execute(in, p);
+  };
+  std::map<int64_t, cli::Buffer> serial;
+  ASSERT_TRUE(run_once(serial).ok());
+  constexpr int kThreads = 4;
+  std::vector<std::map<int64_t, cli::Buffer>> results(kThreads);
+  std::vector<Status> status(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 3 && status[t].ok(); ++rep) {
+        results[t].clear();
+        status[t] = run_once(results[t]);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(status[t].ok()) << status[t].to_string();
+    for (const auto& [id, b] : serial) EXPECT_EQ(results[t].at(id).bytes, b.bytes) << "thread " << t << " tensor " << id;
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
