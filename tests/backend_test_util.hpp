@@ -18,7 +18,8 @@ struct Comparison {
   std::string report;
 };
 
-inline Comparison compare_with_ref(const Graph& graph, const std::string& backend, uint64_t seed = 1) {
+inline Comparison compare_with_ref(const Graph& graph, const std::string& backend, uint64_t seed = 1,
+                                   double data_offset = 0.0) {
   Comparison c;
   auto cg = CompiledGraph::compile(graph, CompileOptions{backend});
   if (!cg.ok()) {
@@ -29,7 +30,7 @@ inline Comparison compare_with_ref(const Graph& graph, const std::string& backen
   auto ref = CompiledGraph::compile(graph, CompileOptions{"ref"});
   EXPECT_TRUE(ref.ok()) << ref.status().to_string();
   std::map<int64_t, std::string> sources;
-  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, &sources);
+  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, &sources, data_offset);
   EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
   std::map<int64_t, const void*> in;
   for (auto& [id, b] : *inputs) in[id] = b.data();

@@ -38,8 +38,9 @@ std::string role_of(const Graph& graph, int64_t id) {
   return "";
 }
 
-void fill_random(Buffer& b, const std::string& role, Rng& rng) {
+void fill_random(Buffer& b, const std::string& role, Rng& rng, double data_offset) {
   double lo = -1.0, hi = 1.0;
+  if (role == "src" || role == "x") lo += data_offset, hi += data_offset;
   if (role == "variance") lo = 0.5, hi = 2.0;
   if (role == "gamma" || role == "scale") lo = 0.5, hi = 1.5;
   const Dims strides = b.desc.effective_strides();
@@ -90,7 +91,8 @@ StatusOr<Buffer> allocate(const LogicalTensor& desc) {
 }
 
 StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered, const std::string& dir,
-                                                uint64_t seed, std::map<int64_t, std::string>* sources) {
+                                                uint64_t seed, std::map<int64_t, std::string>* sources,
+                                                double data_offset) {
   std::map<int64_t, Buffer> inputs;
   Rng rng{seed};
   for (const LogicalTensor& lt : graph.graph_inputs()) {
@@ -105,7 +107,7 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
     } else {
       std::string role = role_of(lowered, lt.id);
       if (role.empty()) role = role_of(graph, lt.id);
-      fill_random(b, role, rng);
+      fill_random(b, role, rng, data_offset);
       (*sources)[lt.id] = "random";
     }
     inputs.emplace(lt.id, std::move(b));

@@ -33,8 +33,11 @@ StatusOr<Buffer> allocate(const LogicalTensor& desc);
 // rounded data (1/sqrt(var + eps) in the inverse-std convention); a zero
 // variance becomes 1 so the inputs stay valid.
 // `sources` receives "file" or "random" per tensor id.
+// `data_offset` shifts the data of every batch-norm src (e.g. 1e4) to expose
+// cancellation in one-pass statistics.
 StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered, const std::string& dir,
-                                                uint64_t seed, std::map<int64_t, std::string>* sources);
+                                                uint64_t seed, std::map<int64_t, std::string>* sources,
+                                                double data_offset = 0.0);
 
 struct ErrorStats {
   double max_abs = 0.0;
