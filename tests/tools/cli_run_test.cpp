@@ -91,6 +91,30 @@ TEST(CliRun, InputsFromDirectoryAreUsed) {
   EXPECT_NEAR(got[1], -0.05366563, 1e-7);
 }
 
+TEST(CliRun, BenchdnnKnobsRewriteTheCase) {
+  // NXC via --in-shapes and --op-attrs, bf16 via --dt (statistics stay f32), batch via --mb.
+  const std::string c = kData + "/onednn/op/f32/bnorm_bwd.json";
+  Result r = run("run --dt=bf16 --in-shapes=0:2x9x9x192+1:2x9x9x192 --op-attrs=0:data_format:NXC --case=" + c);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0:PASSED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("__REPRO: --mode=C --dt=bf16 --in-shapes=0:2x9x9x192+1:2x9x9x192 --op-attrs=0:data_format:NXC --case="),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tests:1 passed:1 skipped:0 mistrusted:0 unimplemented:0 invalid_arguments:0 failed:0"),
+            std::string::npos) << r.output;
+  // Knobs persist until --reset; a forced backend that declines is UNIMPLEMENTED; a bad attribute is INVALID_ARGUMENTS.
+  r = run("run --mb=1 --in-shapes=0:1x192x5x5+1:1x192x5x5 --case=" + c + " --dt=f16 --backend=dnnl --case=" + c +
+          " --reset --op-attrs=0:epsilon:-1 --case=" + c + " --reset --mode=R --case=" + c);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("0:PASSED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1:UNIMPLEMENTED (unimplemented: partition 0 (BatchNormTrainingBackward): no backend can run it (dnnl: oneDNN 2.6 has no f16"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("2:INVALID_ARGUMENTS"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("'epsilon' must be finite and >= 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("3:EXECUTED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tests:4 passed:2 skipped:0 mistrusted:0 unimplemented:1 invalid_arguments:1 failed:0"),
+            std::string::npos) << r.output;
+}
+
 TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
   const std::string bad_json = write_temp("bad.json", "{\"graph\": [ {\"id\": 0, \"kind\": \"BatchNormTrainingBackward\"");
   const std::string cve = write_temp("cve.json", R"({"graph": [{"id": 0, "name": "bn", "kind": "BatchNormTrainingBackward",
@@ -109,6 +133,9 @@ TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
       {"run " + kExamples + "/bn_training_backward_f32_nxc.json --backend cuda", "unknown backend 'cuda'"},
       {"run " + kExamples + "/bn_training_backward_f32_nxc.json --iters 0", "--iters must be an integer"},
       {"run " + kExamples + "/bn_training_backward_f32_nxc.json --frobnicate", "unknown option --frobnicate"},
+      {"run --in-shapes=0:2xx3 --case=" + kExamples + "/bn_training_backward_f32_nxc.json", "--in-shapes: bad shape '2xx3'"},
+      {"run --mode=Q", "--mode must be C, P, CP or R"},
+      {"run --batch=/nonexistent_batch.txt", "--batch: cannot open"},
       {"fly", "unknown command 'fly'"},
   };
   for (const auto& c : cases) {
