@@ -38,7 +38,8 @@ Status check_tensor(const std::string& where, const LogicalTensor& port, const T
   }
   if (t.desc.dims != port.dims) {
     return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): shape " +
-                            dims_to_string(t.desc.dims) + ", expected " + dims_to_string(port.dims));
+                            dims_to_string(t.desc.dims) + ", expected " +
+                            dims_to_string(port.dims));
   }
   if (port.effective_strides() != t.desc.effective_strides()) {
     return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): strides " +
@@ -57,7 +58,8 @@ Status check_tensor(const std::string& where, const LogicalTensor& port, const T
 
 Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
                                   const std::vector<Tensor>& outputs) const {
-  const std::string who = "partition " + std::to_string(partition_.id) + " (" + partition_.ops_string() + ")";
+  const std::string who =
+      "partition " + std::to_string(partition_.id) + " (" + partition_.ops_string() + ")";
   if (inputs.size() != partition_.inputs.size() || outputs.size() != partition_.outputs.size()) {
     return invalid_argument(who + ": got " + std::to_string(inputs.size()) + " inputs and " +
                             std::to_string(outputs.size()) + " outputs, expected " +
@@ -67,27 +69,32 @@ Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
   std::vector<const void*> in(inputs.size());
   std::vector<void*> out(outputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    NG_RETURN_IF_ERROR(check_tensor(who + ": input " + std::to_string(i), partition_.inputs[i], inputs[i]));
+    NG_RETURN_IF_ERROR(
+        check_tensor(who + ": input " + std::to_string(i), partition_.inputs[i], inputs[i]));
     in[i] = inputs[i].data;
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
-    NG_RETURN_IF_ERROR(check_tensor(who + ": output " + std::to_string(i), partition_.outputs[i], outputs[i]));
+    NG_RETURN_IF_ERROR(
+        check_tensor(who + ": output " + std::to_string(i), partition_.outputs[i], outputs[i]));
     out[i] = outputs[i].data;
   }
   const auto t0 = std::chrono::steady_clock::now();
   Status s = kernel_->execute(in, out);
   if (verbose_level() >= 1) {
     std::cerr << "normgrad_verbose,exec," << backend_->name() << "," << kernel_->name() << ","
-              << partition_.ops_string() << "," << shapes_of(partition_) << "," << ms_since(t0) << "\n";
+              << partition_.ops_string() << "," << shapes_of(partition_) << "," << ms_since(t0)
+              << "\n";
   }
   return s;
 }
 
-StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Partition& partition,
-                                                                     const CompileOptions& options) {
-  const std::string who = "partition " + std::to_string(partition.id) + " (" + partition.ops_string() + ")";
+StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
+    const Partition& partition, const CompileOptions& options) {
+  const std::string who =
+      "partition " + std::to_string(partition.id) + " (" + partition.ops_string() + ")";
   std::vector<const Backend*> candidates;
-  const std::string& wanted = !partition.backend.empty() && options.backend == "auto" ? partition.backend : options.backend;
+  const std::string& wanted =
+      !partition.backend.empty() && options.backend == "auto" ? partition.backend : options.backend;
   if (wanted == "auto") {
     candidates = available_backends();
   } else {
@@ -95,7 +102,8 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Parti
     if (b == nullptr) {
       bool known = false;
       for (const std::string& n : known_backend_names()) known = known || n == wanted;
-      if (known) return unimplemented("backend '" + wanted + "' is not built into this version of normgrad");
+      if (known)
+        return unimplemented("backend '" + wanted + "' is not built into this version of normgrad");
       return invalid_argument("unknown backend '" + wanted + "' (expected auto, ref, dnnl or jit)");
     }
     candidates.push_back(b);
@@ -106,8 +114,8 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Parti
     Status s = b->supports(partition);
     if (!s.ok()) {
       if (verbose_level() >= 2) {
-        std::cerr << "normgrad_verbose,decline," << b->name() << "," << partition.ops_string() << ","
-                  << s.message() << "\n";
+        std::cerr << "normgrad_verbose,decline," << b->name() << "," << partition.ops_string()
+                  << "," << s.message() << "\n";
       }
       reasons += std::string(reasons.empty() ? "" : "; ") + b->name() + ": " + s.message();
       continue;
@@ -115,7 +123,8 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Parti
     auto kernel = b->compile(partition);
     if (!kernel.ok()) return kernel.status().with_context(who + " on " + b->name());
     const double ms = ms_since(t0);
-    auto cp = std::make_shared<const CompiledPartition>(partition, b, std::move(kernel).value(), ms);
+    auto cp =
+        std::make_shared<const CompiledPartition>(partition, b, std::move(kernel).value(), ms);
     if (verbose_level() >= 1) {
       std::cerr << "normgrad_verbose,compile," << b->name() << "," << cp->kernel_name() << ","
                 << partition.ops_string() << "," << shapes_of(partition) << "," << ms << "\n";
@@ -142,7 +151,8 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   for (const LogicalTensor& lt : cg.outputs_) {
     NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
     if (cg.lowered_.producer_of(lt.id) < 0 && bytes != 0) {
-      return internal_error("graph output tensor " + std::to_string(lt.id) + " lost its producer in the passes");
+      return internal_error("graph output tensor " + std::to_string(lt.id) +
+                            " lost its producer in the passes");
     }
   }
   return cg;
@@ -152,10 +162,12 @@ Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
                               const std::map<int64_t, void*>& outputs,
                               std::vector<double>* partition_ms) const {
   for (const LogicalTensor& lt : inputs_) {
-    if (inputs.count(lt.id) == 0) return invalid_argument("graph input tensor " + std::to_string(lt.id) + " has no buffer");
+    if (inputs.count(lt.id) == 0)
+      return invalid_argument("graph input tensor " + std::to_string(lt.id) + " has no buffer");
   }
   for (const LogicalTensor& lt : outputs_) {
-    if (outputs.count(lt.id) == 0) return invalid_argument("graph output tensor " + std::to_string(lt.id) + " has no buffer");
+    if (outputs.count(lt.id) == 0)
+      return invalid_argument("graph output tensor " + std::to_string(lt.id) + " has no buffer");
   }
   // Intermediates: produced by one partition, consumed by another, not a graph output.
   std::map<int64_t, std::vector<char>> scratch;

@@ -29,9 +29,11 @@ struct CompileOptions {
 
 class CompiledPartition {
  public:
-  CompiledPartition(Partition partition, const Backend* backend, std::shared_ptr<const Kernel> kernel,
-                    double compile_ms)
-      : partition_(std::move(partition)), backend_(backend), kernel_(std::move(kernel)),
+  CompiledPartition(Partition partition, const Backend* backend,
+                    std::shared_ptr<const Kernel> kernel, double compile_ms)
+      : partition_(std::move(partition)),
+        backend_(backend),
+        kernel_(std::move(kernel)),
         compile_ms_(compile_ms) {}
 
   const Partition& partition() const { return partition_; }
@@ -61,14 +63,17 @@ class CompiledGraph {
   // The user's graph, finalized, and the graph after the pass pipeline.
   const Graph& graph() const { return graph_; }
   const Graph& lowered_graph() const { return lowered_; }
-  const std::vector<std::shared_ptr<const CompiledPartition>>& partitions() const { return partitions_; }
+  const std::vector<std::shared_ptr<const CompiledPartition>>& partitions() const {
+    return partitions_;
+  }
   const std::vector<LogicalTensor>& inputs() const { return inputs_; }
   const std::vector<LogicalTensor>& outputs() const { return outputs_; }
 
   // Buffers by tensor id: every graph input and every graph output must be given.
   // Intermediates are allocated per call, so concurrent calls are safe.
   // `partition_ms`, when given, receives each partition's wall time.
-  Status execute(const std::map<int64_t, const void*>& inputs, const std::map<int64_t, void*>& outputs,
+  Status execute(const std::map<int64_t, const void*>& inputs,
+                 const std::map<int64_t, void*>& outputs,
                  std::vector<double>* partition_ms = nullptr) const;
 
  private:

@@ -45,10 +45,14 @@ float double_to_f32_round_odd(double v) {
 
 const char* dtype_name(DataType dt) {
   switch (dt) {
-    case DataType::kF32: return "f32";
-    case DataType::kBF16: return "bf16";
-    case DataType::kF16: return "f16";
-    case DataType::kUndef: return "undef";
+    case DataType::kF32:
+      return "f32";
+    case DataType::kBF16:
+      return "bf16";
+    case DataType::kF16:
+      return "f16";
+    case DataType::kUndef:
+      return "undef";
   }
   return "undef";
 }
@@ -58,8 +62,8 @@ StatusOr<DataType> parse_dtype(const std::string& name) {
   if (name == "bf16") return DataType::kBF16;
   if (name == "f16") return DataType::kF16;
   if (name == "undef") return DataType::kUndef;
-  static const char* const kKnownUnsupported[] = {"s8", "u8", "s32", "boolean", "f64", "f8_e5m2",
-                                                  "f8_e4m3", "s4", "u4"};
+  static const char* const kKnownUnsupported[] = {"s8",      "u8",      "s32", "boolean", "f64",
+                                                  "f8_e5m2", "f8_e4m3", "s4",  "u4"};
   for (const char* known : kKnownUnsupported) {
     if (name == known) {
       return invalid_argument("dtype '" + name + "' is not supported (supported: f32, bf16, f16)");
@@ -70,10 +74,13 @@ StatusOr<DataType> parse_dtype(const std::string& name) {
 
 int64_t dtype_size(DataType dt) {
   switch (dt) {
-    case DataType::kF32: return 4;
+    case DataType::kF32:
+      return 4;
     case DataType::kBF16:
-    case DataType::kF16: return 2;
-    case DataType::kUndef: return 0;
+    case DataType::kF16:
+      return 2;
+    case DataType::kUndef:
+      return 0;
   }
   return 0;
 }
@@ -89,7 +96,9 @@ uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-float bf16_bits_to_f32(uint16_t bits) { return bits_f32(static_cast<uint32_t>(bits) << 16); }
+float bf16_bits_to_f32(uint16_t bits) {
+  return bits_f32(static_cast<uint32_t>(bits) << 16);
+}
 
 uint16_t f32_to_f16_bits(float f) {
   const uint32_t u = f32_bits(f);
@@ -100,7 +109,7 @@ uint16_t f32_to_f16_bits(float f) {
     if (mant == 0) return static_cast<uint16_t>(sign | 0x7c00u);
     return static_cast<uint16_t>(sign | 0x7e00u | (mant >> 13));  // quiet NaN, payload kept
   }
-  const int32_t e = static_cast<int32_t>(exp) - 127 + 15;  // rebiased exponent
+  const int32_t e = static_cast<int32_t>(exp) - 127 + 15;     // rebiased exponent
   if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to Inf
   if (e <= 0) {
     // Subnormal or zero in f16: shift the full significand (with the implicit 1).
@@ -135,22 +144,28 @@ float f16_bits_to_f32(uint16_t bits) {
 
 double round_to_dtype(double v, DataType dt) {
   switch (dt) {
-    case DataType::kF32: return static_cast<double>(static_cast<float>(v));
+    case DataType::kF32:
+      return static_cast<double>(static_cast<float>(v));
     case DataType::kBF16:
       return static_cast<double>(bf16_bits_to_f32(f32_to_bf16_bits(double_to_f32_round_odd(v))));
     case DataType::kF16:
       return static_cast<double>(f16_bits_to_f32(f32_to_f16_bits(double_to_f32_round_odd(v))));
-    case DataType::kUndef: return v;
+    case DataType::kUndef:
+      return v;
   }
   return v;
 }
 
 double load_as_double(const void* base, int64_t index, DataType dt) {
   switch (dt) {
-    case DataType::kF32: return static_cast<const float*>(base)[index];
-    case DataType::kBF16: return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[index]);
-    case DataType::kF16: return f16_bits_to_f32(static_cast<const uint16_t*>(base)[index]);
-    case DataType::kUndef: break;
+    case DataType::kF32:
+      return static_cast<const float*>(base)[index];
+    case DataType::kBF16:
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[index]);
+    case DataType::kF16:
+      return f16_bits_to_f32(static_cast<const uint16_t*>(base)[index]);
+    case DataType::kUndef:
+      break;
   }
   assert(false && "load_as_double on an undef dtype");
   return 0.0;
@@ -158,14 +173,17 @@ double load_as_double(const void* base, int64_t index, DataType dt) {
 
 void store_from_double(void* base, int64_t index, DataType dt, double v) {
   switch (dt) {
-    case DataType::kF32: static_cast<float*>(base)[index] = static_cast<float>(v); return;
+    case DataType::kF32:
+      static_cast<float*>(base)[index] = static_cast<float>(v);
+      return;
     case DataType::kBF16:
       static_cast<uint16_t*>(base)[index] = f32_to_bf16_bits(double_to_f32_round_odd(v));
       return;
     case DataType::kF16:
       static_cast<uint16_t*>(base)[index] = f32_to_f16_bits(double_to_f32_round_odd(v));
       return;
-    case DataType::kUndef: break;
+    case DataType::kUndef:
+      break;
   }
   assert(false && "store_from_double on an undef dtype");
 }

@@ -9,11 +9,14 @@
 namespace normgrad {
 namespace {
 
-std::string op_ref(const Op& op) { return "op " + std::to_string(op.id()) + " (" + op.label() + ")"; }
+std::string op_ref(const Op& op) {
+  return "op " + std::to_string(op.id()) + " (" + op.label() + ")";
+}
 
 // Merges `incoming` into `known` for one tensor id; unknown dims and strides are
 // filled in, known ones must agree.
-Status merge_metadata(LogicalTensor& known, const LogicalTensor& incoming, const std::string& where) {
+Status merge_metadata(LogicalTensor& known, const LogicalTensor& incoming,
+                      const std::string& where) {
   const std::string who = "tensor " + std::to_string(known.id);
   if (known.dtype != incoming.dtype) {
     return invalid_graph(who + " has conflicting dtypes: " + dtype_name(known.dtype) + " and " +
@@ -205,7 +208,8 @@ Status Graph::infer_shapes() {
     NG_RETURN_IF_ERROR(infer_op_shapes(op));
     for (size_t i = 0; i < op.outputs().size(); ++i) {
       LogicalTensor& lt = op.mutable_outputs()[i];
-      NG_RETURN_IF_ERROR(merge_metadata(tensors_.at(lt.id), lt, op_ref(op) + " output " + std::to_string(i)));
+      NG_RETURN_IF_ERROR(
+          merge_metadata(tensors_.at(lt.id), lt, op_ref(op) + " output " + std::to_string(i)));
       lt = tensors_.at(lt.id);
     }
   }
@@ -259,7 +263,8 @@ std::vector<LogicalTensor> Graph::graph_inputs() const {
   std::set<int64_t> seen;
   for (const Op& op : ops_) {
     for (const LogicalTensor& lt : op.inputs()) {
-      if (producer_.count(lt.id) == 0 && seen.insert(lt.id).second) result.push_back(tensors_.at(lt.id));
+      if (producer_.count(lt.id) == 0 && seen.insert(lt.id).second)
+        result.push_back(tensors_.at(lt.id));
     }
   }
   return result;

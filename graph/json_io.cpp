@@ -41,11 +41,16 @@ int json_depth(const std::string& text, int limit) {
   return max_depth;
 }
 
-const char* json_type(const Json& j) { return j.type_name(); }
+const char* json_type(const Json& j) {
+  return j.type_name();
+}
 
-Status at(const std::string& where, const std::string& what) { return invalid_argument(where + ": " + what); }
+Status at(const std::string& where, const std::string& what) {
+  return invalid_argument(where + ": " + what);
+}
 
-Status check_keys(const Json& obj, const std::string& where, std::initializer_list<const char*> known) {
+Status check_keys(const Json& obj, const std::string& where,
+                  std::initializer_list<const char*> known) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     bool ok = false;
     for (const char* k : known) ok = ok || it.key() == k;
@@ -82,7 +87,8 @@ StatusOr<std::string> as_string(const Json& j, const std::string& where) {
 }
 
 StatusOr<std::vector<int64_t>> as_int_array(const Json& j, const std::string& where) {
-  if (!j.is_array()) return at(where, std::string("expected an array of integers, got ") + json_type(j));
+  if (!j.is_array())
+    return at(where, std::string("expected an array of integers, got ") + json_type(j));
   std::vector<int64_t> v;
   v.reserve(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
@@ -170,11 +176,13 @@ StatusOr<LogicalTensor> parse_tensor(const Json& j, const std::string& where) {
   NG_ASSIGN_OR_RETURN(const Json* shape_j, member(j, where, "shape"));
   NG_ASSIGN_OR_RETURN(lt.dims, as_int_array(*shape_j, where + ".shape"));
   if (lt.dims.size() > static_cast<size_t>(kMaxRank)) {
-    return at(where + ".shape", "rank " + std::to_string(lt.dims.size()) + " exceeds " + std::to_string(kMaxRank));
+    return at(where + ".shape",
+              "rank " + std::to_string(lt.dims.size()) + " exceeds " + std::to_string(kMaxRank));
   }
   for (int64_t d : lt.dims) {
     if (d < 0 && d != kUnknownDim) {
-      return at(where + ".shape", "dims must be >= 0 (or INT64_MIN for unknown), got " + std::to_string(d));
+      return at(where + ".shape",
+                "dims must be >= 0 (or INT64_MIN for unknown), got " + std::to_string(d));
     }
   }
   if (auto it = j.find("stride"); it != j.end()) {
@@ -220,7 +228,8 @@ StatusOr<Op> parse_op(const Json& j, const std::string& where) {
   }
   Op op(id, *kind, name);
   if (auto it = j.find("attrs"); it != j.end()) {
-    if (!it->is_object()) return at(where + ".attrs", std::string("expected an object, got ") + json_type(*it));
+    if (!it->is_object())
+      return at(where + ".attrs", std::string("expected an object, got ") + json_type(*it));
     for (auto a = it->begin(); a != it->end(); ++a) {
       NG_ASSIGN_OR_RETURN(AttrValue v, parse_attr(a.value(), where + ".attrs." + a.key()));
       op.set_attr(a.key(), std::move(v));
@@ -231,7 +240,8 @@ StatusOr<Op> parse_op(const Json& j, const std::string& where) {
     const std::string pw = where + "." + port;
     if (!arr->is_array()) return at(pw, std::string("expected an array, got ") + json_type(*arr));
     for (size_t i = 0; i < arr->size(); ++i) {
-      NG_ASSIGN_OR_RETURN(LogicalTensor lt, parse_tensor((*arr)[i], pw + "[" + std::to_string(i) + "]"));
+      NG_ASSIGN_OR_RETURN(LogicalTensor lt,
+                          parse_tensor((*arr)[i], pw + "[" + std::to_string(i) + "]"));
       if (port[0] == 'i') {
         op.add_input(std::move(lt));
       } else {
@@ -289,7 +299,8 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
   }
   const int depth = json_depth(text, limits.max_depth);
   if (depth > limits.max_depth) {
-    return out_of_range("JSON nesting deeper than the limit of " + std::to_string(limits.max_depth));
+    return out_of_range("JSON nesting deeper than the limit of " +
+                        std::to_string(limits.max_depth));
   }
   Json root;
   try {
@@ -298,10 +309,12 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
     return invalid_argument(std::string("malformed JSON: ") + e.what());
   }
   const std::string where = "<root>";
-  if (!root.is_object()) return at(where, std::string("expected an object, got ") + json_type(root));
-  NG_RETURN_IF_ERROR(check_keys(root, where,
-                                {"version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int",
-                                 "input_ports", "output_ports", "graph"}));
+  if (!root.is_object())
+    return at(where, std::string("expected an object, got ") + json_type(root));
+  NG_RETURN_IF_ERROR(
+      check_keys(root, where,
+                 {"version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int",
+                  "input_ports", "output_ports", "graph"}));
   Graph g;
   if (auto it = root.find("version"); it != root.end()) {
     NG_ASSIGN_OR_RETURN(g.version, as_string(*it, "version"));
@@ -323,7 +336,8 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
     // Written as the string "true"/"false" by oneDNN's dump; a bool is accepted too.
     if (it->is_string()) {
       const std::string s = it->get<std::string>();
-      if (s != "true" && s != "false") return at("fpmath_mode_apply_to_int", "expected 'true' or 'false', got '" + s + "'");
+      if (s != "true" && s != "false")
+        return at("fpmath_mode_apply_to_int", "expected 'true' or 'false', got '" + s + "'");
       g.fpmath_mode_apply_to_int = s;
     } else {
       NG_ASSIGN_OR_RETURN(bool b, as_bool(*it, "fpmath_mode_apply_to_int"));
@@ -339,7 +353,8 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
     g.set_output_ports(std::move(ports));
   }
   NG_ASSIGN_OR_RETURN(const Json* ops, member(root, where, "graph"));
-  if (!ops->is_array()) return at("graph", std::string("expected an array, got ") + json_type(*ops));
+  if (!ops->is_array())
+    return at("graph", std::string("expected an array, got ") + json_type(*ops));
   if (ops->size() > limits.max_ops) {
     return out_of_range("graph: " + std::to_string(ops->size()) + " ops exceed the limit of " +
                         std::to_string(limits.max_ops));
@@ -365,7 +380,8 @@ std::string graph_to_json(const Graph& graph) {
   root["version"] = graph.version;
   root["engine_kind"] = graph.engine_kind;
   root["fpmath_mode"] = graph.fpmath_mode;
-  if (graph.fpmath_mode_apply_to_int) root["fpmath_mode_apply_to_int"] = *graph.fpmath_mode_apply_to_int;
+  if (graph.fpmath_mode_apply_to_int)
+    root["fpmath_mode_apply_to_int"] = *graph.fpmath_mode_apply_to_int;
   if (graph.input_ports()) root["input_ports"] = *graph.input_ports();
   if (graph.output_ports()) root["output_ports"] = *graph.output_ports();
   OrderedJson ops = OrderedJson::array();

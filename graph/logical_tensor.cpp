@@ -7,9 +7,12 @@ namespace normgrad {
 
 const char* layout_type_name(LayoutType layout) {
   switch (layout) {
-    case LayoutType::kUndef: return "undef";
-    case LayoutType::kAny: return "any";
-    case LayoutType::kStrided: return "strided";
+    case LayoutType::kUndef:
+      return "undef";
+    case LayoutType::kAny:
+      return "any";
+    case LayoutType::kStrided:
+      return "strided";
   }
   return "undef";
 }
@@ -26,9 +29,12 @@ StatusOr<LayoutType> parse_layout_type(const std::string& name) {
 
 const char* property_type_name(PropertyType property) {
   switch (property) {
-    case PropertyType::kUndef: return "undef";
-    case PropertyType::kVariable: return "variable";
-    case PropertyType::kConstant: return "constant";
+    case PropertyType::kUndef:
+      return "undef";
+    case PropertyType::kVariable:
+      return "variable";
+    case PropertyType::kConstant:
+      return "constant";
   }
   return "undef";
 }
@@ -61,7 +67,8 @@ StatusOr<int64_t> checked_add(int64_t a, int64_t b, const std::string& what) {
 StatusOr<int64_t> checked_product(const Dims& dims, const std::string& what) {
   int64_t p = 1;
   for (int64_t d : dims) {
-    if (d < 0) return invalid_argument(what + ": dims must be known and >= 0, got " + dims_to_string(dims));
+    if (d < 0)
+      return invalid_argument(what + ": dims must be known and >= 0, got " + dims_to_string(dims));
     NG_ASSIGN_OR_RETURN(p, checked_mul(p, d, what));
   }
   return p;
@@ -147,8 +154,8 @@ Status LogicalTensor::validate(const std::string& what) const {
   }
   if (!strides.empty()) {
     if (strides.size() != dims.size()) {
-      return invalid_argument(what + ": " + std::to_string(strides.size()) +
-                              " strides for rank " + std::to_string(dims.size()));
+      return invalid_argument(what + ": " + std::to_string(strides.size()) + " strides for rank " +
+                              std::to_string(dims.size()));
     }
     for (int64_t s : strides) {
       if (s != kUnknownDim && s < 0) {

@@ -44,8 +44,8 @@ std::string dims_to_string(const Dims& dims);
 struct LogicalTensor {
   int64_t id = -1;
   DataType dtype = DataType::kUndef;
-  Dims dims;                 // empty: unknown rank
-  Dims strides;              // empty or unknown entries: dense row-major
+  Dims dims;     // empty: unknown rank
+  Dims strides;  // empty or unknown entries: dense row-major
   LayoutType layout = LayoutType::kStrided;
   PropertyType property = PropertyType::kUndef;
 

@@ -38,12 +38,18 @@ StatusOr<OpKind> parse_op_kind(const std::string& name) {
 
 const char* attr_kind_name(AttrKind kind) {
   switch (kind) {
-    case AttrKind::kS64: return "s64";
-    case AttrKind::kS64s: return "s64[]";
-    case AttrKind::kF32: return "f32";
-    case AttrKind::kF32s: return "f32[]";
-    case AttrKind::kBool: return "bool";
-    case AttrKind::kString: return "string";
+    case AttrKind::kS64:
+      return "s64";
+    case AttrKind::kS64s:
+      return "s64[]";
+    case AttrKind::kF32:
+      return "f32";
+    case AttrKind::kF32s:
+      return "f32[]";
+    case AttrKind::kBool:
+      return "bool";
+    case AttrKind::kString:
+      return "string";
   }
   return "?";
 }
@@ -58,12 +64,18 @@ StatusOr<AttrKind> parse_attr_kind(const std::string& name) {
 
 AttrKind attr_value_kind(const AttrValue& value) {
   switch (value.index()) {
-    case 0: return AttrKind::kS64;
-    case 1: return AttrKind::kS64s;
-    case 2: return AttrKind::kF32;
-    case 3: return AttrKind::kF32s;
-    case 4: return AttrKind::kBool;
-    default: return AttrKind::kString;
+    case 0:
+      return AttrKind::kS64;
+    case 1:
+      return AttrKind::kS64s;
+    case 2:
+      return AttrKind::kF32;
+    case 3:
+      return AttrKind::kF32s;
+    case 4:
+      return AttrKind::kBool;
+    default:
+      return AttrKind::kString;
   }
 }
 

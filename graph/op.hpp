@@ -37,7 +37,8 @@ std::string attr_value_to_string(const AttrValue& value);
 class Op {
  public:
   Op() = default;
-  Op(int64_t id, OpKind kind, std::string name = "") : id_(id), kind_(kind), name_(std::move(name)) {}
+  Op(int64_t id, OpKind kind, std::string name = "")
+      : id_(id), kind_(kind), name_(std::move(name)) {}
 
   int64_t id() const { return id_; }
   OpKind kind() const { return kind_; }

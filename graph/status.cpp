@@ -5,13 +5,20 @@ namespace normgrad {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kInvalidGraph: return "invalid_graph";
-    case StatusCode::kUnimplemented: return "unimplemented";
-    case StatusCode::kOutOfRange: return "out_of_range";
-    case StatusCode::kNotFound: return "not_found";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kInvalidGraph:
+      return "invalid_graph";
+    case StatusCode::kUnimplemented:
+      return "unimplemented";
+    case StatusCode::kOutOfRange:
+      return "out_of_range";
+    case StatusCode::kNotFound:
+      return "not_found";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }

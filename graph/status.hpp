@@ -43,17 +43,27 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status ok_status() { return Status(); }
+inline Status ok_status() {
+  return Status();
+}
 inline Status invalid_argument(std::string m) {
   return Status(StatusCode::kInvalidArgument, std::move(m));
 }
-inline Status invalid_graph(std::string m) { return Status(StatusCode::kInvalidGraph, std::move(m)); }
+inline Status invalid_graph(std::string m) {
+  return Status(StatusCode::kInvalidGraph, std::move(m));
+}
 inline Status unimplemented(std::string m) {
   return Status(StatusCode::kUnimplemented, std::move(m));
 }
-inline Status out_of_range(std::string m) { return Status(StatusCode::kOutOfRange, std::move(m)); }
-inline Status not_found(std::string m) { return Status(StatusCode::kNotFound, std::move(m)); }
-inline Status internal_error(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
+inline Status out_of_range(std::string m) {
+  return Status(StatusCode::kOutOfRange, std::move(m));
+}
+inline Status not_found(std::string m) {
+  return Status(StatusCode::kNotFound, std::move(m));
+}
+inline Status internal_error(std::string m) {
+  return Status(StatusCode::kInternal, std::move(m));
+}
 
 template <typename T>
 class [[nodiscard]] StatusOr {
@@ -94,10 +104,10 @@ class [[nodiscard]] StatusOr {
 #define NG_CONCAT(a, b) NG_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function when `expr` is not OK.
-#define NG_RETURN_IF_ERROR(expr)                \
-  do {                                          \
-    ::normgrad::Status ng_status_ = (expr);     \
-    if (!ng_status_.ok()) return ng_status_;    \
+#define NG_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::normgrad::Status ng_status_ = (expr);  \
+    if (!ng_status_.ok()) return ng_status_; \
   } while (false)
 
 // `NG_ASSIGN_OR_RETURN(auto x, f());` unwraps a StatusOr or returns its Status.

@@ -28,20 +28,20 @@ enum class BackwardMode : uint8_t {
 struct BatchNormDesc {
   OpKind kind = OpKind::kBatchNormTrainingBackward;
   DataFormat format = DataFormat::kNXC;
-  Dims dims;                  // the data tensor's logical dims
-  int channel_axis = 1;       // 1 for NCX, rank - 1 for NXC
-  int64_t channels = 0;       // C
-  int64_t reduce_size = 0;    // M = elements / C (0 for an empty batch)
+  Dims dims;                // the data tensor's logical dims
+  int channel_axis = 1;     // 1 for NCX, rank - 1 for NXC
+  int64_t channels = 0;     // C
+  int64_t reduce_size = 0;  // M = elements / C (0 for an empty batch)
   float epsilon = 0.f;
-  float momentum = 0.1f;      // BatchNormForwardTraining only
+  float momentum = 0.1f;  // BatchNormForwardTraining only
   DataType data_dt = DataType::kF32;
   DataType stats_dt = DataType::kF32;
-  bool has_gamma = false;     // backward: gamma given; forward: gamma and beta given
+  bool has_gamma = false;  // backward: gamma given; forward: gamma and beta given
   // Backward only:
   BackwardMode mode = BackwardMode::kTraining;
-  bool use_gamma = false;           // diff_src is scaled by gamma (else gamma = 1)
-  bool variance_is_inv_std = false; // input 3 holds 1/sqrt(var + eps) (cuDNN, PyTorch save_invstd)
-  bool diff_scale_shift = false;    // diff_gamma and diff_beta are computed (3 outputs)
+  bool use_gamma = false;            // diff_src is scaled by gamma (else gamma = 1)
+  bool variance_is_inv_std = false;  // input 3 holds 1/sqrt(var + eps) (cuDNN, PyTorch save_invstd)
+  bool diff_scale_shift = false;     // diff_gamma and diff_beta are computed (3 outputs)
 };
 
 // The backward's mode when the op carries no explicit `is_training`: oneDNN

@@ -78,8 +78,10 @@ OpSchema::Rule bn_dtype_rule(PortNames names, std::vector<size_t> data_in,
       }
       return ok_status();
     };
-    for (size_t i = 0; i < op.inputs().size(); ++i) NG_RETURN_IF_ERROR(check(true, i, op.inputs()[i].dtype));
-    for (size_t i = 0; i < op.outputs().size(); ++i) NG_RETURN_IF_ERROR(check(false, i, op.outputs()[i].dtype));
+    for (size_t i = 0; i < op.inputs().size(); ++i)
+      NG_RETURN_IF_ERROR(check(true, i, op.inputs()[i].dtype));
+    for (size_t i = 0; i < op.outputs().size(); ++i)
+      NG_RETURN_IF_ERROR(check(false, i, op.outputs()[i].dtype));
     return ok_status();
   };
 }
@@ -92,7 +94,8 @@ OpSchema::ShapeRule bn_shape_rule(PortNames names, std::vector<size_t> data_in,
     const std::string src_where = port_label(op, true, data_in[0], names.in.at(data_in[0]));
     if (src.rank() < kMinRank || src.rank() > kMaxBnRank) {
       return invalid_argument(src_where + ": rank " + std::to_string(src.rank()) +
-                              " is not supported (expected 2 to 6), shape " + dims_to_string(src.dims));
+                              " is not supported (expected 2 to 6), shape " +
+                              dims_to_string(src.dims));
     }
     const int caxis = format_of(op) == DataFormat::kNCX ? 1 : src.rank() - 1;
     const int64_t c = src.dims[caxis];
@@ -131,7 +134,9 @@ void add_bn_rules(OpSchema& s, std::vector<size_t> data_in, std::vector<size_t> 
 
 }  // namespace
 
-const char* data_format_name(DataFormat f) { return f == DataFormat::kNCX ? "NCX" : "NXC"; }
+const char* data_format_name(DataFormat f) {
+  return f == DataFormat::kNCX ? "NCX" : "NXC";
+}
 
 void register_batch_norm_schemas(OpRegistry& registry) {
   {
@@ -141,7 +146,8 @@ void register_batch_norm_schemas(OpRegistry& registry) {
     s.output_counts({1, 3});
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
-    // normgrad extensions, set by the canonicalisation pass (docs/ops/BatchNormTrainingBackward.md).
+    // normgrad extensions, set by the canonicalisation pass
+    // (docs/ops/BatchNormTrainingBackward.md).
     s.attr("is_training", AttrKind::kBool, false);
     s.attr("variance_is_inv_std", AttrKind::kBool, false, false);
     add_bn_rules(s, {0, 1}, {0});

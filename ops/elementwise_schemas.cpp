@@ -29,8 +29,8 @@ Status same_dtype_everywhere(const Op& op, const OpSchema& names_of) {
 }
 
 // Output 0 takes input 0's dims; every other input must have the same dims.
-Status same_shape_rule(Op& op, const std::vector<std::string>& in_names, const std::string& out_name,
-                       const char* why) {
+Status same_shape_rule(Op& op, const std::vector<std::string>& in_names,
+                       const std::string& out_name, const char* why) {
   const Dims& d = op.inputs()[0].dims;
   for (size_t i = 1; i < op.inputs().size(); ++i) {
     if (op.inputs()[i].dims != d) {

@@ -32,8 +32,8 @@ OpSchema& OpSchema::output_counts(std::set<size_t> counts) {
 OpSchema& OpSchema::attr(std::string name, AttrKind kind, bool required,
                          std::optional<AttrValue> default_value,
                          std::vector<std::string> allowed_strings) {
-  attrs_.push_back({std::move(name), kind, required, std::move(default_value),
-                    std::move(allowed_strings)});
+  attrs_.push_back(
+      {std::move(name), kind, required, std::move(default_value), std::move(allowed_strings)});
   return *this;
 }
 
@@ -54,7 +54,9 @@ const AttrSpec* OpSchema::find_attr(const std::string& name) const {
   return nullptr;
 }
 
-std::string OpSchema::input_name(size_t i) const { return i < inputs_.size() ? inputs_[i].name : "?"; }
+std::string OpSchema::input_name(size_t i) const {
+  return i < inputs_.size() ? inputs_[i].name : "?";
+}
 std::string OpSchema::output_name(size_t i) const {
   return i < outputs_.size() ? outputs_[i].name : "?";
 }
@@ -98,8 +100,8 @@ Status OpSchema::verify_structure(const Op& op) const {
     if (spec == nullptr) {
       std::string known;
       for (const AttrSpec& a : attrs_) known += (known.empty() ? "" : ", ") + a.name;
-      return invalid_argument(who + ": unknown attribute '" + key + "' (known: " +
-                              (known.empty() ? "none" : known) + ")");
+      return invalid_argument(who + ": unknown attribute '" + key +
+                              "' (known: " + (known.empty() ? "none" : known) + ")");
     }
     if (attr_value_kind(value) != spec->kind) {
       return invalid_argument(who + ": attribute '" + key + "' has type " +
@@ -114,8 +116,8 @@ Status OpSchema::verify_structure(const Op& op) const {
         allowed += (allowed.empty() ? "" : ", ") + a;
       }
       if (!found) {
-        return invalid_argument(who + ": attribute '" + key + "' is '" + *s + "', expected one of " +
-                                allowed);
+        return invalid_argument(who + ": attribute '" + key + "' is '" + *s +
+                                "', expected one of " + allowed);
       }
     }
   }
@@ -127,14 +129,16 @@ Status OpSchema::verify_structure(const Op& op) const {
   for (size_t i = 0; i < nin; ++i) {
     const LogicalTensor& lt = op.inputs()[i];
     const std::string where = port_label(op, true, i, input_name(i));
-    if (lt.id < 0) return invalid_argument(where + ": tensor id " + std::to_string(lt.id) + " is negative");
+    if (lt.id < 0)
+      return invalid_argument(where + ": tensor id " + std::to_string(lt.id) + " is negative");
     if (lt.dtype == DataType::kUndef) return invalid_argument(where + ": dtype is undef");
     NG_RETURN_IF_ERROR(lt.validate(where));
   }
   for (size_t i = 0; i < nout; ++i) {
     const LogicalTensor& lt = op.outputs()[i];
     const std::string where = port_label(op, false, i, output_name(i));
-    if (lt.id < 0) return invalid_argument(where + ": tensor id " + std::to_string(lt.id) + " is negative");
+    if (lt.id < 0)
+      return invalid_argument(where + ": tensor id " + std::to_string(lt.id) + " is negative");
     if (lt.dtype == DataType::kUndef) return invalid_argument(where + ": dtype is undef");
     NG_RETURN_IF_ERROR(lt.validate(where));
   }
@@ -169,8 +173,7 @@ AttrValue attr_or_default(const Op& op, const OpSchema& schema, const std::strin
   return *spec->default_value;
 }
 
-Status set_or_check_dims(Op& op, size_t out_index, const std::string& out_name,
-                         const Dims& dims) {
+Status set_or_check_dims(Op& op, size_t out_index, const std::string& out_name, const Dims& dims) {
   LogicalTensor& out = op.mutable_outputs()[out_index];
   if (!out.rank_known()) {
     out.dims = dims;

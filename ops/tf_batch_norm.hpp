@@ -12,9 +12,9 @@ namespace normgrad {
 bool is_tf_batch_norm_grad(OpKind kind);
 
 struct TfBatchNormFormat {
-  std::string name;          // NHWC, NCHW, NDHWC or NCDHW
-  int spatial_rank = 2;      // 2, or 3 for the 3-D formats
-  bool channels_last = true; // NHWC/NDHWC
+  std::string name;           // NHWC, NCHW, NDHWC or NCDHW
+  int spatial_rank = 2;       // 2, or 3 for the 3-D formats
+  bool channels_last = true;  // NHWC/NDHWC
 };
 
 StatusOr<TfBatchNormFormat> tf_batch_norm_format(const Op& op);

@@ -35,21 +35,26 @@ Status dtype_rule(const Op& op, const std::vector<std::string>& in_names,
                   const std::vector<std::string>& out_names) {
   const bool v1 = op.kind() == OpKind::kFusedBatchNormGrad;
   const DataType t = op.inputs()[kYBackprop].dtype;
-  if (v1 ? t != DataType::kF32 : (t != DataType::kF32 && t != DataType::kBF16 && t != DataType::kF16)) {
-    return invalid_argument(port_label(op, true, kYBackprop, in_names[kYBackprop]) + ": T is " + dtype_name(t) +
-                            (v1 ? ", FusedBatchNormGrad takes float only" : ", expected one of f32, bf16, f16"));
+  if (v1 ? t != DataType::kF32
+         : (t != DataType::kF32 && t != DataType::kBF16 && t != DataType::kF16)) {
+    return invalid_argument(
+        port_label(op, true, kYBackprop, in_names[kYBackprop]) + ": T is " + dtype_name(t) +
+        (v1 ? ", FusedBatchNormGrad takes float only" : ", expected one of f32, bf16, f16"));
   }
   auto check = [&](bool is_input, size_t i, DataType dt) -> Status {
     const bool data = is_input ? (i == kYBackprop || i == kX) : i == 0;
     const DataType want = data ? t : DataType::kF32;
     if (dt != want) {
-      return invalid_argument(port_label(op, is_input, i, is_input ? in_names[i] : out_names[i]) + ": dtype " +
-                              dtype_name(dt) + ", expected " + dtype_name(want) + (data ? " (T)" : " (U = f32)"));
+      return invalid_argument(port_label(op, is_input, i, is_input ? in_names[i] : out_names[i]) +
+                              ": dtype " + dtype_name(dt) + ", expected " + dtype_name(want) +
+                              (data ? " (T)" : " (U = f32)"));
     }
     return ok_status();
   };
-  for (size_t i = 0; i < op.inputs().size(); ++i) NG_RETURN_IF_ERROR(check(true, i, op.inputs()[i].dtype));
-  for (size_t i = 0; i < op.outputs().size(); ++i) NG_RETURN_IF_ERROR(check(false, i, op.outputs()[i].dtype));
+  for (size_t i = 0; i < op.inputs().size(); ++i)
+    NG_RETURN_IF_ERROR(check(true, i, op.inputs()[i].dtype));
+  for (size_t i = 0; i < op.outputs().size(); ++i)
+    NG_RETURN_IF_ERROR(check(false, i, op.outputs()[i].dtype));
   for (const char* key : {"T", "U"}) {
     if (!op.has_attr(key)) continue;
     NG_ASSIGN_OR_RETURN(std::string name, op.attr_string(key));
@@ -57,33 +62,36 @@ Status dtype_rule(const Op& op, const std::vector<std::string>& in_names,
     if (!dt.ok()) return dt.status().with_context(op.label() + ": attribute '" + key + "'");
     const DataType want = key[0] == 'T' ? t : DataType::kF32;
     if (*dt != want) {
-      return invalid_argument(op.label() + ": attribute '" + key + "' is " + name + " but the tensors are " +
-                              dtype_name(want));
+      return invalid_argument(op.label() + ": attribute '" + key + "' is " + name +
+                              " but the tensors are " + dtype_name(want));
     }
   }
   return ok_status();
 }
 
-Status shape_rule(Op& op, const std::vector<std::string>& in_names, const std::vector<std::string>& out_names) {
+Status shape_rule(Op& op, const std::vector<std::string>& in_names,
+                  const std::vector<std::string>& out_names) {
   NG_ASSIGN_OR_RETURN(TfBatchNormFormat f, tf_batch_norm_format(op));
   const Dims& x = op.inputs()[kX].dims;
   const Dims& dy = op.inputs()[kYBackprop].dims;
   const int rank = f.spatial_rank + 2;
   if (static_cast<int>(x.size()) != rank) {
-    return invalid_argument(port_label(op, true, kX, in_names[kX]) + ": x must be a " + std::to_string(rank) +
-                            "-dimensional tensor for data_format " + f.name + ", got shape " + shape_str(x));
+    return invalid_argument(port_label(op, true, kX, in_names[kX]) + ": x must be a " +
+                            std::to_string(rank) + "-dimensional tensor for data_format " + f.name +
+                            ", got shape " + shape_str(x));
   }
   if (x != dy) {
     return invalid_argument(port_label(op, true, kYBackprop, in_names[kYBackprop]) +
-                            ": x and y_backprop must have the same shape, but x has shape " + shape_str(x) +
-                            " and y_backprop has shape " + shape_str(dy));
+                            ": x and y_backprop must have the same shape, but x has shape " +
+                            shape_str(x) + " and y_backprop has shape " + shape_str(dy));
   }
   const int64_t c = x[f.channels_last ? rank - 1 : 1];
   for (size_t i : {kScale, kReserve1, kReserve2}) {
     const LogicalTensor& t = op.inputs()[i];
     const std::string where = port_label(op, true, i, in_names[i]);
     if (t.rank() != 1) {
-      return invalid_argument(where + ": " + in_names[i] + " must be 1-dimensional, got shape " + shape_str(t.dims));
+      return invalid_argument(where + ": " + in_names[i] + " must be 1-dimensional, got shape " +
+                              shape_str(t.dims));
     }
     if (t.dims[0] != c) {
       return invalid_argument(where + ": " + in_names[i] +
@@ -125,7 +133,8 @@ OpSchema make_schema(OpKind kind) {
     if (!op.has_attr("epsilon")) return ok_status();
     NG_ASSIGN_OR_RETURN(float eps, op.attr_f32("epsilon"));
     if (!std::isfinite(eps) || eps < 0.f) {
-      return invalid_argument(op.label() + ": attribute 'epsilon' must be finite and >= 0, got " + std::to_string(eps));
+      return invalid_argument(op.label() + ": attribute 'epsilon' must be finite and >= 0, got " +
+                              std::to_string(eps));
     }
     return ok_status();
   });
@@ -160,7 +169,8 @@ StatusOr<TfBatchNormFormat> tf_batch_norm_format(const Op& op) {
 }
 
 void register_tf_batch_norm_schemas(OpRegistry& registry) {
-  for (OpKind k : {OpKind::kFusedBatchNormGrad, OpKind::kFusedBatchNormGradV2, OpKind::kFusedBatchNormGradV3}) {
+  for (OpKind k : {OpKind::kFusedBatchNormGrad, OpKind::kFusedBatchNormGradV2,
+                   OpKind::kFusedBatchNormGradV3}) {
     registry.add(make_schema(k));
   }
 }

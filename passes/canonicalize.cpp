@@ -50,7 +50,8 @@ StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
       Op bn = op;
       const bool training = op.outputs().size() == 3;
       bn.set_attr("is_training", training);
-      if (!training && bn.inputs().size() == 5) bn.mutable_inputs().pop_back();  // oneDNN ignores gamma here
+      if (!training && bn.inputs().size() == 5)
+        bn.mutable_inputs().pop_back();  // oneDNN ignores gamma here
       ops.push_back(std::move(bn));
       changed = true;
     } else {
@@ -70,7 +71,8 @@ StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
       std::vector<int64_t> ports = *graph.input_ports();
       for (const Op& op : ops) {
         for (const LogicalTensor& lt : op.inputs()) {
-          if (dropped.count(lt.id) && std::find(ports.begin(), ports.end(), lt.id) == ports.end()) ports.push_back(lt.id);
+          if (dropped.count(lt.id) && std::find(ports.begin(), ports.end(), lt.id) == ports.end())
+            ports.push_back(lt.id);
         }
       }
       graph.set_input_ports(std::move(ports));

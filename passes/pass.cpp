@@ -31,10 +31,12 @@ StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
       Status s = graph.finalize();
       if (!s.ok()) return s.with_context(std::string("after pass ") + pass->name());
     }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     any = any || *changed;
     if (records) records->push_back({pass->name(), *changed, ms});
-    if (print_after_all) *print_after_all << "// after " << pass->name() << "\n" << graph_to_json(graph);
+    if (print_after_all)
+      *print_after_all << "// after " << pass->name() << "\n" << graph_to_json(graph);
   }
   return any;
 }

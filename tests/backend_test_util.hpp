@@ -12,21 +12,22 @@ namespace normgrad {
 namespace testing_util {
 
 struct Comparison {
-  Status status;                    // compile or execute failure of the backend under test
-  std::string kernel;               // kernel names, "+"-joined
-  double worst_ratio = 0.0;         // max over outputs of rel_l2 / threshold
+  Status status;             // compile or execute failure of the backend under test
+  std::string kernel;        // kernel names, "+"-joined
+  double worst_ratio = 0.0;  // max over outputs of rel_l2 / threshold
   std::string report;
 };
 
-inline Comparison compare_with_ref(const Graph& graph, const std::string& backend, uint64_t seed = 1,
-                                   double data_offset = 0.0) {
+inline Comparison compare_with_ref(const Graph& graph, const std::string& backend,
+                                   uint64_t seed = 1, double data_offset = 0.0) {
   Comparison c;
   auto cg = CompiledGraph::compile(graph, CompileOptions{backend});
   if (!cg.ok()) {
     c.status = cg.status();
     return c;
   }
-  for (const auto& p : cg->partitions()) c.kernel += (c.kernel.empty() ? "" : "+") + p->kernel_name();
+  for (const auto& p : cg->partitions())
+    c.kernel += (c.kernel.empty() ? "" : "+") + p->kernel_name();
   auto ref = CompiledGraph::compile(graph, CompileOptions{"ref"});
   EXPECT_TRUE(ref.ok()) << ref.status().to_string();
   std::map<int64_t, std::string> sources;
@@ -45,10 +46,12 @@ inline Comparison compare_with_ref(const Graph& graph, const std::string& backen
   EXPECT_TRUE(ref->execute(in, want_p).ok());
   for (const auto& [id, w] : want) {
     const cli::ErrorStats e = cli::compare(got.at(id), w);
-    const double limit = cli::threshold_for(w.desc.dtype, cli::is_reduction_output(cg->lowered_graph(), id));
+    const double limit =
+        cli::threshold_for(w.desc.dtype, cli::is_reduction_output(cg->lowered_graph(), id));
     const double ratio = e.nan_mismatch ? 1e9 : e.rel_l2 / limit;
     c.worst_ratio = std::max(c.worst_ratio, ratio);
-    c.report += "tensor " + std::to_string(id) + " rel_l2 " + std::to_string(e.rel_l2) + " limit " + std::to_string(limit) + "; ";
+    c.report += "tensor " + std::to_string(id) + " rel_l2 " + std::to_string(e.rel_l2) + " limit " +
+                std::to_string(limit) + "; ";
   }
   return c;
 }

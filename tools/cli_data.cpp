@@ -23,7 +23,9 @@ struct Rng {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
-  double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  double uniform(double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53;
+  }
 };
 
 // The input port name under which `id` is consumed first ("src", "variance", ...).
@@ -50,7 +52,8 @@ void fill_random(Buffer& b, const std::string& role, Rng& rng, double data_offse
     store_from_double(b.data(), off, b.desc.dtype, rng.uniform(lo, hi));
     all_one = all_one && load_as_double(b.data(), off, b.desc.dtype) == 1.0;
   });
-  if ((role == "gamma" || role == "scale") && all_one && !b.desc.dims.empty() && b.desc.dims[0] > 0) {
+  if ((role == "gamma" || role == "scale") && all_one && !b.desc.dims.empty() &&
+      b.desc.dims[0] > 0) {
     store_from_double(b.data(), 0, b.desc.dtype, 1.25);  // never all ones, even by chance
   }
 }
@@ -90,8 +93,9 @@ StatusOr<Buffer> allocate(const LogicalTensor& desc) {
   return b;
 }
 
-StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered, const std::string& dir,
-                                                uint64_t seed, std::map<int64_t, std::string>* sources,
+StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered,
+                                                const std::string& dir, uint64_t seed,
+                                                std::map<int64_t, std::string>* sources,
                                                 double data_offset) {
   std::map<int64_t, Buffer> inputs;
   Rng rng{seed};
@@ -100,7 +104,8 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
     const std::string path = dir.empty() ? "" : dir + "/" + std::to_string(lt.id) + ".npy";
     if (!path.empty() && std::filesystem::exists(path)) {
       if (lt.effective_strides() != dense_strides(lt.dims)) {
-        return unimplemented(path + ": tensor " + std::to_string(lt.id) + " is strided; .npy inputs need dense tensors");
+        return unimplemented(path + ": tensor " + std::to_string(lt.id) +
+                             " is strided; .npy inputs need dense tensors");
       }
       NG_RETURN_IF_ERROR(read_npy_into(path, lt, b.data()));
       (*sources)[lt.id] = "file";
@@ -123,7 +128,8 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
     };
     if (op.kind() == OpKind::kBatchNormTrainingBackward) {
       const int64_t mid = op.inputs()[2].id, vid = op.inputs()[3].id;
-      if ((*sources)[mid] == "random" && (*sources)[vid] == "random" && inputs.count(mid) && inputs.count(vid)) {
+      if ((*sources)[mid] == "random" && (*sources)[vid] == "random" && inputs.count(mid) &&
+          inputs.count(vid)) {
         Buffer* src = buffer_of(op.inputs()[0].id);
         if (src == nullptr) return internal_error("src of " + op.label() + " has no value");
         NG_RETURN_IF_ERROR(set_batch_statistics(op, *src, inputs.at(mid), inputs.at(vid)));
@@ -177,10 +183,14 @@ ErrorStats compare(const Buffer& got, const Buffer& want) {
 
 double threshold_for(DataType dt, bool is_reduction) {
   switch (dt) {
-    case DataType::kF32: return is_reduction ? 1e-5 : 6e-7;
-    case DataType::kF16: return is_reduction ? 1e-2 : 4.9e-3;
-    case DataType::kBF16: return is_reduction ? 7.8e-2 : 3.9e-2;
-    case DataType::kUndef: break;
+    case DataType::kF32:
+      return is_reduction ? 1e-5 : 6e-7;
+    case DataType::kF16:
+      return is_reduction ? 1e-2 : 4.9e-3;
+    case DataType::kBF16:
+      return is_reduction ? 7.8e-2 : 3.9e-2;
+    case DataType::kUndef:
+      break;
   }
   return 0.0;
 }
@@ -191,8 +201,10 @@ bool is_reduction_output(const Graph& graph, int64_t tensor_id) {
   const Op& op = graph.ops()[static_cast<size_t>(k)];
   for (size_t i = 0; i < op.outputs().size(); ++i) {
     if (op.outputs()[i].id == tensor_id) {
-      return op.outputs()[i].rank() == 1 && (op.kind() == OpKind::kBatchNormTrainingBackward ||
-                                             op.kind() == OpKind::kBatchNormForwardTraining) && i > 0;
+      return op.outputs()[i].rank() == 1 &&
+             (op.kind() == OpKind::kBatchNormTrainingBackward ||
+              op.kind() == OpKind::kBatchNormForwardTraining) &&
+             i > 0;
     }
   }
   return false;

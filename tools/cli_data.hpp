@@ -35,13 +35,14 @@ StatusOr<Buffer> allocate(const LogicalTensor& desc);
 // `sources` receives "file" or "random" per tensor id.
 // `data_offset` shifts the data of every batch-norm src (e.g. 1e4) to expose
 // cancellation in one-pass statistics.
-StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered, const std::string& dir,
-                                                uint64_t seed, std::map<int64_t, std::string>* sources,
+StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered,
+                                                const std::string& dir, uint64_t seed,
+                                                std::map<int64_t, std::string>* sources,
                                                 double data_offset = 0.0);
 
 struct ErrorStats {
   double max_abs = 0.0;
-  double rel_l2 = 0.0;   // ||got - want|| / ||want|| (absolute L2 when want is all zero)
+  double rel_l2 = 0.0;  // ||got - want|| / ||want|| (absolute L2 when want is all zero)
   int64_t nan_mismatch = 0;
 };
 

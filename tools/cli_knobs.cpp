@@ -36,7 +36,8 @@ StatusOr<Dims> parse_dims(const std::string& s, const std::string& what) {
   Dims dims;
   for (const std::string& p : split(s, 'x')) {
     int64_t d;
-    if (!to_int(p, &d) || d < 0) return invalid_argument(what + ": bad shape '" + s + "' (expected e.g. 2x3x4)");
+    if (!to_int(p, &d) || d < 0)
+      return invalid_argument(what + ": bad shape '" + s + "' (expected e.g. 2x3x4)");
     dims.push_back(d);
   }
   if (dims.empty()) return invalid_argument(what + ": empty shape");
@@ -53,8 +54,10 @@ std::set<int64_t> statistics_tensors(const Graph& g) {
   std::set<int64_t> ids;
   for (const Op& op : g.ops()) {
     if (!is_batch_norm(op.kind())) continue;
-    const bool two_data_inputs = op.kind() == OpKind::kBatchNormTrainingBackward || is_tf_batch_norm_grad(op.kind());
-    for (size_t i = two_data_inputs ? 2 : 1; i < op.inputs().size(); ++i) ids.insert(op.inputs()[i].id);
+    const bool two_data_inputs =
+        op.kind() == OpKind::kBatchNormTrainingBackward || is_tf_batch_norm_grad(op.kind());
+    for (size_t i = two_data_inputs ? 2 : 1; i < op.inputs().size(); ++i)
+      ids.insert(op.inputs()[i].id);
     for (size_t i = 1; i < op.outputs().size(); ++i) ids.insert(op.outputs()[i].id);
   }
   return ids;
@@ -64,30 +67,35 @@ std::set<int64_t> statistics_tensors(const Graph& g) {
 StatusOr<AttrValue> typed_value(const Op& op, const std::string& name, const std::string& text) {
   const OpSchema* schema = op_registry().find(op.kind());
   const AttrSpec* spec = schema ? schema->find_attr(name) : nullptr;
-  if (spec == nullptr) return invalid_argument("--op-attrs: " + op.label() + " has no attribute '" + name + "'");
+  if (spec == nullptr)
+    return invalid_argument("--op-attrs: " + op.label() + " has no attribute '" + name + "'");
   const std::string where = "--op-attrs: " + op.label() + " attribute '" + name + "'";
   switch (spec->kind) {
-    case AttrKind::kString: return AttrValue(text);
+    case AttrKind::kString:
+      return AttrValue(text);
     case AttrKind::kBool:
       if (text == "true" || text == "1") return AttrValue(true);
       if (text == "false" || text == "0") return AttrValue(false);
       return invalid_argument(where + ": expected true or false, got '" + text + "'");
     case AttrKind::kS64: {
       int64_t v;
-      if (!to_int(text, &v)) return invalid_argument(where + ": expected an integer, got '" + text + "'");
+      if (!to_int(text, &v))
+        return invalid_argument(where + ": expected an integer, got '" + text + "'");
       return AttrValue(v);
     }
     case AttrKind::kF32: {
       char* end = nullptr;
       const float v = std::strtof(text.c_str(), &end);
-      if (text.empty() || *end != '\0') return invalid_argument(where + ": expected a number, got '" + text + "'");
+      if (text.empty() || *end != '\0')
+        return invalid_argument(where + ": expected a number, got '" + text + "'");
       return AttrValue(v);
     }
     case AttrKind::kS64s: {
       std::vector<int64_t> v;
       for (const std::string& p : split(text, 'x')) {
         int64_t x;
-        if (!to_int(p, &x)) return invalid_argument(where + ": expected integers joined by 'x', got '" + text + "'");
+        if (!to_int(p, &x))
+          return invalid_argument(where + ": expected integers joined by 'x', got '" + text + "'");
         v.push_back(x);
       }
       return AttrValue(v);
@@ -163,7 +171,8 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
             lt.strides.clear();
             seen.insert(lt.id);
           }
-          if (knobs.mb > 0 && !stats.count(lt.id) && lt.rank() >= 2 && !knobs.in_shapes.count(lt.id)) {
+          if (knobs.mb > 0 && !stats.count(lt.id) && lt.rank() >= 2 &&
+              !knobs.in_shapes.count(lt.id)) {
             lt.dims[0] = knobs.mb;
             lt.strides.clear();
           }
@@ -171,7 +180,9 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
       }
     }
     for (const auto& [id, dims] : knobs.in_shapes) {
-      if (!seen.count(id)) return invalid_argument("--in-shapes: tensor " + std::to_string(id) + " is not a graph input");
+      if (!seen.count(id))
+        return invalid_argument("--in-shapes: tensor " + std::to_string(id) +
+                                " is not a graph input");
     }
   }
   for (const OpAttrRewrite& r : knobs.op_attrs) {
@@ -182,7 +193,8 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
       NG_ASSIGN_OR_RETURN(AttrValue v, typed_value(op, r.name, r.value));
       op.set_attr(r.name, std::move(v));
     }
-    if (!found) return invalid_argument("--op-attrs: the graph has no op " + std::to_string(r.op_id));
+    if (!found)
+      return invalid_argument("--op-attrs: the graph has no op " + std::to_string(r.op_id));
   }
   return ok_status();
 }

@@ -28,11 +28,11 @@ struct OpAttrRewrite {
 };
 
 struct Knobs {
-  std::string dt;                        // empty: keep the file's dtypes
+  std::string dt;  // empty: keep the file's dtypes
   std::map<int64_t, Dims> in_shapes;
   std::vector<OpAttrRewrite> op_attrs;
-  int64_t mb = 0;                        // 0: keep
-  std::string mode = "C";                // C, P, CP or R
+  int64_t mb = 0;          // 0: keep
+  std::string mode = "C";  // C, P, CP or R
   std::string backend = "auto";
   std::string in_shapes_text, op_attrs_text;  // as given, for __REPRO lines
 };

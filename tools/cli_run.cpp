@@ -37,14 +37,16 @@ bool parse_int(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
 
 std::string attrs_string(const Op& op) {
   std::string s;
-  for (const auto& [k, v] : op.attrs()) s += (s.empty() ? "" : ", ") + k + "=" + attr_value_to_string(v);
+  for (const auto& [k, v] : op.attrs())
+    s += (s.empty() ? "" : ", ") + k + "=" + attr_value_to_string(v);
   return s;
 }
 
 std::string tensors_string(const std::vector<LogicalTensor>& ts) {
   std::string s;
   for (const LogicalTensor& lt : ts) {
-    s += (s.empty() ? "" : ", ") + std::to_string(lt.id) + ":" + dtype_name(lt.dtype) + ":" + dims_to_string(lt.dims);
+    s += (s.empty() ? "" : ", ") + std::to_string(lt.id) + ":" + dtype_name(lt.dtype) + ":" +
+         dims_to_string(lt.dims);
   }
   return s;
 }
@@ -76,16 +78,21 @@ struct CaseResult {
 
 Outcome outcome_of(const Status& s) {
   switch (s.code()) {
-    case StatusCode::kUnimplemented: return Outcome::kUnimplemented;
+    case StatusCode::kUnimplemented:
+      return Outcome::kUnimplemented;
     case StatusCode::kInvalidArgument:
     case StatusCode::kInvalidGraph:
     case StatusCode::kOutOfRange:
-    case StatusCode::kNotFound: return Outcome::kInvalidArguments;
-    default: return Outcome::kFailed;
+    case StatusCode::kNotFound:
+      return Outcome::kInvalidArguments;
+    default:
+      return Outcome::kFailed;
   }
 }
 
-CaseResult error_result(const Status& s) { return {outcome_of(s), s.to_string(), 0.0}; }
+CaseResult error_result(const Status& s) {
+  return {outcome_of(s), s.to_string(), 0.0};
+}
 
 // Runs one graph file. `detailed` prints the graph, partitions and checks.
 CaseResult run_case(const std::string& path, const RunOptions& opt, bool detailed) {
@@ -111,7 +118,8 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
   const CompiledGraph& cg = *compiled;
 
   std::map<int64_t, std::string> sources;
-  auto inputs = make_inputs(cg.graph(), cg.lowered_graph(), opt.inputs_dir, static_cast<uint64_t>(opt.seed), &sources);
+  auto inputs = make_inputs(cg.graph(), cg.lowered_graph(), opt.inputs_dir,
+                            static_cast<uint64_t>(opt.seed), &sources);
   if (!inputs.ok()) return error_result(inputs.status());
   std::map<int64_t, const void*> in_ptrs;
   for (auto& [id, buf] : *inputs) in_ptrs[id] = buf.data();
@@ -134,7 +142,8 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
     std::vector<double> part_ms;
     const auto t0 = std::chrono::steady_clock::now();
     if (Status s = cg.execute(in_ptrs, out_ptrs, &part_ms); !s.ok()) return error_result(s);
-    totals.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    totals.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     for (size_t k = 0; k < part_ms.size(); ++k) times[k].push_back(part_ms[k]);
   }
   CaseResult result{check ? Outcome::kPassed : Outcome::kExecuted, "", median(totals)};
@@ -143,8 +152,9 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
     for (size_t k = 0; k < cg.partitions().size(); ++k) {
       const CompiledPartition& cp = *cg.partitions()[k];
       std::cout << "partition " << cp.partition().id << ": " << cp.partition().ops_string()
-                << "  backend=" << cp.backend_name() << "  kernel=" << cp.kernel_name() << "  compile=" << cp.compile_ms()
-                << " ms  time=" << median(times[k]) << " ms (median of " << iters << ")\n";
+                << "  backend=" << cp.backend_name() << "  kernel=" << cp.kernel_name()
+                << "  compile=" << cp.compile_ms() << " ms  time=" << median(times[k])
+                << " ms (median of " << iters << ")\n";
     }
     std::cout << "total: " << result.ms << " ms (median of " << iters << ", threads "
               << (opt.threads > 0 ? std::to_string(opt.threads) : "default") << ")\n";
@@ -152,16 +162,22 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
   if (!opt.outputs_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(opt.outputs_dir, ec);
-    if (ec) return error_result(not_found(opt.outputs_dir + ": cannot create directory: " + ec.message()));
+    if (ec)
+      return error_result(
+          not_found(opt.outputs_dir + ": cannot create directory: " + ec.message()));
     for (const auto& [id, buf] : outputs) {
       if (buf.desc.effective_strides() != dense_strides(buf.desc.dims)) {
-        return error_result(unimplemented("output tensor " + std::to_string(id) + " is strided; .npy output needs dense tensors"));
+        return error_result(unimplemented("output tensor " + std::to_string(id) +
+                                          " is strided; .npy output needs dense tensors"));
       }
-      if (Status s = write_npy(opt.outputs_dir + "/" + std::to_string(id) + ".npy", buf.desc, buf.data()); !s.ok()) {
+      if (Status s =
+              write_npy(opt.outputs_dir + "/" + std::to_string(id) + ".npy", buf.desc, buf.data());
+          !s.ok()) {
         return error_result(s);
       }
     }
-    if (detailed) std::cout << "wrote " << outputs.size() << " outputs to " << opt.outputs_dir << "\n";
+    if (detailed)
+      std::cout << "wrote " << outputs.size() << " outputs to " << opt.outputs_dir << "\n";
   }
   if (!check) return result;
 
@@ -179,29 +195,38 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
   report << std::scientific << std::setprecision(3);
   for (const auto& [id, want] : expected) {
     const ErrorStats e = compare(outputs.at(id), want);
-    const double limit = threshold_for(want.desc.dtype, is_reduction_output(cg.lowered_graph(), id));
+    const double limit =
+        threshold_for(want.desc.dtype, is_reduction_output(cg.lowered_graph(), id));
     const bool pass = e.nan_mismatch == 0 && e.rel_l2 <= limit;
     if (!pass) {
       result.outcome = Outcome::kFailed;
-      result.reason += (result.reason.empty() ? "" : "; ") + std::string("tensor ") + std::to_string(id) + " rel_l2 " +
-                       std::to_string(e.rel_l2) + " > " + std::to_string(limit);
+      result.reason += (result.reason.empty() ? "" : "; ") + std::string("tensor ") +
+                       std::to_string(id) + " rel_l2 " + std::to_string(e.rel_l2) + " > " +
+                       std::to_string(limit);
     }
-    report << "check tensor " << id << " (" << dtype_name(want.desc.dtype) << " " << dims_to_string(want.desc.dims)
-           << "): max_abs=" << e.max_abs << " rel_l2=" << e.rel_l2 << " limit=" << limit;
+    report << "check tensor " << id << " (" << dtype_name(want.desc.dtype) << " "
+           << dims_to_string(want.desc.dims) << "): max_abs=" << e.max_abs << " rel_l2=" << e.rel_l2
+           << " limit=" << limit;
     if (e.nan_mismatch) report << " nan/inf_mismatch=" << e.nan_mismatch;
     report << " " << (pass ? "ok" : "FAIL") << "\n";
   }
-  if (detailed) std::cout << report.str() << (result.outcome == Outcome::kPassed ? "PASSED" : "FAILED") << "\n";
+  if (detailed)
+    std::cout << report.str() << (result.outcome == Outcome::kPassed ? "PASSED" : "FAILED") << "\n";
   return result;
 }
 
 const char* outcome_name(Outcome o) {
   switch (o) {
-    case Outcome::kPassed: return "PASSED";
-    case Outcome::kExecuted: return "EXECUTED";
-    case Outcome::kFailed: return "FAILED";
-    case Outcome::kUnimplemented: return "UNIMPLEMENTED";
-    case Outcome::kInvalidArguments: return "INVALID_ARGUMENTS";
+    case Outcome::kPassed:
+      return "PASSED";
+    case Outcome::kExecuted:
+      return "EXECUTED";
+    case Outcome::kFailed:
+      return "FAILED";
+    case Outcome::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case Outcome::kInvalidArguments:
+      return "INVALID_ARGUMENTS";
   }
   return "?";
 }
@@ -228,7 +253,10 @@ class Driver {
         opt_ = defaults_;
       } else if (key == "case") {
         std::filesystem::path p(value);
-        run_one(p.is_absolute() || base_dir.empty() ? value : (std::filesystem::path(base_dir) / p).string(), true, value);
+        run_one(p.is_absolute() || base_dir.empty()
+                    ? value
+                    : (std::filesystem::path(base_dir) / p).string(),
+                true, value);
       } else if (key == "batch") {
         if (depth > 4) return fail_arg("--batch nests deeper than 4 files");
         std::ifstream in(value);
@@ -242,7 +270,8 @@ class Driver {
           std::string tok;
           while (ls >> tok) batch_tokens.push_back(tok);
         }
-        if (!process(batch_tokens, std::filesystem::path(value).parent_path().string(), depth + 1)) return false;
+        if (!process(batch_tokens, std::filesystem::path(value).parent_path().string(), depth + 1))
+          return false;
       } else if (key == "dt") {
         s = parse_dtype(value).status();
         opt_.knobs.dt = value;
@@ -251,9 +280,11 @@ class Driver {
       } else if (key == "op-attrs") {
         s = parse_op_attrs(value, &opt_.knobs);
       } else if (key == "mb") {
-        if (!parse_int(value, 1, int64_t{1} << 40, &opt_.knobs.mb)) s = invalid_argument("--mb must be a positive integer");
+        if (!parse_int(value, 1, int64_t{1} << 40, &opt_.knobs.mb))
+          s = invalid_argument("--mb must be a positive integer");
       } else if (key == "mode") {
-        if (value != "C" && value != "P" && value != "CP" && value != "R") s = invalid_argument("--mode must be C, P, CP or R");
+        if (value != "C" && value != "P" && value != "CP" && value != "R")
+          s = invalid_argument("--mode must be C, P, CP or R");
         opt_.knobs.mode = value;
       } else if (key == "backend") {
         opt_.knobs.backend = value;
@@ -267,7 +298,8 @@ class Driver {
 
   int finish() {
     if (benchdnn_) {
-      std::cout << "tests:" << tests_ << " passed:" << passed_ << " skipped:0 mistrusted:0 unimplemented:" << unimplemented_
+      std::cout << "tests:" << tests_ << " passed:" << passed_
+                << " skipped:0 mistrusted:0 unimplemented:" << unimplemented_
                 << " invalid_arguments:" << invalid_ << " failed:" << failed_ << "\n";
     }
     return failed_ + invalid_ + unimplemented_ > 0 ? (benchdnn_ ? 1 : (failed_ ? 1 : 2)) : 0;
@@ -285,20 +317,29 @@ class Driver {
     ++tests_;
     switch (r.outcome) {
       case Outcome::kPassed:
-      case Outcome::kExecuted: ++passed_; break;
-      case Outcome::kFailed: ++failed_; break;
-      case Outcome::kUnimplemented: ++unimplemented_; break;
-      case Outcome::kInvalidArguments: ++invalid_; break;
+      case Outcome::kExecuted:
+        ++passed_;
+        break;
+      case Outcome::kFailed:
+        ++failed_;
+        break;
+      case Outcome::kUnimplemented:
+        ++unimplemented_;
+        break;
+      case Outcome::kInvalidArguments:
+        ++invalid_;
+        break;
     }
     if (benchdnn) {
       std::cout << tests_ - 1 << ":" << outcome_name(r.outcome);
       if (!r.reason.empty()) std::cout << " (" << r.reason << ")";
-      std::cout << " (" << std::fixed << std::setprecision(3) << r.ms << " ms) __REPRO: "
-                << repro_line(opt_.knobs, shown.empty() ? path : shown) << "\n";
+      std::cout << " (" << std::fixed << std::setprecision(3) << r.ms
+                << " ms) __REPRO: " << repro_line(opt_.knobs, shown.empty() ? path : shown) << "\n";
     } else if (r.outcome != Outcome::kPassed && r.outcome != Outcome::kExecuted) {
-      std::cerr << "normgrad run: " << (r.outcome == Outcome::kFailed && r.reason.find(':') == std::string::npos
-                                            ? "check failed: "
-                                            : "error: ")
+      std::cerr << "normgrad run: "
+                << (r.outcome == Outcome::kFailed && r.reason.find(':') == std::string::npos
+                        ? "check failed: "
+                        : "error: ")
                 << r.reason << "\n";
     }
   }
@@ -333,11 +374,14 @@ int run_command(const std::vector<std::string>& argv) {
     if (a == "--check") {
       defaults.check = true;
     } else if (value_of("iters", &v)) {
-      if (!parse_int(v, 1, 1000000, &defaults.iters)) return std::cerr << "normgrad run: --iters must be an integer in [1, 1000000]\n", 2;
+      if (!parse_int(v, 1, 1000000, &defaults.iters))
+        return std::cerr << "normgrad run: --iters must be an integer in [1, 1000000]\n", 2;
     } else if (value_of("threads", &v)) {
-      if (!parse_int(v, 1, 4096, &defaults.threads)) return std::cerr << "normgrad run: --threads must be an integer in [1, 4096]\n", 2;
+      if (!parse_int(v, 1, 4096, &defaults.threads))
+        return std::cerr << "normgrad run: --threads must be an integer in [1, 4096]\n", 2;
     } else if (value_of("seed", &v)) {
-      if (!parse_int(v, 0, INT64_MAX, &defaults.seed)) return std::cerr << "normgrad run: --seed must be a non-negative integer\n", 2;
+      if (!parse_int(v, 0, INT64_MAX, &defaults.seed))
+        return std::cerr << "normgrad run: --seed must be a non-negative integer\n", 2;
     } else if (value_of("inputs", &v)) {
       defaults.inputs_dir = v;
     } else if (value_of("outputs", &v)) {
@@ -355,7 +399,8 @@ int run_command(const std::vector<std::string>& argv) {
   // A plain `run GRAPH.json` only executes unless --check or --mode asks for more.
   if (!mode_given) {
     bool has_case = false;
-    for (const std::string& t : knob_tokens) has_case = has_case || t.rfind("--case", 0) == 0 || t.rfind("--batch", 0) == 0;
+    for (const std::string& t : knob_tokens)
+      has_case = has_case || t.rfind("--case", 0) == 0 || t.rfind("--batch", 0) == 0;
     if (!has_case) defaults.knobs.mode = "R";
   }
   if (knob_tokens.empty()) {
@@ -364,8 +409,8 @@ int run_command(const std::vector<std::string>& argv) {
   }
   std::unique_ptr<tbb::global_control> thread_limit;
   if (defaults.threads > 0) {
-    thread_limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
-                                                         static_cast<size_t>(defaults.threads));
+    thread_limit = std::make_unique<tbb::global_control>(
+        tbb::global_control::max_allowed_parallelism, static_cast<size_t>(defaults.threads));
     set_backend_threads(static_cast<int>(defaults.threads));
   }
   Driver driver(defaults);

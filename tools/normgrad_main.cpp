@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
-  if (command == "run") return normgrad::cli::run_command(std::vector<std::string>(argv + 2, argv + argc));
+  if (command == "run")
+    return normgrad::cli::run_command(std::vector<std::string>(argv + 2, argv + argc));
   std::cerr << "normgrad: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

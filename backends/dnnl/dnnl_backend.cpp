@@ -14,23 +14,30 @@ class DnnlBackend final : public Backend {
 
   Status supports(const Partition& partition) const override { return build(partition).status(); }
 
-  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override { return build(partition); }
+  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override {
+    return build(partition);
+  }
 
  private:
   // Plans are cached by signature, so supports() followed by compile() builds once.
   static StatusOr<std::shared_ptr<const Kernel>> build(const Partition& partition) {
-    if (partition.ops.size() != 1) return unimplemented("fused partitions are not lowered to oneDNN");
+    if (partition.ops.size() != 1)
+      return unimplemented("fused partitions are not lowered to oneDNN");
     const Op& op = partition.ops[0];
     switch (op.kind()) {
-      case OpKind::kBatchNormTrainingBackward: return dnnl_impl::make_batch_norm_backward(op);
+      case OpKind::kBatchNormTrainingBackward:
+        return dnnl_impl::make_batch_norm_backward(op);
       case OpKind::kReLU:
       case OpKind::kReLUBackward:
       case OpKind::kAdd:
       case OpKind::kTypeCast:
-      case OpKind::kStaticTranspose: return dnnl_impl::make_neighbour(op);
-      default: break;
+      case OpKind::kStaticTranspose:
+        return dnnl_impl::make_neighbour(op);
+      default:
+        break;
     }
-    return unimplemented(std::string(op_kind_name(op.kind())) + " is not lowered to oneDNN (ref runs it)");
+    return unimplemented(std::string(op_kind_name(op.kind())) +
+                         " is not lowered to oneDNN (ref runs it)");
   }
 };
 
@@ -41,6 +48,8 @@ const Backend* dnnl_backend() {
   return &backend;
 }
 
-void set_dnnl_threads(int n) { omp_set_num_threads(n); }
+void set_dnnl_threads(int n) {
+  omp_set_num_threads(n);
+}
 
 }  // namespace normgrad

@@ -37,7 +37,8 @@ struct BnPlan {
 void load_stats(const void* p, const LogicalTensor& lt, int64_t c, std::vector<float>& out) {
   const int64_t stride = lt.effective_strides()[0];
   out.resize(static_cast<size_t>(c));
-  for (int64_t i = 0; i < c; ++i) out[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
+  for (int64_t i = 0; i < c; ++i)
+    out[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
 }
 
 bool dense_f32(const LogicalTensor& lt) {
@@ -66,7 +67,8 @@ class BnKernel final : public Kernel {
     if (!dense_f32(ins[3]) || d.variance_is_inv_std) {
       load_stats(in[3], ins[3], c, var);
       if (d.variance_is_inv_std) {
-        for (float& v : var) v = std::max(0.0f, static_cast<float>(1.0 / (static_cast<double>(v) * v) - d.epsilon));
+        for (float& v : var)
+          v = std::max(0.0f, static_cast<float>(1.0 / (static_cast<double>(v) * v) - d.epsilon));
       }
       var_p = var.data();
     }
@@ -110,7 +112,8 @@ class BnKernel final : public Kernel {
           {DNNL_ARG_DIFF_SRC, mem(p.pd.diff_src_desc(), out[0])},
           {DNNL_ARG_SCRATCHPAD, scratch.mem}};
       if (p.use_scale_shift) {
-        const dnnl::memory::desc cmd({c}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
+        const dnnl::memory::desc cmd({c}, dnnl::memory::data_type::f32,
+                                     dnnl::memory::format_tag::a);
         args[DNNL_ARG_SCALE] = mem(cmd, gamma_p);
         args[DNNL_ARG_SHIFT] = mem(cmd, shift.data());
         args[DNNL_ARG_DIFF_SCALE] = mem(cmd, dscale_p);
@@ -136,8 +139,11 @@ class BnKernel final : public Kernel {
 
 StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
-  if (d.data_dt == DataType::kF16) return unimplemented("oneDNN 2.6 has no f16 batch normalization on CPU");
-  if (d.dims.size() > 5) return unimplemented("oneDNN batch normalization takes ranks 2 to 5, got " + std::to_string(d.dims.size()));
+  if (d.data_dt == DataType::kF16)
+    return unimplemented("oneDNN 2.6 has no f16 batch normalization on CPU");
+  if (d.dims.size() > 5)
+    return unimplemented("oneDNN batch normalization takes ranks 2 to 5, got " +
+                         std::to_string(d.dims.size()));
   if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
   auto plan = std::make_shared<BnPlan>();
   plan->d = d;
@@ -154,18 +160,23 @@ StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc ds_md, make_md(op.outputs()[0], d.data_dt, perm));
   normalization_flags flags = normalization_flags::none;
   if (plan->global_stats) flags = flags | normalization_flags::use_global_stats;
-  if (plan->use_scale_shift) flags = flags | normalization_flags::use_scale | normalization_flags::use_shift;
+  if (plan->use_scale_shift)
+    flags = flags | normalization_flags::use_scale | normalization_flags::use_shift;
   const prop_kind prop = plan->use_scale_shift ? prop_kind::backward : prop_kind::backward_data;
   NG_RETURN_IF_ERROR(guard("batch_normalization_backward primitive descriptor", [&] {
     const dnnl::engine& eng = cpu_engine();
     dnnl::batch_normalization_forward::primitive_desc hint(
-        dnnl::batch_normalization_forward::desc(prop_kind::forward_training, src_md, d.epsilon, flags), eng);
+        dnnl::batch_normalization_forward::desc(prop_kind::forward_training, src_md, d.epsilon,
+                                                flags),
+        eng);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     plan->pd = dnnl::batch_normalization_backward::primitive_desc(
-        dnnl::batch_normalization_backward::desc(prop, dd_md, src_md, d.epsilon, flags), attr, eng, hint);
+        dnnl::batch_normalization_backward::desc(prop, dd_md, src_md, d.epsilon, flags), attr, eng,
+        hint);
     // The diff_src layout must be ours exactly; oneDNN keeps what we ask for plain strides.
-    if (plan->pd.diff_src_desc() != ds_md) throw dnnl::error(dnnl_unimplemented, "diff_src layout differs");
+    if (plan->pd.diff_src_desc() != ds_md)
+      throw dnnl::error(dnnl_unimplemented, "diff_src layout differs");
     plan->prim = dnnl::batch_normalization_backward(plan->pd);
     plan->impl = plan->pd.impl_info_str();
   }));

@@ -11,14 +11,19 @@ const dnnl::engine& cpu_engine() {
 
 StatusOr<dnnl::memory::data_type> to_dnnl(DataType dt) {
   switch (dt) {
-    case DataType::kF32: return dnnl::memory::data_type::f32;
-    case DataType::kBF16: return dnnl::memory::data_type::bf16;
-    default: break;
+    case DataType::kF32:
+      return dnnl::memory::data_type::f32;
+    case DataType::kBF16:
+      return dnnl::memory::data_type::bf16;
+    default:
+      break;
   }
-  return unimplemented(std::string("dtype ") + dtype_name(dt) + " is not lowered to oneDNN 2.6 on CPU");
+  return unimplemented(std::string("dtype ") + dtype_name(dt) +
+                       " is not lowered to oneDNN 2.6 on CPU");
 }
 
-StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt, const std::vector<int>& perm) {
+StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt,
+                                     const std::vector<int>& perm) {
   NG_ASSIGN_OR_RETURN(dnnl::memory::data_type ddt, to_dnnl(dt));
   const Dims strides = lt.effective_strides();
   dnnl::memory::dims dims, strd;
@@ -28,9 +33,8 @@ StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt, const
     strd.push_back(strides[from]);
   }
   dnnl::memory::desc md;
-  NG_RETURN_IF_ERROR(guard("memory descriptor for tensor " + std::to_string(lt.id), [&] {
-    md = dnnl::memory::desc(dims, ddt, strd);
-  }));
+  NG_RETURN_IF_ERROR(guard("memory descriptor for tensor " + std::to_string(lt.id),
+                           [&] { md = dnnl::memory::desc(dims, ddt, strd); }));
   return md;
 }
 
@@ -38,7 +42,8 @@ Status guard(const std::string& what, const std::function<void()>& fn) {
   try {
     fn();
   } catch (const dnnl::error& e) {
-    return unimplemented("oneDNN: " + what + ": " + e.what() + " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+    return unimplemented("oneDNN: " + what + ": " + e.what() + " (status " +
+                         std::to_string(static_cast<int>(e.status)) + ")");
   } catch (const std::exception& e) {
     return internal_error("oneDNN: " + what + ": " + e.what());
   }

@@ -30,7 +30,8 @@ StatusOr<dnnl::memory::data_type> to_dnnl(DataType dt);
 // A memory descriptor for `lt` whose oneDNN dim i is our dim perm[i] (identity
 // when perm is empty), keeping the tensor's own strides, so any strided
 // layout is described exactly.
-StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt, const std::vector<int>& perm = {});
+StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt,
+                                     const std::vector<int>& perm = {});
 
 // Runs `fn`, turning dnnl::error (and any other exception) into a Status.
 Status guard(const std::string& what, const std::function<void()>& fn);
@@ -47,8 +48,8 @@ Scratchpad make_scratchpad(const dnnl::primitive_desc_base& pd);
 template <typename Plan>
 class PlanCache {
  public:
-  StatusOr<std::shared_ptr<const Plan>> get_or_build(const std::string& key,
-                                                     const std::function<StatusOr<std::shared_ptr<const Plan>>()>& build) {
+  StatusOr<std::shared_ptr<const Plan>> get_or_build(
+      const std::string& key, const std::function<StatusOr<std::shared_ptr<const Plan>>()>& build) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = plans_.find(key);

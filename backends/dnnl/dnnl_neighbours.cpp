@@ -33,7 +33,8 @@ class NeighbourKernel final : public Kernel {
       for (size_t i = 0; i < p.in_args.size(); ++i) {
         args[p.in_args[i]] = dnnl::memory(p.in_mds[i], eng, const_cast<void*>(in[i]));
       }
-      for (size_t i = 0; i < p.out_args.size(); ++i) args[p.out_args[i]] = dnnl::memory(p.out_mds[i], eng, out[i]);
+      for (size_t i = 0; i < p.out_args.size(); ++i)
+        args[p.out_args[i]] = dnnl::memory(p.out_mds[i], eng, out[i]);
       p.prim.execute(stream, args);
       stream.wait();
     });
@@ -69,7 +70,8 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
       NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(src, src.dtype));
       s = guard("eltwise_forward", [&] {
         auto pd = std::make_shared<dnnl::eltwise_forward::primitive_desc>(
-            dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_relu, src_md, 0.f),
+            dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference,
+                                        dnnl::algorithm::eltwise_relu, src_md, 0.f),
             user_scratchpad(), cpu_engine());
         plan->prim = dnnl::eltwise_forward(*pd);
         plan->pd = pd;
@@ -86,14 +88,16 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
       }
       NG_ASSIGN_OR_RETURN(dnnl::memory::desc data_md, make_md(src, src.dtype));
       NG_ASSIGN_OR_RETURN(dnnl::memory::desc dd_md, make_md(op.inputs()[1], src.dtype));
-      const auto alg = use_dst ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd : dnnl::algorithm::eltwise_relu;
+      const auto alg =
+          use_dst ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd : dnnl::algorithm::eltwise_relu;
       s = guard("eltwise_backward", [&] {
         const dnnl::engine& eng = cpu_engine();
         dnnl::eltwise_forward::primitive_desc hint(
             dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, data_md, 0.f), eng);
         auto pd = std::make_shared<dnnl::eltwise_backward::primitive_desc>(
             dnnl::eltwise_backward::desc(alg, dd_md, data_md, 0.f), user_scratchpad(), eng, hint);
-        if (pd->diff_src_desc() != dst_md) throw dnnl::error(dnnl_unimplemented, "diff_src layout differs from diff_dst's");
+        if (pd->diff_src_desc() != dst_md)
+          throw dnnl::error(dnnl_unimplemented, "diff_src layout differs from diff_dst's");
         plan->prim = dnnl::eltwise_backward(*pd);
         plan->pd = pd;
       });
@@ -107,7 +111,8 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
       NG_ASSIGN_OR_RETURN(dnnl::memory::desc b_md, make_md(op.inputs()[1], src.dtype));
       s = guard("binary add", [&] {
         auto pd = std::make_shared<dnnl::binary::primitive_desc>(
-            dnnl::binary::desc(dnnl::algorithm::binary_add, a_md, b_md, dst_md), user_scratchpad(), cpu_engine());
+            dnnl::binary::desc(dnnl::algorithm::binary_add, a_md, b_md, dst_md), user_scratchpad(),
+            cpu_engine());
         plan->prim = dnnl::binary(*pd);
         plan->pd = pd;
       });
@@ -128,7 +133,8 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
       NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(src, src.dtype, perm));
       s = guard("reorder", [&] {
         const dnnl::engine& eng = cpu_engine();
-        auto pd = std::make_shared<dnnl::reorder::primitive_desc>(eng, src_md, eng, dst_md, user_scratchpad());
+        auto pd = std::make_shared<dnnl::reorder::primitive_desc>(eng, src_md, eng, dst_md,
+                                                                  user_scratchpad());
         plan->prim = dnnl::reorder(*pd);
         plan->pd = pd;
       });
@@ -138,7 +144,8 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
       break;
     }
     default:
-      return unimplemented(std::string(op_kind_name(op.kind())) + " is not lowered to oneDNN (ref runs it)");
+      return unimplemented(std::string(op_kind_name(op.kind())) +
+                           " is not lowered to oneDNN (ref runs it)");
   }
   NG_RETURN_IF_ERROR(s);
   plan->out_mds = {dst_md};

@@ -18,21 +18,26 @@ class RefKernel final : public Kernel {
 
   std::string name() const override {
     std::string n = "ref:";
-    for (size_t i = 0; i < partition_.ops.size(); ++i) n += (i ? "+" : "") + std::string(op_kind_name(partition_.ops[i].kind()));
+    for (size_t i = 0; i < partition_.ops.size(); ++i)
+      n += (i ? "+" : "") + std::string(op_kind_name(partition_.ops[i].kind()));
     return n;
   }
 
-  Status execute(const std::vector<const void*>& inputs, const std::vector<void*>& outputs) const override {
+  Status execute(const std::vector<const void*>& inputs,
+                 const std::vector<void*>& outputs) const override {
     std::map<int64_t, void*> buffers;
     std::map<int64_t, std::vector<char>> scratch;
-    for (size_t i = 0; i < inputs.size(); ++i) buffers[partition_.inputs[i].id] = const_cast<void*>(inputs[i]);
+    for (size_t i = 0; i < inputs.size(); ++i)
+      buffers[partition_.inputs[i].id] = const_cast<void*>(inputs[i]);
     for (size_t i = 0; i < outputs.size(); ++i) buffers[partition_.outputs[i].id] = outputs[i];
     for (const Op& op : partition_.ops) {
       std::vector<const void*> in;
       std::vector<void*> out;
       for (const LogicalTensor& lt : op.inputs()) {
         auto it = buffers.find(lt.id);
-        if (it == buffers.end()) return internal_error(op.label() + ": tensor " + std::to_string(lt.id) + " has no buffer");
+        if (it == buffers.end())
+          return internal_error(op.label() + ": tensor " + std::to_string(lt.id) +
+                                " has no buffer");
         in.push_back(it->second);
       }
       for (const LogicalTensor& lt : op.outputs()) {
@@ -61,7 +66,8 @@ class RefBackend final : public Backend {
     if (partition.ops.empty()) return invalid_argument("empty partition");
     for (const Op& op : partition.ops) {
       if (is_tf_batch_norm_grad(op.kind())) {
-        return unimplemented(op.label() + ": TensorFlow ops run after the canonicalize pass rewrites them");
+        return unimplemented(op.label() +
+                             ": TensorFlow ops run after the canonicalize pass rewrites them");
       }
     }
     return ok_status();

@@ -21,7 +21,9 @@ struct View {
   const void* data;
   DataType dt;
   Dims strides;
-  double at(const std::vector<int64_t>& idx) const { return load_as_double(data, offset_of(idx, strides), dt); }
+  double at(const std::vector<int64_t>& idx) const {
+    return load_as_double(data, offset_of(idx, strides), dt);
+  }
 };
 
 struct OutView {
@@ -59,7 +61,8 @@ Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
   for (int64_t c = 0; c < d.channels; ++c) {
     const double mean = stat_at(op, in, 2, c);
     const double var = stat_at(op, in, 3, c);
-    const double s = d.variance_is_inv_std ? var : 1.0 / std::sqrt(var + static_cast<double>(d.epsilon));
+    const double s =
+        d.variance_is_inv_std ? var : 1.0 / std::sqrt(var + static_cast<double>(d.epsilon));
     const double gamma = d.use_gamma ? stat_at(op, in, 4, c) : 1.0;
     double sum_dy = 0.0, sum_dy_xm = 0.0;
     if (d.mode == BackwardMode::kTraining || d.diff_scale_shift) {
@@ -72,7 +75,8 @@ Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
     const double diff_beta = sum_dy;
     const double diff_gamma = s * sum_dy_xm;
     if (d.mode == BackwardMode::kFrozen) {
-      for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) { dx.set(idx, gamma * s * dy.at(idx)); });
+      for_each_index(d.dims, d.channel_axis, c,
+                     [&](const std::vector<int64_t>& idx) { dx.set(idx, gamma * s * dy.at(idx)); });
     } else {
       for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
         const double xhat = (x.at(idx) - mean) * s;
@@ -96,7 +100,8 @@ Status batch_norm_forward_training(const Op& op, const std::vector<const void*>&
   const double momentum = d.momentum;
   for (int64_t c = 0; c < d.channels; ++c) {
     double sum = 0.0;
-    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) { sum += x.at(idx); });
+    for_each_index(d.dims, d.channel_axis, c,
+                   [&](const std::vector<int64_t>& idx) { sum += x.at(idx); });
     const double bmean = m > 0 ? sum / m : 0.0;
     double sq = 0.0;
     for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {

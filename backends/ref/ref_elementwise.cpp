@@ -5,7 +5,8 @@
 namespace normgrad {
 namespace ref {
 
-Status elementwise(const Op& op, const std::vector<const void*>& in, const std::vector<void*>& out) {
+Status elementwise(const Op& op, const std::vector<const void*>& in,
+                   const std::vector<void*>& out) {
   const LogicalTensor& dst = op.outputs()[0];
   const Dims& dims = dst.dims;
   const Dims dst_strides = dst.effective_strides();
@@ -33,10 +34,13 @@ Status elementwise(const Op& op, const std::vector<const void*>& in, const std::
       });
       return ok_status();
     case OpKind::kAdd:
-      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) { store(idx, load(0, idx) + load(1, idx)); });
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+        store(idx, load(0, idx) + load(1, idx));
+      });
       return ok_status();
     case OpKind::kTypeCast:
-      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) { store(idx, load(0, idx)); });
+      for_each_index(dims, -1, 0,
+                     [&](const std::vector<int64_t>& idx) { store(idx, load(0, idx)); });
       return ok_status();
     case OpKind::kStaticTranspose: {
       NG_ASSIGN_OR_RETURN(std::vector<int64_t> order, op.attr_s64s("order"));
@@ -49,7 +53,8 @@ Status elementwise(const Op& op, const std::vector<const void*>& in, const std::
       });
       return ok_status();
     }
-    default: break;
+    default:
+      break;
   }
   return internal_error(op.label() + ": not an elementwise op");
 }
@@ -57,11 +62,16 @@ Status elementwise(const Op& op, const std::vector<const void*>& in, const std::
 Status execute_op(const Op& op, const std::vector<const void*>& inputs,
                   const std::vector<void*>& outputs) {
   switch (op.kind()) {
-    case OpKind::kBatchNormTrainingBackward: return batch_norm_backward(op, inputs, outputs);
-    case OpKind::kBatchNormForwardTraining: return batch_norm_forward_training(op, inputs, outputs);
-    case OpKind::kBatchNormInference: return batch_norm_inference(op, inputs, outputs);
-    case OpKind::kEnd: return ok_status();
-    default: return elementwise(op, inputs, outputs);
+    case OpKind::kBatchNormTrainingBackward:
+      return batch_norm_backward(op, inputs, outputs);
+    case OpKind::kBatchNormForwardTraining:
+      return batch_norm_forward_training(op, inputs, outputs);
+    case OpKind::kBatchNormInference:
+      return batch_norm_inference(op, inputs, outputs);
+    case OpKind::kEnd:
+      return ok_status();
+    default:
+      return elementwise(op, inputs, outputs);
   }
 }
 

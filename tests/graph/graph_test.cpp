@@ -60,7 +60,8 @@ TEST(Graph, DanglingInputsWithExplicitPorts) {
   ASSERT_TRUE(g.add_op(relu(1, 0, 1)).ok());
   ASSERT_TRUE(g.add_op(relu(2, 7, 2)).ok());
   g.set_input_ports({0});
-  EXPECT_STATUS_HAS(g.finalize(), "reads tensor 7, which no op produces and which is not a graph input port");
+  EXPECT_STATUS_HAS(g.finalize(),
+                    "reads tensor 7, which no op produces and which is not a graph input port");
   g.set_input_ports({0, 7});
   g.set_output_ports({9});
   EXPECT_STATUS_HAS(g.finalize(), "output port 9 is not produced by any op");
@@ -74,7 +75,8 @@ TEST(Graph, InfersUnknownShapesAndOrdersTopologically) {
   Graph g;
   // Added consumer first, with unknown dims everywhere except the graph inputs.
   Op bn = bn_bwd({2, 3, 4, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
-  bn.mutable_inputs()[1] = lt(20, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
+  bn.mutable_inputs()[1] =
+      lt(20, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
   for (auto& out : bn.mutable_outputs()) out.dims = {};
   ASSERT_TRUE(g.add_op(bn).ok());
   Op r(9, OpKind::kReLUBackward, "rb");
@@ -100,8 +102,10 @@ TEST(Graph, ShapeRulesFireAfterPropagation) {
   // The producer makes 2x5x4x4 while the batch norm's stats say C = 3.
   Graph g;
   Op bn = bn_bwd({2, 3, 4, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
-  bn.mutable_inputs()[0] = lt(40, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
-  bn.mutable_inputs()[1] = lt(41, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
+  bn.mutable_inputs()[0] =
+      lt(40, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
+  bn.mutable_inputs()[1] =
+      lt(41, DataType::kF32, {kUnknownDim, kUnknownDim, kUnknownDim, kUnknownDim});
   ASSERT_TRUE(g.add_op(bn).ok());
   ASSERT_TRUE(g.add_op(relu(1, 50, 40, {2, 5, 4, 4})).ok());
   ASSERT_TRUE(g.add_op(relu(2, 51, 41, {2, 5, 4, 4})).ok());

@@ -25,8 +25,10 @@ bool same_graph(const Graph& a, const Graph& b) {
   for (size_t k = 0; k < a.ops().size(); ++k) {
     const Op& x = a.ops()[k];
     const Op& y = b.ops()[k];
-    if (x.id() != y.id() || x.kind() != y.kind() || x.name() != y.name() || x.attrs() != y.attrs()) return false;
-    if (x.inputs().size() != y.inputs().size() || x.outputs().size() != y.outputs().size()) return false;
+    if (x.id() != y.id() || x.kind() != y.kind() || x.name() != y.name() || x.attrs() != y.attrs())
+      return false;
+    if (x.inputs().size() != y.inputs().size() || x.outputs().size() != y.outputs().size())
+      return false;
     for (size_t i = 0; i < x.inputs().size(); ++i) {
       if (!same_metadata(x.inputs()[i], y.inputs()[i])) return false;
     }
@@ -90,27 +92,47 @@ std::string with(const std::string& from, const std::string& to) {
 TEST(JsonIo, MalformedInputNamesTheLocation) {
   EXPECT_STATUS_HAS(graph_from_json("{"), "malformed JSON");
   EXPECT_STATUS_HAS(graph_from_json("[1]"), "<root>: expected an object");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1",
-                                         "\"shape\": [2, \"x\"], \"stride\": [3, 1], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1")),
-                    "graph[0].inputs[0].shape[1]: expected an integer, got string");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"dtype\": \"f32\", \"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1, \"dtype\": \"f32\"",
-                                         "\"dtype\": \"f32\", \"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1, \"dtype\": \"s8\"")),
-                    "graph[0].inputs[1].dtype: dtype 's8' is not supported");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"ReLUBackward\"", "\"Frobnicate\"")), "graph[0].kind: unknown op kind 'Frobnicate'");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"value\": 0, \"type\": \"bool\"", "\"value\": 2, \"type\": \"bool\"")),
-                    "graph[0].attrs.use_dst.value: expected a bool");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"value\": 0, \"type\": \"bool\"", "\"value\": 0, \"type\": \"int\"")),
-                    "graph[0].attrs.use_dst.type: unknown attribute type 'int'");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"use_dst\"", "\"use_src\"")), "graph[0]: ReLUBackward 'rb': unknown attribute 'use_src'");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"name\": \"rb\"", "\"nmae\": \"rb\"")), "graph[0]: unknown key 'nmae'");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"stride\": [3, 1], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1",
-                                         "\"stride\": [3], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1")),
+  EXPECT_STATUS_HAS(
+      graph_from_json(with("\"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": \"strided\", "
+                           "\"property_type\": \"undef\"},\n      {\"id\": 1",
+                           "\"shape\": [2, \"x\"], \"stride\": [3, 1], \"layout_type\": "
+                           "\"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1")),
+      "graph[0].inputs[0].shape[1]: expected an integer, got string");
+  EXPECT_STATUS_HAS(
+      graph_from_json(
+          with("\"dtype\": \"f32\", \"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": "
+               "\"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1, \"dtype\": \"f32\"",
+               "\"dtype\": \"f32\", \"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": "
+               "\"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1, \"dtype\": \"s8\"")),
+      "graph[0].inputs[1].dtype: dtype 's8' is not supported");
+  EXPECT_STATUS_HAS(graph_from_json(with("\"ReLUBackward\"", "\"Frobnicate\"")),
+                    "graph[0].kind: unknown op kind 'Frobnicate'");
+  EXPECT_STATUS_HAS(
+      graph_from_json(with("\"value\": 0, \"type\": \"bool\"", "\"value\": 2, \"type\": \"bool\"")),
+      "graph[0].attrs.use_dst.value: expected a bool");
+  EXPECT_STATUS_HAS(
+      graph_from_json(with("\"value\": 0, \"type\": \"bool\"", "\"value\": 0, \"type\": \"int\"")),
+      "graph[0].attrs.use_dst.type: unknown attribute type 'int'");
+  EXPECT_STATUS_HAS(graph_from_json(with("\"use_dst\"", "\"use_src\"")),
+                    "graph[0]: ReLUBackward 'rb': unknown attribute 'use_src'");
+  EXPECT_STATUS_HAS(graph_from_json(with("\"name\": \"rb\"", "\"nmae\": \"rb\"")),
+                    "graph[0]: unknown key 'nmae'");
+  EXPECT_STATUS_HAS(graph_from_json(with("\"stride\": [3, 1], \"layout_type\": \"strided\", "
+                                         "\"property_type\": \"undef\"},\n      {\"id\": 1",
+                                         "\"stride\": [3], \"layout_type\": \"strided\", "
+                                         "\"property_type\": \"undef\"},\n      {\"id\": 1")),
                     "graph[0].inputs[0].stride: 1 strides for rank 2");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1",
-                                         "\"shape\": [2, -3], \"stride\": [3, 1], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1")),
-                    "graph[0].inputs[0].shape: dims must be >= 0");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"engine_kind\": \"cpu\"", "\"engine_kind\": \"gpu\"")), "engine_kind: 'gpu' is not supported");
-  EXPECT_STATUS_HAS(graph_from_json(with("\"layout_type\": \"any\"", "\"layout_type\": \"opaque\"")), "graph[0].outputs[0].layout_type: layout_type 'opaque' is not supported");
+  EXPECT_STATUS_HAS(
+      graph_from_json(with("\"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": \"strided\", "
+                           "\"property_type\": \"undef\"},\n      {\"id\": 1",
+                           "\"shape\": [2, -3], \"stride\": [3, 1], \"layout_type\": \"strided\", "
+                           "\"property_type\": \"undef\"},\n      {\"id\": 1")),
+      "graph[0].inputs[0].shape: dims must be >= 0");
+  EXPECT_STATUS_HAS(graph_from_json(with("\"engine_kind\": \"cpu\"", "\"engine_kind\": \"gpu\"")),
+                    "engine_kind: 'gpu' is not supported");
+  EXPECT_STATUS_HAS(
+      graph_from_json(with("\"layout_type\": \"any\"", "\"layout_type\": \"opaque\"")),
+      "graph[0].outputs[0].layout_type: layout_type 'opaque' is not supported");
 }
 
 TEST(JsonIo, HostileSizesAreRejected) {
@@ -120,9 +142,13 @@ TEST(JsonIo, HostileSizesAreRejected) {
   small.max_bytes = 16;
   EXPECT_STATUS_HAS(graph_from_json(kQuirky, small), "the limit is 16");
   // 2^31 x 2^31 x 2^31 x 4 elements: an error, never a wrapped size.
-  EXPECT_STATUS_HAS(graph_from_json(with("\"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1",
-                                         "\"shape\": [2147483648, 2147483648, 2147483648, 4], \"stride\": [], \"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1")),
-                    "size overflows int64");
+  EXPECT_STATUS_HAS(
+      graph_from_json(
+          with("\"shape\": [2, 3], \"stride\": [3, 1], \"layout_type\": \"strided\", "
+               "\"property_type\": \"undef\"},\n      {\"id\": 1",
+               "\"shape\": [2147483648, 2147483648, 2147483648, 4], \"stride\": [], "
+               "\"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1")),
+      "size overflows int64");
   EXPECT_STATUS_HAS(load_graph(kData + "/does_not_exist.json"), "cannot open file");
 }
 

@@ -9,7 +9,9 @@
 namespace normgrad {
 namespace {
 
-std::string tmp(const std::string& name) { return ::testing::TempDir() + "/ng_npy_" + name; }
+std::string tmp(const std::string& name) {
+  return ::testing::TempDir() + "/ng_npy_" + name;
+}
 
 std::string header(const std::string& dict) {
   std::string h = dict;
@@ -57,18 +59,25 @@ TEST(Npy, Bf16FromRawBitsAndRoundedF32) {
 TEST(Npy, LyingFilesAreRejected) {
   LogicalTensor t(1, DataType::kF32, {2, 2});
   const std::string payload(16, '\0');
-  write_bytes(tmp("shape"), header("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }") + payload);
-  EXPECT_STATUS_HAS(read_npy_into(tmp("shape"), t, nullptr), "shape 4 does not match tensor 1's 2x2");
-  write_bytes(tmp("dtype"), header("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 2), }") + payload.substr(0, 8));
-  EXPECT_STATUS_HAS(read_npy_into(tmp("dtype"), t, nullptr), "dtype '<f2' cannot hold tensor 1 of dtype f32");
-  write_bytes(tmp("trunc"), header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }") + payload.substr(0, 12));
+  write_bytes(tmp("shape"),
+              header("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }") + payload);
+  EXPECT_STATUS_HAS(read_npy_into(tmp("shape"), t, nullptr),
+                    "shape 4 does not match tensor 1's 2x2");
+  write_bytes(tmp("dtype"), header("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 2), }") +
+                                payload.substr(0, 8));
+  EXPECT_STATUS_HAS(read_npy_into(tmp("dtype"), t, nullptr),
+                    "dtype '<f2' cannot hold tensor 1 of dtype f32");
+  write_bytes(tmp("trunc"), header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }") +
+                                payload.substr(0, 12));
   EXPECT_STATUS_HAS(read_npy_into(tmp("trunc"), t, nullptr), "payload is 12 bytes");
   std::string lie = header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }") + payload;
   lie[8] = '\xff';
   lie[9] = '\x7f';
   write_bytes(tmp("hlen"), lie);
   EXPECT_STATUS_HAS(read_npy_into(tmp("hlen"), t, nullptr), "runs past the end of the file");
-  write_bytes(tmp("huge"), header("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }"));
+  write_bytes(
+      tmp("huge"),
+      header("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }"));
   EXPECT_FALSE(read_npy_into(tmp("huge"), t, nullptr).ok());
   write_bytes(tmp("magic"), "PK\x03\x04 not numpy");
   EXPECT_STATUS_HAS(read_npy_into(tmp("magic"), t, nullptr), "bad magic");

@@ -17,7 +17,8 @@ TEST(BatchNormTrainingBackwardSchema, AcceptsTheDocumentedForms) {
     for (int rank = 2; rank <= 6; ++rank) {
       Dims shape(static_cast<size_t>(rank), 3);
       EXPECT_TRUE(add(bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, true, 3)).ok());
-      EXPECT_TRUE(add(bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, false, 3)).ok());  // gamma = 1
+      EXPECT_TRUE(
+          add(bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, false, 3)).ok());  // gamma = 1
       EXPECT_TRUE(add(bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, true, 1)).ok());
     }
   }
@@ -83,7 +84,8 @@ TEST(BatchNormTrainingBackwardSchema, Shapes) {
   Op dd = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
   dd.mutable_inputs()[1].dims = {2, 4, 3, 4};
   EXPECT_STATUS_HAS(add(dd), "input 1 'diff_dst': shape 2x4x3x4 differs from src's 2x4x3x3");
-  EXPECT_STATUS_HAS(add(bn_bwd({4}, "NCX", DataType::kF32, DataType::kF32, true, 3)), "rank 1 is not supported");
+  EXPECT_STATUS_HAS(add(bn_bwd({4}, "NCX", DataType::kF32, DataType::kF32, true, 3)),
+                    "rank 1 is not supported");
   Op seven = bn_bwd({1, 2, 1, 1, 1, 1, 1}, "NCX", DataType::kF32, DataType::kF32, true, 3);
   EXPECT_STATUS_HAS(add(seven), "rank 7 is not supported (expected 2 to 6)");
   Op out = bn_bwd({2, 4, 3, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3);
@@ -96,7 +98,8 @@ TEST(BatchNormForwardTrainingSchema, Rules) {
   op.set_attr("epsilon", 1e-5f).set_attr("data_format", std::string("NCX"));
   op.add_input(lt(0, DataType::kF32, {2, 3, 4})).add_input(lt(1, DataType::kF32, {3}));
   op.add_input(lt(2, DataType::kF32, {3})).add_input(lt(3, DataType::kF32, {3}));
-  for (int i = 0; i < 5; ++i) op.add_output(lt(10 + i, DataType::kF32, i == 0 ? Dims{2, 3, 4} : Dims{3}));
+  for (int i = 0; i < 5; ++i)
+    op.add_output(lt(10 + i, DataType::kF32, i == 0 ? Dims{2, 3, 4} : Dims{3}));
   EXPECT_STATUS_HAS(add(op), "has 4 inputs, expected 3 or 5");
   op.add_input(lt(4, DataType::kF32, {3}));
   EXPECT_TRUE(add(op).ok());

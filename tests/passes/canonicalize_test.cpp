@@ -22,7 +22,9 @@ Graph tf_graph(bool training, const std::string& fmt, bool inv_std) {
   op.add_input(lt(0, DataType::kF32, shape)).add_input(lt(1, DataType::kF32, shape));
   for (int i = 2; i <= 4; ++i) op.add_input(lt(i, DataType::kF32, {3}));
   op.add_input(lt(5, DataType::kF32, {0}));
-  op.add_output(lt(6, DataType::kF32, shape)).add_output(lt(7, DataType::kF32, {3})).add_output(lt(8, DataType::kF32, {3}));
+  op.add_output(lt(6, DataType::kF32, shape))
+      .add_output(lt(7, DataType::kF32, {3}))
+      .add_output(lt(8, DataType::kF32, {3}));
   op.add_output(lt(9, DataType::kF32, {0})).add_output(lt(10, DataType::kF32, {0}));
   Graph g;
   EXPECT_TRUE(g.add_op(op).ok());
@@ -92,7 +94,8 @@ TEST(CanonicalizePass, NumbersAgreeWithTheHandWrittenForm) {
     Graph bn;
     Op op = bn_bwd({2, 4, 4, 3}, "NXC", DataType::kF32, DataType::kF32, true, 3, 0.01f);
     op.set_attr("is_training", training);
-    // Rename tensors to the TF graph's ids: src 1, diff_dst 0, mean 3, variance 4, gamma 2; outputs 6, 7, 8.
+    // Rename tensors to the TF graph's ids: src 1, diff_dst 0, mean 3, variance 4, gamma 2; outputs
+    // 6, 7, 8.
     const int64_t in_ids[] = {1, 0, 3, 4, 2}, out_ids[] = {6, 7, 8};
     for (size_t i = 0; i < 5; ++i) op.mutable_inputs()[i].id = in_ids[i];
     for (size_t i = 0; i < 3; ++i) op.mutable_outputs()[i].id = out_ids[i];
@@ -106,9 +109,13 @@ TEST(CanonicalizePass, NumbersAgreeWithTheHandWrittenForm) {
     for (auto* vec : {&x, &dy, &s, &m, &v}) {
       for (float& f : *vec) f = u(rng);
     }
-    std::map<int64_t, const void*> in = {{0, dy.data()}, {1, x.data()}, {2, s.data()}, {3, m.data()}, {4, v.data()}, {5, nullptr}};
+    std::map<int64_t, const void*> in = {{0, dy.data()}, {1, x.data()}, {2, s.data()},
+                                         {3, m.data()},  {4, v.data()}, {5, nullptr}};
     std::vector<float> o1(96), g1(3), b1(3), o2(96), g2(3), b2(3);
-    ASSERT_TRUE(a->execute(in, {{6, o1.data()}, {7, g1.data()}, {8, b1.data()}, {9, nullptr}, {10, nullptr}}).ok());
+    ASSERT_TRUE(
+        a->execute(in,
+                   {{6, o1.data()}, {7, g1.data()}, {8, b1.data()}, {9, nullptr}, {10, nullptr}})
+            .ok());
     ASSERT_TRUE(b->execute(in, {{6, o2.data()}, {7, g2.data()}, {8, b2.data()}}).ok());
     EXPECT_EQ(o1, o2);
     EXPECT_EQ(g1, g2);

@@ -44,8 +44,9 @@ std::string write_temp(const std::string& name, const std::string& text) {
 }
 
 TEST(CliRun, FixturesPassCheck) {
-  for (const char* f : {"op/f32/bnorm_bwd.json", "pattern/f32/bn_bwd_relu_bwd_fusion.json", "op/f32/bnorm.json",
-                        "op/f32/bnorm_fwd_d.json", "pattern/f32/bn_relu_fusion.json"}) {
+  for (const char* f :
+       {"op/f32/bnorm_bwd.json", "pattern/f32/bn_bwd_relu_bwd_fusion.json", "op/f32/bnorm.json",
+        "op/f32/bnorm_fwd_d.json", "pattern/f32/bn_relu_fusion.json"}) {
     const Result r = run("run " + kData + "/onednn/" + f + " --check --seed 3");
     EXPECT_EQ(r.exit_code, 0) << f << "\n" << r.output;
     EXPECT_NE(r.output.find("PASSED"), std::string::npos) << r.output;
@@ -56,7 +57,8 @@ TEST(CliRun, FixturesPassCheck) {
 TEST(CliRun, ExamplesPassAndWriteOutputs) {
   for (const auto& e : std::filesystem::directory_iterator(kExamples)) {
     const std::string out_dir = ::testing::TempDir() + "/ng_cli_out_" + e.path().stem().string();
-    const Result r = run("run " + e.path().string() + " --check --iters 2 --threads 1 --outputs " + out_dir);
+    const Result r =
+        run("run " + e.path().string() + " --check --iters 2 --threads 1 --outputs " + out_dir);
     EXPECT_EQ(r.exit_code, 0) << e.path() << "\n" << r.output;
     EXPECT_FALSE(std::filesystem::is_empty(out_dir)) << r.output;
   }
@@ -66,13 +68,15 @@ TEST(CliRun, InputsFromDirectoryAreUsed) {
   // Feed oneDNN's canonical vector through .npy files and read diff_src back.
   const std::string dir = ::testing::TempDir() + "/ng_cli_inputs";
   std::filesystem::create_directories(dir);
-  const float src[4] = {1, 2, 3, 4}, dd[4] = {0.1f, 0.1f, 0.2f, 0.2f}, mean[1] = {2.5f}, var[1] = {1.25f}, gamma[1] = {2};
+  const float src[4] = {1, 2, 3, 4}, dd[4] = {0.1f, 0.1f, 0.2f, 0.2f}, mean[1] = {2.5f},
+              var[1] = {1.25f}, gamma[1] = {2};
   ASSERT_TRUE(write_npy(dir + "/0.npy", LogicalTensor(0, DataType::kF32, {1, 1, 2, 2}), src).ok());
   ASSERT_TRUE(write_npy(dir + "/1.npy", LogicalTensor(1, DataType::kF32, {1, 1, 2, 2}), dd).ok());
   ASSERT_TRUE(write_npy(dir + "/2.npy", LogicalTensor(2, DataType::kF32, {1}), mean).ok());
   ASSERT_TRUE(write_npy(dir + "/3.npy", LogicalTensor(3, DataType::kF32, {1}), var).ok());
   ASSERT_TRUE(write_npy(dir + "/4.npy", LogicalTensor(4, DataType::kF32, {1}), gamma).ok());
-  const std::string graph = R"({"version": "3.0.0", "engine_kind": "cpu", "fpmath_mode": "strict", "graph": [
+  const std::string graph =
+      R"({"version": "3.0.0", "engine_kind": "cpu", "fpmath_mode": "strict", "graph": [
     {"id": 0, "name": "bn", "kind": "BatchNormTrainingBackward",
      "attrs": {"epsilon": {"type": "f32", "value": 0.0}, "data_format": {"type": "string", "value": "NCX"}},
      "inputs": [{"id": 0, "dtype": "f32", "shape": [1, 1, 2, 2]}, {"id": 1, "dtype": "f32", "shape": [1, 1, 2, 2]},
@@ -84,9 +88,11 @@ TEST(CliRun, InputsFromDirectoryAreUsed) {
   const std::string out = ::testing::TempDir() + "/ng_cli_canonical_out";
   const Result r = run("run " + path + " --inputs " + dir + " --outputs " + out + " --check");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("0(file) 1(file) 2(file) 3(file) 4(file)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("0(file) 1(file) 2(file) 3(file) 4(file)"), std::string::npos)
+      << r.output;
   float got[4];
-  ASSERT_TRUE(read_npy_into(out + "/5.npy", LogicalTensor(5, DataType::kF32, {1, 1, 2, 2}), got).ok());
+  ASSERT_TRUE(
+      read_npy_into(out + "/5.npy", LogicalTensor(5, DataType::kF32, {1, 1, 2, 2}), got).ok());
   EXPECT_NEAR(got[0], 0.01788854, 1e-7);
   EXPECT_NEAR(got[1], -0.05366563, 1e-7);
 }
@@ -94,30 +100,46 @@ TEST(CliRun, InputsFromDirectoryAreUsed) {
 TEST(CliRun, BenchdnnKnobsRewriteTheCase) {
   // NXC via --in-shapes and --op-attrs, bf16 via --dt (statistics stay f32), batch via --mb.
   const std::string c = kData + "/onednn/op/f32/bnorm_bwd.json";
-  Result r = run("run --dt=bf16 --in-shapes=0:2x9x9x192+1:2x9x9x192 --op-attrs=0:data_format:NXC --case=" + c);
+  Result r = run(
+      "run --dt=bf16 --in-shapes=0:2x9x9x192+1:2x9x9x192 --op-attrs=0:data_format:NXC --case=" + c);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("0:PASSED"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("__REPRO: --mode=C --dt=bf16 --in-shapes=0:2x9x9x192+1:2x9x9x192 --op-attrs=0:data_format:NXC --case="),
-            std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("tests:1 passed:1 skipped:0 mistrusted:0 unimplemented:0 invalid_arguments:0 failed:0"),
-            std::string::npos) << r.output;
-  // Knobs persist until --reset; a forced backend that declines is UNIMPLEMENTED; a bad attribute is INVALID_ARGUMENTS.
-  r = run("run --mb=1 --in-shapes=0:1x192x5x5+1:1x192x5x5 --case=" + c + " --dt=f16 --backend=dnnl --case=" + c +
-          " --reset --op-attrs=0:epsilon:-1 --case=" + c + " --reset --mode=R --case=" + c);
+  EXPECT_NE(r.output.find("__REPRO: --mode=C --dt=bf16 --in-shapes=0:2x9x9x192+1:2x9x9x192 "
+                          "--op-attrs=0:data_format:NXC --case="),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(
+      r.output.find(
+          "tests:1 passed:1 skipped:0 mistrusted:0 unimplemented:0 invalid_arguments:0 failed:0"),
+      std::string::npos)
+      << r.output;
+  // Knobs persist until --reset; a forced backend that declines is UNIMPLEMENTED; a bad attribute
+  // is INVALID_ARGUMENTS.
+  r = run("run --mb=1 --in-shapes=0:1x192x5x5+1:1x192x5x5 --case=" + c +
+          " --dt=f16 --backend=dnnl --case=" + c + " --reset --op-attrs=0:epsilon:-1 --case=" + c +
+          " --reset --mode=R --case=" + c);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("0:PASSED"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("1:UNIMPLEMENTED (unimplemented: partition 0 (BatchNormTrainingBackward): no backend can run it (dnnl: oneDNN 2.6 has no f16"), std::string::npos)
+  EXPECT_NE(
+      r.output.find("1:UNIMPLEMENTED (unimplemented: partition 0 (BatchNormTrainingBackward): no "
+                    "backend can run it (dnnl: oneDNN 2.6 has no f16"),
+      std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("2:INVALID_ARGUMENTS"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("'epsilon' must be finite and >= 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("3:EXECUTED"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("tests:4 passed:2 skipped:0 mistrusted:0 unimplemented:1 invalid_arguments:1 failed:0"),
-            std::string::npos) << r.output;
+  EXPECT_NE(
+      r.output.find(
+          "tests:4 passed:2 skipped:0 mistrusted:0 unimplemented:1 invalid_arguments:1 failed:0"),
+      std::string::npos)
+      << r.output;
 }
 
 TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
-  const std::string bad_json = write_temp("bad.json", "{\"graph\": [ {\"id\": 0, \"kind\": \"BatchNormTrainingBackward\"");
-  const std::string cve = write_temp("cve.json", R"({"graph": [{"id": 0, "name": "bn", "kind": "BatchNormTrainingBackward",
+  const std::string bad_json =
+      write_temp("bad.json", "{\"graph\": [ {\"id\": 0, \"kind\": \"BatchNormTrainingBackward\"");
+  const std::string cve = write_temp(
+      "cve.json", R"({"graph": [{"id": 0, "name": "bn", "kind": "BatchNormTrainingBackward",
     "attrs": {"epsilon": {"type": "f32", "value": 0.001}, "data_format": {"type": "string", "value": "NCX"}},
     "inputs": [{"id": 0, "dtype": "f32", "shape": [1, 1, 1, 2]}, {"id": 1, "dtype": "f32", "shape": [1, 1, 3, 3]},
                {"id": 2, "dtype": "f32", "shape": [1]}, {"id": 3, "dtype": "f32", "shape": [1]}],
@@ -128,12 +150,18 @@ TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
       {"run " + bad_json, "malformed JSON"},
       {"run " + cve, "input 1 'diff_dst': shape 1x1x3x3 differs from src's 1x1x1x2"},
       {"run /nonexistent.json", "cannot open file"},
-      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --backend jit", "backend 'jit' is not built"},
-      {"run " + kExamples + "/bn_training_backward_f16_nxc_no_gamma.json --backend dnnl", "oneDNN 2.6 has no f16 batch normalization"},
-      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --backend cuda", "unknown backend 'cuda'"},
-      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --iters 0", "--iters must be an integer"},
-      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --frobnicate", "unknown option --frobnicate"},
-      {"run --in-shapes=0:2xx3 --case=" + kExamples + "/bn_training_backward_f32_nxc.json", "--in-shapes: bad shape '2xx3'"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --backend jit",
+       "backend 'jit' is not built"},
+      {"run " + kExamples + "/bn_training_backward_f16_nxc_no_gamma.json --backend dnnl",
+       "oneDNN 2.6 has no f16 batch normalization"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --backend cuda",
+       "unknown backend 'cuda'"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --iters 0",
+       "--iters must be an integer"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --frobnicate",
+       "unknown option --frobnicate"},
+      {"run --in-shapes=0:2xx3 --case=" + kExamples + "/bn_training_backward_f32_nxc.json",
+       "--in-shapes: bad shape '2xx3'"},
       {"run --mode=Q", "--mode must be C, P, CP or R"},
       {"run --batch=/nonexistent_batch.txt", "--batch: cannot open"},
       {"fly", "unknown command 'fly'"},

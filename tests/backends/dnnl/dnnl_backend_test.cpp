@@ -19,8 +19,9 @@ Graph one_op(const Op& op) {
 }
 
 TEST(DnnlBackend, BatchNormBackwardSweep) {
-  const std::pair<DataType, DataType> dtypes[] = {
-      {DataType::kF32, DataType::kF32}, {DataType::kBF16, DataType::kF32}, {DataType::kBF16, DataType::kBF16}};
+  const std::pair<DataType, DataType> dtypes[] = {{DataType::kF32, DataType::kF32},
+                                                  {DataType::kBF16, DataType::kF32},
+                                                  {DataType::kBF16, DataType::kBF16}};
   int ran = 0;
   for (auto [dt, sdt] : dtypes) {
     for (const char* fmt : {"NCX", "NXC"}) {
@@ -28,7 +29,8 @@ TEST(DnnlBackend, BatchNormBackwardSweep) {
         for (int64_t c : {1, 3, 16, 17, 64}) {
           for (int form = 0; form < 6; ++form) {
             // 0: 3 outputs + gamma, 1: 3 outputs no gamma (gamma = 1), 2: oneDNN single output,
-            // 3: frozen with gamma (TF is_training=false), 4: training diff_src only, 5: inverse std.
+            // 3: frozen with gamma (TF is_training=false), 4: training diff_src only, 5: inverse
+            // std.
             const bool gamma = form != 1;
             const int outputs = form == 2 || form == 4 ? 1 : 3;
             // M = N for rank 2: keep it at 8, since with M = 2 the exact diff_src is 0 and
@@ -42,8 +44,8 @@ TEST(DnnlBackend, BatchNormBackwardSweep) {
             if (form == 3) op.set_attr("is_training", false);
             if (form == 4) op.set_attr("is_training", true);
             if (form == 5) op.set_attr("is_training", true).set_attr("variance_is_inv_std", true);
-            SCOPED_TRACE(std::string(dtype_name(dt)) + "/" + dtype_name(sdt) + " " + fmt + " " + dims_to_string(shape) +
-                         " form " + std::to_string(form));
+            SCOPED_TRACE(std::string(dtype_name(dt)) + "/" + dtype_name(sdt) + " " + fmt + " " +
+                         dims_to_string(shape) + " form " + std::to_string(form));
             const auto r = compare_with_ref(one_op(op), "dnnl", static_cast<uint64_t>(ran));
             ASSERT_TRUE(r.status.ok()) << r.status.to_string();
             EXPECT_LE(r.worst_ratio, 1.0) << r.report;
@@ -70,9 +72,11 @@ TEST(DnnlBackend, DeclinesWithReasons) {
   auto reason = [](const Op& op) { return compare_with_ref(one_op(op), "dnnl").status; };
   EXPECT_STATUS_HAS(reason(bn_bwd({2, 3, 4}, "NCX", DataType::kF16, DataType::kF32, true, 3)),
                     "oneDNN 2.6 has no f16 batch normalization on CPU");
-  EXPECT_STATUS_HAS(reason(bn_bwd({2, 3, 2, 2, 2, 2}, "NCX", DataType::kF32, DataType::kF32, true, 3)),
-                    "oneDNN batch normalization takes ranks 2 to 5");
-  EXPECT_STATUS_HAS(reason(bn_bwd({0, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3)), "empty tensors are left to ref");
+  EXPECT_STATUS_HAS(
+      reason(bn_bwd({2, 3, 2, 2, 2, 2}, "NCX", DataType::kF32, DataType::kF32, true, 3)),
+      "oneDNN batch normalization takes ranks 2 to 5");
+  EXPECT_STATUS_HAS(reason(bn_bwd({0, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3)),
+                    "empty tensors are left to ref");
   Op inf(0, OpKind::kBatchNormInference, "i");
   inf.set_attr("epsilon", 1e-5f);
   inf.add_input(lt(0, DataType::kF32, {2, 3}));
@@ -84,7 +88,8 @@ TEST(DnnlBackend, DeclinesWithReasons) {
   strided.mutable_outputs()[0].strides = {1, 2, 6};
   EXPECT_STATUS_HAS(reason(strided), "diff_src layout differs");
   // auto falls back to ref for all of them.
-  const auto r = compare_with_ref(one_op(bn_bwd({2, 3, 4}, "NCX", DataType::kF16, DataType::kF32, true, 3)), "auto");
+  const auto r = compare_with_ref(
+      one_op(bn_bwd({2, 3, 4}, "NCX", DataType::kF16, DataType::kF32, true, 3)), "auto");
   EXPECT_TRUE(r.status.ok());
   EXPECT_EQ(r.kernel, "ref:BatchNormTrainingBackward");
 }
@@ -94,7 +99,9 @@ TEST(DnnlBackend, Neighbours) {
     for (bool use_dst : {true, false}) {
       Op op(0, OpKind::kReLUBackward, "rb");
       op.set_attr("use_dst", use_dst);
-      op.add_input(lt(0, dt, {2, 5, 3, 3})).add_input(lt(1, dt, {2, 5, 3, 3})).add_output(lt(2, dt, {2, 5, 3, 3}));
+      op.add_input(lt(0, dt, {2, 5, 3, 3}))
+          .add_input(lt(1, dt, {2, 5, 3, 3}))
+          .add_output(lt(2, dt, {2, 5, 3, 3}));
       const auto r = compare_with_ref(one_op(op), "dnnl");
       ASSERT_TRUE(r.status.ok()) << r.status.to_string();
       EXPECT_EQ(r.worst_ratio, 0.0) << r.report;  // a mask is exact
@@ -129,7 +136,8 @@ TEST(DnnlBackend, ConcurrentExecutionMatchesSerial) {
   for (auto& [id, b] : *inputs) in[id] = b.data();
   auto run_once = [&](std::map<int64_t, cli::Buffer>& outs) {
     std::map<int64_t, void*> p;
-    for (const LogicalTensor& lt : cg->outputs()) p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+    for (const LogicalTensor& lt : cg->outputs())
+      p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
     return cg->execute(in, p);
   };
   std::map<int64_t, cli::Buffer> serial;
@@ -149,7 +157,8 @@ TEST(DnnlBackend, ConcurrentExecutionMatchesSerial) {
   for (auto& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) {
     ASSERT_TRUE(status[t].ok()) << status[t].to_string();
-    for (const auto& [id, b] : serial) EXPECT_EQ(results[t].at(id).bytes, b.bytes) << "thread " << t << " tensor " << id;
+    for (const auto& [id, b] : serial)
+      EXPECT_EQ(results[t].at(id).bytes, b.bytes) << "thread " << t << " tensor " << id;
   }
 }
 

@@ -12,7 +12,8 @@ namespace {
 using testing_util::bn_bwd;
 
 // Runs a one-op graph on the ref backend; buffers by tensor id.
-std::map<int64_t, std::vector<char>> run_ref(const Op& op, const std::map<int64_t, std::vector<double>>& values) {
+std::map<int64_t, std::vector<char>> run_ref(const Op& op,
+                                             const std::map<int64_t, std::vector<double>>& values) {
   Graph g;
   EXPECT_TRUE(g.add_op(op).ok());
   auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
@@ -24,12 +25,14 @@ std::map<int64_t, std::vector<char>> run_ref(const Op& op, const std::map<int64_
     auto& b = bufs[lt.id];
     b.resize(static_cast<size_t>(*lt.buffer_bytes()));
     const auto& v = values.at(lt.id);
-    for (size_t i = 0; i < v.size(); ++i) store_from_double(b.data(), static_cast<int64_t>(i), lt.dtype, v[i]);
+    for (size_t i = 0; i < v.size(); ++i)
+      store_from_double(b.data(), static_cast<int64_t>(i), lt.dtype, v[i]);
     in[lt.id] = b.data();
   }
   for (const LogicalTensor& lt : cg->outputs()) {
     auto& b = bufs[lt.id];
-    b.assign(static_cast<size_t>(*lt.buffer_bytes()), 0x7f);  // poison: every element must be written
+    b.assign(static_cast<size_t>(*lt.buffer_bytes()),
+             0x7f);  // poison: every element must be written
     out[lt.id] = b.data();
   }
   Status s = cg->execute(in, out);
@@ -44,7 +47,8 @@ double get(const std::map<int64_t, std::vector<char>>& bufs, int64_t id, DataTyp
 TEST(RefBatchNormBackward, OneDnnCanonicalVector) {
   // oneDNN's example: NCX 1x1x2x2, mean 2.5, variance 1.25, gamma 2, epsilon 0.
   Op op = bn_bwd({1, 1, 2, 2}, "NCX", DataType::kF32, DataType::kF32, true, 3, 0.0f);
-  auto out = run_ref(op, {{0, {1, 2, 3, 4}}, {1, {0.1, 0.1, 0.2, 0.2}}, {2, {2.5}}, {3, {1.25}}, {4, {2}}});
+  auto out = run_ref(
+      op, {{0, {1, 2, 3, 4}}, {1, {0.1, 0.1, 0.2, 0.2}}, {2, {2.5}}, {3, {1.25}}, {4, {2}}});
   const double expect[4] = {0.01788854, -0.05366563, 0.05366563, -0.01788854};
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(get(out, 5, DataType::kF32, i), expect[i], 1e-8);
   EXPECT_NEAR(get(out, 6, DataType::kF32, 0), 0.17888544, 1e-8);
@@ -54,7 +58,8 @@ TEST(RefBatchNormBackward, OneDnnCanonicalVector) {
 TEST(RefBatchNormBackward, SingleOutputIsFrozenStatisticsWithGammaIgnored) {
   // diff_src = dy / sqrt(var + eps); gamma 7 must not matter.
   Op op = bn_bwd({1, 2, 2}, "NCX", DataType::kF32, DataType::kF32, true, 1, 0.25f);
-  auto out = run_ref(op, {{0, {5, -3, 1, 9}}, {1, {1, -2, 0.5, 4}}, {2, {0, 0}}, {3, {0.75, 3.75}}, {4, {7, 7}}});
+  auto out = run_ref(
+      op, {{0, {5, -3, 1, 9}}, {1, {1, -2, 0.5, 4}}, {2, {0, 0}}, {3, {0.75, 3.75}}, {4, {7, 7}}});
   const double expect[4] = {1.0, -2.0, 0.25, 2.0};
   for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(get(out, 5, DataType::kF32, i), expect[i]);
 }
@@ -83,7 +88,9 @@ TEST(RefBatchNormBackward, EmptyBatchGivesZeroReductions) {
   }
 }
 
-int significand_bits(DataType dt) { return dt == DataType::kF32 ? 24 : dt == DataType::kF16 ? 11 : 8; }
+int significand_bits(DataType dt) {
+  return dt == DataType::kF32 ? 24 : dt == DataType::kF16 ? 11 : 8;
+}
 
 struct SweepCase {
   DataType dt, sdt;
@@ -98,8 +105,9 @@ struct SweepCase {
 // The naive formulas, on logical [n][c][s] arrays in float64.
 void sweep_one(const SweepCase& k, std::mt19937_64& rng) {
   SCOPED_TRACE(std::string(dtype_name(k.dt)) + "/" + dtype_name(k.sdt) + " " + k.format + " rank " +
-               std::to_string(k.rank) + " C " + std::to_string(k.channels) + (k.gamma ? " gamma" : "") +
-               " outputs " + std::to_string(k.outputs) + " offset " + std::to_string(k.offset));
+               std::to_string(k.rank) + " C " + std::to_string(k.channels) +
+               (k.gamma ? " gamma" : "") + " outputs " + std::to_string(k.outputs) + " offset " +
+               std::to_string(k.offset));
   const int64_t n = 2, c = k.channels;
   Dims spatial;
   const int64_t spatial_sizes[] = {5, 3, 2};
@@ -111,7 +119,9 @@ void sweep_one(const SweepCase& k, std::mt19937_64& rng) {
   if (ncx) shape.push_back(c);
   shape.insert(shape.end(), spatial.begin(), spatial.end());
   if (!ncx) shape.push_back(c);
-  auto offset_of = [&](int64_t in, int64_t ic, int64_t is) { return ncx ? (in * c + ic) * sp + is : (in * sp + is) * c + ic; };
+  auto offset_of = [&](int64_t in, int64_t ic, int64_t is) {
+    return ncx ? (in * c + ic) * sp + is : (in * sp + is) * c + ic;
+  };
 
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   const int64_t total = n * c * sp;
@@ -127,7 +137,8 @@ void sweep_one(const SweepCase& k, std::mt19937_64& rng) {
       for (int64_t is = 0; is < sp; ++is) s += x[offset_of(in, ic, is)];
     const double m = s / static_cast<double>(n * sp);
     for (int64_t in = 0; in < n; ++in)
-      for (int64_t is = 0; is < sp; ++is) q += (x[offset_of(in, ic, is)] - m) * (x[offset_of(in, ic, is)] - m);
+      for (int64_t is = 0; is < sp; ++is)
+        q += (x[offset_of(in, ic, is)] - m) * (x[offset_of(in, ic, is)] - m);
     mean[ic] = round_to_dtype(m, k.sdt);
     var[ic] = round_to_dtype(q / static_cast<double>(n * sp), k.sdt);
     gamma[ic] = round_to_dtype(0.5 + 0.5 * (u(rng) + 1.0), k.sdt);
@@ -154,17 +165,19 @@ void sweep_one(const SweepCase& k, std::mt19937_64& rng) {
     for (int64_t in = 0; in < n; ++in) {
       for (int64_t is = 0; is < sp; ++is) {
         const int64_t o = offset_of(in, ic, is);
-        const double want = k.outputs == 1
-                                ? s * dy[o]
-                                : g * s * (dy[o] - db / m - (x[o] - mean[ic]) * s * dg / m);
+        const double want =
+            k.outputs == 1 ? s * dy[o] : g * s * (dy[o] - db / m - (x[o] - mean[ic]) * s * dg / m);
         const double got = get(out, 5, k.dt, o);
         // Ref rounds its float64 result once; allow one ulp for float64 ordering.
-        ASSERT_NEAR(got, want, ulp_data * std::fabs(want) + 1e-9 * s * (1 + std::fabs(dy[o]))) << "element " << o;
+        ASSERT_NEAR(got, want, ulp_data * std::fabs(want) + 1e-9 * s * (1 + std::fabs(dy[o])))
+            << "element " << o;
       }
     }
     if (k.outputs == 3) {
-      EXPECT_NEAR(get(out, 6, k.sdt, ic), dg, ulp_stat * std::fabs(dg) + 1e-9 * s * m) << "diff_gamma " << ic;
-      EXPECT_NEAR(get(out, 7, k.sdt, ic), db, ulp_stat * std::fabs(db) + 1e-9 * m) << "diff_beta " << ic;
+      EXPECT_NEAR(get(out, 6, k.sdt, ic), dg, ulp_stat * std::fabs(dg) + 1e-9 * s * m)
+          << "diff_gamma " << ic;
+      EXPECT_NEAR(get(out, 7, k.sdt, ic), db, ulp_stat * std::fabs(db) + 1e-9 * m)
+          << "diff_beta " << ic;
     }
   }
 }
@@ -197,7 +210,9 @@ TEST(RefBatchNormBackward, RandomSweepAgainstNaiveFormula) {
 TEST(RefBatchNormForward, TrainingAndInferenceClosedForm) {
   // C = 1, x = {1, 3}: batch mean 2, biased variance 1; eps 0, gamma 2, beta 1.
   Op fwd(0, OpKind::kBatchNormForwardTraining, "f");
-  fwd.set_attr("epsilon", 0.0f).set_attr("momentum", 0.25f).set_attr("data_format", std::string("NCX"));
+  fwd.set_attr("epsilon", 0.0f)
+      .set_attr("momentum", 0.25f)
+      .set_attr("data_format", std::string("NCX"));
   fwd.add_input(testing_util::lt(0, DataType::kF32, {2, 1}));
   for (int i = 1; i <= 4; ++i) fwd.add_input(testing_util::lt(i, DataType::kF32, {1}));
   fwd.add_output(testing_util::lt(5, DataType::kF32, {2, 1}));

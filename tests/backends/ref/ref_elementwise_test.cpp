@@ -7,7 +7,8 @@ namespace {
 
 using testing_util::lt;
 
-std::vector<float> run(const Graph& g, const std::map<int64_t, std::vector<float>>& in, int64_t out_id, size_t out_elems) {
+std::vector<float> run(const Graph& g, const std::map<int64_t, std::vector<float>>& in,
+                       int64_t out_id, size_t out_elems) {
   auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
   EXPECT_TRUE(cg.ok()) << cg.status().to_string();
   std::map<int64_t, const void*> ip;
@@ -23,7 +24,9 @@ TEST(RefElementwise, ReLUBackwardBothVariantsMaskOnPositive) {
     Graph g;
     Op op(0, OpKind::kReLUBackward, "rb");
     op.set_attr("use_dst", use_dst);
-    op.add_input(lt(0, DataType::kF32, {4})).add_input(lt(1, DataType::kF32, {4})).add_output(lt(2, DataType::kF32, {4}));
+    op.add_input(lt(0, DataType::kF32, {4}))
+        .add_input(lt(1, DataType::kF32, {4}))
+        .add_output(lt(2, DataType::kF32, {4}));
     ASSERT_TRUE(g.add_op(op).ok());
     auto y = run(g, {{0, {-1, 0, 2, 3}}, {1, {5, 6, 7, 8}}}, 2, 4);
     EXPECT_EQ(y, (std::vector<float>{0, 0, 7, 8}));
@@ -31,13 +34,16 @@ TEST(RefElementwise, ReLUBackwardBothVariantsMaskOnPositive) {
 }
 
 TEST(RefElementwise, ChainWithTransposeCastAndAdd) {
-  // x (2x3) -> transpose [1, 0] -> (3x2); + y; relu; cast to bf16 and back is exact for these values.
+  // x (2x3) -> transpose [1, 0] -> (3x2); + y; relu; cast to bf16 and back is exact for these
+  // values.
   Graph g;
   Op t(0, OpKind::kStaticTranspose, "t");
   t.set_attr("order", std::vector<int64_t>{1, 0});
   t.add_input(lt(0, DataType::kF32, {2, 3})).add_output(lt(1, DataType::kF32, {3, 2}));
   Op a(1, OpKind::kAdd, "a");
-  a.add_input(lt(1, DataType::kF32, {3, 2})).add_input(lt(2, DataType::kF32, {3, 2})).add_output(lt(3, DataType::kF32, {3, 2}));
+  a.add_input(lt(1, DataType::kF32, {3, 2}))
+      .add_input(lt(2, DataType::kF32, {3, 2}))
+      .add_output(lt(3, DataType::kF32, {3, 2}));
   Op r(2, OpKind::kReLU, "r");
   r.add_input(lt(3, DataType::kF32, {3, 2})).add_output(lt(4, DataType::kF32, {3, 2}));
   Op c(3, OpKind::kTypeCast, "c");
