@@ -41,13 +41,6 @@ const std::vector<std::string>& known_backend_names();
 // nullptr when `name` is not built into this library.
 const Backend* find_backend(const std::string& name);
 
-// Explicit registration functions, called once from available_backends().
-const Backend* ref_backend();
-#ifdef NORMGRAD_WITH_DNNL
-const Backend* dnnl_backend();
-void set_dnnl_threads(int n);
-#endif
-
 // Caps the threads every built backend uses (oneDNN's OpenMP pool; oneTBB is
 // capped by the caller's tbb::global_control).
 void set_backend_threads(int n);

@@ -2,7 +2,7 @@
 // declines, with the reason, whatever oneDNN cannot run exactly.
 #include <omp.h>
 
-#include "backends/backend.hpp"
+#include "backends/backend_registry.hpp"
 #include "backends/dnnl/dnnl_kernels.hpp"
 
 namespace normgrad {

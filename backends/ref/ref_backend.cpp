@@ -5,7 +5,7 @@
 // own dtype, which reproduces the unfused rounding exactly.
 #include <map>
 
-#include "backends/backend.hpp"
+#include "backends/backend_registry.hpp"
 #include "backends/ref/ref_ops.hpp"
 #include "ops/tf_batch_norm.hpp"
 
