@@ -81,7 +81,7 @@ Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
   const auto t0 = std::chrono::steady_clock::now();
   Status s = kernel_->execute(in, out);
   if (verbose_level() >= 1) {
-    std::cerr << "normgrad_verbose,exec," << backend_->name() << "," << kernel_->name() << ","
+    std::cerr << "normgrad_verbose,exec," << partition_.id << "," << backend_->name() << "," << kernel_->name() << ","
               << partition_.ops_string() << "," << shapes_of(partition_) << "," << ms_since(t0)
               << "\n";
   }
@@ -114,7 +114,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     Status s = b->supports(partition);
     if (!s.ok()) {
       if (verbose_level() >= 2) {
-        std::cerr << "normgrad_verbose,decline," << b->name() << "," << partition.ops_string()
+        std::cerr << "normgrad_verbose,decline," << partition.id << "," << b->name() << "," << partition.ops_string()
                   << "," << s.message() << "\n";
       }
       reasons += std::string(reasons.empty() ? "" : "; ") + b->name() + ": " + s.message();
@@ -126,7 +126,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     auto cp =
         std::make_shared<const CompiledPartition>(partition, b, std::move(kernel).value(), ms);
     if (verbose_level() >= 1) {
-      std::cerr << "normgrad_verbose,compile," << b->name() << "," << cp->kernel_name() << ","
+      std::cerr << "normgrad_verbose,compile," << partition.id << "," << b->name() << "," << cp->kernel_name() << ","
                 << partition.ops_string() << "," << shapes_of(partition) << "," << ms << "\n";
     }
     return cp;

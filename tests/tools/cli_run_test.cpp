@@ -135,6 +135,24 @@ TEST(CliRun, BenchdnnKnobsRewriteTheCase) {
       << r.output;
 }
 
+TEST(CliRun, VerboseLinesAreStable) {
+  const Result r = run("run " + kExamples + "/bn_training_backward_f16_nxc_no_gamma.json");
+  EXPECT_EQ(r.exit_code, 0);
+  const std::string cmd = "NORMGRAD_VERBOSE=2 " + kCli + " run " + kExamples + "/bn_training_backward_f16_nxc_no_gamma.json 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  EXPECT_NE(out.find("normgrad_verbose,decline,0,dnnl,BatchNormTrainingBackward,oneDNN 2.6 has no f16 batch normalization"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("normgrad_verbose,compile,0,ref,ref:BatchNormTrainingBackward,BatchNormTrainingBackward,f16:2x9x9x24 "),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("normgrad_verbose,exec,0,ref,ref:BatchNormTrainingBackward,"), std::string::npos) << out;
+}
+
 TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
   const std::string bad_json =
       write_temp("bad.json", "{\"graph\": [ {\"id\": 0, \"kind\": \"BatchNormTrainingBackward\"");
