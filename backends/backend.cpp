@@ -6,7 +6,9 @@ namespace normgrad {
 const std::vector<const Backend*>& available_backends() {
   static const std::vector<const Backend*> backends = [] {
     std::vector<const Backend*> v;
-    // The JIT joins here, first, when it lands.
+#ifdef NORMGRAD_WITH_JIT
+    v.push_back(jit_backend());
+#endif
 #ifdef NORMGRAD_WITH_DNNL
     v.push_back(dnnl_backend());
 #endif

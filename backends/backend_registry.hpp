@@ -7,6 +7,9 @@
 namespace normgrad {
 
 const Backend* ref_backend();
+#ifdef NORMGRAD_WITH_JIT
+const Backend* jit_backend();
+#endif
 #ifdef NORMGRAD_WITH_DNNL
 const Backend* dnnl_backend();
 void set_dnnl_threads(int n);

@@ -1,0 +1,82 @@
+// The JIT backend: batch-norm backward on generated kernels (AVX-512, AVX2) or
+// the portable path, with a process-wide kernel cache.
+#include <mutex>
+#include <unordered_map>
+
+#include "backends/backend_registry.hpp"
+#include "backends/jit/jit_driver.hpp"
+
+namespace normgrad {
+namespace {
+
+class JitKernel final : public Kernel {
+ public:
+  JitKernel(jit::BnConf conf, std::shared_ptr<const jit::KernelSet> kernels)
+      : conf_(std::move(conf)), kernels_(std::move(kernels)) {}
+  std::string name() const override { return conf_.kernel_name(); }
+  Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    return jit::run_batch_norm_backward(conf_, *kernels_, in, out);
+  }
+
+ private:
+  jit::BnConf conf_;
+  std::shared_ptr<const jit::KernelSet> kernels_;
+};
+
+// Generated code by conf key: the same problem generates code once.
+class KernelCache {
+ public:
+  StatusOr<std::shared_ptr<const jit::KernelSet>> get(const jit::BnConf& conf) {
+    const std::string key = conf.key();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = sets_.find(key); it != sets_.end()) return it->second;
+    }
+    NG_ASSIGN_OR_RETURN(auto set, jit::generate_kernels(conf));
+    std::lock_guard<std::mutex> lock(mu_);
+    return sets_.emplace(key, set).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const jit::KernelSet>> sets_;
+};
+
+KernelCache& kernel_cache() {
+  static KernelCache cache;
+  return cache;
+}
+
+class JitBackend final : public Backend {
+ public:
+  const char* name() const override { return "jit"; }
+
+  Status supports(const Partition& partition) const override { return conf_of(partition).status(); }
+
+  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override {
+    NG_ASSIGN_OR_RETURN(jit::BnConf conf, conf_of(partition));
+    NG_ASSIGN_OR_RETURN(auto kernels, kernel_cache().get(conf));
+    return std::shared_ptr<const Kernel>(
+        std::make_shared<JitKernel>(std::move(conf), std::move(kernels)));
+  }
+
+ private:
+  static StatusOr<jit::BnConf> conf_of(const Partition& partition) {
+    if (partition.ops.size() != 1) return unimplemented("fused partitions are not in the JIT yet");
+    const Op& op = partition.ops[0];
+    if (op.kind() != OpKind::kBatchNormTrainingBackward) {
+      return unimplemented(std::string(op_kind_name(op.kind())) +
+                           " is not in the JIT (only batch-norm backward)");
+    }
+    return jit::make_conf(op, jit::detect_isa());
+  }
+};
+
+}  // namespace
+
+const Backend* jit_backend() {
+  static const JitBackend backend;
+  return &backend;
+}
+
+}  // namespace normgrad

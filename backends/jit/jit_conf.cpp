@@ -1,0 +1,136 @@
+// JIT conf: ISA detection, cache sizes from sysfs, and the walk and chunking.
+#include "backends/jit/jit_conf.hpp"
+
+#include <cstdlib>
+#include <fstream>
+
+#include <xbyak/xbyak_util.h>
+
+namespace normgrad {
+namespace jit {
+namespace {
+
+int64_t read_cache_size(int index) {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+  std::string s;
+  if (!(in >> s) || s.empty()) return 0;
+  int64_t v = std::atoll(s.c_str());
+  if (s.back() == 'K') v <<= 10;
+  if (s.back() == 'M') v <<= 20;
+  return v;
+}
+
+int read_cache_level(int index) {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/level");
+  int level = 0;
+  in >> level;
+  return level;
+}
+
+Isa parse_isa(const std::string& s, Isa best) {
+  if (s == "0" || s == "portable") return Isa::kPortable;
+  if (s == "avx2") return best == Isa::kPortable ? best : Isa::kAvx2;
+  return best;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kPortable:
+      return "portable";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+Isa detect_isa(const std::string& forced) {
+  static const Isa best = [] {
+    const Xbyak::util::Cpu cpu;
+    using C = Xbyak::util::Cpu;
+    if (cpu.has(C::tAVX512F) && cpu.has(C::tAVX512BW) && cpu.has(C::tAVX512VL)) return Isa::kAvx512;
+    if (cpu.has(C::tAVX2) && cpu.has(C::tFMA) && cpu.has(C::tF16C)) return Isa::kAvx2;
+    return Isa::kPortable;
+  }();
+  if (!forced.empty()) return parse_isa(forced, best);
+  const char* env = std::getenv("NORMGRAD_JIT");
+  return env ? parse_isa(env, best) : best;
+}
+
+bool cpu_has_avx512_bf16() {
+  static const bool has = Xbyak::util::Cpu().has(Xbyak::util::Cpu::tAVX512_BF16);
+  return has;
+}
+
+const CacheSizes& cache_sizes() {
+  static const CacheSizes sizes = [] {
+    CacheSizes c;
+    for (int i = 0; i < 8; ++i) {
+      const int level = read_cache_level(i);
+      const int64_t size = read_cache_size(i);
+      if (size <= 0) continue;
+      if (level == 2) c.l2_bytes = size;
+      if (level == 3) c.l3_bytes = size;
+    }
+    return c;
+  }();
+  return sizes;
+}
+
+std::string BnConf::kernel_name() const {
+  return std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
+         dtype_name(d.stats_dt) + ":" + (walk == Walk::kRows ? "rows" : "pixels");
+}
+
+std::string BnConf::key() const {
+  // The generated code depends on the ISA, dtypes, walk, the inner length and strides.
+  return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + ":cols=" + std::to_string(cols) +
+         ":rs=" + std::to_string(row_stride);
+}
+
+StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  for (size_t i = 0; i < 2; ++i) {
+    if (op.inputs()[i].effective_strides() != dense_strides(op.inputs()[i].dims)) {
+      return unimplemented("the JIT takes dense NCX/NXC data; input " + std::to_string(i) +
+                           " is strided (ref runs it)");
+    }
+  }
+  if (op.outputs()[0].effective_strides() != dense_strides(op.outputs()[0].dims)) {
+    return unimplemented("the JIT takes dense NCX/NXC data; diff_src is strided (ref runs it)");
+  }
+  if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
+  BnConf c;
+  c.d = d;
+  c.isa = isa;
+  c.avx512_bf16 = isa == Isa::kAvx512 && cpu_has_avx512_bf16();
+  NG_ASSIGN_OR_RETURN(c.total_elements, checked_product(d.dims, op.label()));
+  const int64_t n = d.dims[0];
+  const int64_t spatial = d.reduce_size / n;
+  if (d.format == DataFormat::kNCX && spatial > 1) {
+    c.walk = Walk::kRows;
+    c.rows = n;
+    c.cols = spatial;
+    c.row_stride = d.channels * spatial;
+    c.channel_stride = spatial;
+  } else {
+    c.walk = Walk::kPixels;
+    c.rows = d.reduce_size;
+    c.cols = d.channels;
+    c.row_stride = d.channels;
+    c.channel_stride = 1;
+  }
+  c.needs_reduction = d.mode == BackwardMode::kTraining || d.diff_scale_shift;
+  // Pixels per reduction partial: about 64 KiB of src + diff_dst, so the chunk
+  // stays in L2 and there are many chunks to share out. Depends on the shape only.
+  const int64_t bytes_per_row = 2 * c.cols * dtype_size(d.data_dt);
+  c.chunk_rows = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, bytes_per_row));
+  c.single_thread = c.total_elements < 100000;
+  return c;
+}
+
+}  // namespace jit
+}  // namespace normgrad

@@ -1,0 +1,66 @@
+// JIT batch-norm backward: the plain-C++ decisions (conf) for one problem.
+//
+// The conf maps the canonical BatchNormTrainingBackward onto one of two 2-D
+// walks that the generated kernels implement:
+//   - kRows  (NCX with spatial > 1): channel c is N rows of S contiguous
+//     elements, row stride C*S; per-channel values are scalars;
+//   - kPixels (NXC, or NCX with spatial 1, which is the same memory): P = N*S
+//     pixels of C contiguous channels; per-channel values are vectors.
+// It also picks the ISA, the fixed reduction chunking (independent of the
+// thread count, so results are bitwise identical for any thread count), and
+// whether a problem is small enough to run on one thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "graph/op.hpp"
+#include "graph/status.hpp"
+#include "ops/batch_norm_desc.hpp"
+
+namespace normgrad {
+namespace jit {
+
+enum class Isa : uint8_t { kPortable, kAvx2, kAvx512 };
+const char* isa_name(Isa isa);
+
+// The best ISA this CPU has, capped by NORMGRAD_JIT (0 or "portable", "avx2",
+// "avx512"); `forced` (same spellings) overrides the environment when not empty.
+Isa detect_isa(const std::string& forced = "");
+bool cpu_has_avx512_bf16();
+
+enum class Walk : uint8_t { kRows, kPixels };
+
+struct CacheSizes {
+  int64_t l2_bytes = 1 << 20;   // per core
+  int64_t l3_bytes = 32 << 20;  // shared
+};
+// Read from sysfs (works on AMD and Intel alike); the defaults above otherwise.
+const CacheSizes& cache_sizes();
+
+struct BnConf {
+  BatchNormDesc d;
+  Isa isa = Isa::kPortable;
+  bool avx512_bf16 = false;  // vcvtneps2bf16 for bf16 stores
+  Walk walk = Walk::kRows;
+  int64_t rows = 0;  // kRows: N; kPixels: P = N * spatial
+  int64_t cols = 0;  // kRows: S; kPixels: C
+  int64_t row_stride =
+      0;  // elements between consecutive rows of one channel (kRows: C*S; kPixels: C)
+  int64_t channel_stride = 0;  // kRows: S (offset of channel c is c*S)
+  int64_t chunk_rows = 0;      // kPixels: pixels per reduction partial (fixed by the problem only)
+  bool needs_reduction = false;
+  bool single_thread = false;  // small problems skip the task overhead
+  int64_t total_elements = 0;
+
+  // "jit:avx512:bf16/f32:rows" and the like, for verbose lines.
+  std::string kernel_name() const;
+  // The cache key: everything the generated code depends on.
+  std::string key() const;
+};
+
+// Decides the conf, or the reason the JIT declines (strided tensors, empty ones).
+StatusOr<BnConf> make_conf(const Op& op, Isa isa);
+
+}  // namespace jit
+}  // namespace normgrad

@@ -1,0 +1,385 @@
+// Xbyak generator of the batch-norm backward kernels (AVX-512 and AVX2+F16C).
+//
+// Everything the loops depend on is a generation-time constant: dtype, walk,
+// row length (S or C), row stride, tail length. Main loops run U = 4 vectors
+// per iteration with independent accumulators; tails use opmask registers on
+// AVX-512 and vmaskmovps / vpinsrw / vpextrw on AVX2. Code is generated into
+// a read-write buffer and then made read+execute (never writable and
+// executable at once).
+#include <chrono>
+#include <cstddef>
+#include <functional>
+
+#include <xbyak/xbyak.h>
+
+#include "backends/jit/jit_kernels.hpp"
+
+namespace normgrad {
+namespace jit {
+namespace {
+
+using namespace Xbyak;
+
+constexpr int kUnroll = 4;
+constexpr size_t kCodeBytes = 64 * 1024;
+
+class BnGenerator : public CodeGenerator {
+ public:
+  enum class Kind { kReduce, kApply };
+
+  BnGenerator(const BnConf& c, Kind kind)
+      : CodeGenerator(kCodeBytes, DontSetProtectRWE),
+        c_(c),
+        avx512_(c.isa == Isa::kAvx512),
+        lanes_(avx512_ ? 16 : 8),
+        es_(static_cast<int>(dtype_size(c.d.data_dt))),
+        cp_(padded_channels(c.d.channels)),
+        tail_(c.cols % lanes_) {
+    if (c.walk == Walk::kRows) {
+      kind == Kind::kReduce ? rows_reduce() : rows_apply();
+    } else {
+      kind == Kind::kReduce ? pixels_reduce() : pixels_apply();
+    }
+    emit_constants();
+    readyRE();           // checks labels (and protects AutoGrow buffers only)
+    setProtectModeRE();  // our fixed buffer: read-write until now, read+execute from here on
+  }
+
+  using KernelFn = void (*)(const KernelArgs*);
+  KernelFn fn() const { return getCode<KernelFn>(); }
+
+ private:
+  Xmm vmm(int i) const { return avx512_ ? Xmm(Zmm(i)) : Xmm(Ymm(i)); }
+  // The half-width register holding 16-bit data of a full vector.
+  Xmm half(int i) const { return avx512_ ? Xmm(Ymm(i)) : Xmm(i); }
+
+  Address data(const Reg64& base, int64_t off) { return ptr[base + r11 * es_ + off * es_]; }
+  Address f32_at(const Reg64& base, int64_t off) { return ptr[base + r11 * 4 + off * 4]; }
+
+  void prologue() {
+    mov(rsi, ptr[rdi + offsetof(KernelArgs, x)]);
+    mov(rdx, ptr[rdi + offsetof(KernelArgs, dy)]);
+    mov(rcx, ptr[rdi + offsetof(KernelArgs, dx)]);
+    mov(r8, ptr[rdi + offsetof(KernelArgs, coef)]);
+    mov(r9, ptr[rdi + offsetof(KernelArgs, acc)]);
+    mov(r10, ptr[rdi + offsetof(KernelArgs, rows)]);
+    if (tail_ == 0) return;
+    if (avx512_) {
+      mov(eax, (1u << tail_) - 1);
+      kmovw(k1, eax);
+    } else if (c_.d.data_dt == DataType::kF32) {
+      vmovups(vmm(kMask), ptr[rip + tail_mask_]);
+    }
+  }
+
+  void next_row(bool with_dx) {
+    mov(rax, c_.row_stride * es_);
+    add(rsi, rax);
+    add(rdx, rax);
+    if (with_dx) add(rcx, rax);
+  }
+
+  void epilogue() {
+    vzeroupper();
+    ret();
+  }
+
+  // Loads one vector of data (converted to f32) from `base` at element `off`.
+  void load(int dst, const Reg64& base, int64_t off, bool tail) {
+    const Xmm v = vmm(dst);
+    if (c_.d.data_dt == DataType::kF32) {
+      if (!tail) {
+        vmovups(v, data(base, off));
+      } else if (avx512_) {
+        vmovups(v | k1 | T_z, data(base, off));
+      } else {
+        vmaskmovps(v, vmm(kMask), data(base, off));
+      }
+      return;
+    }
+    const Xmm h = half(dst);
+    if (tail) {
+      if (avx512_) {
+        vmovdqu16(h | k1 | T_z, data(base, off));
+      } else {
+        vpxor(Xmm(dst), Xmm(dst), Xmm(dst));
+        for (int i = 0; i < tail_; ++i) vpinsrw(Xmm(dst), Xmm(dst), data(base, off + i), i);
+      }
+    }
+    if (c_.d.data_dt == DataType::kBF16) {
+      if (tail) {
+        vpmovzxwd(v, h);
+      } else {
+        vpmovzxwd(v, data(base, off));
+      }
+      vpslld(v, v, 16);
+    } else {  // f16
+      if (tail) {
+        vcvtph2ps(v, h);
+      } else {
+        vcvtph2ps(v, data(base, off));
+      }
+    }
+  }
+
+  // Stores vector `src` (f32) to `base` at element `off`, converting; clobbers kScratch0..2.
+  void store(const Reg64& base, int64_t off, int src, bool tail) {
+    const Xmm s = vmm(src);
+    if (c_.d.data_dt == DataType::kF32) {
+      if (!tail) {
+        vmovups(data(base, off), s);
+      } else if (avx512_) {
+        vmovups(data(base, off) | k1, s);
+      } else {
+        vmaskmovps(data(base, off), vmm(kMask), s);
+      }
+      return;
+    }
+    const int w = kScratch0;  // words land in half(w)
+    if (c_.d.data_dt == DataType::kF16) {
+      vcvtps2ph(half(w), s, 0);  // round to nearest even
+    } else if (avx512_ && c_.avx512_bf16) {
+      vcvtneps2bf16(half(w), s);
+    } else {
+      // Round to nearest even by integer arithmetic; NaN keeps its top bits and gets the quiet bit.
+      const Xmm t = vmm(kScratch1), n = vmm(kScratch2);
+      vpsrld(t, s, 16);
+      if (avx512_) {
+        vpandd(t, t, ptr[rip + c_one_]);
+      } else {
+        vpand(t, t, ptr[rip + c_one_]);
+      }
+      vpaddd(t, t, ptr[rip + c_7fff_]);
+      vpaddd(t, t, s);
+      vpsrld(t, t, 16);
+      vpsrld(n, s, 16);
+      if (avx512_) {
+        vpord(n, n, ptr[rip + c_0040_]);
+      } else {
+        vpor(n, n, ptr[rip + c_0040_]);
+      }
+      if (avx512_) {
+        vcmpps(k2, s, s, 3);  // unordered: NaN
+        vmovdqa32(t | k2, n);
+        vpmovdw(half(w), t);
+      } else {
+        vcmpps(vmm(w), s, s, 3);
+        vblendvps(t, t, n, vmm(w));
+        vextracti128(Xmm(kScratch2), Ymm(kScratch1), 1);
+        vpackusdw(Xmm(w), Xmm(kScratch1), Xmm(kScratch2));
+      }
+    }
+    if (!tail) {
+      vmovdqu(data(base, off), half(w));
+    } else if (avx512_) {
+      vmovdqu16(data(base, off) | k1, half(w));
+    } else {
+      for (int i = 0; i < tail_; ++i) vpextrw(data(base, off + i), Xmm(w), i);
+    }
+  }
+
+  // Walks one row of `cols` elements: step(j, offset, tail) with j the unroll slot.
+  void cols_loop(const std::function<void(int, int64_t, bool)>& step) {
+    const int64_t nvec = c_.cols / lanes_;
+    const int64_t groups = nvec / kUnroll, rem = nvec % kUnroll;
+    xor_(r11, r11);
+    if (groups > 0) {
+      Label loop;
+      mov(rax, groups * kUnroll * lanes_);
+      L(loop);
+      for (int j = 0; j < kUnroll; ++j) step(j, j * lanes_, false);
+      add(r11, kUnroll * lanes_);
+      cmp(r11, rax);
+      jl(loop, T_NEAR);
+    }
+    for (int j = 0; j < rem; ++j) step(j, j * lanes_, false);
+    if (tail_) step(static_cast<int>(rem), rem * lanes_, true);
+  }
+
+  // Horizontal sum of vmm(v) into lane 0 of Xmm(v); clobbers vmm(s).
+  void hsum(int v, int s) {
+    if (avx512_) {
+      vextractf64x4(Ymm(s), Zmm(v), 1);
+      vaddps(Ymm(v), Ymm(v), Ymm(s));
+    }
+    vextractf128(Xmm(s), Ymm(v), 1);
+    vaddps(Xmm(v), Xmm(v), Xmm(s));
+    vmovhlps(Xmm(s), Xmm(s), Xmm(v));
+    vaddps(Xmm(v), Xmm(v), Xmm(s));
+    vmovshdup(Xmm(s), Xmm(v));
+    vaddss(Xmm(v), Xmm(v), Xmm(s));
+  }
+
+  // rows_reduce: a_j = v0..3 (sum dy), b_j = v4..7 (sum dy (x - mean)), x/dy temps v8/v9,
+  // mean v12, f64 totals xmm13/xmm14.
+  void rows_reduce() {
+    prologue();
+    vbroadcastss(vmm(12), ptr[r8 + 12]);
+    vxorpd(Xmm(13), Xmm(13), Xmm(13));
+    vxorpd(Xmm(14), Xmm(14), Xmm(14));
+    Label row, done;
+    test(r10, r10);
+    jz(done, T_NEAR);
+    L(row);
+    for (int j = 0; j < 8; ++j)
+      vxorps(Xmm(j), Xmm(j), Xmm(j));  // VEX zeroing clears the full register
+    cols_loop([&](int j, int64_t off, bool tail) {
+      load(8, rsi, off, tail);
+      load(9, rdx, off, tail);
+      vaddps(vmm(j), vmm(j), vmm(9));
+      vsubps(vmm(8), vmm(8), vmm(12));
+      vfmadd231ps(vmm(4 + j), vmm(9), vmm(8));
+    });
+    vaddps(vmm(0), vmm(0), vmm(1));
+    vaddps(vmm(2), vmm(2), vmm(3));
+    vaddps(vmm(0), vmm(0), vmm(2));
+    vaddps(vmm(4), vmm(4), vmm(5));
+    vaddps(vmm(6), vmm(6), vmm(7));
+    vaddps(vmm(4), vmm(4), vmm(6));
+    hsum(0, 10);
+    hsum(4, 10);
+    vcvtss2sd(Xmm(15), Xmm(15), Xmm(0));
+    vaddsd(Xmm(13), Xmm(13), Xmm(15));
+    vcvtss2sd(Xmm(15), Xmm(15), Xmm(4));
+    vaddsd(Xmm(14), Xmm(14), Xmm(15));
+    next_row(false);
+    dec(r10);
+    jnz(row, T_NEAR);
+    L(done);
+    vaddsd(Xmm(13), Xmm(13), ptr[r9]);
+    vmovsd(ptr[r9], Xmm(13));
+    vaddsd(Xmm(14), Xmm(14), ptr[r9 + 8]);
+    vmovsd(ptr[r9 + 8], Xmm(14));
+    epilogue();
+  }
+
+  // rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
+  void rows_apply() {
+    prologue();
+    for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 4 * k]);
+    Label row, done;
+    test(r10, r10);
+    jz(done, T_NEAR);
+    L(row);
+    cols_loop([&](int j, int64_t off, bool tail) {
+      load(j, rsi, off, tail);
+      load(4 + j, rdx, off, tail);
+      vsubps(vmm(j), vmm(j), vmm(15));
+      vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
+      vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
+      store(rcx, off, 4 + j, tail);
+    });
+    next_row(true);
+    dec(r10);
+    jnz(row, T_NEAR);
+    L(done);
+    epilogue();
+  }
+
+  // pixels_reduce: per channel vector, acc[c] += dy and acc[Cp + c] += dy (x - mean[c]) in memory.
+  void pixels_reduce() {
+    prologue();
+    Label row, done;
+    test(r10, r10);
+    jz(done, T_NEAR);
+    L(row);
+    cols_loop([&](int j, int64_t off, bool tail) {
+      const int x = 2 * j, dy = 2 * j + 1;  // v0..v7
+      load(x, rsi, off, tail);
+      load(dy, rdx, off, tail);
+      vsubps(vmm(x), vmm(x), f32_at(r8, off));
+      vmulps(vmm(x), vmm(x), vmm(dy));
+      vaddps(vmm(dy), vmm(dy), f32_at(r9, off));
+      vmovups(f32_at(r9, off), vmm(dy));
+      vaddps(vmm(x), vmm(x), f32_at(r9, cp_ + off));
+      vmovups(f32_at(r9, cp_ + off), vmm(x));
+    });
+    next_row(false);
+    dec(r10);
+    jnz(row, T_NEAR);
+    L(done);
+    epilogue();
+  }
+
+  // pixels_apply: coef = a | b | c | mean, each Cp floats.
+  void pixels_apply() {
+    prologue();
+    Label row, done;
+    test(r10, r10);
+    jz(done, T_NEAR);
+    L(row);
+    cols_loop([&](int j, int64_t off, bool tail) {
+      const int x = 2 * j, dy = 2 * j + 1;
+      load(x, rsi, off, tail);
+      load(dy, rdx, off, tail);
+      vsubps(vmm(x), vmm(x), f32_at(r8, 3 * cp_ + off));
+      vmulps(vmm(dy), vmm(dy), f32_at(r8, off));
+      vaddps(vmm(dy), vmm(dy), f32_at(r8, 2 * cp_ + off));
+      vfmadd231ps(vmm(dy), vmm(x), f32_at(r8, cp_ + off));
+      store(rcx, off, dy, tail);
+    });
+    next_row(true);
+    dec(r10);
+    jnz(row, T_NEAR);
+    L(done);
+    epilogue();
+  }
+
+  void emit_constants() {
+    align(64);
+    auto splat = [&](Label& l, uint32_t v) {
+      L(l);
+      for (int i = 0; i < 16; ++i) dd(v);
+    };
+    splat(c_one_, 1);
+    splat(c_7fff_, 0x7fff);
+    splat(c_0040_, 0x40);
+    L(tail_mask_);
+    for (int i = 0; i < 16; ++i) dd(i < tail_ ? 0xffffffffu : 0u);
+  }
+
+  // Fixed roles: v10 scratch for hsum in reduce kernels; v8..v10 for store conversion in
+  // apply kernels (which keep data in v0..v7); v11 holds the AVX2 f32 tail mask.
+  static constexpr int kScratch0 = 8, kScratch1 = 9, kScratch2 = 10, kMask = 11;
+
+  BnConf c_;
+  bool avx512_;
+  int lanes_;
+  int es_;
+  int64_t cp_;
+  int tail_;
+  Label c_one_, c_7fff_, c_0040_, tail_mask_;
+};
+
+class GeneratedKernels final : public KernelSet {
+ public:
+  GeneratedKernels(const BnConf& c)
+      : reduce_gen_(std::make_unique<BnGenerator>(c, BnGenerator::Kind::kReduce)),
+        apply_gen_(std::make_unique<BnGenerator>(c, BnGenerator::Kind::kApply)) {}
+  void reduce(const KernelArgs& a) const override { reduce_gen_->fn()(&a); }
+  void apply(const KernelArgs& a) const override { apply_gen_->fn()(&a); }
+
+ private:
+  std::unique_ptr<BnGenerator> reduce_gen_, apply_gen_;
+};
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf) {
+  if (conf.isa == Isa::kPortable) return portable_kernels(conf);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto k = std::make_shared<GeneratedKernels>(conf);
+    k->generate_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return std::shared_ptr<const KernelSet>(std::move(k));
+  } catch (const Xbyak::Error& e) {
+    return internal_error(std::string("Xbyak: ") + e.what() + " while generating " +
+                          conf.kernel_name());
+  } catch (const std::exception& e) {
+    return internal_error(std::string("JIT generation: ") + e.what());
+  }
+}
+
+}  // namespace jit
+}  // namespace normgrad

@@ -1,0 +1,53 @@
+// The four inner kernels of the JIT batch-norm backward and their arguments.
+//
+// Both the Xbyak generator and the portable C++ path implement these, with the
+// same contracts, so the driver does not care which one runs:
+//   rows_reduce   out[0] += sum dy, out[1] += sum dy (x - mean) over `rows` rows
+//                 of `cols` elements (row stride from the conf); per-row sums in
+//                 f32, accumulated across rows in f64
+//   rows_apply    dx = a dy + b (x - mean) + c for one channel (coef = {a, b, c, mean})
+//   pixels_reduce acc[0:C] += dy, acc[Cp:Cp+C] += dy (x - mean[c]) per channel, f32,
+//                 over `rows` pixels (Cp = C rounded up to 16; arrays padded)
+//   pixels_apply  dx = a[c] dy + b[c] (x - mean[c]) + c[c]; coef = a|b|c|mean, each Cp long
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backends/jit/jit_conf.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+namespace jit {
+
+struct KernelArgs {
+  const void* x;
+  const void* dy;
+  void* dx;           // apply only
+  const float* coef;  // rows: {a, b, c, mean}; pixels: mean (reduce) or a|b|c|mean (apply)
+  void* acc;          // rows_reduce: double[2]; pixels_reduce: float[2 * Cp]
+  int64_t rows;
+};
+
+// Padded per-channel array length.
+inline int64_t padded_channels(int64_t c) {
+  return (c + 15) / 16 * 16;
+}
+
+// The kernels for one conf (generated code or the portable path); immutable,
+// callable from many threads at once.
+class KernelSet {
+ public:
+  virtual ~KernelSet() = default;
+  virtual void reduce(const KernelArgs& args) const = 0;
+  virtual void apply(const KernelArgs& args) const = 0;
+  double generate_ms = 0.0;
+};
+
+// Xbyak code for conf.isa (kAvx2 or kAvx512); exceptions become a Status.
+StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf);
+// The portable C++ path.
+std::shared_ptr<const KernelSet> portable_kernels(const BnConf& conf);
+
+}  // namespace jit
+}  // namespace normgrad

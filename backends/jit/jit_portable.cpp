@@ -1,0 +1,98 @@
+// The portable C++ path of the four kernels: for CPUs without AVX2 and for
+// NORMGRAD_JIT=0. Same contracts and the same arithmetic as the generated code.
+#include <vector>
+
+#include "backends/jit/jit_kernels.hpp"
+
+namespace normgrad {
+namespace jit {
+namespace {
+
+inline float load(const void* p, int64_t i, DataType dt) {
+  switch (dt) {
+    case DataType::kBF16:
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kF16:
+      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+inline void store(void* p, int64_t i, DataType dt, float v) {
+  switch (dt) {
+    case DataType::kBF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(v);
+      return;
+    case DataType::kF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16_bits(v);
+      return;
+    default:
+      static_cast<float*>(p)[i] = v;
+      return;
+  }
+}
+
+class PortableKernels final : public KernelSet {
+ public:
+  explicit PortableKernels(const BnConf& c) : c_(c), cp_(padded_channels(c.d.channels)) {}
+
+  void reduce(const KernelArgs& a) const override {
+    const DataType dt = c_.d.data_dt;
+    if (c_.walk == Walk::kRows) {
+      const float mean = a.coef[3];  // coef = {a, b, c, mean}
+      double* out = static_cast<double*>(a.acc);
+      for (int64_t r = 0; r < a.rows; ++r) {
+        // Eight partial sums per row, as a vector unit would keep them.
+        float s0[8] = {}, s1[8] = {};
+        for (int64_t i = 0; i < c_.cols; ++i) {
+          const float dy = load(a.dy, r * c_.row_stride + i, dt);
+          const float xm = load(a.x, r * c_.row_stride + i, dt) - mean;
+          s0[i % 8] += dy;
+          s1[i % 8] += dy * xm;
+        }
+        float t0 = 0.f, t1 = 0.f;
+        for (int k = 0; k < 8; ++k) t0 += s0[k], t1 += s1[k];
+        out[0] += t0;
+        out[1] += t1;
+      }
+      return;
+    }
+    float* acc = static_cast<float*>(a.acc);
+    for (int64_t r = 0; r < a.rows; ++r) {
+      for (int64_t ch = 0; ch < c_.cols; ++ch) {
+        const float dy = load(a.dy, r * c_.row_stride + ch, dt);
+        acc[ch] += dy;
+        acc[cp_ + ch] += dy * (load(a.x, r * c_.row_stride + ch, dt) - a.coef[ch]);
+      }
+    }
+  }
+
+  void apply(const KernelArgs& a) const override {
+    const DataType dt = c_.d.data_dt;
+    for (int64_t r = 0; r < a.rows; ++r) {
+      for (int64_t i = 0; i < c_.cols; ++i) {
+        const int64_t e = r * c_.row_stride + i;
+        const bool rows = c_.walk == Walk::kRows;
+        const float ca = rows ? a.coef[0] : a.coef[i];
+        const float cb = rows ? a.coef[1] : a.coef[cp_ + i];
+        const float cc = rows ? a.coef[2] : a.coef[2 * cp_ + i];
+        const float cm = rows ? a.coef[3] : a.coef[3 * cp_ + i];
+        store(a.dx, e, dt, ca * load(a.dy, e, dt) + (cb * (load(a.x, e, dt) - cm) + cc));
+      }
+    }
+  }
+
+ private:
+  BnConf c_;
+  int64_t cp_;
+};
+
+}  // namespace
+
+std::shared_ptr<const KernelSet> portable_kernels(const BnConf& conf) {
+  return std::make_shared<PortableKernels>(conf);
+}
+
+}  // namespace jit
+}  // namespace normgrad
