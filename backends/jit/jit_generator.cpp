@@ -6,6 +6,7 @@
 // AVX-512 and vmaskmovps / vpinsrw / vpextrw on AVX2. Code is generated into
 // a read-write buffer and then made read+execute (never writable and
 // executable at once).
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -363,13 +364,20 @@ class GeneratedKernels final : public KernelSet {
   std::unique_ptr<BnGenerator> reduce_gen_, apply_gen_;
 };
 
+std::atomic<int64_t> g_generated{0};
+
 }  // namespace
+
+int64_t generated_kernel_sets() {
+  return g_generated.load();
+}
 
 StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf) {
   if (conf.isa == Isa::kPortable) return portable_kernels(conf);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     auto k = std::make_shared<GeneratedKernels>(conf);
+    g_generated.fetch_add(1);
     k->generate_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return std::shared_ptr<const KernelSet>(std::move(k));

@@ -46,6 +46,8 @@ class KernelSet {
 
 // Xbyak code for conf.isa (kAvx2 or kAvx512); exceptions become a Status.
 StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf);
+// How many kernel sets have been generated in this process (for tests of the cache).
+int64_t generated_kernel_sets();
 // The portable C++ path.
 std::shared_ptr<const KernelSet> portable_kernels(const BnConf& conf);
 

@@ -1,0 +1,184 @@
+// The JIT backend against ref on every code path this machine can run
+// (AVX-512, AVX2+F16C and the portable C++ path, forced with NORMGRAD_JIT),
+// channel and spatial tails, all forms, large offsets, and bitwise equality of
+// results across thread counts.
+#include <cstdlib>
+
+#include <tbb/global_control.h>
+
+#include "backends/jit/jit_conf.hpp"
+#include "backends/jit/jit_kernels.hpp"
+#include "tests/backend_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::compare_with_ref;
+
+Graph one_op(const Op& op) {
+  Graph g;
+  Status s = g.add_op(op);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return g;
+}
+
+// The ISAs to test here: each one the CPU has, plus the portable path.
+std::vector<std::string> isas() {
+  std::vector<std::string> v = {"portable"};
+  const jit::Isa best = jit::detect_isa("avx512");
+  if (best != jit::Isa::kPortable) v.push_back("avx2");
+  if (best == jit::Isa::kAvx512) v.push_back("avx512");
+  return v;
+}
+
+struct IsaScope {
+  explicit IsaScope(const std::string& isa) { setenv("NORMGRAD_JIT", isa.c_str(), 1); }
+  ~IsaScope() { unsetenv("NORMGRAD_JIT"); }
+};
+
+Op make_case(DataType dt, DataType sdt, const std::string& fmt, int rank, int64_t c,
+             int64_t spatial_scale, int form) {
+  Dims shape = {rank == 2 ? 8 : 2};
+  const int64_t spatial[] = {7 * spatial_scale, 3, 5};
+  if (fmt == "NCX") shape.push_back(c);
+  for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
+  if (fmt == "NXC") shape.push_back(c);
+  const bool gamma = form != 1;
+  const int outputs = form == 2 || form == 4 ? 1 : 3;
+  Op op = bn_bwd(shape, fmt, dt, sdt, gamma, outputs, 1e-3f);
+  if (form == 3) op.set_attr("is_training", false);
+  if (form == 4) op.set_attr("is_training", true);
+  if (form == 5) op.set_attr("is_training", true).set_attr("variance_is_inv_std", true);
+  return op;
+}
+
+TEST(JitBackend, SweepOnEveryCodePath) {
+  const std::pair<DataType, DataType> dtypes[] = {{DataType::kF32, DataType::kF32},
+                                                  {DataType::kBF16, DataType::kF32},
+                                                  {DataType::kBF16, DataType::kBF16},
+                                                  {DataType::kF16, DataType::kF32}};
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    for (auto [dt, sdt] : dtypes) {
+      for (const char* fmt : {"NCX", "NXC"}) {
+        for (int rank = 2; rank <= 5; ++rank) {
+          for (int64_t c : {1, 3, 16, 17, 64, 251}) {
+            const int form =
+                ran % 6;  // 0: 3 outputs + gamma, 1: gamma = 1, 2: oneDNN single output,
+                          // 3: frozen + gamma, 4: training diff_src only, 5: inverse std
+            Op op = make_case(dt, sdt, fmt, rank, c, 1, form);
+            SCOPED_TRACE(isa + " " + dtype_name(dt) + "/" + dtype_name(sdt) + " " + fmt + " " +
+                         dims_to_string(op.inputs()[0].dims) + " form " + std::to_string(form));
+            const auto r = compare_with_ref(one_op(op), "jit", static_cast<uint64_t>(ran));
+            ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+            EXPECT_EQ(r.kernel.find("jit:" + isa + ":"), 0u) << r.kernel;
+            EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ran, static_cast<int>(isas().size()) * 4 * 2 * 4 * 6);
+}
+
+TEST(JitBackend, TailsSpatialOneAndLargeOffsets) {
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    // Spatial 1 (NCX becomes the pixels walk), N = 1, odd spatial sizes, all tails.
+    const Dims shapes[] = {{1, 33, 1, 1}, {1, 5, 3, 3}, {3, 7, 1, 13}, {2, 19, 9, 11}};
+    for (const Dims& s : shapes) {
+      for (const char* fmt : {"NCX", "NXC"}) {
+        Dims shape = s;
+        if (std::string(fmt) == "NXC")
+          std::rotate(shape.begin() + 1, shape.begin() + 2, shape.end());
+        for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+          Op op = bn_bwd(shape, fmt, dt, DataType::kF32, true, 3);
+          SCOPED_TRACE(isa + " " + fmt + " " + dims_to_string(shape) + " " + dtype_name(dt));
+          const auto r = compare_with_ref(one_op(op), "jit");
+          ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+          EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+        }
+      }
+    }
+    // mean 1e4: the reduction uses the given mean, so no catastrophic cancellation.
+    for (const char* fmt : {"NCX", "NXC"}) {
+      Op op = bn_bwd({8, 24, 12, 12}, fmt, DataType::kF32, DataType::kF32, true, 3);
+      const auto r = compare_with_ref(one_op(op), "jit", 7, 1e4);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_LE(r.worst_ratio, 1.0) << isa << " " << fmt << ": " << r.report;
+    }
+  }
+}
+
+// Runs `g` on the JIT with `threads` threads; returns every output's bytes.
+std::map<int64_t, std::vector<char>> run_with_threads(const Graph& g, int threads) {
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
+                            static_cast<size_t>(threads));
+  auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  std::map<int64_t, std::string> sources;
+  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, &sources);
+  std::map<int64_t, const void*> in;
+  for (auto& [id, b] : *inputs) in[id] = b.data();
+  std::map<int64_t, cli::Buffer> outs;
+  std::map<int64_t, void*> p;
+  for (const LogicalTensor& lt : cg->outputs())
+    p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+  EXPECT_TRUE(cg->execute(in, p).ok());
+  std::map<int64_t, std::vector<char>> bytes;
+  for (auto& [id, b] : outs) bytes[id] = b.bytes;
+  return bytes;
+}
+
+TEST(JitBackend, BitwiseIdenticalForAnyThreadCount) {
+  for (const char* fmt : {"NCX", "NXC"}) {
+    for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+      // Above the single-thread threshold, with many reduction chunks.
+      const Dims shape = std::string(fmt) == "NCX" ? Dims{16, 40, 28, 28} : Dims{16, 28, 28, 40};
+      Graph g = one_op(bn_bwd(shape, fmt, dt, DataType::kF32, true, 3));
+      const auto one = run_with_threads(g, 1);
+      const auto two = run_with_threads(g, 2);
+      const auto four = run_with_threads(g, 4);
+      for (const auto& [id, b] : one) {
+        EXPECT_EQ(b, two.at(id)) << fmt << " " << dtype_name(dt) << " tensor " << id;
+        EXPECT_EQ(b, four.at(id)) << fmt << " " << dtype_name(dt) << " tensor " << id;
+      }
+    }
+  }
+}
+
+TEST(JitBackend, DeclinesWithReasons) {
+  auto reason = [](const Op& op) { return compare_with_ref(one_op(op), "jit").status; };
+  Op strided = bn_bwd({2, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  strided.mutable_inputs()[0].strides = {1, 2, 6};
+  EXPECT_STATUS_HAS(reason(strided), "the JIT takes dense NCX/NXC data; input 0 is strided");
+  EXPECT_STATUS_HAS(reason(bn_bwd({0, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3)),
+                    "empty tensors are left to ref");
+  Op relu(0, OpKind::kReLU, "r");
+  relu.add_input(testing_util::lt(0, DataType::kF32, {4}))
+      .add_output(testing_util::lt(1, DataType::kF32, {4}));
+  EXPECT_STATUS_HAS(reason(relu), "ReLU is not in the JIT");
+}
+
+TEST(JitBackend, KernelsAreGeneratedOnce) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "no generated code on this CPU";
+  // A shape no other test uses, so the first compile must generate.
+  Graph g = one_op(bn_bwd({2, 16, 5, 37}, "NCX", DataType::kF32, DataType::kF32, true, 3));
+  const int64_t before = jit::generated_kernel_sets();
+  auto a = CompiledGraph::compile(g, CompileOptions{"jit"});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(jit::generated_kernel_sets(), before + 1);
+  auto b = CompiledGraph::compile(g, CompileOptions{"jit"});
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(jit::generated_kernel_sets(), before + 1);
+  // Another N with the same row walk reuses the code: N is a runtime argument.
+  Graph h = one_op(bn_bwd({7, 16, 5, 37}, "NCX", DataType::kF32, DataType::kF32, true, 3));
+  ASSERT_TRUE(CompiledGraph::compile(h, CompileOptions{"jit"}).ok());
+  EXPECT_EQ(jit::generated_kernel_sets(), before + 1);
+}
+
+}  // namespace
+}  // namespace normgrad
