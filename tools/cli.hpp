@@ -9,6 +9,8 @@ namespace cli {
 
 // `normgrad run` with its arguments (after the word `run`); returns the exit code.
 int run_command(const std::vector<std::string>& argv);
+// `normgrad bench`: backends side by side (docs/performance.md).
+int bench_command(const std::vector<std::string>& argv);
 
 }  // namespace cli
 }  // namespace normgrad

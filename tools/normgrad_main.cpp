@@ -18,7 +18,12 @@ const char kUsage[] =
     "      [--mb=N] [--reset] --case=GRAPH.json | --batch=FILE\n"
     "      benchdnn's graph-driver knobs and batch files, with its summary line\n"
     "\n"
-    "see docs/cli.md for details.\n";
+    "  bench [--shapes=resnet50|small] [--backends=jit,dnnl,ref] [--dt=f32,bf16,f16]\n"
+    "        [--layouts=NCX,NXC] [--fused=none,relu,add] [--threads N] [--iters N] [--cold]\n"
+    "        [--json OUT] [--svg OUT]\n"
+    "      backends side by side, interleaved, next to an in-run bandwidth roofline\n"
+    "\n"
+    "see docs/cli.md and docs/performance.md for details.\n";
 
 }  // namespace
 
@@ -28,8 +33,9 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
-  if (command == "run")
-    return normgrad::cli::run_command(std::vector<std::string>(argv + 2, argv + argc));
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "run") return normgrad::cli::run_command(args);
+  if (command == "bench") return normgrad::cli::bench_command(args);
   std::cerr << "normgrad: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

@@ -1,0 +1,36 @@
+// Helpers of `normgrad bench`: the in-run bandwidth roofline probe, cache
+// flushing for --cold, and oneDNN's blocked nChw16c reference column.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/data_type.hpp"
+#include "graph/status.hpp"
+
+namespace normgrad {
+namespace cli {
+
+// GB/s of a 2-read-1-write stream (c = a + b) with streaming stores, over
+// arrays far larger than the L3, on the current oneTBB thread limit; the best of
+// `reps` passes.
+double measure_stream_gbps(int64_t floats_per_array, int reps);
+
+// Touches `bytes` of memory so the next iteration starts with cold caches.
+void flush_caches(int64_t bytes = int64_t{96} << 20);
+
+// oneDNN 2.6 batch_normalization_backward on nChw16c with blocked inputs
+// prepared outside the timing: the best oneDNN does. run_once() times one call.
+class BlockedRunner {
+ public:
+  static StatusOr<std::unique_ptr<BlockedRunner>> make(int64_t n, int64_t c, int64_t h, int64_t w,
+                                                       DataType dt);
+  virtual ~BlockedRunner() = default;
+  virtual double run_once() = 0;  // ms
+  virtual std::string impl() const = 0;
+};
+
+}  // namespace cli
+}  // namespace normgrad

@@ -1,0 +1,458 @@
+// `normgrad bench`: backends side by side on batch-norm backward, interleaved in
+// one process, next to an in-run bandwidth roofline; table, JSON and SVG.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/compiler.hpp"
+#include "tools/bench_probe.hpp"
+#include "tools/cli.hpp"
+#include "tools/cli_data.hpp"
+
+namespace normgrad {
+namespace cli {
+namespace {
+
+struct BenchOptions {
+  std::string graph_path;
+  std::string shapes = "small";
+  std::vector<std::string> backends = {"jit", "dnnl"};
+  std::vector<std::string> dts = {"f32"};
+  std::vector<std::string> layouts = {"NCX", "NXC"};
+  std::vector<std::string> fused = {"none"};
+  int64_t threads = 0, iters = 10, warmup = 2;
+  bool cold = false;
+  std::string json_out, svg_out;
+};
+
+struct BackendResult {
+  std::string backend, kernel, reason;
+  std::vector<double> ms;
+  double compile_ms = 0.0, cached_compile_ms = 0.0;
+  double median = 0.0, min = 0.0, max = 0.0, gbps = 0.0, pct = 0.0, ratio = 0.0;
+};
+
+struct CaseResult {
+  std::string name, layout, dtype, fused;
+  Dims shape;
+  double bytes = 0.0;
+  std::vector<BackendResult> results;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) v.push_back(item);
+  }
+  return v;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The bench graph: BatchNormTrainingBackward with gamma and 3 outputs, optionally
+// fed by ReLUBackward or Add on diff_dst. `nchw` is {N, C, H, W}.
+Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
+                 const std::string& fused) {
+  const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+  const int64_t c = nchw[1];
+  Graph g;
+  int64_t dy_id = 1;
+  if (fused != "none") {
+    Op pre(1, fused == "relu" ? OpKind::kReLUBackward : OpKind::kAdd, fused);
+    if (fused == "relu") pre.set_attr("use_dst", true);
+    pre.add_input(LogicalTensor(10, dt, data))
+        .add_input(LogicalTensor(11, dt, data))
+        .add_output(LogicalTensor(12, dt, data));
+    (void)g.add_op(pre);
+    dy_id = 12;
+  }
+  Op bn(0, OpKind::kBatchNormTrainingBackward, "bn");
+  bn.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
+  bn.add_input(LogicalTensor(0, dt, data)).add_input(LogicalTensor(dy_id, dt, data));
+  for (int i = 2; i <= 4; ++i) bn.add_input(LogicalTensor(i, DataType::kF32, {c}));
+  bn.add_output(LogicalTensor(5, dt, data))
+      .add_output(LogicalTensor(6, DataType::kF32, {c}))
+      .add_output(LogicalTensor(7, DataType::kF32, {c}));
+  (void)g.add_op(bn);
+  return g;
+}
+
+// A timed unit: one backend's compiled graph on shared inputs, or the blocked column.
+struct Runner {
+  BackendResult result;
+  std::unique_ptr<CompiledGraph> graph;
+  std::unique_ptr<BlockedRunner> blocked;
+  std::map<int64_t, Buffer> outputs;
+  std::map<int64_t, void*> out_ptrs;
+};
+
+double run_once(Runner& r, const std::map<int64_t, const void*>& in) {
+  if (r.blocked) return r.blocked->run_once();
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = r.graph->execute(in, r.out_ptrs);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!s.ok()) r.result.reason = s.to_string();
+  return ms;
+}
+
+Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, double roofline) {
+  std::vector<Runner> runners;
+  const Graph* lowered = nullptr;
+  for (const std::string& b : opt.backends) {
+    Runner r;
+    r.result.backend = b;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto cg = CompiledGraph::compile(graph, CompileOptions{b});
+    r.result.compile_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!cg.ok()) {
+      r.result.reason = cg.status().message();
+      runners.push_back(std::move(r));
+      continue;
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    auto again = CompiledGraph::compile(graph, CompileOptions{b});
+    r.result.cached_compile_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+    (void)again;
+    r.graph = std::make_unique<CompiledGraph>(std::move(cg).value());
+    for (const auto& p : r.graph->partitions())
+      r.result.kernel += (r.result.kernel.empty() ? "" : "+") + p->kernel_name();
+    for (const LogicalTensor& lt : r.graph->outputs()) {
+      NG_ASSIGN_OR_RETURN(Buffer buf, allocate(lt));
+      r.out_ptrs[lt.id] = r.outputs.emplace(lt.id, std::move(buf)).first->second.data();
+    }
+    if (!lowered) lowered = &r.graph->lowered_graph();
+    runners.push_back(std::move(r));
+  }
+  const bool want_blocked =
+      std::find(opt.backends.begin(), opt.backends.end(), "dnnl") != opt.backends.end() &&
+      cr.fused == "none" && cr.shape.size() == 4 && cr.dtype != "f16";
+  if (want_blocked) {
+    Runner r;
+    r.result.backend = "dnnl-blocked";
+    const Dims& s = cr.shape;
+    const Dims nchw = cr.layout == "NCX" ? s : Dims{s[0], s[3], s[1], s[2]};
+    auto blocked = BlockedRunner::make(nchw[0], nchw[1], nchw[2], nchw[3], *parse_dtype(cr.dtype));
+    if (blocked.ok()) {
+      r.blocked = std::move(blocked).value();
+      r.result.kernel = r.blocked->impl() + " (nChw16c)";
+    } else {
+      r.result.reason = blocked.status().message();
+    }
+    runners.push_back(std::move(r));
+  }
+  if (!lowered) {
+    for (Runner& r : runners) cr.results.push_back(r.result);
+    return ok_status();
+  }
+  std::map<int64_t, std::string> sources;
+  const CompiledGraph* any = nullptr;
+  for (Runner& r : runners) {
+    if (r.graph && !any) any = r.graph.get();
+  }
+  NG_ASSIGN_OR_RETURN(auto inputs,
+                      make_inputs(any->graph(), any->lowered_graph(), "", 1, &sources));
+  std::map<int64_t, const void*> in;
+  for (auto& [id, b] : inputs) in[id] = b.data();
+  auto active = [](const Runner& r) { return (r.graph || r.blocked) && r.result.reason.empty(); };
+  for (int64_t w = 0; w < opt.warmup; ++w) {
+    for (Runner& r : runners) {
+      if (active(r)) run_once(r, in);
+    }
+  }
+  // Interleaved: A B C A B C ..., so drift hits every backend alike.
+  for (int64_t it = 0; it < opt.iters; ++it) {
+    for (Runner& r : runners) {
+      if (!active(r)) continue;
+      if (opt.cold) flush_caches();
+      r.result.ms.push_back(run_once(r, in));
+    }
+  }
+  double dnnl_median = 0.0;
+  for (Runner& r : runners) {
+    BackendResult& b = r.result;
+    if (!b.ms.empty() && b.reason.empty()) {
+      b.median = median_of(b.ms);
+      b.min = *std::min_element(b.ms.begin(), b.ms.end());
+      b.max = *std::max_element(b.ms.begin(), b.ms.end());
+      b.gbps = cr.bytes / (b.median * 1e-3) / 1e9;
+      b.pct = roofline > 0 ? 100.0 * b.gbps / roofline : 0.0;
+      if (b.backend == "dnnl") dnnl_median = b.median;
+    }
+  }
+  for (Runner& r : runners) {
+    if (dnnl_median > 0 && r.result.median > 0) r.result.ratio = dnnl_median / r.result.median;
+    cr.results.push_back(r.result);
+  }
+  return ok_status();
+}
+
+std::string svg_chart(const std::vector<CaseResult>& cases, double roofline, int64_t threads) {
+  std::vector<std::string> backends;
+  for (const auto& c : cases) {
+    for (const auto& r : c.results) {
+      if (std::find(backends.begin(), backends.end(), r.backend) == backends.end())
+        backends.push_back(r.backend);
+    }
+  }
+  const char* colors[] = {"#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"};
+  double top = roofline * 1.15;
+  for (const auto& c : cases) {
+    for (const auto& r : c.results) top = std::max(top, r.gbps * 1.1);
+  }
+  if (top <= 0) top = 1;
+  const double bar = 14, gap = 26, left = 60, plot_h = 320, top_pad = 50;
+  const double group = bar * static_cast<double>(backends.size()) + gap;
+  const double width = left + group * static_cast<double>(cases.size()) + 40;
+  const double height = top_pad + plot_h + 150;
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1);
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << width << "' height='" << height
+    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' "
+       "fill='white'/>\n";
+  s << "<text x='" << left
+    << "' y='20' font-size='14'>normgrad bench: batch-norm backward, GB/s of minimal traffic ("
+    << threads << " threads)</text>\n";
+  auto y_of = [&](double v) { return top_pad + plot_h - plot_h * v / top; };
+  for (int t = 0; t <= 5; ++t) {
+    const double v = top * t / 5.0;
+    s << "<line x1='" << left << "' x2='" << width - 20 << "' y1='" << y_of(v) << "' y2='"
+      << y_of(v) << "' stroke='#ddd'/>\n<text x='" << left - 6 << "' y='" << y_of(v) + 4
+      << "' text-anchor='end'>" << v << "</text>\n";
+  }
+  s << "<text x='14' y='" << top_pad + plot_h / 2 << "' transform='rotate(-90 14 "
+    << top_pad + plot_h / 2 << ")' text-anchor='middle'>GB/s</text>\n";
+  if (roofline > 0) {
+    s << "<line x1='" << left << "' x2='" << width - 20 << "' y1='" << y_of(roofline) << "' y2='"
+      << y_of(roofline) << "' stroke='black' stroke-dasharray='6,3'/>\n<text x='" << width - 22
+      << "' y='" << y_of(roofline) - 4 << "' text-anchor='end'>roofline " << roofline
+      << " GB/s</text>\n";
+  }
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const double x0 = left + gap / 2 + group * static_cast<double>(ci);
+    for (const auto& r : cases[ci].results) {
+      const size_t bi = static_cast<size_t>(std::find(backends.begin(), backends.end(), r.backend) -
+                                            backends.begin());
+      const double x = x0 + bar * static_cast<double>(bi);
+      if (r.gbps > 0) {
+        s << "<rect x='" << x << "' y='" << y_of(r.gbps) << "' width='" << bar - 2 << "' height='"
+          << top_pad + plot_h - y_of(r.gbps) << "' fill='" << colors[bi % 6] << "'><title>"
+          << r.backend << ": " << r.gbps << " GB/s, " << r.median << " ms</title></rect>\n";
+      } else {
+        s << "<text x='" << x + 5 << "' y='" << top_pad + plot_h - 4
+          << "' font-size='9' fill='#999'>x</text>\n";
+      }
+    }
+    const double lx = x0 + bar * static_cast<double>(backends.size()) / 2;
+    s << "<text x='" << lx << "' y='" << top_pad + plot_h + 12 << "' transform='rotate(40 " << lx
+      << " " << top_pad + plot_h + 12 << ")' font-size='10'>" << cases[ci].name << "</text>\n";
+  }
+  for (size_t bi = 0; bi < backends.size(); ++bi) {
+    const double x = left + 120 * static_cast<double>(bi);
+    s << "<rect x='" << x << "' y='32' width='10' height='10' fill='" << colors[bi % 6]
+      << "'/><text x='" << x + 14 << "' y='41'>" << backends[bi] << "</text>\n";
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+}  // namespace
+
+int bench_command(const std::vector<std::string>& argv) {
+  BenchOptions opt;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    const size_t eq = a.find('=');
+    std::string key = a, value;
+    if (a.rfind("--", 0) == 0) {
+      key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+      if (eq != std::string::npos) {
+        value = a.substr(eq + 1);
+      } else if (key != "cold" && i + 1 < argv.size()) {
+        value = argv[++i];
+      }
+    } else {
+      opt.graph_path = a;
+      continue;
+    }
+    auto to_int = [&](int64_t lo, int64_t* out) {
+      char* end = nullptr;
+      const long long v = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || v < lo) return false;
+      *out = v;
+      return true;
+    };
+    bool ok = true;
+    if (key == "shapes")
+      opt.shapes = value;
+    else if (key == "backends")
+      opt.backends = split_list(value);
+    else if (key == "dt")
+      opt.dts = split_list(value);
+    else if (key == "layouts")
+      opt.layouts = split_list(value);
+    else if (key == "fused")
+      opt.fused = split_list(value);
+    else if (key == "threads")
+      ok = to_int(1, &opt.threads);
+    else if (key == "iters")
+      ok = to_int(1, &opt.iters);
+    else if (key == "warmup")
+      ok = to_int(0, &opt.warmup);
+    else if (key == "cold")
+      opt.cold = true;
+    else if (key == "json")
+      opt.json_out = value;
+    else if (key == "svg")
+      opt.svg_out = value;
+    else {
+      std::cerr << "normgrad bench: unknown option --" << key << "\n";
+      return 2;
+    }
+    if (!ok) {
+      std::cerr << "normgrad bench: bad value '" << value << "' for --" << key << "\n";
+      return 2;
+    }
+  }
+  std::vector<std::pair<std::string, Dims>> shapes;
+  if (opt.shapes == "resnet50" || opt.shapes == "small") {
+    if (opt.shapes == "resnet50") {
+      shapes = {{"32x64x112x112", {32, 64, 112, 112}},
+                {"32x256x56x56", {32, 256, 56, 56}},
+                {"32x512x28x28", {32, 512, 28, 28}},
+                {"32x1024x14x14", {32, 1024, 14, 14}},
+                {"32x2048x7x7", {32, 2048, 7, 7}}};
+    }
+    shapes.push_back({"1x32x28x28", {1, 32, 28, 28}});
+    shapes.push_back({"2x192x71x71", {2, 192, 71, 71}});
+  } else {
+    std::cerr << "normgrad bench: --shapes must be resnet50 or small\n";
+    return 2;
+  }
+  for (const std::string& l : opt.layouts) {
+    if (l != "NCX" && l != "NXC")
+      return std::cerr << "normgrad bench: layouts are NCX and NXC\n", 2;
+  }
+  for (const std::string& f : opt.fused) {
+    if (f != "none" && f != "relu" && f != "add")
+      return std::cerr << "normgrad bench: --fused takes none, relu, add\n", 2;
+  }
+  std::unique_ptr<tbb::global_control> limit;
+  const int64_t threads =
+      opt.threads > 0 ? opt.threads : static_cast<int64_t>(tbb::this_task_arena::max_concurrency());
+  limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                static_cast<size_t>(threads));
+  set_backend_threads(static_cast<int>(threads));
+
+  constexpr int64_t kProbeFloats = int64_t{64} << 20;  // 256 MiB per array, far beyond the L3
+  const double roof_start = measure_stream_gbps(kProbeFloats, 4);
+  std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
+            << threads << " threads): " << roof_start << " GB/s at start\n";
+  std::vector<CaseResult> cases;
+  std::vector<std::pair<std::string, Graph>> graphs;
+  if (!opt.graph_path.empty()) {
+    std::cerr << "normgrad bench: GRAPH.json benches are not supported yet; use --shapes\n";
+    return 2;
+  }
+  for (const auto& [name, nchw] : shapes) {
+    for (const std::string& dts : opt.dts) {
+      auto dt = parse_dtype(dts);
+      if (!dt.ok()) return std::cerr << "normgrad bench: " << dt.status().message() << "\n", 2;
+      for (const std::string& layout : opt.layouts) {
+        for (const std::string& fused : opt.fused) {
+          CaseResult cr;
+          cr.layout = layout;
+          cr.dtype = dts;
+          cr.fused = fused;
+          cr.shape = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+          cr.name = name + " " + layout + " " + dts + (fused == "none" ? "" : " +" + fused);
+          const double elems = static_cast<double>(nchw[0] * nchw[1] * nchw[2] * nchw[3]);
+          cr.bytes = elems * static_cast<double>(dtype_size(*dt)) * (fused == "none" ? 3.0 : 4.0);
+          Graph g = make_graph(nchw, layout, *dt, fused);
+          if (Status s = run_case(opt, cr, g, roof_start); !s.ok()) {
+            std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
+            return 2;
+          }
+          std::cout << "\n" << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic)\n";
+          for (const BackendResult& r : cr.results) {
+            if (r.median <= 0) {
+              std::cout << "  " << std::left << std::setw(13) << r.backend
+                        << "  declined: " << r.reason << "\n";
+              continue;
+            }
+            std::cout << "  " << std::left << std::setw(13) << r.backend << std::right
+                      << std::setw(9) << r.median << " ms  [" << r.min << ", " << r.max << "]  "
+                      << std::setw(7) << r.gbps << " GB/s  " << std::setw(5) << r.pct << "% roof  x"
+                      << r.ratio << " vs dnnl  compile " << r.compile_ms << "/"
+                      << r.cached_compile_ms << " ms  " << r.kernel << "\n";
+          }
+          cases.push_back(std::move(cr));
+        }
+      }
+    }
+  }
+  const double roof_end = measure_stream_gbps(kProbeFloats, 4);
+  const double roofline = 0.5 * (roof_start + roof_end);
+  std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start
+            << "); percentages use the start value\n";
+  if (!opt.json_out.empty()) {
+    nlohmann::ordered_json j;
+    j["threads"] = threads;
+    j["roofline_gbps"] = roofline;
+    j["roofline_start_gbps"] = roof_start;
+    j["roofline_end_gbps"] = roof_end;
+    j["cases"] = nlohmann::ordered_json::array();
+    for (const CaseResult& c : cases) {
+      nlohmann::ordered_json cj;
+      cj["name"] = c.name;
+      cj["shape"] = c.shape;
+      cj["layout"] = c.layout;
+      cj["dtype"] = c.dtype;
+      cj["fused"] = c.fused;
+      cj["results"] = nlohmann::ordered_json::array();
+      for (const BackendResult& r : c.results) {
+        nlohmann::ordered_json rj;
+        rj["backend"] = r.backend;
+        rj["median_ms"] = r.median;
+        rj["min_ms"] = r.min;
+        rj["max_ms"] = r.max;
+        rj["gbps"] = r.gbps;
+        rj["roofline_pct"] = r.pct;
+        rj["compile_ms"] = r.compile_ms;
+        rj["cached_compile_ms"] = r.cached_compile_ms;
+        rj["ratio_vs_dnnl"] = r.ratio;
+        rj["kernel"] = r.kernel;
+        if (!r.reason.empty()) rj["unsupported"] = r.reason;
+        cj["results"].push_back(rj);
+      }
+      j["cases"].push_back(cj);
+    }
+    std::ofstream(opt.json_out) << j.dump(2) << "\n";
+    std::cout << "wrote " << opt.json_out << "\n";
+  }
+  if (!opt.svg_out.empty()) {
+    std::ofstream(opt.svg_out) << svg_chart(cases, roof_start, threads);
+    std::cout << "wrote " << opt.svg_out << "\n";
+  }
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace normgrad
