@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include <unistd.h>
+
 #include <xbyak/xbyak_util.h>
 
 namespace normgrad {
@@ -75,6 +77,10 @@ const CacheSizes& cache_sizes() {
       if (level == 2) c.l2_bytes = size;
       if (level == 3) c.l3_bytes = size;
     }
+    // A VM may report the host's whole L3 (480 MiB seen here). No x86 core of today
+    // gets more than its complex's share, so an implausible per-CPU share is capped.
+    const long cpus = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    if (c.l3_bytes / cpus > (int64_t{16} << 20)) c.l3_bytes = int64_t{32} << 20;
     return c;
   }();
   return sizes;
@@ -87,8 +93,8 @@ std::string BnConf::kernel_name() const {
 
 std::string BnConf::key() const {
   // The generated code depends on the ISA, dtypes, walk, the inner length and strides.
-  return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + ":cols=" + std::to_string(cols) +
-         ":rs=" + std::to_string(row_stride);
+  return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + (streaming_stores ? "+nt" : "") +
+         ":cols=" + std::to_string(cols) + ":rs=" + std::to_string(row_stride);
 }
 
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
@@ -124,11 +130,16 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     c.channel_stride = 1;
   }
   c.needs_reduction = d.mode == BackwardMode::kTraining || d.diff_scale_shift;
-  // Pixels per reduction partial: about 64 KiB of src + diff_dst, so the chunk
-  // stays in L2 and there are many chunks to share out. Depends on the shape only.
+  // Pixels per reduction partial: about 256 KiB of src + diff_dst (at least 16
+  // pixels), so a chunk stays in L2, partial sums stay few next to the data, and
+  // there are many chunks to share out. Depends on the shape only.
   const int64_t bytes_per_row = 2 * c.cols * dtype_size(d.data_dt);
-  c.chunk_rows = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, bytes_per_row));
+  c.chunk_rows = std::max<int64_t>(16, (int64_t{256} << 10) / std::max<int64_t>(1, bytes_per_row));
   c.single_thread = c.total_elements < 100000;
+  // Streaming stores pay off only when dx would not stay in the cache anyway;
+  // the AVX-512 path has them (the AVX2 path keeps ordinary stores).
+  const int64_t dx_bytes = c.total_elements * dtype_size(d.data_dt);
+  c.streaming_stores = isa == Isa::kAvx512 && dx_bytes > cache_sizes().l3_bytes / 2;
   return c;
 }
 

@@ -51,6 +51,7 @@ struct BnConf {
   int64_t chunk_rows = 0;      // kPixels: pixels per reduction partial (fixed by the problem only)
   bool needs_reduction = false;
   bool single_thread = false;  // small problems skip the task overhead
+  bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache
   int64_t total_elements = 0;
 
   // "jit:avx512:bf16/f32:rows" and the like, for verbose lines.

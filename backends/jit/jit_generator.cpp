@@ -124,10 +124,12 @@ class BnGenerator : public CodeGenerator {
   }
 
   // Stores vector `src` (f32) to `base` at element `off`, converting; clobbers kScratch0..2.
-  void store(const Reg64& base, int64_t off, int src, bool tail) {
+  void store(const Reg64& base, int64_t off, int src, bool tail, bool nt = false) {
     const Xmm s = vmm(src);
     if (c_.d.data_dt == DataType::kF32) {
-      if (!tail) {
+      if (!tail && nt) {
+        vmovntps(data(base, off), s);
+      } else if (!tail) {
         vmovups(data(base, off), s);
       } else if (avx512_) {
         vmovups(data(base, off) | k1, s);
@@ -170,7 +172,9 @@ class BnGenerator : public CodeGenerator {
         vpackusdw(Xmm(w), Xmm(kScratch1), Xmm(kScratch2));
       }
     }
-    if (!tail) {
+    if (!tail && nt) {
+      vmovntdq(data(base, off), half(w));
+    } else if (!tail) {
       vmovdqu(data(base, off), half(w));
     } else if (avx512_) {
       vmovdqu16(data(base, off) | k1, half(w));
@@ -254,26 +258,44 @@ class BnGenerator : public CodeGenerator {
     epilogue();
   }
 
+  // The row loop of both apply kernels. With streaming stores, a row whose dx
+  // start is vector-aligned takes the non-temporal copy of the body; others (and
+  // tails) use ordinary stores.
+  void apply_rows(const std::function<void(bool)>& body) {
+    Label row, plain, row_end, done;
+    test(r10, r10);
+    jz(done, T_NEAR);
+    L(row);
+    if (c_.streaming_stores) {
+      test(rcx, lanes_ * es_ - 1);
+      jnz(plain, T_NEAR);
+      body(true);
+      jmp(row_end, T_NEAR);
+    }
+    L(plain);
+    body(false);
+    L(row_end);
+    next_row(true);
+    dec(r10);
+    jnz(row, T_NEAR);
+    if (c_.streaming_stores) sfence();
+    L(done);
+  }
+
   // rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
   void rows_apply() {
     prologue();
     for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 4 * k]);
-    Label row, done;
-    test(r10, r10);
-    jz(done, T_NEAR);
-    L(row);
-    cols_loop([&](int j, int64_t off, bool tail) {
-      load(j, rsi, off, tail);
-      load(4 + j, rdx, off, tail);
-      vsubps(vmm(j), vmm(j), vmm(15));
-      vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
-      vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
-      store(rcx, off, 4 + j, tail);
+    apply_rows([&](bool nt) {
+      cols_loop([&](int j, int64_t off, bool tail) {
+        load(j, rsi, off, tail);
+        load(4 + j, rdx, off, tail);
+        vsubps(vmm(j), vmm(j), vmm(15));
+        vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
+        vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
+        store(rcx, off, 4 + j, tail, nt);
+      });
     });
-    next_row(true);
-    dec(r10);
-    jnz(row, T_NEAR);
-    L(done);
     epilogue();
   }
 
@@ -305,24 +327,18 @@ class BnGenerator : public CodeGenerator {
   // pixels_apply: coef = a | b | c | mean, each Cp floats.
   void pixels_apply() {
     prologue();
-    Label row, done;
-    test(r10, r10);
-    jz(done, T_NEAR);
-    L(row);
-    cols_loop([&](int j, int64_t off, bool tail) {
-      const int x = 2 * j, dy = 2 * j + 1;
-      load(x, rsi, off, tail);
-      load(dy, rdx, off, tail);
-      vsubps(vmm(x), vmm(x), f32_at(r8, 3 * cp_ + off));
-      vmulps(vmm(dy), vmm(dy), f32_at(r8, off));
-      vaddps(vmm(dy), vmm(dy), f32_at(r8, 2 * cp_ + off));
-      vfmadd231ps(vmm(dy), vmm(x), f32_at(r8, cp_ + off));
-      store(rcx, off, dy, tail);
+    apply_rows([&](bool nt) {
+      cols_loop([&](int j, int64_t off, bool tail) {
+        const int x = 2 * j, dy = 2 * j + 1;
+        load(x, rsi, off, tail);
+        load(dy, rdx, off, tail);
+        vsubps(vmm(x), vmm(x), f32_at(r8, 3 * cp_ + off));
+        vmulps(vmm(dy), vmm(dy), f32_at(r8, off));
+        vaddps(vmm(dy), vmm(dy), f32_at(r8, 2 * cp_ + off));
+        vfmadd231ps(vmm(dy), vmm(x), f32_at(r8, cp_ + off));
+        store(rcx, off, dy, tail, nt);
+      });
     });
-    next_row(true);
-    dec(r10);
-    jnz(row, T_NEAR);
-    L(done);
     epilogue();
   }
 

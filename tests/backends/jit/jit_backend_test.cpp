@@ -129,7 +129,7 @@ std::map<int64_t, std::vector<char>> run_with_threads(const Graph& g, int thread
     p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
   EXPECT_TRUE(cg->execute(in, p).ok());
   std::map<int64_t, std::vector<char>> bytes;
-  for (auto& [id, b] : outs) bytes[id] = b.bytes;
+  for (auto& [id, b] : outs) bytes[id].assign(b.bytes.begin(), b.bytes.end());
   return bytes;
 }
 
@@ -147,6 +147,32 @@ TEST(JitBackend, BitwiseIdenticalForAnyThreadCount) {
         EXPECT_EQ(b, four.at(id)) << fmt << " " << dtype_name(dt) << " tensor " << id;
       }
     }
+  }
+}
+
+TEST(JitBackend, StreamingStoresOnLargeOutputs) {
+  // dx larger than half the L3 takes the non-temporal store path (AVX-512); rows
+  // of 99x99 f32 alternate between aligned (streaming) and unaligned (plain) starts.
+  const jit::Isa isa = jit::detect_isa();
+  const struct {
+    Dims shape;
+    const char* fmt;
+    DataType dt;
+  } cases[] = {{{8, 64, 99, 99}, "NCX", DataType::kF32},
+               {{8, 99, 99, 64}, "NXC", DataType::kF32},
+               {{8, 64, 128, 128}, "NCX", DataType::kBF16},
+               {{8, 128, 128, 64}, "NXC", DataType::kF16}};
+  for (const auto& c : cases) {
+    Op op = bn_bwd(c.shape, c.fmt, c.dt, DataType::kF32, true, 3);
+    auto conf = jit::make_conf(op, isa);
+    ASSERT_TRUE(conf.ok());
+    if (isa == jit::Isa::kAvx512 &&
+        conf->total_elements * dtype_size(c.dt) > jit::cache_sizes().l3_bytes / 2) {
+      EXPECT_TRUE(conf->streaming_stores) << dims_to_string(c.shape);
+    }
+    const auto r = compare_with_ref(one_op(op), "jit", 3);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_LE(r.worst_ratio, 1.0) << dims_to_string(c.shape) << " " << r.report;
   }
 }
 
