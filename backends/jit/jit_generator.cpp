@@ -22,6 +22,7 @@ namespace {
 using namespace Xbyak;
 
 constexpr int kUnroll = 4;
+constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum each
 constexpr size_t kCodeBytes = 64 * 1024;
 
 class BnGenerator : public CodeGenerator {
@@ -218,16 +219,38 @@ class BnGenerator : public CodeGenerator {
   // rows_reduce: a_j = v0..3 (sum dy), b_j = v4..7 (sum dy (x - mean)), x/dy temps v8/v9,
   // mean v12, f64 totals xmm13/xmm14.
   void rows_reduce() {
+    // Short rows keep their vector sums across rows (a horizontal sum per row
+    // would cost more than the row); long rows are summed per row and
+    // accumulated in f64. Both orders are fixed, so results do not depend on threads.
+    const bool per_row = c_.cols >= kPerRowSumCols;
     prologue();
     vbroadcastss(vmm(12), ptr[r8 + 12]);
     vxorpd(Xmm(13), Xmm(13), Xmm(13));
     vxorpd(Xmm(14), Xmm(14), Xmm(14));
     Label row, done;
+    auto zero_sums = [&] {
+      for (int j = 0; j < 8; ++j)
+        vxorps(Xmm(j), Xmm(j), Xmm(j));  // VEX zeroing clears the full register
+    };
+    auto fold_sums = [&] {
+      vaddps(vmm(0), vmm(0), vmm(1));
+      vaddps(vmm(2), vmm(2), vmm(3));
+      vaddps(vmm(0), vmm(0), vmm(2));
+      vaddps(vmm(4), vmm(4), vmm(5));
+      vaddps(vmm(6), vmm(6), vmm(7));
+      vaddps(vmm(4), vmm(4), vmm(6));
+      hsum(0, 10);
+      hsum(4, 10);
+      vcvtss2sd(Xmm(15), Xmm(15), Xmm(0));
+      vaddsd(Xmm(13), Xmm(13), Xmm(15));
+      vcvtss2sd(Xmm(15), Xmm(15), Xmm(4));
+      vaddsd(Xmm(14), Xmm(14), Xmm(15));
+    };
+    if (!per_row) zero_sums();
     test(r10, r10);
     jz(done, T_NEAR);
     L(row);
-    for (int j = 0; j < 8; ++j)
-      vxorps(Xmm(j), Xmm(j), Xmm(j));  // VEX zeroing clears the full register
+    if (per_row) zero_sums();
     cols_loop([&](int j, int64_t off, bool tail) {
       load(8, rsi, off, tail);
       load(9, rdx, off, tail);
@@ -235,22 +258,12 @@ class BnGenerator : public CodeGenerator {
       vsubps(vmm(8), vmm(8), vmm(12));
       vfmadd231ps(vmm(4 + j), vmm(9), vmm(8));
     });
-    vaddps(vmm(0), vmm(0), vmm(1));
-    vaddps(vmm(2), vmm(2), vmm(3));
-    vaddps(vmm(0), vmm(0), vmm(2));
-    vaddps(vmm(4), vmm(4), vmm(5));
-    vaddps(vmm(6), vmm(6), vmm(7));
-    vaddps(vmm(4), vmm(4), vmm(6));
-    hsum(0, 10);
-    hsum(4, 10);
-    vcvtss2sd(Xmm(15), Xmm(15), Xmm(0));
-    vaddsd(Xmm(13), Xmm(13), Xmm(15));
-    vcvtss2sd(Xmm(15), Xmm(15), Xmm(4));
-    vaddsd(Xmm(14), Xmm(14), Xmm(15));
+    if (per_row) fold_sums();
     next_row(false);
     dec(r10);
     jnz(row, T_NEAR);
     L(done);
+    if (!per_row) fold_sums();
     vaddsd(Xmm(13), Xmm(13), ptr[r9]);
     vmovsd(ptr[r9], Xmm(13));
     vaddsd(Xmm(14), Xmm(14), ptr[r9 + 8]);
@@ -299,45 +312,102 @@ class BnGenerator : public CodeGenerator {
     epilogue();
   }
 
-  // pixels_reduce: per channel vector, acc[c] += dy and acc[Cp + c] += dy (x - mean[c]) in memory.
+  // Vectors per pixel row, the last one partial when there is a tail.
+  int64_t row_vectors() const { return (c_.cols + lanes_ - 1) / lanes_; }
+
+  // Per-vector walk over one pixel row, fully unrolled (short rows only).
+  void each_vector(const std::function<void(int, int64_t, bool)>& step) {
+    xor_(r11, r11);
+    for (int64_t v = 0; v < row_vectors(); ++v) {
+      step(static_cast<int>(v), v * lanes_, tail_ != 0 && v == row_vectors() - 1);
+    }
+  }
+
+  // pixels_reduce: acc[c] += dy and acc[Cp + c] += dy (x - mean[c]). On AVX-512,
+  // rows of up to 8 vectors keep both sums in zmm16..31 across all pixels of
+  // the call; longer rows add into the memory arrays (L1-resident) per pixel.
   void pixels_reduce() {
     prologue();
+    const bool in_regs = avx512_ && row_vectors() <= 8;
     Label row, done;
+    if (in_regs) {
+      each_vector([&](int v, int64_t, bool) {
+        vxorps(Xmm(16 + 2 * v), Xmm(16 + 2 * v), Xmm(16 + 2 * v));
+        vxorps(Xmm(17 + 2 * v), Xmm(17 + 2 * v), Xmm(17 + 2 * v));
+      });
+    }
     test(r10, r10);
     jz(done, T_NEAR);
     L(row);
-    cols_loop([&](int j, int64_t off, bool tail) {
-      const int x = 2 * j, dy = 2 * j + 1;  // v0..v7
-      load(x, rsi, off, tail);
-      load(dy, rdx, off, tail);
-      vsubps(vmm(x), vmm(x), f32_at(r8, off));
-      vmulps(vmm(x), vmm(x), vmm(dy));
-      vaddps(vmm(dy), vmm(dy), f32_at(r9, off));
-      vmovups(f32_at(r9, off), vmm(dy));
-      vaddps(vmm(x), vmm(x), f32_at(r9, cp_ + off));
-      vmovups(f32_at(r9, cp_ + off), vmm(x));
-    });
+    if (in_regs) {
+      each_vector([&](int v, int64_t off, bool tail) {
+        const int x = 2 * (v % 4), dy = x + 1;
+        load(x, rsi, off, tail);
+        load(dy, rdx, off, tail);
+        vaddps(Zmm(16 + 2 * v), Zmm(16 + 2 * v), vmm(dy));
+        vsubps(vmm(x), vmm(x), f32_at(r8, off));
+        vfmadd231ps(Zmm(17 + 2 * v), vmm(dy), vmm(x));
+      });
+    } else {
+      cols_loop([&](int j, int64_t off, bool tail) {
+        const int x = 2 * j, dy = 2 * j + 1;  // v0..v7
+        load(x, rsi, off, tail);
+        load(dy, rdx, off, tail);
+        vsubps(vmm(x), vmm(x), f32_at(r8, off));
+        vmulps(vmm(x), vmm(x), vmm(dy));
+        vaddps(vmm(dy), vmm(dy), f32_at(r9, off));
+        vmovups(f32_at(r9, off), vmm(dy));
+        vaddps(vmm(x), vmm(x), f32_at(r9, cp_ + off));
+        vmovups(f32_at(r9, cp_ + off), vmm(x));
+      });
+    }
     next_row(false);
     dec(r10);
     jnz(row, T_NEAR);
     L(done);
+    if (in_regs) {
+      each_vector([&](int v, int64_t off, bool) {
+        vaddps(Zmm(16 + 2 * v), Zmm(16 + 2 * v), f32_at(r9, off));
+        vmovups(f32_at(r9, off), Zmm(16 + 2 * v));
+        vaddps(Zmm(17 + 2 * v), Zmm(17 + 2 * v), f32_at(r9, cp_ + off));
+        vmovups(f32_at(r9, cp_ + off), Zmm(17 + 2 * v));
+      });
+    }
     epilogue();
   }
 
-  // pixels_apply: coef = a | b | c | mean, each Cp floats.
+  // pixels_apply: coef = a | b | c | mean, each Cp floats. On AVX-512, rows of
+  // up to 4 vectors hold their coefficients in zmm16..31.
   void pixels_apply() {
     prologue();
+    const bool in_regs = avx512_ && row_vectors() <= 4;
+    if (in_regs) {
+      each_vector([&](int v, int64_t off, bool) {
+        for (int k = 0; k < 4; ++k) vmovups(Zmm(16 + 4 * v + k), f32_at(r8, k * cp_ + off));
+      });
+    }
     apply_rows([&](bool nt) {
-      cols_loop([&](int j, int64_t off, bool tail) {
-        const int x = 2 * j, dy = 2 * j + 1;
+      auto step = [&](int j, int64_t off, bool tail) {
+        const int x = 2 * (j % 4), dy = x + 1;
         load(x, rsi, off, tail);
         load(dy, rdx, off, tail);
-        vsubps(vmm(x), vmm(x), f32_at(r8, 3 * cp_ + off));
-        vmulps(vmm(dy), vmm(dy), f32_at(r8, off));
-        vaddps(vmm(dy), vmm(dy), f32_at(r8, 2 * cp_ + off));
-        vfmadd231ps(vmm(dy), vmm(x), f32_at(r8, cp_ + off));
+        if (in_regs) {
+          vsubps(vmm(x), vmm(x), Zmm(16 + 4 * j + 3));
+          vfmadd213ps(vmm(dy), Zmm(16 + 4 * j), Zmm(16 + 4 * j + 2));  // dy a + c
+          vfmadd231ps(vmm(dy), vmm(x), Zmm(16 + 4 * j + 1));           // + (x - mean) b
+        } else {
+          vsubps(vmm(x), vmm(x), f32_at(r8, 3 * cp_ + off));
+          vmulps(vmm(dy), vmm(dy), f32_at(r8, off));
+          vaddps(vmm(dy), vmm(dy), f32_at(r8, 2 * cp_ + off));
+          vfmadd231ps(vmm(dy), vmm(x), f32_at(r8, cp_ + off));
+        }
         store(rcx, off, dy, tail, nt);
-      });
+      };
+      if (in_regs) {
+        each_vector(step);
+      } else {
+        cols_loop(step);
+      }
     });
     epilogue();
   }
