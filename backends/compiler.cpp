@@ -81,9 +81,9 @@ Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
   const auto t0 = std::chrono::steady_clock::now();
   Status s = kernel_->execute(in, out);
   if (verbose_level() >= 1) {
-    std::cerr << "normgrad_verbose,exec," << partition_.id << "," << backend_->name() << "," << kernel_->name() << ","
-              << partition_.ops_string() << "," << shapes_of(partition_) << "," << ms_since(t0)
-              << "\n";
+    std::cerr << "normgrad_verbose,exec," << partition_.id << "," << backend_->name() << ","
+              << kernel_->name() << "," << partition_.ops_string() << "," << shapes_of(partition_)
+              << "," << ms_since(t0) << "\n";
   }
   return s;
 }
@@ -114,8 +114,8 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     Status s = b->supports(partition);
     if (!s.ok()) {
       if (verbose_level() >= 2) {
-        std::cerr << "normgrad_verbose,decline," << partition.id << "," << b->name() << "," << partition.ops_string()
-                  << "," << s.message() << "\n";
+        std::cerr << "normgrad_verbose,decline," << partition.id << "," << b->name() << ","
+                  << partition.ops_string() << "," << s.message() << "\n";
       }
       reasons += std::string(reasons.empty() ? "" : "; ") + b->name() + ": " + s.message();
       continue;
@@ -126,8 +126,9 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     auto cp =
         std::make_shared<const CompiledPartition>(partition, b, std::move(kernel).value(), ms);
     if (verbose_level() >= 1) {
-      std::cerr << "normgrad_verbose,compile," << partition.id << "," << b->name() << "," << cp->kernel_name() << ","
-                << partition.ops_string() << "," << shapes_of(partition) << "," << ms << "\n";
+      std::cerr << "normgrad_verbose,compile," << partition.id << "," << b->name() << ","
+                << cp->kernel_name() << "," << partition.ops_string() << "," << shapes_of(partition)
+                << "," << ms << "\n";
     }
     return cp;
   }
@@ -142,9 +143,30 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   NG_ASSIGN_OR_RETURN(bool changed, default_pipeline().run(cg.lowered_));
   (void)changed;
   NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(cg.lowered_));
-  for (const Partition& p : parts) {
-    NG_ASSIGN_OR_RETURN(auto cp, compile_partition(p, options));
-    cg.partitions_.push_back(std::move(cp));
+  int64_t next_id = 0;
+  for (Partition& p : parts) {
+    p.id = next_id;
+    auto cp = compile_partition(p, options);
+    // A fused group that only ref would run, or that the forced backend
+    // declines, is split back into its ops, which faster backends may take.
+    const bool split =
+        p.ops.size() > 1 &&
+        (!cp.ok() || (options.backend == "auto" && std::string((*cp)->backend_name()) == "ref"));
+    if (!split) {
+      if (!cp.ok()) return cp.status();
+      cg.partitions_.push_back(std::move(cp).value());
+      ++next_id;
+      continue;
+    }
+    for (const Op& op : p.ops) {
+      Partition single;
+      single.id = next_id++;
+      single.ops.push_back(op);
+      single.inputs = op.inputs();
+      single.outputs = op.outputs();
+      NG_ASSIGN_OR_RETURN(auto piece, compile_partition(single, options));
+      cg.partitions_.push_back(std::move(piece));
+    }
   }
   cg.inputs_ = cg.graph_.graph_inputs();
   cg.outputs_ = cg.graph_.graph_outputs();

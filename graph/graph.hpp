@@ -40,6 +40,15 @@ class Graph {
   std::string fpmath_mode = "strict";
   std::optional<std::string> fpmath_mode_apply_to_int;
 
+  // Fusion groups, set by the elementwise-fusion pass: op id -> the id of the op
+  // that anchors its group (a batch-norm backward). The partitioner puts a group
+  // into one partition. Ops not listed are alone.
+  const std::map<int64_t, int64_t>& fusion_groups() const { return fusion_groups_; }
+  void set_fusion_group(int64_t op_id, int64_t anchor_op_id) {
+    fusion_groups_[op_id] = anchor_op_id;
+  }
+  void clear_fusion_groups() { fusion_groups_.clear(); }
+
   // Ops in insertion order before finalize, topological order after it.
   const std::vector<Op>& ops() const { return ops_; }
   // For passes: edits leave the graph un-finalized; call finalize() again.
@@ -70,6 +79,7 @@ class Graph {
   std::map<int64_t, LogicalTensor> tensors_;
   std::map<int64_t, size_t> producer_;
   std::map<int64_t, std::vector<size_t>> consumers_;
+  std::map<int64_t, int64_t> fusion_groups_;
 };
 
 }  // namespace normgrad

@@ -1,9 +1,10 @@
 // Partitioner: splits a finalized graph into the partitions backends compile.
 //
-// Today every op other than End becomes its own partition; the fusion passes
-// (issue #6) will group producers into their batch-norm consumer first. A
-// partition's inputs and outputs are the tensors that cross its boundary, in
-// port order; End ops only mark graph outputs and never become partitions.
+// The ops of one fusion group (set by FuseElementwisePass) form one partition;
+// every other op other than End is a partition of its own. A partition's
+// inputs and outputs are the tensors that cross its boundary, in order of first
+// use; tensors produced and consumed only inside stay internal. End ops only
+// mark graph outputs and never become partitions.
 #pragma once
 
 #include <vector>

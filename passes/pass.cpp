@@ -5,6 +5,7 @@
 
 #include "graph/json_io.hpp"
 #include "passes/canonicalize.hpp"
+#include "passes/fuse_elementwise.hpp"
 
 namespace normgrad {
 
@@ -44,12 +45,15 @@ StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
 PassPipeline default_pipeline() {
   PassPipeline p;
   p.add(std::make_unique<CanonicalizePass>());
+  p.add(std::make_unique<FuseElementwisePass>());
   return p;
 }
 
 StatusOr<std::unique_ptr<Pass>> make_pass(const std::string& name) {
   if (name == "canonicalize") return std::unique_ptr<Pass>(std::make_unique<CanonicalizePass>());
-  return invalid_argument("unknown pass '" + name + "' (known: canonicalize)");
+  if (name == "fuse-elementwise")
+    return std::unique_ptr<Pass>(std::make_unique<FuseElementwisePass>());
+  return invalid_argument("unknown pass '" + name + "' (known: canonicalize, fuse-elementwise)");
 }
 
 }  // namespace normgrad

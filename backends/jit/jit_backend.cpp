@@ -62,13 +62,8 @@ class JitBackend final : public Backend {
 
  private:
   static StatusOr<jit::BnConf> conf_of(const Partition& partition) {
-    if (partition.ops.size() != 1) return unimplemented("fused partitions are not in the JIT yet");
-    const Op& op = partition.ops[0];
-    if (op.kind() != OpKind::kBatchNormTrainingBackward) {
-      return unimplemented(std::string(op_kind_name(op.kind())) +
-                           " is not in the JIT (only batch-norm backward)");
-    }
-    return jit::make_conf(op, jit::detect_isa());
+    if (partition.ops.empty()) return invalid_argument("empty partition");
+    return jit::make_conf(partition, jit::detect_isa());
   }
 };
 

@@ -86,9 +86,24 @@ const CacheSizes& cache_sizes() {
   return sizes;
 }
 
+const char* fuse_name(Fuse f) {
+  switch (f) {
+    case Fuse::kNone:
+      return "none";
+    case Fuse::kReluBackward:
+      return "relu_bwd";
+    case Fuse::kAdd:
+      return "add";
+  }
+  return "?";
+}
+
 std::string BnConf::kernel_name() const {
-  return std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
-         dtype_name(d.stats_dt) + ":" + (walk == Walk::kRows ? "rows" : "pixels");
+  std::string n = std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
+                  dtype_name(d.stats_dt) + ":" + (walk == Walk::kRows ? "rows" : "pixels");
+  if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
+  if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
+  return n;
 }
 
 std::string BnConf::key() const {
@@ -140,6 +155,62 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // the AVX-512 path has them (the AVX2 path keeps ordinary stores).
   const int64_t dx_bytes = c.total_elements * dtype_size(d.data_dt);
   c.streaming_stores = isa == Isa::kAvx512 && dx_bytes > cache_sizes().l3_bytes / 2;
+  return c;
+}
+
+StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
+  const Op* bn = nullptr;
+  for (const Op& op : partition.ops) {
+    if (op.kind() == OpKind::kBatchNormTrainingBackward) {
+      if (bn) return unimplemented("the JIT takes one batch-norm backward per partition");
+      bn = &op;
+    }
+  }
+  if (bn == nullptr) {
+    return unimplemented(std::string(op_kind_name(partition.ops[0].kind())) +
+                         " is not in the JIT (only batch-norm backward, with fused producers)");
+  }
+  NG_ASSIGN_OR_RETURN(BnConf c, make_conf(*bn, isa));
+  auto index_of = [&](int64_t id) {
+    for (size_t i = 0; i < partition.inputs.size(); ++i) {
+      if (partition.inputs[i].id == id) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  PortMap& m = c.ports;
+  m.x = index_of(bn->inputs()[0].id);
+  m.dy = index_of(bn->inputs()[1].id);
+  m.mean = index_of(bn->inputs()[2].id);
+  m.variance = index_of(bn->inputs()[3].id);
+  m.gamma = bn->inputs().size() > 4 ? index_of(bn->inputs()[4].id) : -1;
+  if (m.mean < 0 || m.variance < 0 || (bn->inputs().size() > 4 && m.gamma < 0)) {
+    return unimplemented("the JIT needs the statistics as partition inputs");
+  }
+  for (const Op& op : partition.ops) {
+    if (&op == bn) continue;
+    if (op.kind() != OpKind::kReLUBackward && op.kind() != OpKind::kAdd) {
+      return unimplemented(std::string(op_kind_name(op.kind())) +
+                           " does not fuse into the JIT's batch-norm backward");
+    }
+    const int64_t out = op.outputs()[0].id;
+    const int port = out == bn->inputs()[0].id ? 0 : out == bn->inputs()[1].id ? 1 : -1;
+    if (port < 0)
+      return unimplemented(op.label() + " does not feed the batch norm's src or diff_dst");
+    for (const LogicalTensor& lt : op.inputs()) {
+      if (lt.effective_strides() != dense_strides(lt.dims))
+        return unimplemented("the JIT takes dense fused inputs");
+    }
+    const int first = index_of(op.inputs()[0].id), second = index_of(op.inputs()[1].id);
+    if (first < 0 || second < 0) return unimplemented("fused producers must read partition inputs");
+    const Fuse f = op.kind() == OpKind::kReLUBackward ? Fuse::kReluBackward : Fuse::kAdd;
+    if (port == 0) {
+      c.x_fuse = f, m.x = first, m.x_second = second;
+    } else {
+      c.dy_fuse = f, m.dy = first, m.dy_second = second;
+    }
+  }
+  if (m.x < 0 || m.dy < 0)
+    return unimplemented("the JIT needs src and diff_dst from partition inputs");
   return c;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "graph/op.hpp"
+#include "graph/partition.hpp"
 #include "graph/status.hpp"
 #include "ops/batch_norm_desc.hpp"
 
@@ -30,6 +31,20 @@ Isa detect_isa(const std::string& forced = "");
 bool cpu_has_avx512_bf16();
 
 enum class Walk : uint8_t { kRows, kPixels };
+
+// A batch-norm data input computed on the fly from a fused producer.
+enum class Fuse : uint8_t {
+  kNone,
+  kReluBackward,  // value = first > 0 ? second : 0 (first: ReLU's src or dst, second: the gradient)
+  kAdd,           // value = first + second
+};
+const char* fuse_name(Fuse f);
+
+// Where each buffer of a (possibly fused) partition comes from: indices into
+// the partition's inputs; `second` is used by fused ports only.
+struct PortMap {
+  int x = 0, x_second = -1, dy = 1, dy_second = -1, mean = 2, variance = 3, gamma = 4;
+};
 
 struct CacheSizes {
   int64_t l2_bytes = 1 << 20;   // per core
@@ -50,8 +65,11 @@ struct BnConf {
   int64_t channel_stride = 0;  // kRows: S (offset of channel c is c*S)
   int64_t chunk_rows = 0;      // kPixels: pixels per reduction partial (fixed by the problem only)
   bool needs_reduction = false;
-  bool single_thread = false;  // small problems skip the task overhead
+  bool single_thread = false;     // small problems skip the task overhead
   bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache
+  Fuse x_fuse = Fuse::kNone;      // src computed from a fused producer
+  Fuse dy_fuse = Fuse::kNone;     // diff_dst computed from a fused producer
+  PortMap ports;
   int64_t total_elements = 0;
 
   // "jit:avx512:bf16/f32:rows" and the like, for verbose lines.
@@ -62,6 +80,9 @@ struct BnConf {
 
 // Decides the conf, or the reason the JIT declines (strided tensors, empty ones).
 StatusOr<BnConf> make_conf(const Op& op, Isa isa);
+// The same for a partition: one BatchNormTrainingBackward, optionally fed by a
+// ReLUBackward or Add on its src and/or diff_dst port.
+StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
 
 }  // namespace jit
 }  // namespace normgrad

@@ -59,32 +59,37 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
   const int64_t nc = d.channels, cp = padded_channels(nc);
   const int64_t es = dtype_size(d.data_dt);
   const DataType sdt = d.stats_dt;
+  const PortMap& pm = conf.ports;
+  auto input = [&](int index) { return index < 0 ? nullptr : static_cast<const char*>(in[index]); };
   // Statistics in f64 (bf16 statistics and the inverse-std convention handled here).
   std::vector<Channel> ch(static_cast<size_t>(nc));
   for (int64_t c = 0; c < nc; ++c) {
-    ch[c].mean = load_as_double(in[2], c, sdt);
-    const double v = load_as_double(in[3], c, sdt);
+    ch[c].mean = load_as_double(in[pm.mean], c, sdt);
+    const double v = load_as_double(in[pm.variance], c, sdt);
     ch[c].s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
-    ch[c].gamma = d.use_gamma ? load_as_double(in[4], c, sdt) : 1.0;
+    ch[c].gamma = d.use_gamma ? load_as_double(in[pm.gamma], c, sdt) : 1.0;
   }
   std::vector<double> diff_gamma(static_cast<size_t>(nc)), diff_beta(static_cast<size_t>(nc));
-  const char* x = static_cast<const char*>(in[0]);
-  const char* dy = static_cast<const char*>(in[1]);
+  const char* x = input(pm.x);
+  const char* x2 = input(pm.x_second);
+  const char* dy = input(pm.dy);
+  const char* dy2 = input(pm.dy_second);
   char* dx = static_cast<char*>(out[0]);
+  // Kernel arguments for the data at byte offset `off`.
+  auto args = [&](int64_t off, bool with_dx, const float* coef, void* acc, int64_t rows) {
+    return KernelArgs{x + off, dy + off, with_dx ? dx + off : nullptr, coef,
+                      acc,     rows,     x2 ? x2 + off : nullptr,      dy2 ? dy2 + off : nullptr};
+  };
 
   if (conf.walk == Walk::kRows) {
     for_range(conf.single_thread, nc, [&](int64_t c) {
       const int64_t base = c * conf.channel_stride * es;
       float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(ch[c].mean)};
       double sums[2] = {0.0, 0.0};
-      if (conf.needs_reduction) {
-        KernelArgs r{x + base, dy + base, nullptr, coef, sums, conf.rows};
-        kernels.reduce(r);
-      }
+      if (conf.needs_reduction) kernels.reduce(args(base, false, coef, sums, conf.rows));
       coefficients(conf, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
                    &diff_beta[c]);
-      KernelArgs a{x + base, dy + base, dx + base, coef, nullptr, conf.rows};
-      kernels.apply(a);
+      kernels.apply(args(base, true, coef, nullptr, conf.rows));
     });
   } else {
     std::vector<float> coef(static_cast<size_t>(4 * cp), 0.f);
@@ -92,39 +97,31 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
     const int64_t chunk = conf.chunk_rows;
     const int64_t nchunks = (conf.rows + chunk - 1) / chunk;
     const int64_t row_bytes = conf.row_stride * es;
+    std::vector<double> s0(static_cast<size_t>(nc), 0.0), s1(static_cast<size_t>(nc), 0.0);
     if (conf.needs_reduction) {
       std::vector<float> partial(static_cast<size_t>(nchunks * 2 * cp), 0.f);
       for_range(conf.single_thread, nchunks, [&](int64_t k) {
         const int64_t r0 = k * chunk;
-        KernelArgs r{
-            x + r0 * row_bytes,   dy + r0 * row_bytes,         nullptr,
-            coef.data() + 3 * cp, partial.data() + k * 2 * cp, std::min(chunk, conf.rows - r0)};
-        kernels.reduce(r);
+        kernels.reduce(args(r0 * row_bytes, false, coef.data() + 3 * cp,
+                            partial.data() + k * 2 * cp, std::min(chunk, conf.rows - r0)));
       });
-      for (int64_t c = 0; c < nc; ++c) {
-        double s0 = 0.0, s1 = 0.0;
-        for (int64_t k = 0; k < nchunks; ++k) {
-          s0 += partial[k * 2 * cp + c];
-          s1 += partial[k * 2 * cp + cp + c];
+      // Chunks in index order for every channel: sequential in memory, fixed in order.
+      for (int64_t k = 0; k < nchunks; ++k) {
+        const float* p = partial.data() + k * 2 * cp;
+        for (int64_t c = 0; c < nc; ++c) {
+          s0[c] += p[c];
+          s1[c] += p[cp + c];
         }
-        coefficients(conf, ch[c], s0, s1, &coef[c], &coef[cp + c], &coef[2 * cp + c],
-                     &diff_gamma[c], &diff_beta[c]);
       }
-    } else {
-      for (int64_t c = 0; c < nc; ++c) {
-        coefficients(conf, ch[c], 0.0, 0.0, &coef[c], &coef[cp + c], &coef[2 * cp + c],
-                     &diff_gamma[c], &diff_beta[c]);
-      }
+    }
+    for (int64_t c = 0; c < nc; ++c) {
+      coefficients(conf, ch[c], s0[c], s1[c], &coef[c], &coef[cp + c], &coef[2 * cp + c],
+                   &diff_gamma[c], &diff_beta[c]);
     }
     for_range(conf.single_thread, nchunks, [&](int64_t k) {
       const int64_t r0 = k * chunk;
-      KernelArgs a{x + r0 * row_bytes,
-                   dy + r0 * row_bytes,
-                   dx + r0 * row_bytes,
-                   coef.data(),
-                   nullptr,
-                   std::min(chunk, conf.rows - r0)};
-      kernels.apply(a);
+      kernels.apply(
+          args(r0 * row_bytes, true, coef.data(), nullptr, std::min(chunk, conf.rows - r0)));
     });
   }
   if (d.diff_scale_shift) {

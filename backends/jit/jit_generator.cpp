@@ -65,6 +65,13 @@ class BnGenerator : public CodeGenerator {
     mov(r8, ptr[rdi + offsetof(KernelArgs, coef)]);
     mov(r9, ptr[rdi + offsetof(KernelArgs, acc)]);
     mov(r10, ptr[rdi + offsetof(KernelArgs, rows)]);
+    if (fused()) {
+      // Callee-saved registers for the fused producers' second inputs.
+      push(r12);
+      push(r13);
+      mov(r12, ptr[rdi + offsetof(KernelArgs, x2)]);
+      mov(r13, ptr[rdi + offsetof(KernelArgs, dy2)]);
+    }
     if (tail_ == 0) return;
     if (avx512_) {
       mov(eax, (1u << tail_) - 1);
@@ -79,11 +86,44 @@ class BnGenerator : public CodeGenerator {
     add(rsi, rax);
     add(rdx, rax);
     if (with_dx) add(rcx, rax);
+    if (c_.x_fuse != Fuse::kNone) add(r12, rax);
+    if (c_.dy_fuse != Fuse::kNone) add(r13, rax);
   }
 
   void epilogue() {
+    if (fused()) {
+      pop(r13);
+      pop(r12);
+    }
     vzeroupper();
     ret();
+  }
+
+  bool fused() const { return c_.x_fuse != Fuse::kNone || c_.dy_fuse != Fuse::kNone; }
+
+  // Loads src (port 0) or diff_dst (port 1) into vmm(dst), computing a fused
+  // producer on the fly; vmm(tmp) is clobbered when the port is fused.
+  void load_port(int port, int dst, int tmp, int64_t off, bool tail) {
+    const Fuse f = port == 0 ? c_.x_fuse : c_.dy_fuse;
+    const Reg64& first = port == 0 ? rsi : rdx;
+    const Reg64& second = port == 0 ? r12 : r13;
+    if (f == Fuse::kNone) {
+      load(dst, first, off, tail);
+    } else if (f == Fuse::kAdd) {
+      load(dst, first, off, tail);
+      load(tmp, second, off, tail);
+      vaddps(vmm(dst), vmm(dst), vmm(tmp));
+    } else {  // ReLU backward: the gradient where the forward value is > 0 (NaN compares false)
+      load(dst, second, off, tail);
+      load(tmp, first, off, tail);
+      if (avx512_) {
+        vcmpps(k3, vmm(tmp), ptr[rip + c_zero_], 0x1E);  // greater-than, ordered, quiet
+        vmovaps(vmm(dst) | k3 | T_z, vmm(dst));
+      } else {
+        vcmpps(vmm(tmp), vmm(tmp), ptr[rip + c_zero_], 0x1E);
+        vandps(vmm(dst), vmm(dst), vmm(tmp));
+      }
+    }
   }
 
   // Loads one vector of data (converted to f32) from `base` at element `off`.
@@ -252,8 +292,8 @@ class BnGenerator : public CodeGenerator {
     L(row);
     if (per_row) zero_sums();
     cols_loop([&](int j, int64_t off, bool tail) {
-      load(8, rsi, off, tail);
-      load(9, rdx, off, tail);
+      load_port(0, 8, 10, off, tail);
+      load_port(1, 9, 10, off, tail);
       vaddps(vmm(j), vmm(j), vmm(9));
       vsubps(vmm(8), vmm(8), vmm(12));
       vfmadd231ps(vmm(4 + j), vmm(9), vmm(8));
@@ -301,8 +341,8 @@ class BnGenerator : public CodeGenerator {
     for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 4 * k]);
     apply_rows([&](bool nt) {
       cols_loop([&](int j, int64_t off, bool tail) {
-        load(j, rsi, off, tail);
-        load(4 + j, rdx, off, tail);
+        load_port(0, j, 8, off, tail);
+        load_port(1, 4 + j, 8, off, tail);
         vsubps(vmm(j), vmm(j), vmm(15));
         vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
         vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
@@ -342,8 +382,8 @@ class BnGenerator : public CodeGenerator {
     if (in_regs) {
       each_vector([&](int v, int64_t off, bool tail) {
         const int x = 2 * (v % 4), dy = x + 1;
-        load(x, rsi, off, tail);
-        load(dy, rdx, off, tail);
+        load_port(0, x, 8, off, tail);
+        load_port(1, dy, 8, off, tail);
         vaddps(Zmm(16 + 2 * v), Zmm(16 + 2 * v), vmm(dy));
         vsubps(vmm(x), vmm(x), f32_at(r8, off));
         vfmadd231ps(Zmm(17 + 2 * v), vmm(dy), vmm(x));
@@ -351,8 +391,8 @@ class BnGenerator : public CodeGenerator {
     } else {
       cols_loop([&](int j, int64_t off, bool tail) {
         const int x = 2 * j, dy = 2 * j + 1;  // v0..v7
-        load(x, rsi, off, tail);
-        load(dy, rdx, off, tail);
+        load_port(0, x, 8, off, tail);
+        load_port(1, dy, 8, off, tail);
         vsubps(vmm(x), vmm(x), f32_at(r8, off));
         vmulps(vmm(x), vmm(x), vmm(dy));
         vaddps(vmm(dy), vmm(dy), f32_at(r9, off));
@@ -389,8 +429,8 @@ class BnGenerator : public CodeGenerator {
     apply_rows([&](bool nt) {
       auto step = [&](int j, int64_t off, bool tail) {
         const int x = 2 * (j % 4), dy = x + 1;
-        load(x, rsi, off, tail);
-        load(dy, rdx, off, tail);
+        load_port(0, x, 8, off, tail);
+        load_port(1, dy, 8, off, tail);
         if (in_regs) {
           vsubps(vmm(x), vmm(x), Zmm(16 + 4 * j + 3));
           vfmadd213ps(vmm(dy), Zmm(16 + 4 * j), Zmm(16 + 4 * j + 2));  // dy a + c
@@ -418,6 +458,7 @@ class BnGenerator : public CodeGenerator {
       L(l);
       for (int i = 0; i < 16; ++i) dd(v);
     };
+    splat(c_zero_, 0);
     splat(c_one_, 1);
     splat(c_7fff_, 0x7fff);
     splat(c_0040_, 0x40);
@@ -435,7 +476,7 @@ class BnGenerator : public CodeGenerator {
   int es_;
   int64_t cp_;
   int tail_;
-  Label c_one_, c_7fff_, c_0040_, tail_mask_;
+  Label c_zero_, c_one_, c_7fff_, c_0040_, tail_mask_;
 };
 
 class GeneratedKernels final : public KernelSet {

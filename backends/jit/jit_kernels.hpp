@@ -27,6 +27,8 @@ struct KernelArgs {
   const float* coef;  // rows: {a, b, c, mean}; pixels: mean (reduce) or a|b|c|mean (apply)
   void* acc;          // rows_reduce: double[2]; pixels_reduce: float[2 * Cp]
   int64_t rows;
+  const void* x2;   // fused src: the producer's second input (x is its first)
+  const void* dy2;  // fused diff_dst: likewise
 };
 
 // Padded per-channel array length.

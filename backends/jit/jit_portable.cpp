@@ -37,8 +37,18 @@ class PortableKernels final : public KernelSet {
  public:
   explicit PortableKernels(const BnConf& c) : c_(c), cp_(padded_channels(c.d.channels)) {}
 
-  void reduce(const KernelArgs& a) const override {
+  // src (port 0) or diff_dst (port 1) at element e, with a fused producer applied.
+  float value(const KernelArgs& a, int port, int64_t e) const {
     const DataType dt = c_.d.data_dt;
+    const Fuse f = port == 0 ? c_.x_fuse : c_.dy_fuse;
+    const void* first = port == 0 ? a.x : a.dy;
+    const void* second = port == 0 ? a.x2 : a.dy2;
+    if (f == Fuse::kAdd) return load(first, e, dt) + load(second, e, dt);
+    if (f == Fuse::kReluBackward) return load(first, e, dt) > 0.f ? load(second, e, dt) : 0.f;
+    return load(first, e, dt);
+  }
+
+  void reduce(const KernelArgs& a) const override {
     if (c_.walk == Walk::kRows) {
       const float mean = a.coef[3];  // coef = {a, b, c, mean}
       double* out = static_cast<double*>(a.acc);
@@ -46,8 +56,8 @@ class PortableKernels final : public KernelSet {
         // Eight partial sums per row, as a vector unit would keep them.
         float s0[8] = {}, s1[8] = {};
         for (int64_t i = 0; i < c_.cols; ++i) {
-          const float dy = load(a.dy, r * c_.row_stride + i, dt);
-          const float xm = load(a.x, r * c_.row_stride + i, dt) - mean;
+          const float dy = value(a, 1, r * c_.row_stride + i);
+          const float xm = value(a, 0, r * c_.row_stride + i) - mean;
           s0[i % 8] += dy;
           s1[i % 8] += dy * xm;
         }
@@ -61,9 +71,9 @@ class PortableKernels final : public KernelSet {
     float* acc = static_cast<float*>(a.acc);
     for (int64_t r = 0; r < a.rows; ++r) {
       for (int64_t ch = 0; ch < c_.cols; ++ch) {
-        const float dy = load(a.dy, r * c_.row_stride + ch, dt);
+        const float dy = value(a, 1, r * c_.row_stride + ch);
         acc[ch] += dy;
-        acc[cp_ + ch] += dy * (load(a.x, r * c_.row_stride + ch, dt) - a.coef[ch]);
+        acc[cp_ + ch] += dy * (value(a, 0, r * c_.row_stride + ch) - a.coef[ch]);
       }
     }
   }
@@ -78,7 +88,7 @@ class PortableKernels final : public KernelSet {
         const float cb = rows ? a.coef[1] : a.coef[cp_ + i];
         const float cc = rows ? a.coef[2] : a.coef[2 * cp_ + i];
         const float cm = rows ? a.coef[3] : a.coef[3 * cp_ + i];
-        store(a.dx, e, dt, ca * load(a.dy, e, dt) + (cb * (load(a.x, e, dt) - cm) + cc));
+        store(a.dx, e, dt, ca * value(a, 1, e) + (cb * (value(a, 0, e) - cm) + cc));
       }
     }
   }

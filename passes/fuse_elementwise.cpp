@@ -1,0 +1,47 @@
+// FuseElementwisePass: grouping rules for elementwise producers of batch-norm backward.
+#include "passes/fuse_elementwise.hpp"
+
+#include <algorithm>
+
+namespace normgrad {
+namespace {
+
+bool is_fusible_producer(OpKind k) {
+  return k == OpKind::kReLUBackward || k == OpKind::kAdd;
+}
+
+bool is_output_port(const Graph& g, int64_t tensor_id) {
+  if (!g.output_ports()) return false;
+  const auto& ports = *g.output_ports();
+  return std::find(ports.begin(), ports.end(), tensor_id) != ports.end();
+}
+
+}  // namespace
+
+StatusOr<bool> FuseElementwisePass::run(Graph& graph) const {
+  bool changed = false;
+  const auto& ops = graph.ops();
+  for (const Op& bn : ops) {
+    if (bn.kind() != OpKind::kBatchNormTrainingBackward) continue;
+    for (size_t port = 0; port < 2; ++port) {
+      const LogicalTensor& t = bn.inputs()[port];
+      const int64_t p = graph.producer_of(t.id);
+      if (p < 0) continue;
+      const Op& producer = ops[static_cast<size_t>(p)];
+      if (!is_fusible_producer(producer.kind())) continue;
+      if (graph.fusion_groups().count(producer.id())) continue;  // already grouped
+      const auto consumers = graph.consumers_of(t.id);
+      if (consumers.size() != 1 || ops[consumers[0]].id() != bn.id())
+        continue;                                      // a second consumer
+      if (bn.inputs()[1 - port].id == t.id) continue;  // feeds both data ports
+      if (is_output_port(graph, t.id)) continue;
+      if (t.dtype != bn.inputs()[0].dtype || producer.inputs()[0].dtype != t.dtype) continue;
+      graph.set_fusion_group(producer.id(), bn.id());
+      graph.set_fusion_group(bn.id(), bn.id());
+      changed = true;
+    }
+  }
+  return changed;
+}
+
+}  // namespace normgrad

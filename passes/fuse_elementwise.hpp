@@ -1,0 +1,29 @@
+// FuseElementwisePass: fold an elementwise producer into the batch-norm
+// backward data input it feeds.
+//
+//   before:  ReLUBackward(relu_src, dy) -> t;  BatchNormTrainingBackward(x, t, ...)
+//   after:   the same ops, grouped {ReLUBackward, BatchNormTrainingBackward}:
+//            the partitioner makes them one partition and the JIT masks dy on
+//            the fly while it loads it, so t is never written to memory.
+//
+// Producers: ReLUBackward (either use_dst: the mask is "forward value > 0")
+// and Add (equal shapes). Ports: diff_dst (the training chain: forward BN ->
+// ReLU, so ReLUBackward -> BN-bwd diff_dst) and src (how oneDNN's
+// bn_bwd_relu_bwd_fusion.json wires it). One producer per port.
+//
+// Preconditions (each failing one leaves the ops apart): the producer's output
+// has this batch norm as its only consumer and feeds only one of its ports, it
+// is not a graph output, and its dtype is the batch norm's data dtype.
+#pragma once
+
+#include "passes/pass.hpp"
+
+namespace normgrad {
+
+class FuseElementwisePass final : public Pass {
+ public:
+  const char* name() const override { return "fuse-elementwise"; }
+  StatusOr<bool> run(Graph& graph) const override;
+};
+
+}  // namespace normgrad
