@@ -314,7 +314,7 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
   NG_RETURN_IF_ERROR(
       check_keys(root, where,
                  {"version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int",
-                  "input_ports", "output_ports", "graph"}));
+                  "input_ports", "output_ports", "graph", "normgrad_fusion_groups"}));
   Graph g;
   if (auto it = root.find("version"); it != root.end()) {
     NG_ASSIGN_OR_RETURN(g.version, as_string(*it, "version"));

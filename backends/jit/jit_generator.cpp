@@ -101,6 +101,34 @@ class BnGenerator : public CodeGenerator {
 
   bool fused() const { return c_.x_fuse != Fuse::kNone || c_.dy_fuse != Fuse::kNone; }
 
+  // Rounds vmm(v) (f32) to the data dtype and back, as the unfused graph stores
+  // the Add's output in that dtype before the batch norm reads it.
+  void round_to_data_dtype(int v, int tmp) {
+    if (c_.d.data_dt == DataType::kF16) {
+      vcvtps2ph(half(tmp), vmm(v), 0);
+      vcvtph2ps(vmm(v), half(tmp));
+    } else if (c_.d.data_dt == DataType::kBF16 && avx512_ && c_.avx512_bf16) {
+      vcvtneps2bf16(half(tmp), vmm(v));
+      vpmovzxwd(vmm(v), half(tmp));
+      vpslld(vmm(v), vmm(v), 16);
+    } else if (c_.d.data_dt == DataType::kBF16) {
+      // Round to nearest even on the bits; sums of finite values stay finite or become Inf
+      // correctly.
+      vpsrld(vmm(tmp), vmm(v), 16);
+      if (avx512_) {
+        vpandd(vmm(tmp), vmm(tmp), ptr[rip + c_one_]);
+        vpaddd(vmm(tmp), vmm(tmp), ptr[rip + c_7fff_]);
+        vpaddd(vmm(v), vmm(v), vmm(tmp));
+        vpandd(vmm(v), vmm(v), ptr[rip + c_hi16_]);
+      } else {
+        vpand(vmm(tmp), vmm(tmp), ptr[rip + c_one_]);
+        vpaddd(vmm(tmp), vmm(tmp), ptr[rip + c_7fff_]);
+        vpaddd(vmm(v), vmm(v), vmm(tmp));
+        vpand(vmm(v), vmm(v), ptr[rip + c_hi16_]);
+      }
+    }
+  }
+
   // Loads src (port 0) or diff_dst (port 1) into vmm(dst), computing a fused
   // producer on the fly; vmm(tmp) is clobbered when the port is fused.
   void load_port(int port, int dst, int tmp, int64_t off, bool tail) {
@@ -113,6 +141,7 @@ class BnGenerator : public CodeGenerator {
       load(dst, first, off, tail);
       load(tmp, second, off, tail);
       vaddps(vmm(dst), vmm(dst), vmm(tmp));
+      round_to_data_dtype(dst, tmp);
     } else {  // ReLU backward: the gradient where the forward value is > 0 (NaN compares false)
       load(dst, second, off, tail);
       load(tmp, first, off, tail);
@@ -459,6 +488,7 @@ class BnGenerator : public CodeGenerator {
       for (int i = 0; i < 16; ++i) dd(v);
     };
     splat(c_zero_, 0);
+    splat(c_hi16_, 0xffff0000u);
     splat(c_one_, 1);
     splat(c_7fff_, 0x7fff);
     splat(c_0040_, 0x40);
@@ -476,7 +506,7 @@ class BnGenerator : public CodeGenerator {
   int es_;
   int64_t cp_;
   int tail_;
-  Label c_zero_, c_one_, c_7fff_, c_0040_, tail_mask_;
+  Label c_zero_, c_hi16_, c_one_, c_7fff_, c_0040_, tail_mask_;
 };
 
 class GeneratedKernels final : public KernelSet {

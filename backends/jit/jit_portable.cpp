@@ -43,7 +43,13 @@ class PortableKernels final : public KernelSet {
     const Fuse f = port == 0 ? c_.x_fuse : c_.dy_fuse;
     const void* first = port == 0 ? a.x : a.dy;
     const void* second = port == 0 ? a.x2 : a.dy2;
-    if (f == Fuse::kAdd) return load(first, e, dt) + load(second, e, dt);
+    if (f == Fuse::kAdd) {
+      // Rounded to the data dtype, as the unfused graph stores the sum.
+      const float sum = load(first, e, dt) + load(second, e, dt);
+      if (dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(sum));
+      if (dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(sum));
+      return sum;
+    }
     if (f == Fuse::kReluBackward) return load(first, e, dt) > 0.f ? load(second, e, dt) : 0.f;
     return load(first, e, dt);
   }

@@ -208,3 +208,43 @@ TEST(JitBackend, KernelsAreGeneratedOnce) {
 
 }  // namespace
 }  // namespace normgrad
+
+namespace normgrad {
+namespace {
+
+// Fused producers on every ISA, dtype, layout and port, against ref (which
+// runs the producer and the batch norm one after the other).
+TEST(JitBackend, FusedReluBackwardAndAdd) {
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      for (const char* fmt : {"NCX", "NXC"}) {
+        for (int variant = 0; variant < 3; ++variant) {  // relu use_dst, relu use_src, add
+          for (int port : {0, 1}) {
+            const Dims shape = std::string(fmt) == "NCX" ? Dims{3, 17, 5, 7} : Dims{3, 5, 7, 17};
+            Op pre(1, variant == 2 ? OpKind::kAdd : OpKind::kReLUBackward, "pre");
+            if (variant < 2) pre.set_attr("use_dst", variant == 0);
+            pre.add_input(testing_util::lt(30, dt, shape))
+                .add_input(testing_util::lt(31, dt, shape));
+            pre.add_output(testing_util::lt(20, dt, shape));
+            Op bn = bn_bwd(shape, fmt, dt, DataType::kF32, true, 3);
+            bn.mutable_inputs()[port].id = 20;
+            Graph g;
+            ASSERT_TRUE(g.add_op(pre).ok());
+            ASSERT_TRUE(g.add_op(bn).ok());
+            SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + fmt + " variant " +
+                         std::to_string(variant) + " port " + std::to_string(port));
+            const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran++));
+            ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+            EXPECT_EQ(r.kernel.find('+'), r.kernel.rfind('+')) << r.kernel;  // one fused kernel
+            EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
