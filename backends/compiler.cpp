@@ -140,7 +140,13 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   cg.graph_ = graph;
   if (!cg.graph_.finalized()) NG_RETURN_IF_ERROR(cg.graph_.finalize());
   cg.lowered_ = cg.graph_;
-  NG_ASSIGN_OR_RETURN(bool changed, default_pipeline().run(cg.lowered_));
+  PassPipeline pipeline;
+  if (options.optimize) {
+    pipeline = default_pipeline();
+  } else {
+    pipeline.add(std::move(make_pass("canonicalize")).value());
+  }
+  NG_ASSIGN_OR_RETURN(bool changed, pipeline.run(cg.lowered_));
   (void)changed;
   NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(cg.lowered_));
   int64_t next_id = 0;

@@ -25,6 +25,9 @@ namespace normgrad {
 struct CompileOptions {
   // "auto", or the name of one backend; forcing a backend that declines is an error.
   std::string backend = "auto";
+  // Run the default pass pipeline (canonicalisation is still applied: backends
+  // only see canonical ops). Off: every op as the user wrote it, unfused.
+  bool optimize = true;
 };
 
 class CompiledPartition {

@@ -5,6 +5,9 @@
 
 #include "graph/json_io.hpp"
 #include "passes/canonicalize.hpp"
+#include "passes/cse.hpp"
+#include "passes/dead_code.hpp"
+#include "passes/fold_layout.hpp"
 #include "passes/fuse_elementwise.hpp"
 
 namespace normgrad {
@@ -42,18 +45,34 @@ StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
   return any;
 }
 
+// The order matters: canonical ops first, then conversions fold, dead outputs
+// go (so fewer tensors are written), duplicates merge and dead ops go, and
+// fusion groups are formed last, on the final graph.
 PassPipeline default_pipeline() {
   PassPipeline p;
-  p.add(std::make_unique<CanonicalizePass>());
-  p.add(std::make_unique<FuseElementwisePass>());
+  for (const char* name : {"canonicalize", "fold-transpose", "fold-cast", "dead-output-elimination",
+                           "cse", "dead-op-elimination", "fuse-elementwise"}) {
+    p.add(std::move(make_pass(name)).value());
+  }
   return p;
 }
 
 StatusOr<std::unique_ptr<Pass>> make_pass(const std::string& name) {
-  if (name == "canonicalize") return std::unique_ptr<Pass>(std::make_unique<CanonicalizePass>());
-  if (name == "fuse-elementwise")
-    return std::unique_ptr<Pass>(std::make_unique<FuseElementwisePass>());
-  return invalid_argument("unknown pass '" + name + "' (known: canonicalize, fuse-elementwise)");
+  std::unique_ptr<Pass> p;
+  if (name == "canonicalize") p = std::make_unique<CanonicalizePass>();
+  if (name == "fold-transpose") p = std::make_unique<FoldTransposePass>();
+  if (name == "fold-cast") p = std::make_unique<FoldCastPass>();
+  if (name == "dead-output-elimination") p = std::make_unique<DeadOutputEliminationPass>();
+  if (name == "dead-op-elimination") p = std::make_unique<DeadOpEliminationPass>();
+  if (name == "cse") p = std::make_unique<CsePass>();
+  if (name == "fuse-elementwise") p = std::make_unique<FuseElementwisePass>();
+  if (!p) {
+    return invalid_argument(
+        "unknown pass '" + name +
+        "' (known: canonicalize, fold-transpose, fold-cast, dead-output-elimination, cse, "
+        "dead-op-elimination, fuse-elementwise)");
+  }
+  return p;
 }
 
 }  // namespace normgrad

@@ -21,6 +21,12 @@ const char kUsage[] =
     "      [--mb=N] [--reset] --case=GRAPH.json | --batch=FILE\n"
     "      benchdnn's graph-driver knobs and batch files, with its summary line\n"
     "\n"
+    "  opt GRAPH.json [--passes=p1,p2] [--print-after-all] [-o OUT.json]\n"
+    "      run passes (default: the compile pipeline) and print the graph\n"
+    "  partitions GRAPH.json [--json] [--backend B]\n"
+    "      list partitions with their ops, backend, kernel and tensors\n"
+    "  dot GRAPH.json [--after-passes]\n"
+    "      Graphviz with partitions as clusters, dtype and shape on the edges\n"
     "  bench [--shapes=resnet50|small] [--backends=jit,dnnl,ref] [--dt=f32,bf16,f16]\n"
     "        [--layouts=NCX,NXC] [--fused=none,relu,add] [--threads N] [--iters N] [--cold]\n"
     "        [--json OUT] [--svg OUT]\n"
@@ -38,6 +44,9 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "run") return normgrad::cli::run_command(args);
+  if (command == "opt") return normgrad::cli::opt_command(args);
+  if (command == "partitions") return normgrad::cli::partitions_command(args);
+  if (command == "dot") return normgrad::cli::dot_command(args);
   if (command == "bench") {
     // oneDNN's OpenMP threads spin after each parallel region and, on a small
     // machine, steal the cores of whatever runs next in the interleaved loop.

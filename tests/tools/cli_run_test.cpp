@@ -163,6 +163,39 @@ TEST(CliRun, VerboseLinesAreStable) {
       << out;
 }
 
+TEST(CliGraphTools, OptPartitionsAndDot) {
+  const std::string fused = kData + "/passes/fuse_elementwise.in.json";
+  Result r = run("opt " + kData + "/passes/fold_transpose.in.json --passes=fold-transpose");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"value\": \"NCX\""), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("StaticTranspose"), std::string::npos) << r.output;
+  r = run("opt " + fused + " --print-after-all");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("// after canonicalize"), std::string::npos);
+  EXPECT_NE(r.output.find("// after fuse-elementwise"), std::string::npos);
+  EXPECT_NE(r.output.find("\"normgrad_fusion_groups\""), std::string::npos);
+  r = run("opt " + fused + " --passes=nonsense");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("unknown pass 'nonsense'"), std::string::npos) << r.output;
+  r = run("partitions " + fused);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("partition 0: ReLUBackward+BatchNormTrainingBackward  backend=jit"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("partition 1"), std::string::npos) << r.output;
+  r = run("partitions " + fused + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"ops\": ["), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"kernel\": \"jit:"), std::string::npos) << r.output;
+  r = run("dot " + fused + " --after-passes");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("subgraph cluster_p0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("op1 -> op12 [label=\"1: f32 2x5x5x8\"]"), std::string::npos) << r.output;
+  r = run("dot " + fused);
+  EXPECT_NE(r.output.find("subgraph cluster_p1"), std::string::npos)
+      << r.output;  // unfused: two partitions
+}
+
 TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
   const std::string bad_json =
       write_temp("bad.json", "{\"graph\": [ {\"id\": 0, \"kind\": \"BatchNormTrainingBackward\"");

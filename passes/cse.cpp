@@ -1,0 +1,45 @@
+// Common-subexpression elimination over the topologically ordered ops.
+#include "passes/cse.hpp"
+
+#include <map>
+#include <string>
+
+#include "passes/rewrite_util.hpp"
+
+namespace normgrad {
+
+StatusOr<bool> CsePass::run(Graph& graph) const {
+  // One pass in topological order: an op whose (renamed) inputs and attributes
+  // were seen before is dropped, and its outputs are renamed to the first op's.
+  std::map<int64_t, LogicalTensor> renames;
+  std::map<std::string, size_t> seen;  // signature -> index in `kept`
+  std::vector<Op> kept;
+  bool changed = false;
+  for (Op op : graph.ops()) {
+    for (LogicalTensor& lt : op.mutable_inputs()) {
+      if (auto it = renames.find(lt.id); it != renames.end()) lt = it->second;
+    }
+    std::string sig = std::string(op_kind_name(op.kind()));
+    for (const auto& [k, v] : op.attrs()) sig += "|" + k + "=" + attr_value_to_string(v);
+    for (const LogicalTensor& lt : op.inputs()) sig += "|i" + std::to_string(lt.id);
+    for (const LogicalTensor& lt : op.outputs())
+      sig += "|o" + std::string(dtype_name(lt.dtype)) + dims_to_string(lt.dims);
+    bool observable = op.kind() == OpKind::kEnd;
+    for (const LogicalTensor& lt : op.outputs())
+      observable = observable || is_graph_output(graph, lt.id);
+    auto it = seen.find(sig);
+    if (it != seen.end() && !observable) {
+      const Op& first = kept[it->second];
+      for (size_t k = 0; k < op.outputs().size(); ++k)
+        renames[op.outputs()[k].id] = first.outputs()[k];
+      changed = true;
+      continue;
+    }
+    if (it == seen.end()) seen.emplace(sig, kept.size());
+    kept.push_back(std::move(op));
+  }
+  if (changed) graph.mutable_ops() = std::move(kept);
+  return changed;
+}
+
+}  // namespace normgrad

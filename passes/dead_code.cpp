@@ -1,0 +1,52 @@
+// Dead-output and dead-op elimination.
+#include "passes/dead_code.hpp"
+
+#include "passes/rewrite_util.hpp"
+
+namespace normgrad {
+namespace {
+
+bool is_dead(const Graph& graph, int64_t tensor_id) {
+  return graph.output_ports() && graph.consumers_of(tensor_id).empty() &&
+         !is_output_port(graph, tensor_id);
+}
+
+}  // namespace
+
+StatusOr<bool> DeadOutputEliminationPass::run(Graph& graph) const {
+  if (!graph.output_ports()) return false;
+  std::vector<Op> ops = graph.ops();
+  bool changed = false;
+  for (Op& op : ops) {
+    if (op.kind() != OpKind::kBatchNormTrainingBackward || op.outputs().size() != 3) continue;
+    if (!is_dead(graph, op.outputs()[1].id) || !is_dead(graph, op.outputs()[2].id)) continue;
+    if (!op.has_attr("is_training")) op.set_attr("is_training", true);  // 3 outputs meant training
+    op.mutable_outputs().resize(1);
+    changed = true;
+  }
+  if (changed) graph.mutable_ops() = std::move(ops);
+  return changed;
+}
+
+StatusOr<bool> DeadOpEliminationPass::run(Graph& graph) const {
+  if (!graph.output_ports()) return false;
+  bool changed = false;
+  // Removing an op can make its producers dead: repeat until nothing changes.
+  while (true) {
+    if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
+    std::set<int64_t> removed;
+    for (const Op& op : graph.ops()) {
+      if (op.kind() == OpKind::kEnd || op.outputs().empty()) continue;
+      bool all_dead = true;
+      for (const LogicalTensor& lt : op.outputs()) all_dead = all_dead && is_dead(graph, lt.id);
+      if (all_dead) removed.insert(op.id());
+    }
+    if (removed.empty()) return changed;
+    if (removed.size() == graph.ops().size())
+      return invalid_graph("dead-op elimination would remove every op");
+    graph.mutable_ops() = without_ops(graph, removed);
+    changed = true;
+  }
+}
+
+}  // namespace normgrad

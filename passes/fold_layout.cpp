@@ -1,0 +1,121 @@
+// Transpose and cast folding into batch-norm backward.
+#include "passes/fold_layout.hpp"
+
+#include "ops/batch_norm_desc.hpp"
+#include "passes/rewrite_util.hpp"
+
+namespace normgrad {
+namespace {
+
+// order that moves the channel from dim 1 to last (NCX -> NXC), and its inverse.
+std::vector<int64_t> to_channels_last(int rank) {
+  std::vector<int64_t> o = {0};
+  for (int i = 2; i < rank; ++i) o.push_back(i);
+  o.push_back(1);
+  return o;
+}
+std::vector<int64_t> to_channels_first(int rank) {
+  std::vector<int64_t> o = {0, rank - 1};
+  for (int i = 1; i < rank - 1; ++i) o.push_back(i);
+  return o;
+}
+
+std::vector<int64_t> normalized_order(const Op& t) {
+  auto order = t.attr_s64s("order");
+  if (!order.ok()) return {};
+  const auto rank = static_cast<int64_t>(order->size());
+  for (int64_t& o : *order) o = (o + rank) % rank;
+  return *order;
+}
+
+// The producer op of input `port` of `op` when it is of `kind` and feeds only `op`.
+const Op* sole_producer(const Graph& g, const Op& op, size_t port, OpKind kind) {
+  const int64_t p = g.producer_of(op.inputs()[port].id);
+  if (p < 0) return nullptr;
+  const Op& producer = g.ops()[static_cast<size_t>(p)];
+  if (producer.kind() != kind) return nullptr;
+  const int64_t t = op.inputs()[port].id;
+  if (sole_consumer(g, t) != &op || is_output_port(g, t)) return nullptr;
+  if (op.inputs()[1 - port].id == t) return nullptr;
+  return &producer;
+}
+
+// Folds one producer/consumer pair of conversions around `bn`; `check` decides
+// whether the three conversion ops fit, `rewrite` edits the new batch norm.
+template <typename Check, typename Rewrite>
+bool fold_around(Graph& g, OpKind conversion, const Check& check, const Rewrite& rewrite) {
+  for (const Op& bn : g.ops()) {
+    if (bn.kind() != OpKind::kBatchNormTrainingBackward) continue;
+    const Op* in_src = sole_producer(g, bn, 0, conversion);
+    const Op* in_dy = sole_producer(g, bn, 1, conversion);
+    const Op* out = sole_consumer(g, bn.outputs()[0].id);
+    if (!in_src || !in_dy || !out || out->kind() != conversion ||
+        is_output_port(g, bn.outputs()[0].id))
+      continue;
+    if (!check(bn, *in_src, *in_dy, *out)) continue;
+    Op folded = bn;
+    folded.mutable_inputs()[0] = in_src->inputs()[0];
+    folded.mutable_inputs()[1] = in_dy->inputs()[0];
+    folded.mutable_outputs()[0] = out->outputs()[0];
+    rewrite(folded);
+    std::vector<Op> ops = without_ops(g, {in_src->id(), in_dy->id(), out->id()});
+    for (Op& op : ops) {
+      if (op.id() == bn.id()) op = folded;
+    }
+    g.mutable_ops() = std::move(ops);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+StatusOr<bool> FoldTransposePass::run(Graph& graph) const {
+  bool changed = false;
+  while (true) {
+    if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
+    const bool folded = fold_around(
+        graph, OpKind::kStaticTranspose,
+        [](const Op& bn, const Op& a, const Op& b, const Op& out) {
+          auto d = describe_batch_norm(bn);
+          if (!d.ok()) return false;
+          const int rank = static_cast<int>(d->dims.size());
+          if (rank < 3) return false;
+          const bool nxc = d->format == DataFormat::kNXC;
+          const auto in_order = nxc ? to_channels_last(rank) : to_channels_first(rank);
+          const auto out_order = nxc ? to_channels_first(rank) : to_channels_last(rank);
+          return normalized_order(a) == in_order && normalized_order(b) == in_order &&
+                 normalized_order(out) == out_order;
+        },
+        [](Op& bn) {
+          auto d = describe_batch_norm(bn);
+          const bool was_nxc = !d.ok() || d->format == DataFormat::kNXC;
+          bn.set_attr("data_format", std::string(was_nxc ? "NCX" : "NXC"));
+        });
+    if (!folded) return changed;
+    changed = true;
+  }
+}
+
+StatusOr<bool> FoldCastPass::run(Graph& graph) const {
+  bool changed = false;
+  while (true) {
+    if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
+    const bool folded = fold_around(
+        graph, OpKind::kTypeCast,
+        [](const Op& bn, const Op& a, const Op& b, const Op& out) {
+          const DataType t = a.inputs()[0].dtype;
+          // Only narrow data computed in f32, with f32 statistics: a supported combination after
+          // folding.
+          if (t != DataType::kBF16 && t != DataType::kF16) return false;
+          if (bn.inputs()[0].dtype != DataType::kF32 || bn.inputs()[2].dtype != DataType::kF32)
+            return false;
+          return b.inputs()[0].dtype == t && out.outputs()[0].dtype == t;
+        },
+        [](Op&) {});
+    if (!folded) return changed;
+    changed = true;
+  }
+}
+
+}  // namespace normgrad

@@ -1,0 +1,208 @@
+// `normgrad opt`, `normgrad partitions` and `normgrad dot`: the compiler's view
+// of a graph, as mlir-opt and friends give it.
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/compiler.hpp"
+#include "graph/json_io.hpp"
+#include "passes/pass.hpp"
+#include "tools/cli.hpp"
+
+namespace normgrad {
+namespace cli {
+namespace {
+
+int fail(const char* cmd, const Status& s) {
+  std::cerr << "normgrad " << cmd << ": error: " << s.to_string() << "\n";
+  return 2;
+}
+
+// Splits `--key=value` / `--key value` / `-o value` arguments; positional gets the rest.
+bool parse(const std::vector<std::string>& argv, const std::vector<std::string>& flags,
+           const std::vector<std::string>& valued, std::map<std::string, std::string>* opts,
+           std::vector<std::string>* positional, std::string* error) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    std::string a = argv[i];
+    if (a.rfind("-", 0) != 0) {
+      positional->push_back(a);
+      continue;
+    }
+    std::string key = a.substr(a.rfind("--", 0) == 0 ? 2 : 1), value;
+    if (const size_t eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (std::find(valued.begin(), valued.end(), key) != valued.end()) {
+      if (i + 1 >= argv.size()) return *error = "option " + a + " needs a value", false;
+      value = argv[++i];
+    }
+    if (std::find(flags.begin(), flags.end(), key) == flags.end() &&
+        std::find(valued.begin(), valued.end(), key) == valued.end()) {
+      return *error = "unknown option " + a, false;
+    }
+    (*opts)[key] = value;
+  }
+  if (positional->size() != 1) return *error = "expected exactly one GRAPH.json", false;
+  return true;
+}
+
+StatusOr<Graph> load_finalized(const std::string& path) {
+  NG_ASSIGN_OR_RETURN(Graph g, load_graph(path));
+  Status s = g.finalize();
+  if (!s.ok()) return s.with_context(path);
+  return g;
+}
+
+std::string tensor_list(const std::vector<LogicalTensor>& ts) {
+  std::string s;
+  for (const auto& t : ts) s += (s.empty() ? "" : ",") + std::to_string(t.id);
+  return s;
+}
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) out += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return out;
+}
+
+}  // namespace
+
+int opt_command(const std::vector<std::string>& argv) {
+  std::map<std::string, std::string> opts;
+  std::vector<std::string> pos;
+  std::string error;
+  if (!parse(argv, {"print-after-all"}, {"passes", "o"}, &opts, &pos, &error)) {
+    std::cerr << "normgrad opt: " << error << "\n";
+    return 2;
+  }
+  auto g = load_finalized(pos[0]);
+  if (!g.ok()) return fail("opt", g.status());
+  PassPipeline pipeline;
+  if (opts.count("passes")) {
+    std::stringstream ss(opts["passes"]);
+    std::string name;
+    while (std::getline(ss, name, ',')) {
+      auto p = make_pass(name);
+      if (!p.ok()) return fail("opt", p.status());
+      pipeline.add(std::move(p).value());
+    }
+  } else {
+    pipeline = default_pipeline();
+  }
+  std::vector<PassRecord> records;
+  auto changed = pipeline.run(*g, opts.count("print-after-all") ? &std::cerr : nullptr, &records);
+  if (!changed.ok()) return fail("opt", changed.status());
+  for (const PassRecord& r : records) {
+    std::cerr << "// pass " << r.name << ": " << (r.changed ? "changed" : "unchanged") << ", "
+              << r.ms << " ms\n";
+  }
+  const std::string text = graph_to_json(*g, true);
+  if (opts.count("o")) {
+    std::ofstream out(opts["o"]);
+    if (!(out << text)) return fail("opt", not_found(opts["o"] + ": cannot write"));
+  } else {
+    std::cout << text;
+  }
+  return 0;
+}
+
+int partitions_command(const std::vector<std::string>& argv) {
+  std::map<std::string, std::string> opts;
+  std::vector<std::string> pos;
+  std::string error;
+  if (!parse(argv, {"json"}, {"backend"}, &opts, &pos, &error)) {
+    std::cerr << "normgrad partitions: " << error << "\n";
+    return 2;
+  }
+  auto g = load_finalized(pos[0]);
+  if (!g.ok()) return fail("partitions", g.status());
+  CompileOptions options;
+  if (opts.count("backend")) options.backend = opts["backend"];
+  auto cg = CompiledGraph::compile(*g, options);
+  if (!cg.ok()) return fail("partitions", cg.status());
+  if (opts.count("json")) {
+    nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+    for (const auto& p : cg->partitions()) {
+      nlohmann::ordered_json j;
+      j["id"] = p->partition().id;
+      std::vector<std::string> ops;
+      for (const Op& op : p->partition().ops) ops.push_back(op_kind_name(op.kind()));
+      j["ops"] = ops;
+      j["backend"] = p->backend_name();
+      j["kernel"] = p->kernel_name();
+      std::vector<int64_t> in, out;
+      for (const auto& t : p->partition().inputs) in.push_back(t.id);
+      for (const auto& t : p->partition().outputs) out.push_back(t.id);
+      j["inputs"] = in;
+      j["outputs"] = out;
+      arr.push_back(j);
+    }
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& p : cg->partitions()) {
+    std::cout << "partition " << p->partition().id << ": " << p->partition().ops_string()
+              << "  backend=" << p->backend_name() << "  kernel=" << p->kernel_name()
+              << "  inputs=" << tensor_list(p->partition().inputs)
+              << "  outputs=" << tensor_list(p->partition().outputs) << "\n";
+  }
+  return 0;
+}
+
+int dot_command(const std::vector<std::string>& argv) {
+  std::map<std::string, std::string> opts;
+  std::vector<std::string> pos;
+  std::string error;
+  if (!parse(argv, {"after-passes"}, {}, &opts, &pos, &error)) {
+    std::cerr << "normgrad dot: " << error << "\n";
+    return 2;
+  }
+  auto g = load_finalized(pos[0]);
+  if (!g.ok()) return fail("dot", g.status());
+  if (opts.count("after-passes")) {
+    auto changed = default_pipeline().run(*g);
+    if (!changed.ok()) return fail("dot", changed.status());
+  }
+  auto parts = partition_graph(*g);
+  if (!parts.ok()) return fail("dot", parts.status());
+  std::ostringstream s;
+  s << "digraph normgrad {\n  rankdir=TB;\n  node [shape=box, fontname=\"sans-serif\"];\n";
+  std::map<int64_t, std::string> producer;  // tensor id -> node name
+  for (const Op& op : g->ops()) {
+    for (const auto& t : op.outputs()) producer[t.id] = "op" + std::to_string(op.id());
+  }
+  for (const Partition& p : *parts) {
+    s << "  subgraph cluster_p" << p.id << " {\n    label=\"partition " << p.id
+      << "\";\n    style=dashed;\n";
+    for (const Op& op : p.ops) {
+      s << "    op" << op.id() << " [label=\"" << escape(op.label()) << "\"];\n";
+    }
+    s << "  }\n";
+  }
+  for (const Op& op : g->ops()) {
+    if (op.kind() == OpKind::kEnd) s << "  op" << op.id() << " [label=\"End\", shape=plaintext];\n";
+  }
+  for (const Op& op : g->ops()) {
+    for (const auto& t : op.inputs()) {
+      auto it = producer.find(t.id);
+      std::string from = it != producer.end() ? it->second : "in" + std::to_string(t.id);
+      if (it == producer.end())
+        s << "  in" << t.id << " [label=\"input " << t.id << "\", shape=ellipse];\n";
+      s << "  " << from << " -> op" << op.id() << " [label=\"" << t.id << ": "
+        << dtype_name(t.dtype) << " " << dims_to_string(t.dims) << "\"];\n";
+    }
+  }
+  for (const LogicalTensor& t : g->graph_outputs()) {
+    s << "  out" << t.id << " [label=\"output " << t.id << "\", shape=ellipse];\n  "
+      << producer[t.id] << " -> out" << t.id << " [label=\"" << t.id << ": " << dtype_name(t.dtype)
+      << " " << dims_to_string(t.dims) << "\"];\n";
+  }
+  s << "}\n";
+  std::cout << s.str();
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace normgrad
