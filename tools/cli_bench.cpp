@@ -114,11 +114,17 @@ double run_once(Runner& r, const std::map<int64_t, const void*>& in) {
 Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, double roofline) {
   std::vector<Runner> runners;
   const Graph* lowered = nullptr;
-  for (const std::string& b : opt.backends) {
+  // Fused cases also time the unfused sequence (passes off, each op on the
+  // fastest backend that takes it), to show what fusion saves.
+  std::vector<std::string> columns = opt.backends;
+  if (cr.fused != "none") columns.push_back("unfused");
+  for (const std::string& b : columns) {
     Runner r;
     r.result.backend = b;
+    CompileOptions options{b == "unfused" ? "auto" : b};
+    options.optimize = b != "unfused";
     const auto t0 = std::chrono::steady_clock::now();
-    auto cg = CompiledGraph::compile(graph, CompileOptions{b});
+    auto cg = CompiledGraph::compile(graph, options);
     r.result.compile_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!cg.ok()) {
@@ -127,7 +133,7 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, dou
       continue;
     }
     const auto t1 = std::chrono::steady_clock::now();
-    auto again = CompiledGraph::compile(graph, CompileOptions{b});
+    auto again = CompiledGraph::compile(graph, options);
     r.result.cached_compile_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
     (void)again;
