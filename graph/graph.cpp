@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "graph/limits.hpp"
 #include "graph/op_checks.hpp"
 
 namespace normgrad {
@@ -220,9 +221,45 @@ Status Graph::infer_shapes() {
   return ok_status();
 }
 
+Status Graph::check_sizes() const {
+  const ResourceLimits& limits = resource_limits();
+  int64_t total = 0;
+  for (const auto& [id, lt] : tensors_) {
+    NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
+    if (bytes > limits.max_tensor_bytes) {
+      return out_of_range("tensor " + std::to_string(id) + " (" + dims_to_string(lt.dims) + " " +
+                          dtype_name(lt.dtype) + ") needs " + std::to_string(bytes) +
+                          " bytes, over the limit of " + std::to_string(limits.max_tensor_bytes) +
+                          " (NORMGRAD_MAX_TENSOR_BYTES)");
+    }
+    NG_ASSIGN_OR_RETURN(total, checked_add(total, bytes, "graph bytes"));
+  }
+  if (total > limits.max_total_bytes) {
+    return out_of_range("the graph's tensors need " + std::to_string(total) +
+                        " bytes, over the limit of " + std::to_string(limits.max_total_bytes) +
+                        " (NORMGRAD_MAX_TOTAL_BYTES)");
+  }
+  // Outputs must not alias themselves: two logical elements at one address would race.
+  for (const Op& op : ops_) {
+    for (size_t i = 0; i < op.outputs().size(); ++i) {
+      if (!op.outputs()[i].non_overlapping()) {
+        return invalid_argument(op.label() + ": output " + std::to_string(i) + " (tensor " +
+                                std::to_string(op.outputs()[i].id) + ") has overlapping strides " +
+                                dims_to_string(op.outputs()[i].effective_strides()));
+      }
+    }
+  }
+  return ok_status();
+}
+
 Status Graph::finalize() {
   finalized_ = false;
   if (ops_.empty()) return invalid_graph("the graph has no ops");
+  if (static_cast<int64_t>(ops_.size()) > resource_limits().max_ops) {
+    return out_of_range("the graph has " + std::to_string(ops_.size()) +
+                        " ops, over the limit of " + std::to_string(resource_limits().max_ops) +
+                        " (NORMGRAD_MAX_OPS)");
+  }
   // Structure first: passes edit ops directly, and the shape rules index ports.
   std::set<int64_t> op_ids;
   for (const Op& op : ops_) {
@@ -235,6 +272,7 @@ Status Graph::finalize() {
   NG_RETURN_IF_ERROR(sort_topologically());
   NG_RETURN_IF_ERROR(collect_tensors());  // indices changed with the new order
   NG_RETURN_IF_ERROR(infer_shapes());
+  NG_RETURN_IF_ERROR(check_sizes());
   finalized_ = true;
   return ok_status();
 }

@@ -71,6 +71,7 @@ class Graph {
   Status collect_tensors();
   Status sort_topologically();
   Status infer_shapes();
+  Status check_sizes() const;
 
   std::vector<Op> ops_;
   bool finalized_ = false;

@@ -1,6 +1,8 @@
 // JSON I/O for graphs: a location-tracking reader over nlohmann::json and a writer.
 #include "graph/json_io.hpp"
 
+#include "graph/limits.hpp"
+
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -293,7 +295,8 @@ StatusOr<std::string> read_text_file(const std::string& path, size_t max_bytes) 
 }
 
 StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limits) {
-  if (text.size() > limits.max_bytes) {
+  if (text.size() > limits.max_bytes ||
+      static_cast<int64_t>(text.size()) > resource_limits().max_json_bytes) {
     return out_of_range("JSON text is " + std::to_string(text.size()) + " bytes, the limit is " +
                         std::to_string(limits.max_bytes));
   }
@@ -355,7 +358,8 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
   NG_ASSIGN_OR_RETURN(const Json* ops, member(root, where, "graph"));
   if (!ops->is_array())
     return at("graph", std::string("expected an array, got ") + json_type(*ops));
-  if (ops->size() > limits.max_ops) {
+  if (ops->size() > limits.max_ops ||
+      static_cast<int64_t>(ops->size()) > resource_limits().max_ops) {
     return out_of_range("graph: " + std::to_string(ops->size()) + " ops exceed the limit of " +
                         std::to_string(limits.max_ops));
   }
@@ -378,7 +382,9 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
 }
 
 StatusOr<Graph> load_graph(const std::string& path, const JsonLimits& limits) {
-  NG_ASSIGN_OR_RETURN(std::string text, read_text_file(path, limits.max_bytes));
+  const size_t cap =
+      std::min(limits.max_bytes, static_cast<size_t>(resource_limits().max_json_bytes));
+  NG_ASSIGN_OR_RETURN(std::string text, read_text_file(path, cap));
   auto g = graph_from_json(text, limits);
   if (!g.ok()) return g.status().with_context(path);
   return g;

@@ -1,6 +1,7 @@
 // LogicalTensor: overflow-checked sizes, validation and printing.
 #include "graph/logical_tensor.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 namespace normgrad {
@@ -168,6 +169,28 @@ Status LogicalTensor::validate(const std::string& what) const {
     (void)bytes;
   }
   return ok_status();
+}
+
+bool LogicalTensor::non_overlapping() const {
+  if (!dims_known()) return true;
+  for (int64_t d : dims) {
+    if (d == 0) return true;
+  }
+  // Sorted by stride, each dim must step past everything the smaller strides cover.
+  std::vector<std::pair<int64_t, int64_t>> sd;  // (stride, dim)
+  const Dims s = effective_strides();
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] > 1) sd.emplace_back(s[i], dims[i]);
+  }
+  std::sort(sd.begin(), sd.end());
+  int64_t covered = 1;  // elements spanned by the dims so far
+  for (const auto& [stride, dim] : sd) {
+    if (stride < covered) return false;
+    int64_t span;
+    if (__builtin_mul_overflow(stride, dim, &span)) return true;  // sizes are validated elsewhere
+    covered = span;
+  }
+  return true;
 }
 
 std::string LogicalTensor::to_string() const {

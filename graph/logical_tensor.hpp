@@ -69,6 +69,9 @@ struct LogicalTensor {
   // Checks known dims >= 0, rank <= kMaxRank, strides >= 0 and matching rank,
   // and that the buffer byte size fits in int64. `what` names the tensor.
   Status validate(const std::string& what) const;
+  // True when no two logical elements share an address (dims of size 1 and
+  // empty tensors never overlap). Inputs may alias (a broadcast view); outputs may not.
+  bool non_overlapping() const;
   // "id 3 f32 2x3x4".
   std::string to_string() const;
 };

@@ -1,0 +1,163 @@
+// Hardening: resource limits, aliasing outputs, NaN isolation per channel and
+// concurrent execution and compilation on every backend.
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "graph/json_io.hpp"
+#include "graph/limits.hpp"
+#include "tests/backend_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::lt;
+
+struct LimitsScope {
+  explicit LimitsScope(const ResourceLimits& l) : saved(resource_limits()) {
+    set_resource_limits(l);
+  }
+  ~LimitsScope() { set_resource_limits(saved); }
+  ResourceLimits saved;
+};
+
+TEST(Hardening, TwentyGigabyteTensorIsRefusedBeforeAllocation) {
+  Graph g;
+  // 5.4e9 f32 elements: about 20 GB per data tensor.
+  ASSERT_TRUE(
+      g.add_op(bn_bwd({64, 64, 1152, 1152}, "NCX", DataType::kF32, DataType::kF32, true, 3)).ok());
+  EXPECT_STATUS_HAS(g.finalize(), "over the limit of 4294967296 (NORMGRAD_MAX_TENSOR_BYTES)");
+  ResourceLimits small;
+  small.max_tensor_bytes = 1 << 20;
+  small.max_total_bytes = 3 << 20;
+  LimitsScope scope(small);
+  Graph h;
+  ASSERT_TRUE(
+      h.add_op(bn_bwd({4, 64, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3)).ok());
+  EXPECT_STATUS_HAS(h.finalize(), "over the limit of 3145728 (NORMGRAD_MAX_TOTAL_BYTES)");
+}
+
+TEST(Hardening, GraphSizeLimits) {
+  ResourceLimits l;
+  l.max_ops = 1;
+  LimitsScope scope(l);
+  Graph g;
+  Op a(0, OpKind::kReLU, "a"), b(1, OpKind::kReLU, "b");
+  a.add_input(lt(0, DataType::kF32, {4})).add_output(lt(1, DataType::kF32, {4}));
+  b.add_input(lt(1, DataType::kF32, {4})).add_output(lt(2, DataType::kF32, {4}));
+  ASSERT_TRUE(g.add_op(a).ok());
+  ASSERT_TRUE(g.add_op(b).ok());
+  EXPECT_STATUS_HAS(g.finalize(), "over the limit of 1 (NORMGRAD_MAX_OPS)");
+  l.max_ops = 100;
+  l.max_json_bytes = 10;
+  set_resource_limits(l);
+  EXPECT_STATUS_HAS(graph_from_json("{\"graph\": []}"), "the limit is");
+}
+
+TEST(Hardening, AliasingOutputsAreRefused) {
+  Graph g;
+  Op r(0, OpKind::kReLU, "r");
+  LogicalTensor out = lt(1, DataType::kF32, {4, 4});
+  out.strides = {1, 1};  // element (i, j) and (j, i) share an address
+  r.add_input(lt(0, DataType::kF32, {4, 4})).add_output(out);
+  ASSERT_TRUE(g.add_op(r).ok());
+  EXPECT_STATUS_HAS(g.finalize(), "has overlapping strides 1x1");
+  // A broadcast input (stride 0) is fine.
+  Graph h;
+  Op s(0, OpKind::kReLU, "s");
+  LogicalTensor in = lt(0, DataType::kF32, {4, 4});
+  in.strides = {0, 1};
+  s.add_input(in).add_output(lt(1, DataType::kF32, {4, 4}));
+  ASSERT_TRUE(h.add_op(s).ok());
+  EXPECT_TRUE(h.finalize().ok());
+}
+
+std::vector<std::string> backends_for(DataType dt) {
+  std::vector<std::string> v = {"ref", "jit"};
+  if (dt != DataType::kF16) v.push_back("dnnl");
+  return v;
+}
+
+// A NaN in channel 1's src poisons channel 1's outputs only.
+TEST(Hardening, NanStaysInItsChannel) {
+  for (const char* fmt : {"NCX", "NXC"}) {
+    for (const std::string& backend : backends_for(DataType::kF32)) {
+      const Dims shape = std::string(fmt) == "NCX" ? Dims{2, 3, 4, 4} : Dims{2, 4, 4, 3};
+      Graph g;
+      ASSERT_TRUE(g.add_op(bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, true, 3)).ok());
+      auto cg = CompiledGraph::compile(g, CompileOptions{backend});
+      ASSERT_TRUE(cg.ok()) << backend << ": " << cg.status().to_string();
+      std::map<int64_t, std::string> sources;
+      auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 2, &sources);
+      ASSERT_TRUE(inputs.ok());
+      float* x = static_cast<float*>(inputs->at(0).data());
+      const int64_t nan_at =
+          std::string(fmt) == "NCX" ? 16 + 5 : 5 * 3 + 1;  // an element of channel 1
+      x[nan_at] = std::numeric_limits<float>::quiet_NaN();
+      std::map<int64_t, const void*> in;
+      for (auto& [id, b] : *inputs) in[id] = b.data();
+      std::map<int64_t, cli::Buffer> outs;
+      std::map<int64_t, void*> p;
+      for (const LogicalTensor& t : cg->outputs())
+        p[t.id] = outs.emplace(t.id, *cli::allocate(t)).first->second.data();
+      ASSERT_TRUE(cg->execute(in, p).ok());
+      const float* dx = static_cast<const float*>(p[5]);
+      const float* dg = static_cast<const float*>(p[6]);
+      EXPECT_TRUE(std::isnan(dg[1])) << fmt << " " << backend;
+      EXPECT_FALSE(std::isnan(dg[0]) || std::isnan(dg[2])) << fmt << " " << backend;
+      for (int64_t i = 0; i < 96; ++i) {
+        const int64_t c = std::string(fmt) == "NCX" ? (i / 16) % 3 : i % 3;
+        EXPECT_EQ(std::isnan(dx[i]), c == 1) << fmt << " " << backend << " element " << i;
+      }
+    }
+  }
+}
+
+// One compiled graph executed from 8 threads at once, each with its own buffers,
+// gives the serial bits; and compiling from several threads at once works.
+TEST(Hardening, EightThreadsGiveTheSerialBitsOnEveryBackend) {
+  for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+    for (const std::string& backend : backends_for(dt)) {
+      SCOPED_TRACE(backend + " " + dtype_name(dt));
+      Graph g;
+      ASSERT_TRUE(g.add_op(bn_bwd({4, 24, 20, 20}, "NXC", dt, DataType::kF32, true, 3)).ok());
+      std::vector<std::thread> compilers;
+      std::vector<int> compiled_ok(4, 0);
+      for (int t = 0; t < 4; ++t) {
+        compilers.emplace_back(
+            [&, t] { compiled_ok[t] = CompiledGraph::compile(g, CompileOptions{backend}).ok(); });
+      }
+      for (auto& th : compilers) th.join();
+      EXPECT_EQ(compiled_ok, std::vector<int>(4, 1));
+      auto cg = CompiledGraph::compile(g, CompileOptions{backend});
+      ASSERT_TRUE(cg.ok());
+      std::map<int64_t, std::string> sources;
+      auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 8, &sources);
+      std::map<int64_t, const void*> in;
+      for (auto& [id, b] : *inputs) in[id] = b.data();
+      auto run_once = [&](std::map<int64_t, cli::Buffer>& outs) {
+        std::map<int64_t, void*> p;
+        for (const LogicalTensor& t : cg->outputs())
+          p[t.id] = outs.emplace(t.id, *cli::allocate(t)).first->second.data();
+        return cg->execute(in, p);
+      };
+      std::map<int64_t, cli::Buffer> serial;
+      ASSERT_TRUE(run_once(serial).ok());
+      std::vector<std::map<int64_t, cli::Buffer>> results(8);
+      std::vector<Status> status(8);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 8; ++t)
+        threads.emplace_back([&, t] { status[t] = run_once(results[t]); });
+      for (auto& th : threads) th.join();
+      for (int t = 0; t < 8; ++t) {
+        ASSERT_TRUE(status[t].ok()) << status[t].to_string();
+        for (const auto& [id, b] : serial)
+          EXPECT_EQ(results[t].at(id).bytes, b.bytes) << "thread " << t;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
