@@ -6,7 +6,6 @@ find_package(TBB CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
 if(NORMGRAD_WITH_DNNL)
   find_package(dnnl CONFIG REQUIRED)
-  find_package(OpenMP REQUIRED)  # oneDNN 2.6 on Debian threads with OpenMP; --threads reaches it
 endif()
 if(NORMGRAD_WITH_JIT)
   find_package(xbyak CONFIG REQUIRED)

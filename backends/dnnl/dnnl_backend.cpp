@@ -1,6 +1,6 @@
 // The oneDNN backend: lowers single-op partitions to oneDNN 2.6 primitives and
 // declines, with the reason, whatever oneDNN cannot run exactly.
-#include <omp.h>
+#include <dlfcn.h>
 
 #include "backends/backend_registry.hpp"
 #include "backends/dnnl/dnnl_kernels.hpp"
@@ -48,8 +48,13 @@ const Backend* dnnl_backend() {
   return &backend;
 }
 
+// oneDNN on Debian threads with OpenMP (libgomp, loaded with libdnnl). The call
+// is looked up at run time so normgrad itself never links an OpenMP runtime,
+// which keeps clang builds (whose -fopenmp means libomp) from mixing two.
 void set_dnnl_threads(int n) {
-  omp_set_num_threads(n);
+  using SetThreads = void (*)(int);
+  static const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  if (set != nullptr) set(n);
 }
 
 }  // namespace normgrad
