@@ -20,7 +20,8 @@ inline LogicalTensor lt(int64_t id, DataType dt, Dims dims) {
 // BatchNormTrainingBackward with tensor ids 0..4 in, 5..7 out.
 inline Op bn_bwd(const Dims& shape, const std::string& format, DataType dt, DataType sdt,
                  bool gamma, int outputs, float eps = 1e-5f, int64_t op_id = 0) {
-  const int64_t c = format == "NCX" ? shape[1] : shape.back();
+  // Rank-1 shapes (invalid for the op, used by error tests) take C from their only dim.
+  const int64_t c = format == "NCX" && shape.size() > 1 ? shape[1] : shape.back();
   Op op(op_id, OpKind::kBatchNormTrainingBackward, "bn");
   op.set_attr("epsilon", eps).set_attr("data_format", format);
   op.add_input(lt(0, dt, shape))
