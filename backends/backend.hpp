@@ -20,6 +20,8 @@ class Kernel {
   virtual ~Kernel() = default;
   // e.g. "ref:batch_norm_bwd" or oneDNN's "bnorm_jit:avx512_core".
   virtual std::string name() const = 0;
+  // Extra facts for verbose lines, e.g. the JIT's code-generation time.
+  virtual std::string info() const { return ""; }
   // inputs and outputs follow the partition's port order.
   virtual Status execute(const std::vector<const void*>& inputs,
                          const std::vector<void*>& outputs) const = 0;

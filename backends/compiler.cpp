@@ -123,12 +123,13 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     auto kernel = b->compile(partition);
     if (!kernel.ok()) return kernel.status().with_context(who + " on " + b->name());
     const double ms = ms_since(t0);
+    const std::string kernel_info = (*kernel)->info();
     auto cp =
         std::make_shared<const CompiledPartition>(partition, b, std::move(kernel).value(), ms);
     if (verbose_level() >= 1) {
       std::cerr << "normgrad_verbose,compile," << partition.id << "," << b->name() << ","
                 << cp->kernel_name() << "," << partition.ops_string() << "," << shapes_of(partition)
-                << "," << ms << "\n";
+                << "," << ms << "," << kernel_info << "\n";
     }
     return cp;
   }

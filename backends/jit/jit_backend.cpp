@@ -14,6 +14,10 @@ class JitKernel final : public Kernel {
   JitKernel(jit::BnConf conf, std::shared_ptr<const jit::KernelSet> kernels)
       : conf_(std::move(conf)), kernels_(std::move(kernels)) {}
   std::string name() const override { return conf_.kernel_name(); }
+  std::string info() const override {
+    return conf_.isa == jit::Isa::kPortable ? "portable"
+                                            : "codegen_ms=" + std::to_string(kernels_->generate_ms);
+  }
   Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
     return jit::run_batch_norm_backward(conf_, *kernels_, in, out);
   }
