@@ -7,7 +7,10 @@
 // diff_src pass run back to back in one task, so its src and diff_dst are read
 // from cache the second time when the channel fits (1 to 4 channels of a
 // 112x112 batch-32 layer fit the L3).
+#include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -19,15 +22,30 @@ namespace jit {
 namespace {
 
 // Runs body(i) for i in [0, n): serially for small problems, else on oneTBB.
+// Runs body(i) for i in [0, n): serially for small problems, else on oneTBB, or
+// on plain std::threads in NORMGRAD_STD_THREADS builds (ThreadSanitizer runs:
+// Debian's oneTBB is not instrumented). Work items are independent, so either
+// gives the same bits.
 template <typename Body>
 void for_range(bool serial, int64_t n, const Body& body) {
   if (serial || n <= 1) {
     for (int64_t i = 0; i < n; ++i) body(i);
     return;
   }
+#ifdef NORMGRAD_STD_THREADS
+  const int64_t workers = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (int64_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t i = w * n / workers; i < (w + 1) * n / workers; ++i) body(i);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+#else
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& r) {
     for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
   });
+#endif
 }
 
 struct Channel {
