@@ -18,6 +18,14 @@ struct Comparison {
   std::string report;
 };
 
+// A graph of one op, added and checked.
+inline Graph one_op(const Op& op) {
+  Graph g;
+  Status s = g.add_op(op);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return g;
+}
+
 inline Comparison compare_with_ref(const Graph& graph, const std::string& backend,
                                    uint64_t seed = 1, double data_offset = 0.0) {
   Comparison c;

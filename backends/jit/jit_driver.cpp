@@ -136,8 +136,9 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
       coefficients(conf, ch[c], s0[c], s1[c], &coef[c], &coef[cp + c], &coef[2 * cp + c],
                    &diff_gamma[c], &diff_beta[c]);
     }
-    for_range(conf.single_thread, nchunks, [&](int64_t k) {
-      const int64_t r0 = k * chunk;
+    // Last chunks first: the reduction just read them, so they are still in cache.
+    for_range(conf.single_thread, nchunks, [&](int64_t k_rev) {
+      const int64_t r0 = (nchunks - 1 - k_rev) * chunk;
       kernels.apply(
           args(r0 * row_bytes, true, coef.data(), nullptr, std::min(chunk, conf.rows - r0)));
     });

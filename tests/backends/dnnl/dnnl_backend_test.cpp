@@ -9,14 +9,8 @@ namespace {
 
 using testing_util::bn_bwd;
 using testing_util::compare_with_ref;
+using testing_util::one_op;
 using testing_util::lt;
-
-Graph one_op(const Op& op) {
-  Graph g;
-  Status s = g.add_op(op);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return g;
-}
 
 TEST(DnnlBackend, BatchNormBackwardSweep) {
   const std::pair<DataType, DataType> dtypes[] = {{DataType::kF32, DataType::kF32},

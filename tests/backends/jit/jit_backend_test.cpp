@@ -15,13 +15,7 @@ namespace {
 
 using testing_util::bn_bwd;
 using testing_util::compare_with_ref;
-
-Graph one_op(const Op& op) {
-  Graph g;
-  Status s = g.add_op(op);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  return g;
-}
+using testing_util::one_op;
 
 // The ISAs to test here: each one the CPU has, plus the portable path.
 std::vector<std::string> isas() {
