@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/compiler.hpp"
+#include "graph/json_io.hpp"
 #include "tools/bench_probe.hpp"
 #include "tools/cli.hpp"
 #include "tools/cli_data.hpp"
@@ -372,10 +373,52 @@ int bench_command(const std::vector<std::string>& argv) {
   std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
             << threads << " threads): " << roof_start << " GB/s at start\n";
   std::vector<CaseResult> cases;
-  std::vector<std::pair<std::string, Graph>> graphs;
+  auto report = [&](const CaseResult& cr) {
+    std::cout << "\n" << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic)\n";
+    for (const BackendResult& r : cr.results) {
+      if (r.median <= 0) {
+        std::cout << "  " << std::left << std::setw(13) << r.backend << "  declined: " << r.reason
+                  << "\n";
+        continue;
+      }
+      std::cout << "  " << std::left << std::setw(13) << r.backend << std::right << std::setw(9)
+                << r.median << " ms  [" << r.min << ", " << r.max << "]  " << std::setw(7) << r.gbps
+                << " GB/s  " << std::setw(5) << r.pct << "% of start roof  x" << r.ratio
+                << " vs dnnl  compile " << r.compile_ms << "/" << r.cached_compile_ms << " ms  "
+                << r.kernel << "\n";
+    }
+  };
   if (!opt.graph_path.empty()) {
-    std::cerr << "normgrad bench: GRAPH.json benches are not supported yet; use --shapes\n";
-    return 2;
+    // A user's graph: minimal traffic is every graph input and output read or written once.
+    auto loaded = load_graph(opt.graph_path);
+    if (!loaded.ok())
+      return std::cerr << "normgrad bench: " << loaded.status().to_string() << "\n", 2;
+    Graph g = std::move(loaded).value();
+    if (Status s = g.finalize(); !s.ok())
+      return std::cerr << "normgrad bench: " << s.to_string() << "\n", 2;
+    CaseResult cr;
+    cr.name = opt.graph_path;
+    // A multi-op graph is not one of the presets' fusions: "graph" (and no blocked column).
+    cr.fused = g.ops().size() == 1 ? "none" : "graph";
+    for (const Op& op : g.ops()) {
+      if (op.kind() == OpKind::kBatchNormTrainingBackward && cr.shape.empty()) {
+        cr.shape = op.inputs()[0].dims;
+        cr.dtype = dtype_name(op.inputs()[0].dtype);
+        auto fmt = op.attr_string("data_format");
+        cr.layout = fmt.ok() ? *fmt : "NXC";
+      }
+    }
+    for (const LogicalTensor& lt : g.graph_inputs())
+      cr.bytes += static_cast<double>(*lt.buffer_bytes());
+    for (const LogicalTensor& lt : g.graph_outputs())
+      cr.bytes += static_cast<double>(*lt.buffer_bytes());
+    if (Status s = run_case(opt, cr, g, roof_start); !s.ok()) {
+      std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
+      return 2;
+    }
+    report(cr);
+    cases.push_back(std::move(cr));
+    shapes.clear();
   }
   for (const auto& [name, nchw] : shapes) {
     for (const std::string& dts : opt.dts) {
@@ -396,19 +439,7 @@ int bench_command(const std::vector<std::string>& argv) {
             std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
             return 2;
           }
-          std::cout << "\n" << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic)\n";
-          for (const BackendResult& r : cr.results) {
-            if (r.median <= 0) {
-              std::cout << "  " << std::left << std::setw(13) << r.backend
-                        << "  declined: " << r.reason << "\n";
-              continue;
-            }
-            std::cout << "  " << std::left << std::setw(13) << r.backend << std::right
-                      << std::setw(9) << r.median << " ms  [" << r.min << ", " << r.max << "]  "
-                      << std::setw(7) << r.gbps << " GB/s  " << std::setw(5) << r.pct << "% of start roof  x"
-                      << r.ratio << " vs dnnl  compile " << r.compile_ms << "/"
-                      << r.cached_compile_ms << " ms  " << r.kernel << "\n";
-          }
+          report(cr);
           cases.push_back(std::move(cr));
         }
       }
@@ -419,7 +450,8 @@ int bench_command(const std::vector<std::string>& argv) {
   // so roofline percentages err on the low side.
   const double roofline = std::max(roof_start, roof_end);
   for (CaseResult& c : cases) {
-    for (BackendResult& r : c.results) r.pct = roofline > 0 && r.gbps > 0 ? 100.0 * r.gbps / roofline : 0.0;
+    for (BackendResult& r : c.results)
+      r.pct = roofline > 0 && r.gbps > 0 ? 100.0 * r.gbps / roofline : 0.0;
   }
   std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start
             << "); the JSON and the chart use the higher, " << roofline << " GB/s\n";
