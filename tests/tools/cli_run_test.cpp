@@ -196,6 +196,33 @@ TEST(CliGraphTools, OptPartitionsAndDot) {
       << r.output;  // unfused: two partitions
 }
 
+// A functional smoke of `normgrad bench` (no timing is asserted): it runs, and its
+// JSON follows the documented schema and its SVG is a chart.
+TEST(CliBench, WritesTheDocumentedJsonAndSvg) {
+  const std::string json = ::testing::TempDir() + "/ng_bench.json",
+                    svg = ::testing::TempDir() + "/ng_bench.svg";
+  const Result r =
+      run("bench --shapes=small --dt=f32,f16 --layouts=NXC --fused=none,relu --iters 1 --warmup 0 "
+          "--threads 1 "
+          "--json " +
+          json + " --svg " + svg);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* key :
+       {"\"threads\": 1", "\"roofline_gbps\"", "\"cases\"", "\"shape\": [", "\"layout\": \"NXC\"",
+        "\"dtype\": \"f16\"", "\"fused\": \"relu\"", "\"backend\": \"jit\"", "\"median_ms\"",
+        "\"min_ms\"", "\"max_ms\"", "\"gbps\"", "\"roofline_pct\"", "\"compile_ms\"",
+        "\"backend\": \"unfused\"", "\"unsupported\": \"partition"}) {
+    EXPECT_NE(text.find(key), std::string::npos) << key;
+  }
+  std::ifstream sin(svg);
+  const std::string chart((std::istreambuf_iterator<char>(sin)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(chart.rfind("<svg", 0), 0u);
+  EXPECT_NE(chart.find("roofline"), std::string::npos);
+  EXPECT_NE(chart.find("1x32x28x28 NXC f32"), std::string::npos);
+}
+
 TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
   const std::string bad_json =
       write_temp("bad.json", "{\"graph\": [ {\"id\": 0, \"kind\": \"BatchNormTrainingBackward\"");
