@@ -165,14 +165,6 @@ std::string port_label(const Op& op, bool is_input, size_t index, const std::str
          port_name + "'";
 }
 
-AttrValue attr_or_default(const Op& op, const OpSchema& schema, const std::string& name) {
-  auto it = op.attrs().find(name);
-  if (it != op.attrs().end()) return it->second;
-  const AttrSpec* spec = schema.find_attr(name);
-  assert(spec && spec->default_value && "attribute without value or default");
-  return *spec->default_value;
-}
-
 Status set_or_check_dims(Op& op, size_t out_index, const std::string& out_name, const Dims& dims) {
   LogicalTensor& out = op.mutable_outputs()[out_index];
   if (!out.rank_known()) {

@@ -79,8 +79,6 @@ class OpSchema {
 
 // Message helpers shared by the schema files, so every rule reads alike.
 std::string port_label(const Op& op, bool is_input, size_t index, const std::string& port_name);
-// The attribute's value or the schema default; the op must be verified.
-AttrValue attr_or_default(const Op& op, const OpSchema& schema, const std::string& name);
 // Sets `out.dims` to `dims` when unknown, or checks that the known ones agree.
 Status set_or_check_dims(Op& op, size_t out_index, const std::string& out_name, const Dims& dims);
 
