@@ -38,7 +38,8 @@ Op bn_op(const Dims& shape, DataType dt) {
   op.set_attr("epsilon", 1e-5f).set_attr("data_format", std::string("NCX"));
   op.add_input(LogicalTensor(0, dt, shape)).add_input(LogicalTensor(1, dt, shape));
   for (int i = 2; i <= 4; ++i) op.add_input(LogicalTensor(i, DataType::kF32, {shape[1]}));
-  op.add_output(LogicalTensor(5, dt, shape)).add_output(LogicalTensor(6, DataType::kF32, {shape[1]}));
+  op.add_output(LogicalTensor(5, dt, shape))
+      .add_output(LogicalTensor(6, DataType::kF32, {shape[1]}));
   op.add_output(LogicalTensor(7, DataType::kF32, {shape[1]}));
   return op;
 }
@@ -74,7 +75,8 @@ void BM_DriverOverheadTiny(benchmark::State& state) {
     return;
   }
   std::vector<float> x(128, 0.5f), dy(128, 0.1f), stats(8, 1.f), dx(128), dg(8), db(8);
-  const std::map<int64_t, const void*> in = {{0, x.data()}, {1, dy.data()}, {2, stats.data()}, {3, stats.data()}, {4, stats.data()}};
+  const std::map<int64_t, const void*> in = {
+      {0, x.data()}, {1, dy.data()}, {2, stats.data()}, {3, stats.data()}, {4, stats.data()}};
   const std::map<int64_t, void*> out = {{5, dx.data()}, {6, dg.data()}, {7, db.data()}};
   for (auto _ : state) benchmark::DoNotOptimize(cg->execute(in, out).ok());
   state.SetLabel(cg->partitions()[0]->kernel_name());

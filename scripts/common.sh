@@ -7,7 +7,7 @@ set -euo pipefail
 NG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 NG_BUILD="${NG_BUILD:-$NG_ROOT/build}"
 NG_PACKAGES=(cmake make g++ libdnnl-dev libtbb-dev libgtest-dev googletest nlohmann-json3-dev
-             libxbyak-dev libbenchmark-dev ocl-icd-opencl-dev pkg-config)
+             libxbyak-dev libbenchmark-dev ocl-icd-opencl-dev pkg-config clang-format)
 
 ng_install_deps() {
   local missing=()

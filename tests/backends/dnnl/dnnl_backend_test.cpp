@@ -9,8 +9,8 @@ namespace {
 
 using testing_util::bn_bwd;
 using testing_util::compare_with_ref;
-using testing_util::one_op;
 using testing_util::lt;
+using testing_util::one_op;
 
 TEST(DnnlBackend, BatchNormBackwardSweep) {
   const std::pair<DataType, DataType> dtypes[] = {{DataType::kF32, DataType::kF32},
