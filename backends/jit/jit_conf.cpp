@@ -145,11 +145,11 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     c.channel_stride = 1;
   }
   c.needs_reduction = d.mode == BackwardMode::kTraining || d.diff_scale_shift;
-  // Pixels per reduction partial: about 256 KiB of src + diff_dst (at least 16
+  // Pixels per reduction partial: about 1 MiB of src + diff_dst (at least 16
   // pixels), so a chunk stays in L2, partial sums stay few next to the data, and
   // there are many chunks to share out. Depends on the shape only.
   const int64_t bytes_per_row = 2 * c.cols * dtype_size(d.data_dt);
-  c.chunk_rows = std::max<int64_t>(16, (int64_t{256} << 10) / std::max<int64_t>(1, bytes_per_row));
+  c.chunk_rows = std::max<int64_t>(16, (int64_t{1024} << 10) / std::max<int64_t>(1, bytes_per_row));
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off only when dx would not stay in the cache anyway;
   // the AVX-512 path has them (the AVX2 path keeps ordinary stores).
