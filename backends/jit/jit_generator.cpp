@@ -22,7 +22,9 @@ namespace {
 using namespace Xbyak;
 
 constexpr int kUnroll = 4;
-constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum each
+constexpr int64_t kPerRowSumCols = 256;
+constexpr int64_t kPrefetchRowBytes = 1024;  // rows up to this long get the next one prefetched  //
+                                             // rows this long get a horizontal sum each
 constexpr size_t kCodeBytes = 64 * 1024;
 
 class BnGenerator : public CodeGenerator {
@@ -78,6 +80,21 @@ class BnGenerator : public CodeGenerator {
       kmovw(k1, eax);
     } else if (c_.d.data_dt == DataType::kF32) {
       vmovups(vmm(kMask), ptr[rip + tail_mask_]);
+    }
+  }
+
+  // Short rows far apart (NCX with small spatial: a row every C*S elements) miss
+  // the TLB and the hardware prefetchers on every row; touch the next row of the
+  // inputs while this one is computed.
+  void prefetch_next_row() {
+    const int64_t row_bytes = c_.cols * es_;
+    if (c_.walk != Walk::kRows || row_bytes > kPrefetchRowBytes) return;
+    mov(rax, c_.row_stride * es_);
+    for (int64_t off = 0; off < row_bytes; off += 64) {
+      prefetcht0(ptr[rsi + rax + off]);
+      prefetcht0(ptr[rdx + rax + off]);
+      if (c_.x_fuse != Fuse::kNone) prefetcht0(ptr[r12 + rax + off]);
+      if (c_.dy_fuse != Fuse::kNone) prefetcht0(ptr[r13 + rax + off]);
     }
   }
 
@@ -319,6 +336,7 @@ class BnGenerator : public CodeGenerator {
     test(r10, r10);
     jz(done, T_NEAR);
     L(row);
+    prefetch_next_row();
     if (per_row) zero_sums();
     cols_loop([&](int j, int64_t off, bool tail) {
       load_port(0, 8, 10, off, tail);
@@ -348,6 +366,7 @@ class BnGenerator : public CodeGenerator {
     test(r10, r10);
     jz(done, T_NEAR);
     L(row);
+    prefetch_next_row();
     if (c_.streaming_stores) {
       test(rcx, lanes_ * es_ - 1);
       jnz(plain, T_NEAR);
