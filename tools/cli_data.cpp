@@ -119,22 +119,33 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
   }
   // Walk the graph with ref so that a batch norm whose src is computed (a fused
   // producer) still gets the statistics of the values it will really see.
+  // Only the ops before the last batch norm that needs statistics run; with
+  // file inputs or no such batch norm, nothing runs at all.
+  auto needs_statistics = [&](const Op& op) {
+    if (op.kind() != OpKind::kBatchNormTrainingBackward) return false;
+    const int64_t mid = op.inputs()[2].id, vid = op.inputs()[3].id;
+    return (*sources)[mid] == "random" && (*sources)[vid] == "random" && inputs.count(mid) &&
+           inputs.count(vid);
+  };
+  size_t last = 0;
+  for (size_t k = 0; k < lowered.ops().size(); ++k) {
+    if (needs_statistics(lowered.ops()[k])) last = k + 1;
+  }
   std::map<int64_t, Buffer> values;
-  for (const Op& op : lowered.ops()) {
+  for (size_t k = 0; k < last; ++k) {
+    const Op& op = lowered.ops()[k];
     auto buffer_of = [&](int64_t id) -> Buffer* {
       if (auto it = inputs.find(id); it != inputs.end()) return &it->second;
       if (auto it = values.find(id); it != values.end()) return &it->second;
       return nullptr;
     };
-    if (op.kind() == OpKind::kBatchNormTrainingBackward) {
-      const int64_t mid = op.inputs()[2].id, vid = op.inputs()[3].id;
-      if ((*sources)[mid] == "random" && (*sources)[vid] == "random" && inputs.count(mid) &&
-          inputs.count(vid)) {
-        Buffer* src = buffer_of(op.inputs()[0].id);
-        if (src == nullptr) return internal_error("src of " + op.label() + " has no value");
-        NG_RETURN_IF_ERROR(set_batch_statistics(op, *src, inputs.at(mid), inputs.at(vid)));
-      }
+    if (needs_statistics(op)) {
+      Buffer* src = buffer_of(op.inputs()[0].id);
+      if (src == nullptr) return internal_error("src of " + op.label() + " has no value");
+      NG_RETURN_IF_ERROR(set_batch_statistics(op, *src, inputs.at(op.inputs()[2].id),
+                                              inputs.at(op.inputs()[3].id)));
     }
+    if (k + 1 == last) break;  // nothing after it needs values
     std::vector<const void*> in;
     std::vector<void*> out;
     for (const LogicalTensor& lt : op.inputs()) {
@@ -188,7 +199,7 @@ double threshold_for(DataType dt, bool is_reduction) {
     case DataType::kF16:
       return is_reduction ? 1e-2 : 4.9e-3;
     case DataType::kBF16:
-      return is_reduction ? 7.8e-2 : 3.9e-2;
+      return is_reduction ? 1e-2 : 3.9e-2;  // reductions: one bf16 rounding on f32-level sums
     case DataType::kUndef:
       break;
   }
