@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "backends/ref/ref_indexing.hpp"
 #include "backends/ref/ref_ops.hpp"
@@ -99,6 +100,26 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
                                                 double data_offset) {
   std::map<int64_t, Buffer> inputs;
   Rng rng{seed};
+  if (!dir.empty()) {
+    // A .npy file that names no graph input is a mistake (a wrong id, a wrong
+    // folder): say so rather than silently run on random data.
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) return not_found(dir + ": not a directory");
+    std::set<std::string> ids;
+    for (const LogicalTensor& lt : graph.graph_inputs()) ids.insert(std::to_string(lt.id));
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      if (e.path().extension() == ".npy" && !ids.count(e.path().stem().string())) {
+        return invalid_argument(e.path().string() + ": names no input of the graph (inputs: " +
+                                [&] {
+                                  std::string l;
+                                  for (const std::string& id : ids)
+                                    l += (l.empty() ? "" : ", ") + id;
+                                  return l;
+                                }() +
+                                ")");
+      }
+    }
+  }
   for (const LogicalTensor& lt : graph.graph_inputs()) {
     NG_ASSIGN_OR_RETURN(Buffer b, allocate(lt));
     const std::string path = dir.empty() ? "" : dir + "/" + std::to_string(lt.id) + ".npy";

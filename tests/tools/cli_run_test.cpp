@@ -232,6 +232,10 @@ TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
     "inputs": [{"id": 0, "dtype": "f32", "shape": [1, 1, 1, 2]}, {"id": 1, "dtype": "f32", "shape": [1, 1, 3, 3]},
                {"id": 2, "dtype": "f32", "shape": [1]}, {"id": 3, "dtype": "f32", "shape": [1]}],
     "outputs": [{"id": 5, "dtype": "f32", "shape": [1, 1, 1, 2]}]}]})");
+  const std::string stray_dir = ::testing::TempDir() + "/ng_cli_stray";
+  std::filesystem::create_directories(stray_dir);
+  const float one = 1.f;
+  ASSERT_TRUE(write_npy(stray_dir + "/9.npy", LogicalTensor(9, DataType::kF32, {1}), &one).ok());
   const struct {
     std::string args, fragment;
   } cases[] = {
@@ -251,6 +255,8 @@ TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
       {"run --in-shapes=0:2xx3 --case=" + kExamples + "/bn_training_backward_f32_nxc.json",
        "--in-shapes: bad shape '2xx3'"},
       {"run --mode=Q", "--mode must be C, P, CP or R"},
+      {"run " + kExamples + "/bn_training_backward_f32_nxc.json --inputs " + stray_dir,
+       "9.npy: names no input of the graph"},
       {"run --batch=/nonexistent_batch.txt", "--batch: cannot open"},
       {"fly", "unknown command 'fly'"},
   };
