@@ -18,6 +18,7 @@
 #include "tools/bench_probe.hpp"
 #include "tools/cli.hpp"
 #include "tools/cli_data.hpp"
+#include "tools/cli_knobs.hpp"
 
 namespace normgrad {
 namespace cli {
@@ -300,11 +301,7 @@ int bench_command(const std::vector<std::string>& argv) {
       continue;
     }
     auto to_int = [&](int64_t lo, int64_t* out) {
-      char* end = nullptr;
-      const long long v = std::strtoll(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || v < lo) return false;
-      *out = v;
-      return true;
+      return parse_int(value, lo, int64_t{1} << 40, out);
     };
     bool ok = true;
     if (key == "shapes")

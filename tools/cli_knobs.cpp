@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -23,13 +24,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 bool to_int(const std::string& s, int64_t* v) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(s.c_str(), &end, 10);
-  if (*end != '\0' || errno != 0) return false;
-  *v = x;
-  return true;
+  return parse_int(s, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), v);
 }
 
 StatusOr<Dims> parse_dims(const std::string& s, const std::string& what) {
@@ -110,6 +105,15 @@ StatusOr<AttrValue> typed_value(const Op& op, const std::string& name, const std
 }
 
 }  // namespace
+
+bool parse_int(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
 
 Status parse_in_shapes(const std::string& text, Knobs* knobs) {
   knobs->in_shapes.clear();

@@ -37,6 +37,9 @@ struct Knobs {
   std::string in_shapes_text, op_attrs_text;  // as given, for __REPRO lines
 };
 
+// A whole-string decimal integer in [lo, hi]; false for anything else.
+bool parse_int(const std::string& s, int64_t lo, int64_t hi, int64_t* out);
+
 Status parse_in_shapes(const std::string& text, Knobs* knobs);
 Status parse_op_attrs(const std::string& text, Knobs* knobs);
 // Applies the rewrites to a loaded, not yet finalized graph.

@@ -26,15 +26,6 @@ namespace normgrad {
 namespace cli {
 namespace {
 
-bool parse_int(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
 std::string attrs_string(const Op& op) {
   std::string s;
   for (const auto& [k, v] : op.attrs())
