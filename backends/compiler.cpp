@@ -92,6 +92,11 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     const Partition& partition, const CompileOptions& options) {
   const std::string who =
       "partition " + std::to_string(partition.id) + " (" + partition.ops_string() + ")";
+  if (!partition.is_supported()) return unimplemented(who + ": " + partition.reason);
+  for (const LogicalTensor& lt : partition.inputs) {
+    if (!lt.dims_known())
+      return invalid_graph(who + ": tensor " + std::to_string(lt.id) + " has an unknown shape");
+  }
   std::vector<const Backend*> candidates;
   const std::string& wanted =
       !partition.backend.empty() && options.backend == "auto" ? partition.backend : options.backend;
@@ -150,8 +155,37 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   NG_ASSIGN_OR_RETURN(bool changed, pipeline.run(cg.lowered_));
   (void)changed;
   NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(cg.lowered_));
+  // A whole-graph executable cannot hand partitions back: unless the caller
+  // only wants the plan, say which ops it cannot run.
+  std::string unsupported;
+  for (Partition& p : parts) {
+    if (p.is_supported()) {
+      for (const Op& op : p.ops) {
+        Status known = cg.lowered_.unknown_shape_error(op);
+        if (!known.ok() && p.reason.empty()) p.reason = known.message();
+      }
+    }
+    if (p.is_supported() && p.reason.empty()) continue;
+    if (!p.is_supported() || !options.allow_unsupported) {
+      std::string ops;
+      for (const Op& op : p.ops) ops += (ops.empty() ? "" : "+") + op.label();
+      unsupported += (unsupported.empty() ? "" : "; ") + ops + ": " + p.reason;
+    }
+    if (p.is_supported() && !options.allow_unsupported) {
+      return invalid_graph(p.reason);  // the graph needs shapes to compile
+    }
+  }
+  if (!unsupported.empty() && !options.allow_unsupported) {
+    return unimplemented("the graph has unsupported partitions (" + unsupported +
+                         "); partition it and run those ops yourself");
+  }
   int64_t next_id = 0;
   for (Partition& p : parts) {
+    if (!p.is_supported() || !p.reason.empty()) {
+      p.id = next_id++;
+      cg.pending_.push_back(std::move(p));
+      continue;
+    }
     p.id = next_id;
     auto cp = compile_partition(p, options);
     // A fused group that only ref would run, or that the forced backend
@@ -178,6 +212,7 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   cg.inputs_ = cg.graph_.graph_inputs();
   cg.outputs_ = cg.graph_.graph_outputs();
   for (const LogicalTensor& lt : cg.outputs_) {
+    if (!lt.dims_known()) continue;  // only in a plan with pending partitions
     NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
     if (cg.lowered_.producer_of(lt.id) < 0 && bytes != 0) {
       return internal_error("graph output tensor " + std::to_string(lt.id) +
@@ -190,6 +225,10 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
 Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
                               const std::map<int64_t, void*>& outputs,
                               std::vector<double>* partition_ms) const {
+  if (!pending_.empty()) {
+    return unimplemented("partition " + std::to_string(pending_[0].id) + " (" +
+                         pending_[0].ops_string() + ") was not compiled: " + pending_[0].reason);
+  }
   for (const LogicalTensor& lt : inputs_) {
     if (inputs.count(lt.id) == 0)
       return invalid_argument("graph input tensor " + std::to_string(lt.id) + " has no buffer");

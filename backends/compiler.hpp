@@ -28,6 +28,11 @@ struct CompileOptions {
   // Run the default pass pipeline (canonicalisation is still applied: backends
   // only see canonical ops). Off: every op as the user wrote it, unfused.
   bool optimize = true;
+  // Keep going past partitions no backend of ours runs (opaque oneDNN Graph
+  // ops) or that cannot compile yet (unknown shapes): they are listed in
+  // CompiledGraph::pending() and execute() refuses to run. Off: compile fails
+  // with kUnimplemented naming them.
+  bool allow_unsupported = false;
 };
 
 class CompiledPartition {
@@ -69,6 +74,11 @@ class CompiledGraph {
   const std::vector<std::shared_ptr<const CompiledPartition>>& partitions() const {
     return partitions_;
   }
+  // Partitions that were not compiled (allow_unsupported): unsupported ones
+  // (is_supported() false, `reason` says why) and supported ones whose shapes
+  // are not known (`reason` names the tensor). Ids continue the compiled ones'
+  // numbering in graph order.
+  const std::vector<Partition>& pending() const { return pending_; }
   const std::vector<LogicalTensor>& inputs() const { return inputs_; }
   const std::vector<LogicalTensor>& outputs() const { return outputs_; }
 
@@ -83,6 +93,7 @@ class CompiledGraph {
   Graph graph_;
   Graph lowered_;
   std::vector<std::shared_ptr<const CompiledPartition>> partitions_;
+  std::vector<Partition> pending_;
   std::vector<LogicalTensor> inputs_;
   std::vector<LogicalTensor> outputs_;
 };

@@ -1,6 +1,7 @@
 // DataType: names, sizes and bit-exact conversions between f32, bf16 and f16.
 #include "graph/data_type.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -43,46 +44,51 @@ float double_to_f32_round_odd(double v) {
 
 }  // namespace
 
-const char* dtype_name(DataType dt) {
-  switch (dt) {
-    case DataType::kF32:
-      return "f32";
-    case DataType::kBF16:
-      return "bf16";
-    case DataType::kF16:
-      return "f16";
-    case DataType::kUndef:
-      return "undef";
+namespace {
+
+struct DtypeInfo {
+  DataType dt;
+  const char* name;
+  int64_t size;
+};
+
+constexpr DtypeInfo kDtypes[] = {
+    {DataType::kUndef, "undef", 0},     {DataType::kF32, "f32", 4},
+    {DataType::kBF16, "bf16", 2},       {DataType::kF16, "f16", 2},
+    {DataType::kS8, "s8", 1},           {DataType::kU8, "u8", 1},
+    {DataType::kS32, "s32", 4},         {DataType::kS64, "s64", 8},
+    {DataType::kBoolean, "boolean", 1}, {DataType::kF64, "f64", 8},
+    {DataType::kF8E5M2, "f8_e5m2", 1},  {DataType::kF8E4M3, "f8_e4m3", 1},
+    {DataType::kS4, "s4", 1},           {DataType::kU4, "u4", 1},
+};
+
+const DtypeInfo& info(DataType dt) {
+  for (const DtypeInfo& d : kDtypes) {
+    if (d.dt == dt) return d;
   }
-  return "undef";
+  return kDtypes[0];
 }
 
+}  // namespace
+
+const char* dtype_name(DataType dt) { return info(dt).name; }
+
 StatusOr<DataType> parse_dtype(const std::string& name) {
-  if (name == "f32") return DataType::kF32;
-  if (name == "bf16") return DataType::kBF16;
-  if (name == "f16") return DataType::kF16;
-  if (name == "undef") return DataType::kUndef;
-  static const char* const kKnownUnsupported[] = {"s8",      "u8",      "s32", "boolean", "f64",
-                                                  "f8_e5m2", "f8_e4m3", "s4",  "u4"};
-  for (const char* known : kKnownUnsupported) {
-    if (name == known) {
-      return invalid_argument("dtype '" + name + "' is not supported (supported: f32, bf16, f16)");
-    }
+  for (const DtypeInfo& d : kDtypes) {
+    if (name == d.name) return d.dt;
   }
   return invalid_argument("unknown dtype '" + name + "'");
 }
 
-int64_t dtype_size(DataType dt) {
-  switch (dt) {
-    case DataType::kF32:
-      return 4;
-    case DataType::kBF16:
-    case DataType::kF16:
-      return 2;
-    case DataType::kUndef:
-      return 0;
-  }
-  return 0;
+int64_t dtype_size(DataType dt) { return info(dt).size; }
+
+bool is_float_compute_dtype(DataType dt) {
+  return dt == DataType::kF32 || dt == DataType::kBF16 || dt == DataType::kF16;
+}
+
+bool is_loadable_dtype(DataType dt) {
+  return is_float_compute_dtype(dt) || dt == DataType::kS8 || dt == DataType::kU8 ||
+         dt == DataType::kS32;
 }
 
 uint16_t f32_to_bf16_bits(float f) {
@@ -142,6 +148,17 @@ float f16_bits_to_f32(uint16_t bits) {
   return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+namespace {
+
+// Integer stores round half to even (as oneDNN's reorders do under the default
+// rounding mode) and saturate; NaN becomes 0.
+double saturate(double v, double lo, double hi) {
+  if (std::isnan(v)) return 0.0;
+  return std::min(hi, std::max(lo, std::nearbyint(v)));
+}
+
+}  // namespace
+
 double round_to_dtype(double v, DataType dt) {
   switch (dt) {
     case DataType::kF32:
@@ -150,10 +167,15 @@ double round_to_dtype(double v, DataType dt) {
       return static_cast<double>(bf16_bits_to_f32(f32_to_bf16_bits(double_to_f32_round_odd(v))));
     case DataType::kF16:
       return static_cast<double>(f16_bits_to_f32(f32_to_f16_bits(double_to_f32_round_odd(v))));
-    case DataType::kUndef:
+    case DataType::kS8:
+      return saturate(v, -128.0, 127.0);
+    case DataType::kU8:
+      return saturate(v, 0.0, 255.0);
+    case DataType::kS32:
+      return saturate(v, -2147483648.0, 2147483647.0);
+    default:
       return v;
   }
-  return v;
 }
 
 double load_as_double(const void* base, int64_t index, DataType dt) {
@@ -164,7 +186,13 @@ double load_as_double(const void* base, int64_t index, DataType dt) {
       return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[index]);
     case DataType::kF16:
       return f16_bits_to_f32(static_cast<const uint16_t*>(base)[index]);
-    case DataType::kUndef:
+    case DataType::kS8:
+      return static_cast<const int8_t*>(base)[index];
+    case DataType::kU8:
+      return static_cast<const uint8_t*>(base)[index];
+    case DataType::kS32:
+      return static_cast<const int32_t*>(base)[index];
+    default:
       break;
   }
   assert(false && "load_as_double on an undef dtype");
@@ -182,7 +210,17 @@ void store_from_double(void* base, int64_t index, DataType dt, double v) {
     case DataType::kF16:
       static_cast<uint16_t*>(base)[index] = f32_to_f16_bits(double_to_f32_round_odd(v));
       return;
-    case DataType::kUndef:
+    case DataType::kS8:
+      static_cast<int8_t*>(base)[index] = static_cast<int8_t>(saturate(v, -128.0, 127.0));
+      return;
+    case DataType::kU8:
+      static_cast<uint8_t*>(base)[index] = static_cast<uint8_t>(saturate(v, 0.0, 255.0));
+      return;
+    case DataType::kS32:
+      static_cast<int32_t*>(base)[index] =
+          static_cast<int32_t>(saturate(v, -2147483648.0, 2147483647.0));
+      return;
+    default:
       break;
   }
   assert(false && "store_from_double on an undef dtype");

@@ -1,8 +1,10 @@
 // DataType: the element types normgrad computes with, and exact conversions.
 //
-// f32, bf16 and f16 are supported. Other names that oneDNN's JSON can carry
-// (s8, u8, s32, boolean, f64) are recognised only to be refused with a clear
-// message. Conversions to the narrow types round to nearest even and keep NaN.
+// f32, bf16 and f16 are what the batch-norm family computes with; s8 and u8
+// are quantized data (Quantize/Dequantize). Every other dtype oneDNN's JSON can
+// carry (s32, s64, boolean, f64, f8, s4, u4) is known to the IR so that graphs
+// holding them load and partition; the op schemas say which dtypes each op
+// accepts. Conversions to the narrow floats round to nearest even and keep NaN.
 #pragma once
 
 #include <cstdint>
@@ -12,15 +14,34 @@
 
 namespace normgrad {
 
-enum class DataType : uint8_t { kUndef = 0, kF32, kBF16, kF16 };
+enum class DataType : uint8_t {
+  kUndef = 0,
+  kF32,
+  kBF16,
+  kF16,
+  kS8,
+  kU8,
+  kS32,
+  kS64,
+  kBoolean,
+  kF64,
+  kF8E5M2,
+  kF8E4M3,
+  kS4,
+  kU4,
+};
 
-// "f32", "bf16", "f16", "undef".
+// oneDNN's spelling: "f32", "bf16", "f16", "s8", ..., "undef".
 const char* dtype_name(DataType dt);
-// Parses a oneDNN dtype name; names oneDNN knows but normgrad does not compute
-// with get an "is not supported" message, anything else "unknown dtype".
+// Parses a oneDNN dtype name; anything else is "unknown dtype".
 StatusOr<DataType> parse_dtype(const std::string& name);
-// Bytes per element; 0 for kUndef.
+// Bytes per element; 0 for kUndef; 1 for the 4-bit types (a byte each is an
+// upper bound, which is all sizing needs: no kernel of ours reads them).
 int64_t dtype_size(DataType dt);
+// f32, bf16, f16: the types the batch-norm family and the elementwise ops compute in.
+bool is_float_compute_dtype(DataType dt);
+// Types load_as_double / store_from_double handle: the compute floats, s8, u8, s32.
+bool is_loadable_dtype(DataType dt);
 
 // Bit-exact conversions.
 uint16_t f32_to_bf16_bits(float f);

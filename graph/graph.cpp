@@ -27,6 +27,7 @@ Status merge_metadata(LogicalTensor& known, const LogicalTensor& incoming,
   if (!known.rank_known()) {
     known.dims = incoming.dims;
     known.strides = incoming.strides;
+    known.rank_unknown = false;
     return ok_status();
   }
   if (known.dims.size() != incoming.dims.size()) {
@@ -84,6 +85,7 @@ Status Graph::collect_tensors() {
   tensors_.clear();
   producer_.clear();
   consumers_.clear();
+  notes_.clear();
   for (size_t k = 0; k < ops_.size(); ++k) {
     const Op& op = ops_[k];
     for (size_t i = 0; i < op.outputs().size(); ++i) {
@@ -95,16 +97,31 @@ Status Graph::collect_tensors() {
       }
     }
   }
+  // Schema ops first: their metadata is checked. An opaque op's declaration
+  // that disagrees with it is the framework's business (benchdnn's own inputs
+  // have such slips); it is noted, and the checked metadata wins.
+  for (int phase = 0; phase < 2; ++phase) {
+    for (size_t k = 0; k < ops_.size(); ++k) {
+      const Op& op = ops_[k];
+      const bool opaque = op_kind_is_opaque(op.kind());
+      if (opaque != (phase == 1)) continue;
+      auto visit = [&](const LogicalTensor& lt, const std::string& where) -> Status {
+        auto [it, inserted] = tensors_.emplace(lt.id, lt);
+        if (inserted) return ok_status();
+        Status s = merge_metadata(it->second, lt, where);
+        if (s.ok() || !opaque) return s;
+        notes_.push_back(s.message() + "; " + op_ref(op) + " is not run by normgrad: ignored");
+        return ok_status();
+      };
+      for (size_t i = 0; i < op.inputs().size(); ++i)
+        NG_RETURN_IF_ERROR(visit(op.inputs()[i], op_ref(op) + " input " + std::to_string(i)));
+      for (size_t i = 0; i < op.outputs().size(); ++i)
+        NG_RETURN_IF_ERROR(visit(op.outputs()[i], op_ref(op) + " output " + std::to_string(i)));
+    }
+  }
   for (size_t k = 0; k < ops_.size(); ++k) {
     const Op& op = ops_[k];
-    auto visit = [&](const LogicalTensor& lt, const std::string& where) -> Status {
-      auto [it, inserted] = tensors_.emplace(lt.id, lt);
-      if (!inserted) NG_RETURN_IF_ERROR(merge_metadata(it->second, lt, where));
-      return ok_status();
-    };
-    for (size_t i = 0; i < op.inputs().size(); ++i) {
-      const LogicalTensor& lt = op.inputs()[i];
-      NG_RETURN_IF_ERROR(visit(lt, op_ref(op) + " input " + std::to_string(i)));
+    for (const LogicalTensor& lt : op.inputs()) {
       auto& cons = consumers_[lt.id];
       if (std::find(cons.begin(), cons.end(), k) == cons.end()) cons.push_back(k);
       auto p = producer_.find(lt.id);
@@ -113,23 +130,23 @@ Status Graph::collect_tensors() {
                              std::to_string(lt.id));
       }
     }
-    for (size_t i = 0; i < op.outputs().size(); ++i) {
-      NG_RETURN_IF_ERROR(visit(op.outputs()[i], op_ref(op) + " output " + std::to_string(i)));
-    }
   }
   if (input_ports_) {
-    const std::set<int64_t> ports(input_ports_->begin(), input_ports_->end());
-    for (const Op& op : ops_) {
-      for (const LogicalTensor& lt : op.inputs()) {
-        if (producer_.count(lt.id) == 0 && ports.count(lt.id) == 0) {
-          return invalid_graph(op_ref(op) + " reads tensor " + std::to_string(lt.id) +
-                               ", which no op produces and which is not a graph input port");
-        }
-      }
-    }
+    // oneDNN's dumps may list fewer input ports than the graph reads (a
+    // constant weight, say): such tensors are graph inputs after the ports.
     for (int64_t id : *input_ports_) {
       if (tensors_.count(id) == 0) {
-        return invalid_graph("input port " + std::to_string(id) + " names no tensor of the graph");
+        // A port that a pass made unused stays a graph input (accepted at
+        // execute and ignored). A port that never named a tensor describes no
+        // buffer: noted and left out of graph_inputs().
+        auto kept = port_tensors_.find(id);
+        if (kept == port_tensors_.end()) {
+          notes_.push_back("input port " + std::to_string(id) +
+                           " names no tensor of the graph: ignored");
+          continue;
+        }
+        tensors_.emplace(id, kept->second);
+        continue;
       }
       if (producer_.count(id) != 0) {
         return invalid_graph("input port " + std::to_string(id) + " is produced by " +
@@ -140,7 +157,8 @@ Status Graph::collect_tensors() {
   if (output_ports_) {
     for (int64_t id : *output_ports_) {
       if (producer_.count(id) == 0) {
-        return invalid_graph("output port " + std::to_string(id) + " is not produced by any op");
+        notes_.push_back("output port " + std::to_string(id) +
+                         " is not produced by any op: ignored");
       }
     }
   }
@@ -190,22 +208,22 @@ Status Graph::sort_topologically() {
 
 Status Graph::infer_shapes() {
   for (Op& op : ops_) {
+    bool inputs_known = true;
     for (size_t i = 0; i < op.inputs().size(); ++i) {
       LogicalTensor& lt = op.mutable_inputs()[i];
-      const LogicalTensor& known = tensors_.at(lt.id);
-      if (!known.dims_known()) {
-        return invalid_graph(op_ref(op) + " input " + std::to_string(i) + ": tensor " +
-                             std::to_string(lt.id) + " has unknown shape " +
-                             dims_to_string(known.dims) +
-                             (producer_.count(lt.id) ? "" : "; graph inputs need concrete shapes"));
-      }
-      lt = known;
+      lt = tensors_.at(lt.id);
+      inputs_known = inputs_known && lt.dims_known();
     }
     for (LogicalTensor& lt : op.mutable_outputs()) {
       const LogicalTensor& known = tensors_.at(lt.id);
       lt.dims = known.dims;
       lt.strides = known.strides;
+      lt.rank_unknown = known.rank_unknown;
     }
+    // An op with an unknown input shape keeps its outputs as declared: oneDNN
+    // Graph partitions such graphs too, and compile asks for the shapes of the
+    // partitions it runs (see unknown_shape_error).
+    if (!inputs_known) continue;
     NG_RETURN_IF_ERROR(infer_op_shapes(op));
     for (size_t i = 0; i < op.outputs().size(); ++i) {
       LogicalTensor& lt = op.mutable_outputs()[i];
@@ -221,10 +239,33 @@ Status Graph::infer_shapes() {
   return ok_status();
 }
 
+Status Graph::unknown_shape_error(const Op& op) const {
+  for (size_t i = 0; i < op.inputs().size(); ++i) {
+    const LogicalTensor& lt = op.inputs()[i];
+    if (lt.dims_known()) continue;
+    const bool is_input = producer_.count(lt.id) == 0;
+    return invalid_graph(op_ref(op) + " input " + std::to_string(i) + ": tensor " +
+                         std::to_string(lt.id) + " has unknown shape " +
+                         (lt.rank_unknown ? std::string("(unknown rank)")
+                                          : dims_to_string(lt.dims)) +
+                         (is_input ? "; graph inputs need concrete shapes"
+                                   : "; its producer " + op_ref(ops_[producer_.at(lt.id)]) +
+                                         " does not say it"));
+  }
+  for (size_t i = 0; i < op.outputs().size(); ++i) {
+    const LogicalTensor& lt = op.outputs()[i];
+    if (lt.dims_known()) continue;
+    return invalid_graph(op_ref(op) + " output " + std::to_string(i) + ": tensor " +
+                         std::to_string(lt.id) + " has unknown shape");
+  }
+  return ok_status();
+}
+
 Status Graph::check_sizes() const {
   const ResourceLimits& limits = resource_limits();
   int64_t total = 0;
   for (const auto& [id, lt] : tensors_) {
+    if (!lt.dims_known()) continue;  // sized when compile learns the shape
     NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
     if (bytes > limits.max_tensor_bytes) {
       return out_of_range("tensor " + std::to_string(id) + " (" + dims_to_string(lt.dims) + " " +
@@ -273,6 +314,11 @@ Status Graph::finalize() {
   NG_RETURN_IF_ERROR(collect_tensors());  // indices changed with the new order
   NG_RETURN_IF_ERROR(infer_shapes());
   NG_RETURN_IF_ERROR(check_sizes());
+  if (input_ports_) {
+    for (int64_t id : *input_ports_) {
+      if (tensors_.count(id)) port_tensors_[id] = tensors_.at(id);
+    }
+  }
   finalized_ = true;
   return ok_status();
 }
@@ -294,11 +340,12 @@ std::vector<size_t> Graph::consumers_of(int64_t tensor_id) const {
 
 std::vector<LogicalTensor> Graph::graph_inputs() const {
   std::vector<LogicalTensor> result;
-  if (input_ports_) {
-    for (int64_t id : *input_ports_) result.push_back(tensors_.at(id));
-    return result;
-  }
   std::set<int64_t> seen;
+  if (input_ports_) {
+    for (int64_t id : *input_ports_) {
+      if (tensors_.count(id) && seen.insert(id).second) result.push_back(tensors_.at(id));
+    }
+  }
   for (const Op& op : ops_) {
     for (const LogicalTensor& lt : op.inputs()) {
       if (producer_.count(lt.id) == 0 && seen.insert(lt.id).second)
@@ -311,7 +358,9 @@ std::vector<LogicalTensor> Graph::graph_inputs() const {
 std::vector<LogicalTensor> Graph::graph_outputs() const {
   std::vector<LogicalTensor> result;
   if (output_ports_) {
-    for (int64_t id : *output_ports_) result.push_back(tensors_.at(id));
+    for (int64_t id : *output_ports_) {
+      if (producer_.count(id)) result.push_back(tensors_.at(id));
+    }
     return result;
   }
   for (const Op& op : ops_) {

@@ -28,7 +28,7 @@ class Graph {
   bool finalized() const { return finalized_; }
 
   // Optional explicit ports, as oneDNN's JSON `input_ports` / `output_ports`.
-  // With input ports set, a tensor that no op produces must be one of them.
+  // Ports may be incomplete, as in oneDNN's dumps; see graph_inputs().
   void set_input_ports(std::vector<int64_t> ids) { input_ports_ = std::move(ids); }
   void set_output_ports(std::vector<int64_t> ids) { output_ports_ = std::move(ids); }
   const std::optional<std::vector<int64_t>>& input_ports() const { return input_ports_; }
@@ -57,12 +57,18 @@ class Graph {
     return ops_;
   }
 
+  // After finalize: what was tolerated rather than refused (ports naming no
+  // tensor, an opaque op's declaration contradicting checked metadata), for
+  // tools to print. Empty for a clean graph.
+  const std::vector<std::string>& notes() const { return notes_; }
+
   // After finalize: every tensor's metadata, producers and consumers.
   const LogicalTensor* find_tensor(int64_t id) const;
   // Index into ops() of the producer, or -1 for a graph input.
   int64_t producer_of(int64_t tensor_id) const;
   std::vector<size_t> consumers_of(int64_t tensor_id) const;
-  // Tensors no op produces, in first-use order (or input_ports order).
+  // input_ports first (in their order), then every other tensor no op produces,
+  // in first-use order.
   std::vector<LogicalTensor> graph_inputs() const;
   // output_ports when given; otherwise produced tensors that no op other than End consumes.
   std::vector<LogicalTensor> graph_outputs() const;
@@ -73,11 +79,23 @@ class Graph {
   Status infer_shapes();
   Status check_sizes() const;
 
+ public:
+  // After finalize: OK when every tensor of `op` has a known shape, else an
+  // invalid_graph naming the first unknown one and why (compile needs shapes;
+  // partitioning does not).
+  Status unknown_shape_error(const Op& op) const;
+
+ private:
+
   std::vector<Op> ops_;
   bool finalized_ = false;
   std::optional<std::vector<int64_t>> input_ports_;
   std::optional<std::vector<int64_t>> output_ports_;
   std::map<int64_t, LogicalTensor> tensors_;
+  // Metadata of every input port as last seen with a consumer, so a port that a
+  // pass leaves unused still describes the buffer the caller passes.
+  std::map<int64_t, LogicalTensor> port_tensors_;
+  std::vector<std::string> notes_;
   std::map<int64_t, size_t> producer_;
   std::map<int64_t, std::vector<size_t>> consumers_;
   std::map<int64_t, int64_t> fusion_groups_;

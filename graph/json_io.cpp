@@ -3,6 +3,7 @@
 
 #include "graph/limits.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -177,23 +178,35 @@ StatusOr<LogicalTensor> parse_tensor(const Json& j, const std::string& where) {
   lt.dtype = *dtype;
   NG_ASSIGN_OR_RETURN(const Json* shape_j, member(j, where, "shape"));
   NG_ASSIGN_OR_RETURN(lt.dims, as_int_array(*shape_j, where + ".shape"));
+  // oneDNN's dumps: [INT64_MIN] is an unknown rank ("infer me"), INT64_MIN or
+  // -1 in a longer shape an unknown dim, [] a rank-0 scalar.
+  if (lt.dims.size() == 1 && lt.dims[0] == kUnknownDim) {
+    lt.dims.clear();
+    lt.rank_unknown = true;
+  }
   if (lt.dims.size() > static_cast<size_t>(kMaxRank)) {
     return at(where + ".shape",
               "rank " + std::to_string(lt.dims.size()) + " exceeds " + std::to_string(kMaxRank));
   }
-  for (int64_t d : lt.dims) {
+  for (int64_t& d : lt.dims) {
+    if (d == -1) d = kUnknownDim;
     if (d < 0 && d != kUnknownDim) {
       return at(where + ".shape",
-                "dims must be >= 0 (or INT64_MIN for unknown), got " + std::to_string(d));
+                "dims must be >= 0 (or -1 / INT64_MIN for unknown), got " + std::to_string(d));
     }
   }
   if (auto it = j.find("stride"); it != j.end()) {
     NG_ASSIGN_OR_RETURN(lt.strides, as_int_array(*it, where + ".stride"));
+    // A one-element INT64_MIN stride means "not known", whatever the rank.
+    const bool unknown = std::all_of(lt.strides.begin(), lt.strides.end(),
+                                     [](int64_t s) { return s == kUnknownDim || s == -1; });
+    if (unknown || lt.rank_unknown) lt.strides.clear();
     if (!lt.strides.empty() && lt.strides.size() != lt.dims.size()) {
       return at(where + ".stride", std::to_string(lt.strides.size()) + " strides for rank " +
                                        std::to_string(lt.dims.size()));
     }
-    for (int64_t s : lt.strides) {
+    for (int64_t& s : lt.strides) {
+      if (s == -1) s = kUnknownDim;
       if (s < 0 && s != kUnknownDim) {
         return at(where + ".stride", "strides must be >= 0, got " + std::to_string(s));
       }
@@ -229,6 +242,7 @@ StatusOr<Op> parse_op(const Json& j, const std::string& where) {
     NG_ASSIGN_OR_RETURN(name, as_string(*it, where + ".name"));
   }
   Op op(id, *kind, name);
+  if (kind_name != op_kind_name(*kind)) op.set_spelling(kind_name);
   if (auto it = j.find("attrs"); it != j.end()) {
     if (!it->is_object())
       return at(where + ".attrs", std::string("expected an object, got ") + json_type(*it));
@@ -258,8 +272,18 @@ OrderedJson tensor_to_json(const LogicalTensor& lt) {
   OrderedJson j;
   j["id"] = lt.id;
   j["dtype"] = dtype_name(lt.dtype);
-  j["shape"] = lt.dims;
-  j["stride"] = lt.strides.empty() && lt.dims_known() ? dense_strides(lt.dims) : lt.strides;
+  if (lt.rank_unknown) {
+    j["shape"] = std::vector<int64_t>{kUnknownDim};
+  } else {
+    j["shape"] = lt.dims;
+  }
+  if (!lt.strides.empty()) {
+    j["stride"] = lt.strides;
+  } else if (lt.dims_known() && lt.layout != LayoutType::kOpaque) {
+    j["stride"] = dense_strides(lt.dims);
+  } else {
+    j["stride"] = std::vector<int64_t>{kUnknownDim};  // oneDNN's "not known"
+  }
   j["layout_type"] = layout_type_name(lt.layout);
   j["property_type"] = property_type_name(lt.property);
   return j;
@@ -324,8 +348,10 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
   }
   if (auto it = root.find("engine_kind"); it != root.end()) {
     NG_ASSIGN_OR_RETURN(g.engine_kind, as_string(*it, "engine_kind"));
-    if (g.engine_kind != "cpu") {
-      return at("engine_kind", "'" + g.engine_kind + "' is not supported (normgrad runs on cpu)");
+    // benchdnn takes the engine from its --engine knob, not from the file: a
+    // gpu-tagged graph loads and is partitioned for the CPU (the CLI says so).
+    if (g.engine_kind != "cpu" && g.engine_kind != "gpu") {
+      return at("engine_kind", "unknown engine '" + g.engine_kind + "' (expected cpu or gpu)");
     }
   }
   if (auto it = root.find("fpmath_mode"); it != root.end()) {
@@ -404,7 +430,7 @@ std::string graph_to_json(const Graph& graph, bool with_fusion) {
     OrderedJson j;
     j["id"] = op.id();
     j["name"] = op.name();
-    j["kind"] = op_kind_name(op.kind());
+    j["kind"] = op.kind_spelling();
     OrderedJson attrs = OrderedJson::object();
     for (const auto& [key, value] : op.attrs()) attrs[key] = attr_to_json(value);
     j["attrs"] = attrs;

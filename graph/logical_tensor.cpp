@@ -14,6 +14,8 @@ const char* layout_type_name(LayoutType layout) {
       return "any";
     case LayoutType::kStrided:
       return "strided";
+    case LayoutType::kOpaque:
+      return "opaque";
   }
   return "undef";
 }
@@ -22,9 +24,7 @@ StatusOr<LayoutType> parse_layout_type(const std::string& name) {
   if (name == "strided") return LayoutType::kStrided;
   if (name == "any") return LayoutType::kAny;
   if (name == "undef") return LayoutType::kUndef;
-  if (name == "opaque") {
-    return invalid_argument("layout_type 'opaque' is not supported (use strided or any)");
-  }
+  if (name == "opaque") return LayoutType::kOpaque;
   return invalid_argument("unknown layout_type '" + name + "'");
 }
 
@@ -36,6 +36,8 @@ const char* property_type_name(PropertyType property) {
       return "variable";
     case PropertyType::kConstant:
       return "constant";
+    case PropertyType::kHostScalar:
+      return "host_scalar";
   }
   return "undef";
 }
@@ -44,6 +46,7 @@ StatusOr<PropertyType> parse_property_type(const std::string& name) {
   if (name == "undef") return PropertyType::kUndef;
   if (name == "variable") return PropertyType::kVariable;
   if (name == "constant") return PropertyType::kConstant;
+  if (name == "host_scalar") return PropertyType::kHostScalar;
   return invalid_argument("unknown property_type '" + name + "'");
 }
 
@@ -87,7 +90,7 @@ Dims dense_strides(const Dims& dims) {
 }
 
 std::string dims_to_string(const Dims& dims) {
-  if (dims.empty()) return "?(unknown rank)";
+  if (dims.empty()) return "scalar";
   std::ostringstream os;
   for (size_t i = 0; i < dims.size(); ++i) {
     if (i) os << 'x';
@@ -101,7 +104,7 @@ std::string dims_to_string(const Dims& dims) {
 }
 
 bool LogicalTensor::dims_known() const {
-  if (dims.empty()) return false;
+  if (rank_unknown) return false;
   for (int64_t d : dims) {
     if (d == kUnknownDim || d < 0) return false;
   }
@@ -194,11 +197,13 @@ bool LogicalTensor::non_overlapping() const {
 }
 
 std::string LogicalTensor::to_string() const {
-  return "id " + std::to_string(id) + " " + dtype_name(dtype) + " " + dims_to_string(dims);
+  return "id " + std::to_string(id) + " " + dtype_name(dtype) + " " +
+         (rank_unknown ? std::string("?(unknown rank)") : dims_to_string(dims));
 }
 
 bool same_metadata(const LogicalTensor& a, const LogicalTensor& b) {
-  return a.id == b.id && a.dtype == b.dtype && a.dims == b.dims && a.layout == b.layout &&
+  return a.id == b.id && a.dtype == b.dtype && a.dims == b.dims &&
+         a.rank_unknown == b.rank_unknown && a.layout == b.layout &&
          (!a.dims_known() || a.effective_strides() == b.effective_strides());
 }
 

@@ -1,8 +1,9 @@
 // LogicalTensor: the metadata of one tensor edge in the graph, and dims arithmetic.
 //
 // A logical tensor has an id, a dtype, dims (each >= 0, or kUnknownDim before
-// shape inference; an empty dims list with unknown rank), strides for the
-// `strided` layout and a property. Every product of dims and every byte size
+// shape inference; `rank_unknown` when even the rank is not known, as oneDNN's
+// one-element INT64_MIN shape says; an empty dims list with a known rank is a
+// rank-0 scalar), strides for the `strided` layout and a property. Every product of dims and every byte size
 // goes through the overflow-checked helpers here, so a lying shape becomes an
 // error instead of a wrapped size.
 #pragma once
@@ -23,8 +24,9 @@ using Dims = std::vector<int64_t>;
 constexpr int64_t kUnknownDim = std::numeric_limits<int64_t>::min();
 constexpr int kMaxRank = 12;
 
-enum class LayoutType : uint8_t { kUndef, kAny, kStrided };
-enum class PropertyType : uint8_t { kUndef, kVariable, kConstant };
+// kOpaque is a backend-private layout in oneDNN's dumps: carried through, never read by us.
+enum class LayoutType : uint8_t { kUndef, kAny, kStrided, kOpaque };
+enum class PropertyType : uint8_t { kUndef, kVariable, kConstant, kHostScalar };
 
 const char* layout_type_name(LayoutType layout);
 StatusOr<LayoutType> parse_layout_type(const std::string& name);
@@ -38,14 +40,15 @@ StatusOr<int64_t> checked_add(int64_t a, int64_t b, const std::string& what);
 StatusOr<int64_t> checked_product(const Dims& dims, const std::string& what);
 // Row-major dense strides for dims (all known).
 Dims dense_strides(const Dims& dims);
-// "2x3x4"; unknown dims print as "?".
+// "2x3x4"; unknown dims print as "?", rank 0 as "scalar".
 std::string dims_to_string(const Dims& dims);
 
 struct LogicalTensor {
   int64_t id = -1;
   DataType dtype = DataType::kUndef;
-  Dims dims;     // empty: unknown rank
+  Dims dims;     // empty with a known rank: a scalar
   Dims strides;  // empty or unknown entries: dense row-major
+  bool rank_unknown = false;
   LayoutType layout = LayoutType::kStrided;
   PropertyType property = PropertyType::kUndef;
 
@@ -54,7 +57,7 @@ struct LogicalTensor {
       : id(id_in), dtype(dt), dims(std::move(dims_in)) {}
 
   int rank() const { return static_cast<int>(dims.size()); }
-  bool rank_known() const { return !dims.empty(); }
+  bool rank_known() const { return !rank_unknown; }
   bool dims_known() const;
   // True when the strides given (if any) are all known.
   bool strides_known() const;

@@ -9,6 +9,23 @@
 namespace normgrad {
 namespace {
 
+// The .npy descriptor each dtype is written as (bf16 as exact f32).
+std::string npy_descr(DataType dt) {
+  switch (dt) {
+    case DataType::kF16:
+      return "<f2";
+    case DataType::kS8:
+      return "|i1";
+    case DataType::kU8:
+      return "|u1";
+    case DataType::kS32:
+      return "<i4";
+    default:
+      return "<f4";
+  }
+}
+
+
 constexpr char kMagic[] = "\x93NUMPY";
 
 // Skips spaces; returns false at the end.
@@ -105,6 +122,8 @@ int64_t descr_size(const std::string& d) {
   if (d == "<f4") return 4;
   if (d == "<f2" || d == "<u2") return 2;
   if (d == "<f8") return 8;
+  if (d == "|i1" || d == "|u1") return 1;
+  if (d == "<i4") return 4;
   return 0;
 }
 
@@ -136,7 +155,7 @@ StatusOr<NpyArray> parse_npy(const std::string& bytes, int64_t max_payload_bytes
   NG_RETURN_IF_ERROR(parse_header_dict(bytes.substr(offset, header_len), arr, fortran));
   const int64_t esize = descr_size(arr.descr);
   if (esize == 0)
-    return invalid_argument("npy: dtype '" + arr.descr + "' is not supported (<f4, <f2, <u2, <f8)");
+    return invalid_argument("npy: dtype '" + arr.descr + "' is not supported (<f4, <f2, <u2, <f8, |i1, |u1, <i4)");
   NG_ASSIGN_OR_RETURN(int64_t count, checked_product(arr.shape, "npy shape"));
   NG_ASSIGN_OR_RETURN(int64_t payload, checked_mul(count, esize, "npy payload"));
   if (payload > max_payload_bytes)
@@ -177,9 +196,8 @@ Status read_npy_into(const std::string& path, const LogicalTensor& expected, voi
     return invalid_argument(path + ": dtype '" + arr.descr + "' cannot hold tensor " +
                             std::to_string(expected.id) + " of dtype " +
                             dtype_name(expected.dtype) +
-                            (expected.dtype == DataType::kBF16  ? " (use <f4 or <u2)"
-                             : expected.dtype == DataType::kF16 ? " (use <f2)"
-                                                                : " (use <f4)"));
+                            " (use " + npy_descr(expected.dtype) +
+                            (expected.dtype == DataType::kBF16 ? " or <u2)" : ")"));
   };
   switch (expected.dtype) {
     case DataType::kF32:
@@ -202,7 +220,13 @@ Status read_npy_into(const std::string& path, const LogicalTensor& expected, voi
         static_cast<uint16_t*>(buffer)[i] = f32_to_bf16_bits(f);
       }
       return ok_status();
-    case DataType::kUndef:
+    case DataType::kS8:
+    case DataType::kU8:
+    case DataType::kS32:
+      if (arr.descr != npy_descr(expected.dtype)) return mismatch();
+      std::memcpy(buffer, src, static_cast<size_t>(count * dtype_size(expected.dtype)));
+      return ok_status();
+    default:
       break;
   }
   return mismatch();
@@ -216,7 +240,11 @@ Status write_npy(const std::string& path, const LogicalTensor& desc, const void*
                                              : i + 1 < desc.dims.size() ? ", "
                                                                         : "");
   shape += ")";
-  const char* descr = desc.dtype == DataType::kF16 ? "<f2" : "<f4";
+  if (!is_loadable_dtype(desc.dtype)) {
+    return invalid_argument(path + ": tensor " + std::to_string(desc.id) + " of dtype " +
+                            dtype_name(desc.dtype) + " has no .npy form here");
+  }
+  const std::string descr = npy_descr(desc.dtype);
   std::string header =
       std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   // Pad with spaces so the data starts on a 64-byte boundary; the header ends in '\n'.

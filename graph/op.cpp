@@ -33,7 +33,22 @@ StatusOr<OpKind> parse_op_kind(const std::string& name) {
   for (size_t i = 0; i < static_cast<size_t>(OpKind::kCount); ++i) {
     if (name == kOpKindNames[i]) return static_cast<OpKind>(i);
   }
-  return invalid_argument("unknown op kind '" + name + "'");
+  // Earlier versions of oneDNN Graph's op set said "Backprop" where it now says
+  // "Backward" (ReLUBackprop, BiasAddBackprop, ConvolutionBackpropData, and
+  // ConvolutionBackpropFilters for ConvolutionBackwardWeights); its own inputs
+  // still carry some of them.
+  std::string modern = name;
+  if (const size_t at = modern.find("BackpropFilters"); at != std::string::npos) {
+    modern.replace(at, 15, "BackwardWeights");
+  } else if (const size_t at2 = modern.find("Backprop"); at2 != std::string::npos) {
+    modern.replace(at2, 8, "Backward");
+  }
+  if (modern != name) {
+    for (size_t i = 0; i < static_cast<size_t>(OpKind::kCount); ++i) {
+      if (modern == kOpKindNames[i]) return static_cast<OpKind>(i);
+    }
+  }
+  return invalid_argument("unknown op kind '" + name + "' (not a oneDNN Graph or TensorFlow op)");
 }
 
 const char* attr_kind_name(AttrKind kind) {
@@ -130,8 +145,12 @@ Op& Op::add_output(LogicalTensor lt) {
   return *this;
 }
 
+const char* Op::kind_spelling() const {
+  return spelling_.empty() ? op_kind_name(kind_) : spelling_.c_str();
+}
+
 std::string Op::label() const {
-  std::string s = op_kind_name(kind_);
+  std::string s = kind_spelling();
   if (!name_.empty()) return s + " '" + name_ + "'";
   return s + " #" + std::to_string(id_);
 }

@@ -63,6 +63,11 @@ class Op {
   std::vector<LogicalTensor>& mutable_inputs() { return inputs_; }
   std::vector<LogicalTensor>& mutable_outputs() { return outputs_; }
 
+  // The kind as the JSON spelled it when that was an older alias (ReLUBackprop);
+  // written back unchanged. Empty: the kind's own name.
+  void set_spelling(std::string spelling) { spelling_ = std::move(spelling); }
+  const char* kind_spelling() const;
+
   // "BatchNormTrainingBackward 'bn3'" (or "... #7" without a name): the prefix of every message.
   std::string label() const;
 
@@ -70,6 +75,7 @@ class Op {
   int64_t id_ = -1;
   OpKind kind_ = OpKind::kEnd;
   std::string name_;
+  std::string spelling_;
   std::map<std::string, AttrValue> attrs_;
   std::vector<LogicalTensor> inputs_;
   std::vector<LogicalTensor> outputs_;

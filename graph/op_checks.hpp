@@ -9,6 +9,8 @@
 
 namespace normgrad {
 
+// True for a oneDNN Graph kind with no schema of ours: carried, never run or rewritten.
+bool op_kind_is_opaque(OpKind kind);
 // Ports, attributes, dtypes and per-tensor sanity; shapes may still be unknown.
 Status verify_op_structure(const Op& op);
 // Shape rule: inputs must have known dims; sets or checks the output dims.

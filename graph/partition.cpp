@@ -5,7 +5,7 @@ namespace normgrad {
 
 std::string Partition::ops_string() const {
   std::string s;
-  for (const Op& op : ops) s += (s.empty() ? "" : "+") + std::string(op_kind_name(op.kind()));
+  for (const Op& op : ops) s += (s.empty() ? "" : "+") + std::string(op.kind_spelling());
   return s;
 }
 

@@ -20,6 +20,13 @@ struct Partition {
   std::vector<LogicalTensor> outputs;
   // Assigned by the partitioner: the backend that will run it (or "" for auto).
   std::string backend;
+  // False for ops no backend of ours runs (oneDNN Graph kinds we carry as
+  // opaque ops, opaque layouts): the caller runs them itself, as with oneDNN
+  // Graph's unsupported partitions. `reason` says why.
+  bool supported = true;
+  std::string reason;
+
+  bool is_supported() const { return supported; }
 
   // "BatchNormTrainingBackward" or "ReLUBackward+BatchNormTrainingBackward".
   std::string ops_string() const;

@@ -1,8 +1,10 @@
 // Schemas of the ops that sit around batch norm in training graphs: ReLU,
 // ReLUBackward, Add, TypeCast, StaticTranspose and End, as oneDNN Graph spells them.
 //
-// Add takes equal shapes only: broadcasting is refused with a clear message
-// rather than computed wrongly.
+// Add follows oneDNN Graph: numpy broadcasting and mixed float dtypes; the
+// fast backends take the equal-shape, one-dtype case and ref the rest.
+#include <algorithm>
+
 #include "ops/op_registry.hpp"
 
 namespace normgrad {
@@ -58,6 +60,38 @@ void add_uniform(OpRegistry& registry, OpSchema s) {
   registry.add(std::move(s));
 }
 
+// numpy broadcasting (auto_broadcast = numpy, the default): shapes align on
+// the right, and each pair of dims is equal or one of them is 1.
+Status broadcast_shape_rule(Op& op) {
+  const Dims& a = op.inputs()[0].dims;
+  const Dims& b = op.inputs()[1].dims;
+  std::string mode = "numpy";
+  if (op.has_attr("auto_broadcast")) {
+    NG_ASSIGN_OR_RETURN(mode, op.attr_string("auto_broadcast"));
+  }
+  if (mode == "none") {
+    if (a != b) {
+      return invalid_argument(port_label(op, true, 1, "src_1") + ": shape " + dims_to_string(b) +
+                              " differs from src_0's " + dims_to_string(a) +
+                              " and auto_broadcast is 'none'");
+    }
+    return set_or_check_dims(op, 0, "dst", a);
+  }
+  const size_t rank = std::max(a.size(), b.size());
+  Dims out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (da != db && da != 1 && db != 1) {
+      return invalid_argument(port_label(op, true, 1, "src_1") + ": shape " + dims_to_string(b) +
+                              " does not broadcast against src_0's " + dims_to_string(a) +
+                              " (numpy rules: dims equal or 1, aligned on the right)");
+    }
+    out[i] = da == 1 ? db : da;
+  }
+  return set_or_check_dims(op, 0, "dst", out);
+}
+
 }  // namespace
 
 void register_elementwise_schemas(OpRegistry& registry) {
@@ -74,10 +108,14 @@ void register_elementwise_schemas(OpRegistry& registry) {
     add_uniform(registry, std::move(s));
   }
   {
+    // oneDNN Graph's Add: numpy broadcasting by default, and the two sources and
+    // the destination may differ in dtype (f32 + bf16 -> f32 is common in
+    // mixed-precision graphs). The sum is computed in f32 or wider.
     OpSchema s(OpKind::kAdd);
     s.input("src_0").input("src_1").output("dst");
     s.attr("auto_broadcast", AttrKind::kString, false, std::string("numpy"), {"none", "numpy"});
-    add_uniform(registry, std::move(s));
+    s.shape_rule(broadcast_shape_rule);
+    registry.add(std::move(s));
   }
   {
     OpSchema s(OpKind::kTypeCast);

@@ -1,6 +1,7 @@
 // OpSchema: structural verification and the shared message helpers.
 #include "ops/op_schema.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace normgrad {
@@ -87,7 +88,22 @@ Status check_count(const std::string& who, const char* what, size_t n,
   return invalid_argument(who + ": has " + std::to_string(n) + " " + what + ", expected " + list);
 }
 
+Status check_dtype(const std::string& where, DataType dt, const std::vector<DataType>& given) {
+  static const std::vector<DataType> kFloats = {DataType::kF32, DataType::kBF16, DataType::kF16};
+  const std::vector<DataType>& allowed = given.empty() ? kFloats : given;
+  if (std::find(allowed.begin(), allowed.end(), dt) != allowed.end()) return ok_status();
+  std::string list;
+  for (DataType a : allowed) list += (list.empty() ? "" : ", ") + std::string(dtype_name(a));
+  return invalid_argument(where + ": dtype " + dtype_name(dt) + " is not supported (expected " +
+                          list + ")");
+}
+
 }  // namespace
+
+OpSchema& OpSchema::dtypes(std::vector<DataType> allowed) {
+  dtypes_ = std::move(allowed);
+  return *this;
+}
 
 Status OpSchema::verify_structure(const Op& op) const {
   const std::string who = op.label();
@@ -132,6 +148,7 @@ Status OpSchema::verify_structure(const Op& op) const {
     if (lt.id < 0)
       return invalid_argument(where + ": tensor id " + std::to_string(lt.id) + " is negative");
     if (lt.dtype == DataType::kUndef) return invalid_argument(where + ": dtype is undef");
+    NG_RETURN_IF_ERROR(check_dtype(where, lt.dtype, dtypes_));
     NG_RETURN_IF_ERROR(lt.validate(where));
   }
   for (size_t i = 0; i < nout; ++i) {
@@ -140,6 +157,7 @@ Status OpSchema::verify_structure(const Op& op) const {
     if (lt.id < 0)
       return invalid_argument(where + ": tensor id " + std::to_string(lt.id) + " is negative");
     if (lt.dtype == DataType::kUndef) return invalid_argument(where + ": dtype is undef");
+    NG_RETURN_IF_ERROR(check_dtype(where, lt.dtype, dtypes_));
     NG_RETURN_IF_ERROR(lt.validate(where));
   }
   for (const Rule& r : rules_) NG_RETURN_IF_ERROR(r(op));
@@ -169,6 +187,8 @@ Status set_or_check_dims(Op& op, size_t out_index, const std::string& out_name, 
   LogicalTensor& out = op.mutable_outputs()[out_index];
   if (!out.rank_known()) {
     out.dims = dims;
+    out.rank_unknown = false;
+    out.strides.clear();
     return ok_status();
   }
   bool agree = out.dims.size() == dims.size();

@@ -50,6 +50,8 @@ class OpSchema {
                  std::vector<std::string> allowed_strings = {});
   // Extra checks, run in order after the structural ones.
   OpSchema& rule(Rule rule);
+  // The dtypes every port may carry (default: f32, bf16, f16).
+  OpSchema& dtypes(std::vector<DataType> allowed);
   OpSchema& shape_rule(ShapeRule rule);
 
   OpKind kind() const { return kind_; }
@@ -74,6 +76,7 @@ class OpSchema {
   std::set<size_t> output_counts_;
   std::vector<AttrSpec> attrs_;
   std::vector<Rule> rules_;
+  std::vector<DataType> dtypes_;  // empty: f32, bf16, f16
   ShapeRule shape_rule_;
 };
 

@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "graph/op_checks.hpp"
 #include "passes/rewrite_util.hpp"
 
 namespace normgrad {
@@ -24,9 +25,14 @@ StatusOr<bool> CsePass::run(Graph& graph) const {
     for (const LogicalTensor& lt : op.inputs()) sig += "|i" + std::to_string(lt.id);
     for (const LogicalTensor& lt : op.outputs())
       sig += "|o" + std::string(dtype_name(lt.dtype)) + dims_to_string(lt.dims);
-    bool observable = op.kind() == OpKind::kEnd;
-    for (const LogicalTensor& lt : op.outputs())
+    // Opaque ops are never merged, and neither is an op an opaque op reads: the
+    // caller runs that op itself and passes the tensor ids it knows.
+    bool observable = op.kind() == OpKind::kEnd || op_kind_is_opaque(op.kind());
+    for (const LogicalTensor& lt : op.outputs()) {
       observable = observable || is_graph_output(graph, lt.id);
+      for (size_t c : graph.consumers_of(lt.id))
+        observable = observable || op_kind_is_opaque(graph.ops()[c].kind());
+    }
     auto it = seen.find(sig);
     if (it != seen.end() && !observable) {
       const Op& first = kept[it->second];

@@ -1,6 +1,7 @@
 // Dead-output and dead-op elimination.
 #include "passes/dead_code.hpp"
 
+#include "graph/op_checks.hpp"
 #include "passes/rewrite_util.hpp"
 
 namespace normgrad {
@@ -36,7 +37,9 @@ StatusOr<bool> DeadOpEliminationPass::run(Graph& graph) const {
     if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
     std::set<int64_t> removed;
     for (const Op& op : graph.ops()) {
-      if (op.kind() == OpKind::kEnd || op.outputs().empty()) continue;
+      // Opaque ops are the framework's: never removed, whatever reads their outputs.
+      if (op.kind() == OpKind::kEnd || op.outputs().empty() || op_kind_is_opaque(op.kind()))
+        continue;
       bool all_dead = true;
       for (const LogicalTensor& lt : op.outputs()) all_dead = all_dead && is_dead(graph, lt.id);
       if (all_dead) removed.insert(op.id());

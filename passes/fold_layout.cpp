@@ -45,7 +45,8 @@ const Op* sole_producer(const Graph& g, const Op& op, size_t port, OpKind kind) 
 template <typename Check, typename Rewrite>
 bool fold_around(Graph& g, OpKind conversion, const Check& check, const Rewrite& rewrite) {
   for (const Op& bn : g.ops()) {
-    if (bn.kind() != OpKind::kBatchNormTrainingBackward) continue;
+    if (bn.kind() != OpKind::kBatchNormTrainingBackward || !g.unknown_shape_error(bn).ok())
+      continue;
     const Op* in_src = sole_producer(g, bn, 0, conversion);
     const Op* in_dy = sole_producer(g, bn, 1, conversion);
     const Op* out = sole_consumer(g, bn.outputs()[0].id);

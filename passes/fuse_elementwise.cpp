@@ -22,7 +22,8 @@ StatusOr<bool> FuseElementwisePass::run(Graph& graph) const {
   bool changed = false;
   const auto& ops = graph.ops();
   for (const Op& bn : ops) {
-    if (bn.kind() != OpKind::kBatchNormTrainingBackward) continue;
+    if (bn.kind() != OpKind::kBatchNormTrainingBackward || !graph.unknown_shape_error(bn).ok())
+      continue;
     for (size_t port = 0; port < 2; ++port) {
       const LogicalTensor& t = bn.inputs()[port];
       const int64_t p = graph.producer_of(t.id);
@@ -35,7 +36,10 @@ StatusOr<bool> FuseElementwisePass::run(Graph& graph) const {
         continue;                                      // a second consumer
       if (bn.inputs()[1 - port].id == t.id) continue;  // feeds both data ports
       if (is_output_port(graph, t.id)) continue;
-      if (t.dtype != bn.inputs()[0].dtype || producer.inputs()[0].dtype != t.dtype) continue;
+      bool uniform = t.dtype == bn.inputs()[0].dtype;
+      for (const LogicalTensor& in : producer.inputs())  // no broadcast, no mixed dtypes
+        uniform = uniform && in.dtype == t.dtype && in.dims == t.dims;
+      if (!uniform) continue;
       graph.set_fusion_group(producer.id(), bn.id());
       graph.set_fusion_group(bn.id(), bn.id());
       changed = true;

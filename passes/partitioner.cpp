@@ -1,6 +1,8 @@
 // Partitioner: fusion groups become one partition each, every other op its own.
 #include "passes/partitioner.hpp"
 
+#include "graph/op_checks.hpp"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -51,6 +53,24 @@ StatusOr<std::vector<Partition>> partition_graph(const Graph& graph) {
           outside = outside || (!inside_ops.count(consumer.id()));
         }
         if (outside) p.outputs.push_back(lt);
+      }
+    }
+    for (const Op& op : p.ops) {
+      if (!p.supported) break;
+      if (op_kind_is_opaque(op.kind())) {
+        p.supported = false;
+        p.reason = std::string("normgrad has no kernel for ") + op.kind_spelling() +
+                   " (an op kind it carries but does not run)";
+        break;
+      }
+      for (const auto* list : {&op.inputs(), &op.outputs()}) {
+        for (const LogicalTensor& lt : *list) {
+          if (lt.layout == LayoutType::kOpaque && p.supported) {
+            p.supported = false;
+            p.reason = "tensor " + std::to_string(lt.id) +
+                       " has an opaque (backend-private) layout that normgrad cannot read";
+          }
+        }
       }
     }
     parts.push_back(std::move(p));

@@ -1,5 +1,6 @@
 // `normgrad opt`, `normgrad partitions` and `normgrad dot`: the compiler's view
 // of a graph, as mlir-opt and friends give it.
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -119,22 +120,42 @@ int partitions_command(const std::vector<std::string>& argv) {
   auto g = load_finalized(pos[0]);
   if (!g.ok()) return fail("partitions", g.status());
   CompileOptions options;
+  options.allow_unsupported = true;
   if (opts.count("backend")) options.backend = opts["backend"];
+  if (g->engine_kind != "cpu") {
+    std::cerr << "normgrad partitions: note: the file names engine '" << g->engine_kind
+              << "'; partitioning for the cpu\n";
+  }
   auto cg = CompiledGraph::compile(*g, options);
   if (!cg.ok()) return fail("partitions", cg.status());
+  // Compiled and pending partitions, back in graph order.
+  struct Row {
+    const Partition* p;
+    const CompiledPartition* cp;
+  };
+  std::vector<Row> rows;
+  for (const auto& p : cg->partitions()) rows.push_back({&p->partition(), p.get()});
+  for (const Partition& p : cg->pending()) rows.push_back({&p, nullptr});
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.p->id < b.p->id; });
+  auto status_of = [](const Row& r) -> std::string {
+    if (r.cp) return "supported";
+    return r.p->is_supported() ? "supported, not compiled" : "unsupported";
+  };
   if (opts.count("json")) {
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
-    for (const auto& p : cg->partitions()) {
+    for (const Row& r : rows) {
       nlohmann::ordered_json j;
-      j["id"] = p->partition().id;
+      j["id"] = r.p->id;
       std::vector<std::string> ops;
-      for (const Op& op : p->partition().ops) ops.push_back(op_kind_name(op.kind()));
+      for (const Op& op : r.p->ops) ops.push_back(op.kind_spelling());
       j["ops"] = ops;
-      j["backend"] = p->backend_name();
-      j["kernel"] = p->kernel_name();
+      j["supported"] = r.p->is_supported();
+      j["backend"] = r.cp ? r.cp->backend_name() : "";
+      j["kernel"] = r.cp ? r.cp->kernel_name() : "";
+      if (!r.cp) j["reason"] = r.p->reason;
       std::vector<int64_t> in, out;
-      for (const auto& t : p->partition().inputs) in.push_back(t.id);
-      for (const auto& t : p->partition().outputs) out.push_back(t.id);
+      for (const auto& t : r.p->inputs) in.push_back(t.id);
+      for (const auto& t : r.p->outputs) out.push_back(t.id);
       j["inputs"] = in;
       j["outputs"] = out;
       arr.push_back(j);
@@ -142,12 +163,20 @@ int partitions_command(const std::vector<std::string>& argv) {
     std::cout << arr.dump(2) << "\n";
     return 0;
   }
-  for (const auto& p : cg->partitions()) {
-    std::cout << "partition " << p->partition().id << ": " << p->partition().ops_string()
-              << "  backend=" << p->backend_name() << "  kernel=" << p->kernel_name()
-              << "  inputs=" << tensor_list(p->partition().inputs)
-              << "  outputs=" << tensor_list(p->partition().outputs) << "\n";
+  size_t unsupported = 0;
+  for (const Row& r : rows) {
+    std::cout << "partition " << r.p->id << ": " << r.p->ops_string() << "  " << status_of(r);
+    if (r.cp) {
+      std::cout << "  backend=" << r.cp->backend_name() << "  kernel=" << r.cp->kernel_name();
+    } else {
+      std::cout << "  (" << r.p->reason << ")";
+      unsupported += r.p->is_supported() ? 0 : 1;
+    }
+    std::cout << "  inputs=" << tensor_list(r.p->inputs)
+              << "  outputs=" << tensor_list(r.p->outputs) << "\n";
   }
+  std::cout << rows.size() << " partitions: " << rows.size() - unsupported << " supported, "
+            << unsupported << " unsupported\n";
   return 0;
 }
 

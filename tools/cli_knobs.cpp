@@ -167,6 +167,7 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
         for (LogicalTensor& lt : *ports) {
           if (produced.count(lt.id)) {  // re-inferred by finalize
             lt.dims.clear();
+            lt.rank_unknown = true;
             lt.strides.clear();
             continue;
           }

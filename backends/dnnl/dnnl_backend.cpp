@@ -27,9 +27,15 @@ class DnnlBackend final : public Backend {
     switch (op.kind()) {
       case OpKind::kBatchNormTrainingBackward:
         return dnnl_impl::make_batch_norm_backward(op);
+      case OpKind::kAdd:
+        if (op.inputs()[0].dims != op.inputs()[1].dims ||
+            op.inputs()[0].dtype != op.inputs()[1].dtype ||
+            op.inputs()[0].dtype != op.outputs()[0].dtype) {
+          return unimplemented("Add with broadcasting or mixed dtypes is not lowered to oneDNN");
+        }
+        return dnnl_impl::make_neighbour(op);
       case OpKind::kReLU:
       case OpKind::kReLUBackward:
-      case OpKind::kAdd:
       case OpKind::kTypeCast:
       case OpKind::kStaticTranspose:
         return dnnl_impl::make_neighbour(op);

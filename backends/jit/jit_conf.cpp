@@ -199,6 +199,8 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
     for (const LogicalTensor& lt : op.inputs()) {
       if (lt.effective_strides() != dense_strides(lt.dims))
         return unimplemented("the JIT takes dense fused inputs");
+      if (lt.dims != op.outputs()[0].dims || lt.dtype != op.outputs()[0].dtype)
+        return unimplemented("the JIT fuses no broadcasting or mixed-dtype producers");
     }
     const int first = index_of(op.inputs()[0].id), second = index_of(op.inputs()[1].id);
     if (first < 0 || second < 0) return unimplemented("fused producers must read partition inputs");

@@ -33,11 +33,23 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
         store(idx, x > 0.0 ? load(1, idx) : 0.0);
       });
       return ok_status();
-    case OpKind::kAdd:
+    case OpKind::kAdd: {
+      // numpy broadcasting: a source of lower rank aligns on the right, and a
+      // dim of 1 repeats (stride 0 along it).
+      std::vector<Dims> bstrides(2, Dims(dims.size(), 0));
+      for (size_t i = 0; i < 2; ++i) {
+        const Dims& d = op.inputs()[i].dims;
+        const size_t shift = dims.size() - d.size();
+        for (size_t k = 0; k < d.size(); ++k)
+          bstrides[i][k + shift] = d[k] == 1 ? 0 : in_strides[i][k];
+      }
       for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
-        store(idx, load(0, idx) + load(1, idx));
+        const double a = load_as_double(in[0], offset_of(idx, bstrides[0]), op.inputs()[0].dtype);
+        const double b = load_as_double(in[1], offset_of(idx, bstrides[1]), op.inputs()[1].dtype);
+        store(idx, a + b);
       });
       return ok_status();
+    }
     case OpKind::kTypeCast:
       for_each_index(dims, -1, 0,
                      [&](const std::vector<int64_t>& idx) { store(idx, load(0, idx)); });
