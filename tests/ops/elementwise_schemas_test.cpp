@@ -1,4 +1,5 @@
 // Error flow of ReLU, ReLUBackward, Add, TypeCast, StaticTranspose and End.
+#include "graph/op_checks.hpp"
 #include "tests/test_util.hpp"
 
 namespace normgrad {
@@ -17,9 +18,18 @@ Status add(Op op) {
   return g.add_op(std::move(op));
 }
 
-TEST(ElementwiseSchemas, AddRefusesBroadcasting) {
+TEST(ElementwiseSchemas, AddBroadcastsAsNumpy) {
   EXPECT_TRUE(add(binary(OpKind::kAdd, {2, 3}, {2, 3})).ok());
-  EXPECT_STATUS_HAS(add(binary(OpKind::kAdd, {2, 3}, {1, 3})), "broadcasting is not supported");
+  Op b = binary(OpKind::kAdd, {2, 3}, {1, 3});
+  EXPECT_TRUE(add(b).ok());
+  Op lower_rank = binary(OpKind::kAdd, {4, 2, 3}, {3});
+  ASSERT_TRUE(infer_op_shapes(lower_rank).ok());
+  EXPECT_EQ(lower_rank.outputs()[0].dims, (Dims{4, 2, 3}));
+  EXPECT_STATUS_HAS(add(binary(OpKind::kAdd, {2, 3}, {2, 4})),
+                    "input 1 'src_1': shape 2x4 does not broadcast against src_0's 2x3");
+  Op none = binary(OpKind::kAdd, {2, 3}, {1, 3});
+  none.set_attr("auto_broadcast", std::string("none"));
+  EXPECT_STATUS_HAS(add(none), "differs from src_0's 2x3 and auto_broadcast is 'none'");
   Op op = binary(OpKind::kAdd, {2, 3}, {2, 3});
   op.set_attr("auto_broadcast", std::string("pdpd"));
   EXPECT_STATUS_HAS(add(op), "'auto_broadcast' is 'pdpd', expected one of none, numpy");

@@ -33,6 +33,25 @@ TEST(RefElementwise, ReLUBackwardBothVariantsMaskOnPositive) {
   }
 }
 
+TEST(RefElementwise, AddBroadcastsAndMixesDtypes) {
+  // 2x3 f32 + 3 bf16 (lower rank, aligned right) -> 2x3 f32, as numpy would.
+  Graph g;
+  Op op(0, OpKind::kAdd, "add");
+  op.add_input(lt(0, DataType::kF32, {2, 3}))
+      .add_input(lt(1, DataType::kBF16, {3}))
+      .add_output(lt(2, DataType::kF32, {2, 3}));
+  ASSERT_TRUE(g.add_op(op).ok());
+  auto cg = CompiledGraph::compile(g, CompileOptions{});  // auto: only ref takes it
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  EXPECT_STREQ(cg->partitions()[0]->backend_name(), "ref");
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  std::vector<uint16_t> b = {f32_to_bf16_bits(0.5f), f32_to_bf16_bits(-1.f),
+                             f32_to_bf16_bits(10.f)};
+  std::vector<float> out(6, -77.f);
+  ASSERT_TRUE(cg->execute({{0, a.data()}, {1, b.data()}}, {{2, out.data()}}).ok());
+  EXPECT_EQ(out, (std::vector<float>{1.5f, 1, 13, 4.5f, 4, 16}));
+}
+
 TEST(RefElementwise, ChainWithTransposeCastAndAdd) {
   // x (2x3) -> transpose [1, 0] -> (3x2); + y; relu; cast to bf16 and back is exact for these
   // values.
