@@ -92,6 +92,16 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
   Graph graph = std::move(loaded).value();
   if (Status s = apply_knobs(opt.knobs, &graph); !s.ok()) return error_result(s);
   if (Status s = graph.finalize(); !s.ok()) return error_result(s.with_context(path));
+  // benchdnn takes the engine from --engine, not from the file; say it once.
+  static bool engine_noted = false;
+  if (graph.engine_kind != "cpu" && !engine_noted) {
+    engine_noted = true;
+    std::cerr << "normgrad run: note: " << path << " names engine '" << graph.engine_kind
+              << "'; normgrad runs it on the cpu\n";
+  }
+  for (const std::string& note : graph.notes()) {
+    std::cerr << "normgrad run: note: " << path << ": " << note << "\n";
+  }
   const bool check = opt.check || opt.knobs.mode.find('C') != std::string::npos;
   const bool perf = opt.knobs.mode.find('P') != std::string::npos;
   if (detailed) {
@@ -293,7 +303,11 @@ class Driver {
                 << " skipped:0 mistrusted:0 unimplemented:" << unimplemented_
                 << " invalid_arguments:" << invalid_ << " failed:" << failed_ << "\n";
     }
-    return failed_ + invalid_ + unimplemented_ > 0 ? (benchdnn_ ? 1 : (failed_ ? 1 : 2)) : 0;
+    // One graph: a rule broken is a usage error (2); a failed check or ops we
+    // cannot run (benchdnn's UNIMPLEMENTED) is 1.
+    if (benchdnn_) return failed_ + invalid_ + unimplemented_ > 0 ? 1 : 0;
+    if (invalid_ > 0) return 2;
+    return failed_ + unimplemented_ > 0 ? 1 : 0;
   }
 
  private:
@@ -328,7 +342,8 @@ class Driver {
                 << " ms) __REPRO: " << repro_line(opt_.knobs, shown.empty() ? path : shown) << "\n";
     } else if (r.outcome != Outcome::kPassed && r.outcome != Outcome::kExecuted) {
       std::cerr << "normgrad run: "
-                << (r.outcome == Outcome::kFailed && r.reason.find(':') == std::string::npos
+                << (r.outcome == Outcome::kUnimplemented ? "UNIMPLEMENTED: "
+                    : r.outcome == Outcome::kFailed && r.reason.find(':') == std::string::npos
                         ? "check failed: "
                         : "error: ")
                 << r.reason << "\n";
