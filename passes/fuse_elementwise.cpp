@@ -45,6 +45,18 @@ StatusOr<bool> FuseElementwisePass::run(Graph& graph) const {
       changed = true;
     }
   }
+  for (const Op& bn : ops) {
+    if (bn.kind() != OpKind::kBatchNormInference || !graph.unknown_shape_error(bn).ok()) continue;
+    if (graph.fusion_groups().count(bn.id())) continue;
+    const LogicalTensor& y = bn.outputs()[0];
+    const auto consumers = graph.consumers_of(y.id);
+    if (consumers.size() != 1 || is_output_port(graph, y.id)) continue;
+    const Op& relu = ops[consumers[0]];
+    if (relu.kind() != OpKind::kReLU || relu.outputs()[0].dtype != y.dtype) continue;
+    graph.set_fusion_group(bn.id(), relu.id());
+    graph.set_fusion_group(relu.id(), relu.id());
+    changed = true;
+  }
   return changed;
 }
 

@@ -11,6 +11,10 @@
 // ReLU, so ReLUBackward -> BN-bwd diff_dst) and src (how oneDNN's
 // bn_bwd_relu_bwd_fusion.json wires it). One producer per port.
 //
+// The forward counterpart, oneDNN's fuse_norm_relu: BatchNormInference -> ReLU
+// is grouped when the ReLU is the batch norm's only consumer, dst is not a
+// graph output and the dtypes agree.
+//
 // Preconditions (each failing one leaves the ops apart): the producer's output
 // has this batch norm as its only consumer and feeds only one of its ports, it
 // is not a graph output, and its dtype is the batch norm's data dtype.

@@ -21,9 +21,11 @@ class DnnlBackend final : public Backend {
  private:
   // Plans are cached by signature, so supports() followed by compile() builds once.
   static StatusOr<std::shared_ptr<const Kernel>> build(const Partition& partition) {
-    if (partition.ops.size() != 1)
-      return unimplemented("fused partitions are not lowered to oneDNN");
     const Op& op = partition.ops[0];
+    if (op.kind() == OpKind::kBatchNormInference || op.kind() == OpKind::kBatchNormForwardTraining)
+      return dnnl_impl::make_batch_norm_forward(partition);
+    if (partition.ops.size() != 1)
+      return unimplemented("only the BatchNormInference+ReLU group is lowered fused to oneDNN");
     switch (op.kind()) {
       case OpKind::kBatchNormTrainingBackward:
         return dnnl_impl::make_batch_norm_backward(op);

@@ -12,6 +12,9 @@ namespace dnnl_impl {
 
 // BatchNormTrainingBackward (canonical form) -> batch_normalization_backward.
 StatusOr<std::shared_ptr<const Kernel>> make_batch_norm_backward(const Op& op);
+// BatchNormInference (alone or with a fused ReLU) and BatchNormForwardTraining
+// -> batch_normalization_forward; takes the partition to map its ports.
+StatusOr<std::shared_ptr<const Kernel>> make_batch_norm_forward(const Partition& partition);
 // ReLU / ReLUBackward -> eltwise, Add -> binary, TypeCast / StaticTranspose -> reorder.
 StatusOr<std::shared_ptr<const Kernel>> make_neighbour(const Op& op);
 

@@ -52,6 +52,69 @@ TEST(DnnlBackend, BatchNormBackwardSweep) {
   EXPECT_EQ(ran, 3 * 2 * 4 * 5 * 6);
 }
 
+// BatchNormInference (alone and with the fused ReLU, oneDNN's fuse_norm_relu)
+// and BatchNormForwardTraining with its running statistics, against ref.
+TEST(DnnlBackend, BatchNormForwardSweep) {
+  const std::pair<DataType, DataType> dtypes[] = {{DataType::kF32, DataType::kF32},
+                                                  {DataType::kBF16, DataType::kF32},
+                                                  {DataType::kBF16, DataType::kBF16}};
+  int ran = 0;
+  for (auto [dt, sdt] : dtypes) {
+    for (const char* fmt : {"NCX", "NXC"}) {
+      for (int rank : {2, 4, 5}) {
+        for (int64_t c : {1, 17, 64}) {
+          Dims shape = {rank == 2 ? 8 : 2};
+          const int64_t spatial[] = {7, 3, 5};
+          if (std::string(fmt) == "NCX") shape.push_back(c);
+          for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
+          if (std::string(fmt) == "NXC") shape.push_back(c);
+          const LogicalTensor stat = lt(0, sdt, {c});
+          auto stat_lt = [&](int64_t id) {
+            LogicalTensor t = stat;
+            t.id = id;
+            return t;
+          };
+          for (int form = 0; form < 4; ++form) {
+            // 0: inference, 1: inference + ReLU, 2: training with gamma/beta, 3: training without.
+            Graph g;
+            if (form <= 1) {
+              Op bn(1, OpKind::kBatchNormInference, "bn");
+              bn.set_attr("epsilon", 1e-3f).set_attr("data_format", std::string(fmt));
+              bn.add_input(lt(10, dt, shape));
+              for (int64_t id = 11; id <= 14; ++id) bn.add_input(stat_lt(id));
+              bn.add_output(lt(20, dt, shape));
+              ASSERT_TRUE(g.add_op(bn).ok());
+              if (form == 1) {
+                Op relu(2, OpKind::kReLU, "relu");
+                relu.add_input(lt(20, dt, shape)).add_output(lt(21, dt, shape));
+                ASSERT_TRUE(g.add_op(relu).ok());
+              }
+            } else {
+              Op bn(1, OpKind::kBatchNormForwardTraining, "bn");
+              bn.set_attr("epsilon", 1e-3f).set_attr("data_format", std::string(fmt));
+              bn.set_attr("momentum", 0.25f);
+              bn.add_input(lt(10, dt, shape)).add_input(stat_lt(11)).add_input(stat_lt(12));
+              if (form == 2) bn.add_input(stat_lt(13)).add_input(stat_lt(14));
+              bn.add_output(lt(20, dt, shape));
+              for (int64_t id = 21; id <= 24; ++id) bn.add_output(stat_lt(id));
+              ASSERT_TRUE(g.add_op(bn).ok());
+            }
+            SCOPED_TRACE(std::string(dtype_name(dt)) + "/" + dtype_name(sdt) + " " + fmt + " " +
+                         dims_to_string(shape) + " form " + std::to_string(form));
+            const auto r = compare_with_ref(g, "dnnl", static_cast<uint64_t>(ran));
+            ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+            EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+            // One oneDNN primitive for the fused group, not a split.
+            EXPECT_EQ(r.kernel.find('+'), std::string::npos) << r.kernel;
+            ++ran;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ran, 3 * 2 * 3 * 3 * 4);
+}
+
 TEST(DnnlBackend, LargeOffsetData) {
   // mean 1e4 exposes cancellation in one-pass statistics; the inputs carry exact batch stats.
   for (const char* fmt : {"NCX", "NXC"}) {

@@ -1,0 +1,207 @@
+// Batch-norm forward on dnnl::batch_normalization_forward: BatchNormInference
+// (optionally followed by a fused ReLU, oneDNN's fuse_norm_relu) and
+// BatchNormForwardTraining with its running-statistics update.
+//
+// oneDNN's forward takes f32 statistics, scale and shift only (as its backward
+// does), so bf16 statistics are converted around the call. Training writes the
+// batch mean and biased variance through DNNL_ARG_MEAN / DNNL_ARG_VARIANCE;
+// the running statistics follow oneDNN Graph's update, done here per channel:
+//   running = momentum * running_in + (1 - momentum) * batch.
+// f16 data is declined (oneDNN 2.6 has no f16 batch norm on CPU), as are ranks
+// beyond 5 and empty tensors; ref runs those.
+#include <algorithm>
+
+#include "backends/dnnl/dnnl_common.hpp"
+#include "backends/dnnl/dnnl_kernels.hpp"
+#include "ops/batch_norm_desc.hpp"
+
+namespace normgrad {
+namespace dnnl_impl {
+namespace {
+
+using dnnl::normalization_flags;
+using dnnl::prop_kind;
+
+// Where each of the batch norm's ports sits in the partition's port lists.
+struct FwdPlan {
+  BatchNormDesc d;
+  Op bn;
+  bool training = false;
+  bool fuse_relu = false;
+  bool scale_shift = false;
+  std::vector<int> in_index;  // bn input i -> partition input index
+  int dst_index = 0;          // partition output written with dst (the ReLU's when fused)
+  std::vector<int> stat_out_index;  // training: bn outputs 1..4 -> partition output index
+  dnnl::batch_normalization_forward::primitive_desc pd;
+  dnnl::batch_normalization_forward prim;
+  std::string impl;
+};
+
+std::vector<float> channel_f32(const void* p, const LogicalTensor& lt, int64_t c) {
+  std::vector<float> v(static_cast<size_t>(c));
+  const int64_t stride = lt.effective_strides()[0];
+  for (int64_t i = 0; i < c; ++i) v[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
+  return v;
+}
+
+class FwdKernel final : public Kernel {
+ public:
+  explicit FwdKernel(std::shared_ptr<const FwdPlan> plan) : plan_(std::move(plan)) {}
+  std::string name() const override { return plan_->impl; }
+
+  Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    const FwdPlan& p = *plan_;
+    const int64_t c = p.d.channels;
+    const auto& ins = p.bn.inputs();
+    auto bn_in = [&](size_t i) { return in[static_cast<size_t>(p.in_index[i])]; };
+    // Port numbers of gamma, beta, mean and variance in each op's order.
+    const size_t gi = p.training ? 3 : 1, bi = p.training ? 4 : 2;
+    const size_t mi = p.training ? 1 : 3, vi = p.training ? 2 : 4;
+    std::vector<float> mean(static_cast<size_t>(c)), var(static_cast<size_t>(c)), scale, shift;
+    if (!p.training) {
+      mean = channel_f32(bn_in(mi), ins[mi], c);
+      var = channel_f32(bn_in(vi), ins[vi], c);
+    }
+    if (p.scale_shift) {
+      scale = channel_f32(bn_in(gi), ins[gi], c);
+      shift = channel_f32(bn_in(bi), ins[bi], c);
+    }
+    Status s = guard("batch_normalization_forward execute", [&] {
+      const dnnl::engine& eng = cpu_engine();
+      dnnl::stream stream(eng);
+      Scratchpad scratch = make_scratchpad(p.pd);
+      auto mem = [&](const dnnl::memory::desc& md, const void* ptr) {
+        return dnnl::memory(md, eng, const_cast<void*>(ptr));
+      };
+      const dnnl::memory::desc cmd({c}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
+      std::unordered_map<int, dnnl::memory> args = {
+          {DNNL_ARG_SRC, mem(p.pd.src_desc(), bn_in(0))},
+          {DNNL_ARG_DST, mem(p.pd.dst_desc(), out[static_cast<size_t>(p.dst_index)])},
+          {DNNL_ARG_MEAN, mem(cmd, mean.data())},
+          {DNNL_ARG_VARIANCE, mem(cmd, var.data())},
+          {DNNL_ARG_SCRATCHPAD, scratch.mem}};
+      if (p.scale_shift) {
+        args[DNNL_ARG_SCALE] = mem(cmd, scale.data());
+        args[DNNL_ARG_SHIFT] = mem(cmd, shift.data());
+      }
+      p.prim.execute(stream, args);
+      stream.wait();
+    });
+    NG_RETURN_IF_ERROR(s);
+    if (p.training) {
+      const double momentum = p.d.momentum;
+      const auto& outs = p.bn.outputs();
+      const std::vector<float> run_mean = channel_f32(bn_in(1), ins[1], c);
+      const std::vector<float> run_var = channel_f32(bn_in(2), ins[2], c);
+      for (int64_t k = 0; k < c; ++k) {
+        const double values[4] = {momentum * run_mean[k] + (1.0 - momentum) * mean[k],
+                                  momentum * run_var[k] + (1.0 - momentum) * var[k], mean[k],
+                                  var[k]};
+        for (size_t o = 0; o < 4; ++o) {
+          const LogicalTensor& lt = outs[o + 1];
+          store_from_double(out[static_cast<size_t>(p.stat_out_index[o])],
+                            k * lt.effective_strides()[0], lt.dtype, values[o]);
+        }
+      }
+    }
+    return ok_status();
+  }
+
+ private:
+  std::shared_ptr<const FwdPlan> plan_;
+};
+
+int index_in(const std::vector<LogicalTensor>& ports, int64_t id) {
+  for (size_t i = 0; i < ports.size(); ++i) {
+    if (ports[i].id == id) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
+  const Op& bn = part.ops[0];
+  const bool fused = part.ops.size() == 2;
+  if (fused && (part.ops[1].kind() != OpKind::kReLU ||
+                part.ops[1].inputs()[0].id != bn.outputs()[0].id ||
+                bn.kind() != OpKind::kBatchNormInference)) {
+    return unimplemented("oneDNN fuses only BatchNormInference followed by ReLU");
+  }
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(bn));
+  if (d.data_dt == DataType::kF16)
+    return unimplemented("oneDNN 2.6 has no f16 batch normalization on CPU");
+  if (d.dims.size() > 5)
+    return unimplemented("oneDNN batch normalization takes ranks 2 to 5, got " +
+                         std::to_string(d.dims.size()));
+  if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
+  const LogicalTensor& dst = fused ? part.ops[1].outputs()[0] : bn.outputs()[0];
+  if (dst.dtype != d.data_dt) return unimplemented("the fused ReLU changes the dtype");
+  auto plan = std::make_shared<FwdPlan>();
+  plan->d = d;
+  plan->bn = bn;
+  plan->training = bn.kind() == OpKind::kBatchNormForwardTraining;
+  plan->fuse_relu = fused;
+  plan->scale_shift = plan->training ? d.has_gamma : true;
+  for (const LogicalTensor& lt : bn.inputs()) {
+    plan->in_index.push_back(index_in(part.inputs, lt.id));
+    if (plan->in_index.back() < 0) return unimplemented("batch-norm inputs must be partition inputs");
+  }
+  plan->dst_index = index_in(part.outputs, dst.id);
+  if (plan->dst_index < 0) return unimplemented("dst must be a partition output");
+  if (plan->training) {
+    for (size_t o = 1; o < 5; ++o) {
+      plan->stat_out_index.push_back(index_in(part.outputs, bn.outputs()[o].id));
+      if (plan->stat_out_index.back() < 0)
+        return unimplemented("statistics outputs must be partition outputs");
+    }
+  }
+  std::vector<int> perm = {0, d.channel_axis};
+  for (int i = 1; i < static_cast<int>(d.dims.size()); ++i) {
+    if (i != d.channel_axis) perm.push_back(i);
+  }
+  NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(bn.inputs()[0], d.data_dt, perm));
+  NG_ASSIGN_OR_RETURN(dnnl::memory::desc dst_md, make_md(dst, d.data_dt, perm));
+  normalization_flags flags = normalization_flags::none;
+  if (!plan->training) flags = flags | normalization_flags::use_global_stats;
+  if (plan->scale_shift)
+    flags = flags | normalization_flags::use_scale | normalization_flags::use_shift;
+  if (plan->fuse_relu) flags = flags | normalization_flags::fuse_norm_relu;
+  const prop_kind prop = plan->training ? prop_kind::forward_training : prop_kind::forward_inference;
+  NG_RETURN_IF_ERROR(guard("batch_normalization_forward primitive descriptor", [&] {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    plan->pd = dnnl::batch_normalization_forward::primitive_desc(
+        dnnl::batch_normalization_forward::desc(prop, src_md, d.epsilon, flags), attr,
+        cpu_engine());
+    if (plan->pd.dst_desc() != dst_md) throw dnnl::error(dnnl_unimplemented, "dst layout differs");
+    if (plan->training && plan->pd.workspace_desc().get_size() != 0)
+      throw dnnl::error(dnnl_unimplemented, "a workspace is needed");
+    plan->prim = dnnl::batch_normalization_forward(plan->pd);
+    plan->impl = plan->pd.impl_info_str();
+  }));
+  return std::shared_ptr<const FwdPlan>(std::move(plan));
+}
+
+PlanCache<FwdPlan>& fwd_cache() {
+  static PlanCache<FwdPlan> cache;
+  return cache;
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const Kernel>> make_batch_norm_forward(const Partition& partition) {
+  std::string key = "bnf";
+  for (const Op& op : partition.ops) {
+    key += "|" + std::string(op_kind_name(op.kind()));
+    for (const auto& t : op.inputs()) key += "|" + std::to_string(t.id) + signature_of(t);
+    for (const auto& t : op.outputs()) key += "|" + std::to_string(t.id) + signature_of(t);
+    for (const auto& [k, v] : op.attrs()) key += "|" + k + "=" + attr_value_to_string(v);
+  }
+  for (const auto& t : partition.inputs) key += "|i" + std::to_string(t.id);
+  for (const auto& t : partition.outputs) key += "|o" + std::to_string(t.id);
+  NG_ASSIGN_OR_RETURN(auto plan,
+                      fwd_cache().get_or_build(key, [&] { return build_plan(partition); }));
+  return std::shared_ptr<const Kernel>(std::make_shared<FwdKernel>(std::move(plan)));
+}
+
+}  // namespace dnnl_impl
+}  // namespace normgrad
