@@ -194,6 +194,14 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
         p.ops.size() > 1 &&
         (!cp.ok() || (options.backend == "auto" && std::string((*cp)->backend_name()) == "ref"));
     if (!split) {
+      if (!cp.ok() && cp.status().code() == StatusCode::kUnimplemented &&
+          options.allow_unsupported) {
+        p.supported = false;  // no backend runs it: hand it back, as oneDNN Graph does
+        p.reason = cp.status().message();
+        cg.pending_.push_back(std::move(p));
+        ++next_id;
+        continue;
+      }
       if (!cp.ok()) return cp.status();
       cg.partitions_.push_back(std::move(cp).value());
       ++next_id;

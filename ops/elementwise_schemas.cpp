@@ -4,6 +4,7 @@
 // Add follows oneDNN Graph: numpy broadcasting and mixed float dtypes; the
 // fast backends take the equal-shape, one-dtype case and ref the rest.
 #include <algorithm>
+#include <cmath>
 
 #include "ops/op_registry.hpp"
 
@@ -92,6 +93,70 @@ Status broadcast_shape_rule(Op& op) {
   return set_or_check_dims(op, 0, "dst", out);
 }
 
+// Quantize / Dequantize: scales (and zero points) per tensor, or per channel
+// along `axis` with one entry per element of that dim.
+Status quant_rule(const Op& op) {
+  const bool quantize = op.kind() == OpKind::kQuantize;
+  const LogicalTensor& data = quantize ? op.inputs()[0] : op.outputs()[0];
+  const LogicalTensor& q = quantize ? op.outputs()[0] : op.inputs()[0];
+  if (!is_float_compute_dtype(data.dtype)) {
+    return invalid_argument(op.label() + ": the real-valued side is " + dtype_name(data.dtype) +
+                            ", expected f32, bf16 or f16");
+  }
+  const DataType qt = q.dtype;
+  if (is_float_compute_dtype(qt)) {
+    return invalid_argument(op.label() + ": the quantized side is " + dtype_name(qt) +
+                            ", expected s8, u8, f8_e5m2 or f8_e4m3");
+  }
+  const auto& scales = std::get<std::vector<float>>(op.attrs().at("scales"));  // kind checked
+  std::vector<int64_t> zps;
+  if (op.has_attr("zps")) {
+    NG_ASSIGN_OR_RETURN(zps, op.attr_s64s("zps"));
+  }
+  for (float sc : scales) {
+    if (!(sc != 0.0f) || !std::isfinite(sc)) {
+      return invalid_argument(op.label() + ": attribute 'scales' has " + std::to_string(sc) +
+                              ", expected finite non-zero values");
+    }
+  }
+  if (!zps.empty() && zps.size() != scales.size()) {
+    return invalid_argument(op.label() + ": attribute 'zps' has " + std::to_string(zps.size()) +
+                            " entries, 'scales' has " + std::to_string(scales.size()));
+  }
+  std::string qtype = "per_tensor";
+  if (op.has_attr("qtype")) {
+    NG_ASSIGN_OR_RETURN(qtype, op.attr_string("qtype"));
+  }
+  if (qtype == "per_tensor" && scales.size() != 1) {
+    return invalid_argument(op.label() + ": per_tensor takes one scale, got " +
+                            std::to_string(scales.size()));
+  }
+  return ok_status();
+}
+
+Status quant_shape_rule(Op& op) {
+  const Dims& d = op.inputs()[0].dims;
+  std::string qtype = "per_tensor";
+  if (op.has_attr("qtype")) {
+    NG_ASSIGN_OR_RETURN(qtype, op.attr_string("qtype"));
+  }
+  if (qtype == "per_channel") {
+    int64_t axis = 1;
+    if (op.has_attr("axis")) {
+      NG_ASSIGN_OR_RETURN(axis, op.attr_s64("axis"));
+    }
+    const auto rank = static_cast<int64_t>(d.size());
+    if (axis < -rank || axis >= rank) {
+      return invalid_argument(op.label() + ": attribute 'axis' is " + std::to_string(axis) +
+                              ", out of range for rank " + std::to_string(rank));
+    }
+    // The scale count is not checked against dims[axis] here: oneDNN's own
+    // graphs dequantize grouped convolution weights per output channel with
+    // more scales than that dim holds. Backends decline what they cannot map.
+  }
+  return set_or_check_dims(op, 0, "dst", d);
+}
+
 }  // namespace
 
 void register_elementwise_schemas(OpRegistry& registry) {
@@ -152,6 +217,22 @@ void register_elementwise_schemas(OpRegistry& registry) {
       }
       return set_or_check_dims(op, 0, "dst", out);
     });
+    registry.add(std::move(s));
+  }
+  for (OpKind kind : {OpKind::kQuantize, OpKind::kDequantize}) {
+    // oneDNN Graph's static quantization: Quantize dst = saturate(round(src /
+    // scale + zp)); Dequantize dst = (src - zp) * scale.
+    OpSchema s(kind);
+    s.input("src").output("dst");
+    s.attr("qtype", AttrKind::kString, false, std::string("per_tensor"),
+           {"per_tensor", "per_channel"});
+    s.attr("axis", AttrKind::kS64, false, int64_t{1});
+    s.attr("scales", AttrKind::kF32s, true);
+    s.attr("zps", AttrKind::kS64s, false);
+    s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kS8, DataType::kU8,
+              DataType::kF8E5M2, DataType::kF8E4M3});
+    s.rule(quant_rule);
+    s.shape_rule(quant_shape_rule);
     registry.add(std::move(s));
   }
   {

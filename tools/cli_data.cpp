@@ -46,6 +46,8 @@ void fill_random(Buffer& b, const std::string& role, Rng& rng, double data_offse
   if (role == "src" || role == "x") lo += data_offset, hi += data_offset;
   if (role == "variance") lo = 0.5, hi = 2.0;
   if (role == "gamma" || role == "scale") lo = 0.5, hi = 1.5;
+  if (b.desc.dtype == DataType::kS8) lo = -100.0, hi = 100.0;  // quantized data: many levels
+  if (b.desc.dtype == DataType::kU8) lo = 0.0, hi = 200.0;
   const Dims strides = b.desc.effective_strides();
   bool all_one = true;
   ref::for_each_index(b.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {

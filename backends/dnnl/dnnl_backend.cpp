@@ -36,6 +36,8 @@ class DnnlBackend final : public Backend {
           return unimplemented("Add with broadcasting or mixed dtypes is not lowered to oneDNN");
         }
         return dnnl_impl::make_neighbour(op);
+      case OpKind::kQuantize:
+      case OpKind::kDequantize:
       case OpKind::kReLU:
       case OpKind::kReLUBackward:
       case OpKind::kTypeCast:

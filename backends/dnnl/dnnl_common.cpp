@@ -15,6 +15,10 @@ StatusOr<dnnl::memory::data_type> to_dnnl(DataType dt) {
       return dnnl::memory::data_type::f32;
     case DataType::kBF16:
       return dnnl::memory::data_type::bf16;
+    case DataType::kS8:
+      return dnnl::memory::data_type::s8;
+    case DataType::kU8:
+      return dnnl::memory::data_type::u8;
     default:
       break;
   }

@@ -2,7 +2,10 @@
 // ReLUBackward -> eltwise_backward (relu, or relu_use_dst_for_bwd when
 // use_dst), Add -> binary add, TypeCast and StaticTranspose -> reorder.
 // Every tensor keeps its own strides; a transpose is a reorder from a
-// permuted view of the source.
+// permuted view of the source. Quantize and Dequantize are reorders with
+// output scales (1/scale to quantize, scale to dequantize; per channel with
+// the mask of `axis`) and a zero point on the quantized side, common to all
+// channels (oneDNN 2.6 reorders take no per-channel zero points).
 #include "backends/dnnl/dnnl_common.hpp"
 #include "backends/dnnl/dnnl_kernels.hpp"
 
@@ -135,6 +138,45 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
         const dnnl::engine& eng = cpu_engine();
         auto pd = std::make_shared<dnnl::reorder::primitive_desc>(eng, src_md, eng, dst_md,
                                                                   user_scratchpad());
+        plan->prim = dnnl::reorder(*pd);
+        plan->pd = pd;
+      });
+      plan->in_mds = {src_md};
+      plan->in_args = {DNNL_ARG_FROM};
+      plan->out_args = {DNNL_ARG_TO};
+      break;
+    }
+    case OpKind::kQuantize:
+    case OpKind::kDequantize: {
+      const bool quantize = op.kind() == OpKind::kQuantize;
+      const auto& scales = std::get<std::vector<float>>(op.attrs().at("scales"));
+      std::vector<int64_t> zps;
+      if (op.has_attr("zps")) zps = std::get<std::vector<int64_t>>(op.attrs().at("zps"));
+      for (int64_t z : zps) {
+        if (z != zps[0])
+          return unimplemented("oneDNN 2.6 reorders take one zero point, not one per channel");
+      }
+      int mask = 0;
+      if (scales.size() > 1) {
+        int64_t axis = op.has_attr("axis") ? std::get<int64_t>(op.attrs().at("axis")) : 1;
+        if (axis < 0) axis += static_cast<int64_t>(src.dims.size());
+        if (static_cast<int64_t>(scales.size()) != src.dims[static_cast<size_t>(axis)])
+          return unimplemented("per-channel scales do not match the axis dim");
+        mask = 1 << axis;
+      }
+      std::vector<float> oscales;
+      for (float sc : scales) oscales.push_back(quantize ? 1.0f / sc : sc);
+      NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(src, src.dtype));
+      s = guard(quantize ? "quantize reorder" : "dequantize reorder", [&] {
+        const dnnl::engine& eng = cpu_engine();
+        dnnl::primitive_attr attr;
+        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+        attr.set_output_scales(mask, oscales);
+        if (!zps.empty() && zps[0] != 0) {
+          attr.set_zero_points(quantize ? DNNL_ARG_DST : DNNL_ARG_SRC, 0,
+                               {static_cast<int32_t>(zps[0])});
+        }
+        auto pd = std::make_shared<dnnl::reorder::primitive_desc>(eng, src_md, eng, dst_md, attr);
         plan->prim = dnnl::reorder(*pd);
         plan->pd = pd;
       });

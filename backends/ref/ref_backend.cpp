@@ -65,6 +65,24 @@ class RefBackend final : public Backend {
   Status supports(const Partition& partition) const override {
     if (partition.ops.empty()) return invalid_argument("empty partition");
     for (const Op& op : partition.ops) {
+      for (const auto* ports : {&op.inputs(), &op.outputs()}) {
+        for (const LogicalTensor& lt : *ports) {
+          if (!is_loadable_dtype(lt.dtype))
+            return unimplemented(op.label() + ": ref computes no " + dtype_name(lt.dtype) +
+                                 " data (tensor " + std::to_string(lt.id) + ")");
+        }
+      }
+      if (op.kind() == OpKind::kQuantize || op.kind() == OpKind::kDequantize) {
+        const auto& scales = std::get<std::vector<float>>(op.attrs().at("scales"));
+        const Dims& d = op.inputs()[0].dims;
+        int64_t axis = op.has_attr("axis") ? std::get<int64_t>(op.attrs().at("axis")) : 1;
+        if (axis < 0) axis += static_cast<int64_t>(d.size());
+        if (scales.size() > 1 && static_cast<int64_t>(scales.size()) != d[static_cast<size_t>(axis)])
+          return unimplemented(op.label() + ": " + std::to_string(scales.size()) +
+                               " per-channel scales for a dim of " +
+                               std::to_string(d[static_cast<size_t>(axis)]) +
+                               " (grouped weights), which normgrad does not run");
+      }
       if (is_tf_batch_norm_grad(op.kind())) {
         return unimplemented(op.label() +
                              ": TensorFlow ops run after the canonicalize pass rewrites them");

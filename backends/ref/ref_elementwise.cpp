@@ -65,6 +65,28 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
       });
       return ok_status();
     }
+    case OpKind::kQuantize:
+    case OpKind::kDequantize: {
+      const auto& scales = std::get<std::vector<float>>(op.attrs().at("scales"));
+      std::vector<int64_t> zps;
+      if (op.has_attr("zps")) zps = std::get<std::vector<int64_t>>(op.attrs().at("zps"));
+      int64_t axis = -1;  // per tensor
+      if (scales.size() > 1 || (op.has_attr("qtype") && std::get<std::string>(op.attrs().at(
+                                                            "qtype")) == "per_channel")) {
+        axis = op.has_attr("axis") ? std::get<int64_t>(op.attrs().at("axis")) : 1;
+        if (axis < 0) axis += static_cast<int64_t>(dims.size());
+      }
+      const bool quantize = op.kind() == OpKind::kQuantize;
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+        const size_t k = axis < 0 ? 0 : static_cast<size_t>(idx[static_cast<size_t>(axis)]);
+        const double scale = scales[k];
+        const double zp = zps.empty() ? 0.0 : static_cast<double>(zps[k]);
+        const double x = load(0, idx);
+        // Stores round half to even and saturate for the integer dtypes.
+        store(idx, quantize ? x / scale + zp : (x - zp) * scale);
+      });
+      return ok_status();
+    }
     default:
       break;
   }

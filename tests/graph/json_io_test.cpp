@@ -92,7 +92,7 @@ const char* kDumpForms = R"({
   "version": "3.5.0", "engine_kind": "gpu", "fpmath_mode": "bf16",
   "fpmath_mode_apply_to_int": "true",
   "graph": [{
-    "kind": "Dequantize", "name": "dq", "id": 1,
+    "kind": "DynamicDequantize", "name": "dq", "id": 1,
     "attrs": {"qtype": {"type": "string", "value": "per_tensor"},
               "scales": {"type": "f32[]", "value": [0.5]}, "zps": {"type": "s64[]", "value": [0]},
               "axis": {"type": "s64", "value": 1}},

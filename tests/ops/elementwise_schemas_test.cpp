@@ -35,6 +35,25 @@ TEST(ElementwiseSchemas, AddBroadcastsAsNumpy) {
   EXPECT_STATUS_HAS(add(op), "'auto_broadcast' is 'pdpd', expected one of none, numpy");
 }
 
+TEST(ElementwiseSchemas, QuantizeRules) {
+  auto quant = [](std::vector<float> scales, std::vector<int64_t> zps, DataType out) {
+    Op op(1, OpKind::kQuantize, "q");
+    op.set_attr("scales", std::move(scales)).set_attr("zps", std::move(zps));
+    op.add_input(testing_util::lt(0, DataType::kF32, {2, 3}));
+    op.add_output(testing_util::lt(1, out, {2, 3}));
+    return op;
+  };
+  EXPECT_TRUE(add(quant({0.5f}, {0}, DataType::kS8)).ok());
+  EXPECT_STATUS_HAS(add(quant({0.0f}, {0}, DataType::kS8)), "expected finite non-zero values");
+  EXPECT_STATUS_HAS(add(quant({1.f, 2.f}, {0}, DataType::kS8)),
+                    "'zps' has 1 entries, 'scales' has 2");
+  EXPECT_STATUS_HAS(add(quant({1.f, 2.f}, {0, 0}, DataType::kU8)),
+                    "per_tensor takes one scale, got 2");
+  EXPECT_STATUS_HAS(add(quant({1.f}, {0}, DataType::kF32)),
+                    "the quantized side is f32, expected s8, u8, f8_e5m2 or f8_e4m3");
+  EXPECT_STATUS_HAS(add(quant({1.f}, {0}, DataType::kS32)), "dtype s32 is not supported");
+}
+
 TEST(ElementwiseSchemas, ReLUBackward) {
   Op op = binary(OpKind::kReLUBackward, {2, 3}, {2, 3});
   op.set_attr("use_dst", false);

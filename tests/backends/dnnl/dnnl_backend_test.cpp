@@ -115,6 +115,44 @@ TEST(DnnlBackend, BatchNormForwardSweep) {
   EXPECT_EQ(ran, 3 * 2 * 3 * 3 * 4);
 }
 
+// Quantize / Dequantize as reorders with scales and zero points, against ref.
+TEST(DnnlBackend, QuantizeDequantizeAgainstRef) {
+  int ran = 0;
+  for (OpKind kind : {OpKind::kQuantize, OpKind::kDequantize}) {
+    for (DataType q : {DataType::kS8, DataType::kU8}) {
+      for (int form = 0; form < 3; ++form) {
+        // 0: per tensor, zp 0; 1: per tensor, zp 3; 2: per channel along axis 1.
+        Op op(1, kind, "q");
+        op.set_attr("qtype", std::string(form == 2 ? "per_channel" : "per_tensor"));
+        op.set_attr("axis", int64_t{1});
+        op.set_attr("scales", form == 2 ? std::vector<float>{0.5f, 0.25f, 2.0f}
+                                        : std::vector<float>{0.125f});
+        op.set_attr("zps", form == 1 ? std::vector<int64_t>{3}
+                           : form == 2 ? std::vector<int64_t>{0, 0, 0}
+                                       : std::vector<int64_t>{0});
+        const bool quantize = kind == OpKind::kQuantize;
+        op.add_input(lt(0, quantize ? DataType::kF32 : q, {2, 3, 5, 7}));
+        op.add_output(lt(1, quantize ? q : DataType::kF32, {2, 3, 5, 7}));
+        SCOPED_TRACE(std::string(op_kind_name(kind)) + " " + dtype_name(q) + " form " +
+                     std::to_string(form));
+        const auto r = compare_with_ref(one_op(op), "dnnl", static_cast<uint64_t>(ran));
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+        ++ran;
+      }
+    }
+  }
+  EXPECT_EQ(ran, 12);
+  // Per-channel zero points do not map onto oneDNN 2.6 reorders.
+  Op op(1, OpKind::kDequantize, "dq");
+  op.set_attr("qtype", std::string("per_channel"));
+  op.set_attr("scales", std::vector<float>{1.f, 2.f});
+  op.set_attr("zps", std::vector<int64_t>{1, 2});
+  op.add_input(lt(0, DataType::kS8, {4, 2})).add_output(lt(1, DataType::kF32, {4, 2}));
+  EXPECT_STATUS_HAS(compare_with_ref(one_op(op), "dnnl").status,
+                    "oneDNN 2.6 reorders take one zero point");
+}
+
 TEST(DnnlBackend, LargeOffsetData) {
   // mean 1e4 exposes cancellation in one-pass statistics; the inputs carry exact batch stats.
   for (const char* fmt : {"NCX", "NXC"}) {
