@@ -71,7 +71,9 @@ const DtypeInfo& info(DataType dt) {
 
 }  // namespace
 
-const char* dtype_name(DataType dt) { return info(dt).name; }
+const char* dtype_name(DataType dt) {
+  return info(dt).name;
+}
 
 StatusOr<DataType> parse_dtype(const std::string& name) {
   for (const DtypeInfo& d : kDtypes) {
@@ -80,7 +82,9 @@ StatusOr<DataType> parse_dtype(const std::string& name) {
   return invalid_argument("unknown dtype '" + name + "'");
 }
 
-int64_t dtype_size(DataType dt) { return info(dt).size; }
+int64_t dtype_size(DataType dt) {
+  return info(dt).size;
+}
 
 bool is_float_compute_dtype(DataType dt) {
   return dt == DataType::kF32 || dt == DataType::kBF16 || dt == DataType::kF16;

@@ -244,13 +244,12 @@ Status Graph::unknown_shape_error(const Op& op) const {
     const LogicalTensor& lt = op.inputs()[i];
     if (lt.dims_known()) continue;
     const bool is_input = producer_.count(lt.id) == 0;
-    return invalid_graph(op_ref(op) + " input " + std::to_string(i) + ": tensor " +
-                         std::to_string(lt.id) + " has unknown shape " +
-                         (lt.rank_unknown ? std::string("(unknown rank)")
-                                          : dims_to_string(lt.dims)) +
-                         (is_input ? "; graph inputs need concrete shapes"
-                                   : "; its producer " + op_ref(ops_[producer_.at(lt.id)]) +
-                                         " does not say it"));
+    return invalid_graph(
+        op_ref(op) + " input " + std::to_string(i) + ": tensor " + std::to_string(lt.id) +
+        " has unknown shape " +
+        (lt.rank_unknown ? std::string("(unknown rank)") : dims_to_string(lt.dims)) +
+        (is_input ? "; graph inputs need concrete shapes"
+                  : "; its producer " + op_ref(ops_[producer_.at(lt.id)]) + " does not say it"));
   }
   for (size_t i = 0; i < op.outputs().size(); ++i) {
     const LogicalTensor& lt = op.outputs()[i];

@@ -86,7 +86,6 @@ class Graph {
   Status unknown_shape_error(const Op& op) const;
 
  private:
-
   std::vector<Op> ops_;
   bool finalized_ = false;
   std::optional<std::vector<int64_t>> input_ports_;

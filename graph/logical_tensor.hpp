@@ -3,9 +3,9 @@
 // A logical tensor has an id, a dtype, dims (each >= 0, or kUnknownDim before
 // shape inference; `rank_unknown` when even the rank is not known, as oneDNN's
 // one-element INT64_MIN shape says; an empty dims list with a known rank is a
-// rank-0 scalar), strides for the `strided` layout and a property. Every product of dims and every byte size
-// goes through the overflow-checked helpers here, so a lying shape becomes an
-// error instead of a wrapped size.
+// rank-0 scalar), strides for the `strided` layout and a property. Every product of dims and every
+// byte size goes through the overflow-checked helpers here, so a lying shape becomes an error
+// instead of a wrapped size.
 #pragma once
 
 #include <cstdint>

@@ -25,7 +25,6 @@ std::string npy_descr(DataType dt) {
   }
 }
 
-
 constexpr char kMagic[] = "\x93NUMPY";
 
 // Skips spaces; returns false at the end.
@@ -155,7 +154,8 @@ StatusOr<NpyArray> parse_npy(const std::string& bytes, int64_t max_payload_bytes
   NG_RETURN_IF_ERROR(parse_header_dict(bytes.substr(offset, header_len), arr, fortran));
   const int64_t esize = descr_size(arr.descr);
   if (esize == 0)
-    return invalid_argument("npy: dtype '" + arr.descr + "' is not supported (<f4, <f2, <u2, <f8, |i1, |u1, <i4)");
+    return invalid_argument("npy: dtype '" + arr.descr +
+                            "' is not supported (<f4, <f2, <u2, <f8, |i1, |u1, <i4)");
   NG_ASSIGN_OR_RETURN(int64_t count, checked_product(arr.shape, "npy shape"));
   NG_ASSIGN_OR_RETURN(int64_t payload, checked_mul(count, esize, "npy payload"));
   if (payload > max_payload_bytes)
@@ -195,8 +195,7 @@ Status read_npy_into(const std::string& path, const LogicalTensor& expected, voi
   auto mismatch = [&]() {
     return invalid_argument(path + ": dtype '" + arr.descr + "' cannot hold tensor " +
                             std::to_string(expected.id) + " of dtype " +
-                            dtype_name(expected.dtype) +
-                            " (use " + npy_descr(expected.dtype) +
+                            dtype_name(expected.dtype) + " (use " + npy_descr(expected.dtype) +
                             (expected.dtype == DataType::kBF16 ? " or <u2)" : ")"));
   };
   switch (expected.dtype) {

@@ -27,7 +27,9 @@ const OpRegistry& op_registry() {
   return registry;
 }
 
-bool op_kind_is_opaque(OpKind kind) { return op_registry().find(kind) == nullptr; }
+bool op_kind_is_opaque(OpKind kind) {
+  return op_registry().find(kind) == nullptr;
+}
 
 // An opaque op (a oneDNN Graph kind we have no schema for) is checked only as
 // far as the IR needs it: tensor ids and per-tensor sanity. Its attributes and

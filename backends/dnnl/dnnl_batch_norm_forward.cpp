@@ -29,8 +29,8 @@ struct FwdPlan {
   bool training = false;
   bool fuse_relu = false;
   bool scale_shift = false;
-  std::vector<int> in_index;  // bn input i -> partition input index
-  int dst_index = 0;          // partition output written with dst (the ReLU's when fused)
+  std::vector<int> in_index;        // bn input i -> partition input index
+  int dst_index = 0;                // partition output written with dst (the ReLU's when fused)
   std::vector<int> stat_out_index;  // training: bn outputs 1..4 -> partition output index
   dnnl::batch_normalization_forward::primitive_desc pd;
   dnnl::batch_normalization_forward prim;
@@ -40,7 +40,8 @@ struct FwdPlan {
 std::vector<float> channel_f32(const void* p, const LogicalTensor& lt, int64_t c) {
   std::vector<float> v(static_cast<size_t>(c));
   const int64_t stride = lt.effective_strides()[0];
-  for (int64_t i = 0; i < c; ++i) v[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
+  for (int64_t i = 0; i < c; ++i)
+    v[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
   return v;
 }
 
@@ -121,9 +122,9 @@ int index_in(const std::vector<LogicalTensor>& ports, int64_t id) {
 StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
   const Op& bn = part.ops[0];
   const bool fused = part.ops.size() == 2;
-  if (fused && (part.ops[1].kind() != OpKind::kReLU ||
-                part.ops[1].inputs()[0].id != bn.outputs()[0].id ||
-                bn.kind() != OpKind::kBatchNormInference)) {
+  if (fused &&
+      (part.ops[1].kind() != OpKind::kReLU || part.ops[1].inputs()[0].id != bn.outputs()[0].id ||
+       bn.kind() != OpKind::kBatchNormInference)) {
     return unimplemented("oneDNN fuses only BatchNormInference followed by ReLU");
   }
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(bn));
@@ -143,7 +144,8 @@ StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
   plan->scale_shift = plan->training ? d.has_gamma : true;
   for (const LogicalTensor& lt : bn.inputs()) {
     plan->in_index.push_back(index_in(part.inputs, lt.id));
-    if (plan->in_index.back() < 0) return unimplemented("batch-norm inputs must be partition inputs");
+    if (plan->in_index.back() < 0)
+      return unimplemented("batch-norm inputs must be partition inputs");
   }
   plan->dst_index = index_in(part.outputs, dst.id);
   if (plan->dst_index < 0) return unimplemented("dst must be a partition output");
@@ -165,7 +167,8 @@ StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
   if (plan->scale_shift)
     flags = flags | normalization_flags::use_scale | normalization_flags::use_shift;
   if (plan->fuse_relu) flags = flags | normalization_flags::fuse_norm_relu;
-  const prop_kind prop = plan->training ? prop_kind::forward_training : prop_kind::forward_inference;
+  const prop_kind prop =
+      plan->training ? prop_kind::forward_training : prop_kind::forward_inference;
   NG_RETURN_IF_ERROR(guard("batch_normalization_forward primitive descriptor", [&] {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);

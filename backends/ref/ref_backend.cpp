@@ -77,7 +77,8 @@ class RefBackend final : public Backend {
         const Dims& d = op.inputs()[0].dims;
         int64_t axis = op.has_attr("axis") ? std::get<int64_t>(op.attrs().at("axis")) : 1;
         if (axis < 0) axis += static_cast<int64_t>(d.size());
-        if (scales.size() > 1 && static_cast<int64_t>(scales.size()) != d[static_cast<size_t>(axis)])
+        if (scales.size() > 1 &&
+            static_cast<int64_t>(scales.size()) != d[static_cast<size_t>(axis)])
           return unimplemented(op.label() + ": " + std::to_string(scales.size()) +
                                " per-channel scales for a dim of " +
                                std::to_string(d[static_cast<size_t>(axis)]) +

@@ -71,8 +71,8 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
       std::vector<int64_t> zps;
       if (op.has_attr("zps")) zps = std::get<std::vector<int64_t>>(op.attrs().at("zps"));
       int64_t axis = -1;  // per tensor
-      if (scales.size() > 1 || (op.has_attr("qtype") && std::get<std::string>(op.attrs().at(
-                                                            "qtype")) == "per_channel")) {
+      if (scales.size() > 1 || (op.has_attr("qtype") &&
+                                std::get<std::string>(op.attrs().at("qtype")) == "per_channel")) {
         axis = op.has_attr("axis") ? std::get<int64_t>(op.attrs().at("axis")) : 1;
         if (axis < 0) axis += static_cast<int64_t>(dims.size());
       }

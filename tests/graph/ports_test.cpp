@@ -64,8 +64,8 @@ TEST(GraphPorts, ExplicitPortsSurviveEveryPassOnEveryBackend) {
         continue;
       const Outputs got = run_graph(ported, backend);
       if (got.status.code() == StatusCode::kUnimplemented) continue;  // e.g. f16 on oneDNN 2.6
-      ASSERT_TRUE(got.status.ok()) << e.path() << " on " << backend << ": "
-                                   << got.status.to_string();
+      ASSERT_TRUE(got.status.ok())
+          << e.path() << " on " << backend << ": " << got.status.to_string();
       // The interface is the user's: every port was accepted, every output written.
       ASSERT_EQ(got.buffers.size(), want.buffers.size()) << e.path();
       for (const auto& [id, buf] : want.buffers) {

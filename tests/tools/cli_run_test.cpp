@@ -163,6 +163,35 @@ TEST(CliRun, VerboseLinesAreStable) {
       << out;
 }
 
+TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {
+  // A ResNet block's training backward: our fused BN-bwd + ReLU-bwd partition
+  // between convolution partitions that the framework runs itself.
+  const std::string g =
+      std::string(NORMGRAD_EXAMPLES) + "/../partitioning/resnet_block_training_backward.json";
+  Result r = run("partitions " + g);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("partition 0: ConvolutionBackwardData  unsupported  (normgrad has no "
+                          "kernel for ConvolutionBackwardData"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("partition 1: ReLUBackward+BatchNormTrainingBackward  supported  "
+                          "backend=jit"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("partition 2: ConvolutionBackwardWeights  unsupported"),
+            std::string::npos);
+  EXPECT_NE(r.output.find("4 partitions: 1 supported, 3 unsupported"), std::string::npos);
+  // Running it whole is UNIMPLEMENTED (exit 1), naming the ops, never INVALID_ARGUMENTS.
+  r = run("run " + g);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("UNIMPLEMENTED: unimplemented: the graph has unsupported partitions "
+                          "(ConvolutionBackwardData 'conv2_bwd_data'"),
+            std::string::npos)
+      << r.output;
+  r = run("run --mode=C --case=" + g);
+  EXPECT_NE(r.output.find("0:UNIMPLEMENTED"), std::string::npos) << r.output;
+}
+
 TEST(CliGraphTools, OptPartitionsAndDot) {
   const std::string fused = kData + "/passes/fuse_elementwise.in.json";
   Result r = run("opt " + kData + "/passes/fold_transpose.in.json --passes=fold-transpose");
@@ -179,8 +208,9 @@ TEST(CliGraphTools, OptPartitionsAndDot) {
   EXPECT_NE(r.output.find("unknown pass 'nonsense'"), std::string::npos) << r.output;
   r = run("partitions " + fused);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("partition 0: ReLUBackward+BatchNormTrainingBackward  supported  backend=jit"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("partition 0: ReLUBackward+BatchNormTrainingBackward  supported  backend=jit"),
+      std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("partition 1"), std::string::npos) << r.output;
   r = run("partitions " + fused + " --json");

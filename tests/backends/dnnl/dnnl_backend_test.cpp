@@ -125,9 +125,9 @@ TEST(DnnlBackend, QuantizeDequantizeAgainstRef) {
         Op op(1, kind, "q");
         op.set_attr("qtype", std::string(form == 2 ? "per_channel" : "per_tensor"));
         op.set_attr("axis", int64_t{1});
-        op.set_attr("scales", form == 2 ? std::vector<float>{0.5f, 0.25f, 2.0f}
-                                        : std::vector<float>{0.125f});
-        op.set_attr("zps", form == 1 ? std::vector<int64_t>{3}
+        op.set_attr("scales",
+                    form == 2 ? std::vector<float>{0.5f, 0.25f, 2.0f} : std::vector<float>{0.125f});
+        op.set_attr("zps", form == 1   ? std::vector<int64_t>{3}
                            : form == 2 ? std::vector<int64_t>{0, 0, 0}
                                        : std::vector<int64_t>{0});
         const bool quantize = kind == OpKind::kQuantize;
