@@ -166,18 +166,20 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
       }
     }
     if (p.is_supported() && p.reason.empty()) continue;
-    if (!p.is_supported() || !options.allow_unsupported) {
+    if (!p.is_supported()) {
       std::string ops;
       for (const Op& op : p.ops) ops += (ops.empty() ? "" : "+") + op.label();
       unsupported += (unsupported.empty() ? "" : "; ") + ops + ": " + p.reason;
     }
-    if (p.is_supported() && !options.allow_unsupported) {
-      return invalid_graph(p.reason);  // the graph needs shapes to compile
-    }
   }
+  // Ops we cannot run outrank shapes we do not know: the first is the answer.
   if (!unsupported.empty() && !options.allow_unsupported) {
     return unimplemented("the graph has unsupported partitions (" + unsupported +
                          "); partition it and run those ops yourself");
+  }
+  for (const Partition& p : parts) {
+    if (p.is_supported() && !p.reason.empty() && !options.allow_unsupported)
+      return invalid_graph(p.reason);  // the graph needs shapes to compile
   }
   int64_t next_id = 0;
   for (Partition& p : parts) {

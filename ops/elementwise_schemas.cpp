@@ -160,6 +160,10 @@ Status quant_shape_rule(Op& op) {
 }  // namespace
 
 void register_elementwise_schemas(OpRegistry& registry) {
+  const std::vector<DataType> kAllDtypes = {
+      DataType::kF32,    DataType::kBF16, DataType::kF16,     DataType::kS8,  DataType::kU8,
+      DataType::kS32,    DataType::kS64,  DataType::kBoolean, DataType::kF64, DataType::kF8E5M2,
+      DataType::kF8E4M3, DataType::kS4,   DataType::kU4};
   {
     OpSchema s(OpKind::kReLU);
     s.input("src").output("dst");
@@ -189,8 +193,11 @@ void register_elementwise_schemas(OpRegistry& registry) {
     registry.add(std::move(s));
   }
   {
+    // Moves data of any dtype (int8 attention graphs transpose u8/s8 tensors);
+    // ref runs the dtypes it can load, other partitions are handed back.
     OpSchema s(OpKind::kStaticTranspose);
     s.input("src").output("dst");
+    s.dtypes(kAllDtypes);
     s.attr("order", AttrKind::kS64s, true);
     auto names = std::make_shared<OpSchema>(s);
     s.rule([names](const Op& op) { return same_dtype_everywhere(op, *names); });
@@ -238,6 +245,7 @@ void register_elementwise_schemas(OpRegistry& registry) {
   {
     OpSchema s(OpKind::kEnd);
     s.input("src");
+    s.dtypes(kAllDtypes);
     registry.add(std::move(s));
   }
 }

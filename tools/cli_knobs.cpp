@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "graph/op_checks.hpp"
 #include "ops/op_registry.hpp"
 #include "ops/tf_batch_norm.hpp"
 
@@ -157,8 +158,11 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
   }
   const bool reshape = !knobs.in_shapes.empty() || knobs.mb > 0;
   if (reshape) {
+    // Tensors our ops produce are re-inferred by finalize; an opaque op's
+    // outputs keep their declared shape (we cannot infer it), with --mb applied.
     std::set<int64_t> produced, seen;
     for (const Op& op : graph->ops()) {
+      if (op_kind_is_opaque(op.kind())) continue;
       for (const LogicalTensor& lt : op.outputs()) produced.insert(lt.id);
     }
     const std::set<int64_t> stats = statistics_tensors(*graph);
