@@ -190,34 +190,48 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
     }
     p.id = next_id;
     auto cp = compile_partition(p, options);
-    // A fused group that only ref would run, or that the forced backend
-    // declines, is split back into its ops, which faster backends may take.
-    const bool split =
-        p.ops.size() > 1 &&
-        (!cp.ok() || (options.backend == "auto" && std::string((*cp)->backend_name()) == "ref"));
-    if (!split) {
-      if (!cp.ok() && cp.status().code() == StatusCode::kUnimplemented &&
-          options.allow_unsupported) {
-        p.supported = false;  // no backend runs it: hand it back, as oneDNN Graph does
-        p.reason = cp.status().message();
-        cg.pending_.push_back(std::move(p));
-        ++next_id;
-        continue;
+    // A fused group that the forced backend declines is split back into its
+    // ops. One that only ref would run is split back when a faster backend
+    // then takes one of the pieces; otherwise ref keeps it whole, so the
+    // partition count stays the pattern's (benchdnn's --expected-n-partitions).
+    std::vector<std::shared_ptr<const CompiledPartition>> pieces;
+    const bool on_ref =
+        cp.ok() && options.backend == "auto" && std::string((*cp)->backend_name()) == "ref";
+    if (p.ops.size() > 1 && (!cp.ok() || on_ref)) {
+      bool faster = false;
+      Status piece_status = ok_status();
+      for (const Op& op : p.ops) {
+        Partition single;
+        single.id = next_id + static_cast<int64_t>(pieces.size());
+        single.ops.push_back(op);
+        single.inputs = op.inputs();
+        single.outputs = op.outputs();
+        auto piece = compile_partition(single, options);
+        if (!piece.ok()) {
+          piece_status = piece.status();
+          break;
+        }
+        faster = faster || std::string((*piece)->backend_name()) != "ref";
+        pieces.push_back(std::move(piece).value());
       }
-      if (!cp.ok()) return cp.status();
-      cg.partitions_.push_back(std::move(cp).value());
+      if (!piece_status.ok() || (on_ref && !faster)) pieces.clear();
+      if (!piece_status.ok() && !cp.ok()) cp = piece_status;
+    }
+    if (!pieces.empty()) {
+      next_id += static_cast<int64_t>(pieces.size());
+      for (auto& piece : pieces) cg.partitions_.push_back(std::move(piece));
+      continue;
+    }
+    if (!cp.ok() && cp.status().code() == StatusCode::kUnimplemented && options.allow_unsupported) {
+      p.supported = false;  // no backend runs it: hand it back, as oneDNN Graph does
+      p.reason = cp.status().message();
+      cg.pending_.push_back(std::move(p));
       ++next_id;
       continue;
     }
-    for (const Op& op : p.ops) {
-      Partition single;
-      single.id = next_id++;
-      single.ops.push_back(op);
-      single.inputs = op.inputs();
-      single.outputs = op.outputs();
-      NG_ASSIGN_OR_RETURN(auto piece, compile_partition(single, options));
-      cg.partitions_.push_back(std::move(piece));
-    }
+    if (!cp.ok()) return cp.status();
+    cg.partitions_.push_back(std::move(cp).value());
+    ++next_id;
   }
   cg.inputs_ = cg.graph_.graph_inputs();
   cg.outputs_ = cg.graph_.graph_outputs();

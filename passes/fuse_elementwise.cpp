@@ -53,8 +53,23 @@ StatusOr<bool> FuseElementwisePass::run(Graph& graph) const {
     if (consumers.size() != 1 || is_output_port(graph, y.id)) continue;
     const Op& relu = ops[consumers[0]];
     if (relu.kind() != OpKind::kReLU || relu.outputs()[0].dtype != y.dtype) continue;
-    graph.set_fusion_group(bn.id(), relu.id());
-    graph.set_fusion_group(relu.id(), relu.id());
+    // oneDNN's int8 pattern around it: Dequantize -> [BN -> ReLU] -> Quantize,
+    // each link the only consumer of the one before.
+    const int64_t deq = graph.producer_of(bn.inputs()[0].id);
+    const auto relu_users = graph.consumers_of(relu.outputs()[0].id);
+    const bool int8 = deq >= 0 && ops[static_cast<size_t>(deq)].kind() == OpKind::kDequantize &&
+                      graph.consumers_of(bn.inputs()[0].id).size() == 1 &&
+                      !is_output_port(graph, bn.inputs()[0].id) && relu_users.size() == 1 &&
+                      ops[relu_users[0]].kind() == OpKind::kQuantize &&
+                      !is_output_port(graph, relu.outputs()[0].id);
+    const int64_t anchor = int8 ? ops[relu_users[0]].id() : relu.id();
+    if (int8) {
+      graph.set_fusion_group(ops[static_cast<size_t>(deq)].id(), anchor);
+      graph.set_fusion_group(relu.id(), anchor);
+    }
+    graph.set_fusion_group(bn.id(), anchor);
+    graph.set_fusion_group(relu.id(), anchor);
+    graph.set_fusion_group(anchor, anchor);
     changed = true;
   }
   return changed;

@@ -67,12 +67,15 @@ struct ErrorStats {
 
 ErrorStats compare(const Buffer& got, const Buffer& want);
 
-// benchdnn's relative L2 thresholds: data outputs 6e-7 f32, 4.9e-3 f16,
-// 3.9e-2 bf16; reductions (diff_gamma, diff_beta, statistics): 1e-5 f32, 1e-2 f16, 1e-2 bf16.
-double threshold_for(DataType dt, bool is_reduction);
+// Relative L2 limits. Data outputs (reduction_length 0), as benchdnn's:
+// 6e-7 f32, 4.9e-3 f16, 3.9e-2 bf16 (s8/u8: 1e-2). Per-channel reductions of M
+// terms (diff_gamma, diff_beta, batch statistics): max(base, 4 * 2^-23 *
+// sqrt(M)) with base 1e-5 f32 and 1e-2 f16/bf16 (docs/cli.md gives the why).
+double threshold_for(DataType dt, int64_t reduction_length);
 
-// True when output `tensor_id` of the graph is a per-channel reduction.
-bool is_reduction_output(const Graph& graph, int64_t tensor_id);
+// M (elements per channel) when output `tensor_id` of the graph is a
+// per-channel reduction of a batch norm, else 0.
+int64_t reduction_length(const Graph& graph, int64_t tensor_id);
 
 }  // namespace cli
 }  // namespace normgrad

@@ -1,12 +1,98 @@
-// The oneDNN backend: lowers single-op partitions to oneDNN 2.6 primitives and
-// declines, with the reason, whatever oneDNN cannot run exactly.
+// The oneDNN backend: lowers single-op partitions, the BatchNormInference+ReLU
+// group, and the int8 chain Dequantize -> BatchNormInference -> ReLU ->
+// Quantize to oneDNN 2.6 primitives, and declines, with the reason, whatever
+// oneDNN cannot run exactly.
 #include <dlfcn.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
 
 #include "backends/backend_registry.hpp"
 #include "backends/dnnl/dnnl_kernels.hpp"
 
 namespace normgrad {
 namespace {
+
+// A chain of oneDNN kernels for one partition: each segment is a sub-partition
+// (one op, or BatchNormInference+ReLU) with its own primitive; the tensors
+// between segments live in per-call scratch, so the kernel stays re-entrant.
+class ChainKernel final : public Kernel {
+ public:
+  struct Segment {
+    Partition part;
+    std::shared_ptr<const Kernel> kernel;
+  };
+  ChainKernel(Partition whole, std::vector<Segment> segments)
+      : whole_(std::move(whole)), segments_(std::move(segments)) {}
+
+  std::string name() const override {
+    std::string n;
+    for (const Segment& s : segments_) n += (n.empty() ? "" : "+") + s.kernel->name();
+    return n;
+  }
+
+  Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    std::map<int64_t, void*> buffers;
+    std::map<int64_t, std::vector<char>> scratch;
+    for (size_t i = 0; i < in.size(); ++i) buffers[whole_.inputs[i].id] = const_cast<void*>(in[i]);
+    for (size_t i = 0; i < out.size(); ++i) buffers[whole_.outputs[i].id] = out[i];
+    for (const Segment& s : segments_) {
+      std::vector<const void*> sin;
+      std::vector<void*> sout;
+      for (const LogicalTensor& lt : s.part.inputs) {
+        auto it = buffers.find(lt.id);
+        if (it == buffers.end())
+          return internal_error("oneDNN chain: tensor " + std::to_string(lt.id) + " has no buffer");
+        sin.push_back(it->second);
+      }
+      for (const LogicalTensor& lt : s.part.outputs) {
+        auto it = buffers.find(lt.id);
+        if (it == buffers.end()) {
+          NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
+          auto& buf = scratch[lt.id];
+          buf.resize(static_cast<size_t>(bytes));
+          it = buffers.emplace(lt.id, buf.data()).first;
+        }
+        sout.push_back(it->second);
+      }
+      NG_RETURN_IF_ERROR(s.kernel->execute(sin, sout));
+    }
+    return ok_status();
+  }
+
+ private:
+  Partition whole_;
+  std::vector<Segment> segments_;
+};
+
+// The ops of `part` from `first` to `last` as a partition of their own.
+Partition sub_partition(const Partition& part, size_t first, size_t last) {
+  Partition sub;
+  sub.id = part.id;
+  std::set<int64_t> produced, seen;
+  for (size_t k = first; k <= last; ++k) {
+    sub.ops.push_back(part.ops[k]);
+    for (const LogicalTensor& lt : part.ops[k].outputs()) produced.insert(lt.id);
+  }
+  for (const Op& op : sub.ops) {
+    for (const LogicalTensor& lt : op.inputs()) {
+      if (!produced.count(lt.id) && seen.insert(lt.id).second) sub.inputs.push_back(lt);
+    }
+  }
+  for (const Op& op : sub.ops) {
+    for (const LogicalTensor& lt : op.outputs()) {
+      bool outside = std::any_of(part.outputs.begin(), part.outputs.end(),
+                                 [&](const LogicalTensor& o) { return o.id == lt.id; });
+      for (size_t k = 0; k < part.ops.size() && !outside; ++k) {
+        if (k >= first && k <= last) continue;
+        for (const LogicalTensor& in : part.ops[k].inputs()) outside = outside || in.id == lt.id;
+      }
+      if (outside) sub.outputs.push_back(lt);
+    }
+  }
+  return sub;
+}
 
 class DnnlBackend final : public Backend {
  public:
@@ -19,8 +105,33 @@ class DnnlBackend final : public Backend {
   }
 
  private:
+  // oneDNN's int8 batch-norm pattern, Dequantize -> BatchNormInference [-> ReLU]
+  // -> Quantize: one reorder, one batch norm (with fuse_norm_relu), one reorder.
+  static StatusOr<std::shared_ptr<const Kernel>> build_chain(const Partition& partition) {
+    std::vector<ChainKernel::Segment> segments;
+    for (size_t k = 0; k < partition.ops.size(); ++k) {
+      const OpKind kind = partition.ops[k].kind();
+      if (kind != OpKind::kDequantize && kind != OpKind::kQuantize &&
+          kind != OpKind::kBatchNormInference)
+        return unimplemented(std::string(op_kind_name(kind)) +
+                             " does not belong in oneDNN's int8 batch-norm chain");
+      size_t last = k;
+      if (kind == OpKind::kBatchNormInference && k + 1 < partition.ops.size() &&
+          partition.ops[k + 1].kind() == OpKind::kReLU)
+        last = k + 1;
+      Partition sub = sub_partition(partition, k, last);
+      NG_ASSIGN_OR_RETURN(auto kernel, build(sub));
+      segments.push_back({std::move(sub), std::move(kernel)});
+      k = last;
+    }
+    return std::shared_ptr<const Kernel>(
+        std::make_shared<ChainKernel>(partition, std::move(segments)));
+  }
+
   // Plans are cached by signature, so supports() followed by compile() builds once.
   static StatusOr<std::shared_ptr<const Kernel>> build(const Partition& partition) {
+    if (partition.ops.size() > 2 && partition.ops.front().kind() == OpKind::kDequantize)
+      return build_chain(partition);
     const Op& op = partition.ops[0];
     if (op.kind() == OpKind::kBatchNormInference || op.kind() == OpKind::kBatchNormForwardTraining)
       return dnnl_impl::make_batch_norm_forward(partition);

@@ -70,8 +70,7 @@ TEST(GraphPorts, ExplicitPortsSurviveEveryPassOnEveryBackend) {
       ASSERT_EQ(got.buffers.size(), want.buffers.size()) << e.path();
       for (const auto& [id, buf] : want.buffers) {
         const cli::ErrorStats err = cli::compare(got.buffers.at(id), buf);
-        const bool reduction = cli::is_reduction_output(plain, id);
-        EXPECT_LE(err.rel_l2, cli::threshold_for(buf.desc.dtype, reduction))
+        EXPECT_LE(err.rel_l2, cli::threshold_for(buf.desc.dtype, cli::reduction_length(plain, id)))
             << e.path() << " on " << backend << ", tensor " << id;
         EXPECT_EQ(err.nan_mismatch, 0);
       }

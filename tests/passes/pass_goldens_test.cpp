@@ -116,7 +116,7 @@ TEST(PassGoldens, DefaultPipelineKeepsTheNumbersOnEveryGraph) {
       const cli::ErrorStats e = cli::compare(b.at(id), want);
       // The same maths, rounded in a different place at most (a folded cast rounds once).
       EXPECT_EQ(e.nan_mismatch, 0) << "tensor " << id;
-      EXPECT_LE(e.rel_l2, cli::threshold_for(want.desc.dtype, false)) << "tensor " << id;
+      EXPECT_LE(e.rel_l2, cli::threshold_for(want.desc.dtype, 0)) << "tensor " << id;
     }
     ++graphs;
   }

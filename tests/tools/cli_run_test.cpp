@@ -184,8 +184,8 @@ TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {
   // Running it whole is UNIMPLEMENTED (exit 1), naming the ops, never INVALID_ARGUMENTS.
   r = run("run " + g);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("UNIMPLEMENTED: unimplemented: the graph has unsupported partitions "
-                          "(ConvolutionBackwardData 'conv2_bwd_data'"),
+  EXPECT_NE(r.output.find("UNIMPLEMENTED: unsupported partitions: normgrad has no kernel for "
+                          "ConvolutionBackwardData 'conv2_bwd_data', ConvolutionBackwardWeights"),
             std::string::npos)
       << r.output;
   r = run("run --mode=C --case=" + g);
@@ -280,7 +280,7 @@ TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
        "unknown option --frobnicate"},
       {"run --in-shapes=0:2xx3 --case=" + kExamples + "/bn_training_backward_f32_nxc.json",
        "--in-shapes: bad shape '2xx3'"},
-      {"run --mode=Q", "--mode must be C, P, CP or R"},
+      {"run --mode=Q", "--mode must be C, P, CP, R or L"},
       {"run " + kExamples + "/bn_training_backward_f32_nxc.json --inputs " + stray_dir,
        "9.npy: names no input of the graph"},
       {"run --batch=/nonexistent_batch.txt", "--batch: cannot open"},

@@ -1,0 +1,69 @@
+// The reduction check (tools/cli_check.hpp) on single-channel, long
+// reductions, where a sum near zero makes plain relative errors meaningless:
+// 100 seeds per backend must pass, and a wrong sum must still fail.
+#include "tests/backend_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::compare_with_ref;
+using testing_util::one_op;
+
+TEST(CliCheck, SingleChannelLongReductionsPassOnEveryBackendForEverySeed) {
+  const struct {
+    Dims shape;
+    const char* format;
+    DataType dt;
+  } cases[] = {{{2, 1, 71, 71}, "NCX", DataType::kF32},
+               {{8, 56, 56, 1}, "NXC", DataType::kF32},
+               {{2, 1, 71, 71}, "NCX", DataType::kBF16}};
+  int ran = 0;
+  for (const char* backend : {"jit", "dnnl", "ref"}) {
+    if (std::string(backend) != "ref" && find_backend(backend) == nullptr) continue;
+    for (const auto& c : cases) {
+      const Op op = bn_bwd(c.shape, c.format, c.dt, DataType::kF32, true, 3);
+      for (uint64_t seed = 0; seed < 100; ++seed) {
+        const auto r = compare_with_ref(one_op(op), backend, seed);
+        ASSERT_TRUE(r.status.ok()) << backend << ": " << r.status.to_string();
+        EXPECT_LE(r.worst_ratio, 1.0)
+            << backend << " seed " << seed << " " << dims_to_string(c.shape) << ": " << r.report;
+        ++ran;
+      }
+    }
+  }
+  EXPECT_GE(ran, 300);
+}
+
+TEST(CliCheck, AWrongSumStillFails) {
+  // diff_beta off by one part in 1e4 of its terms' size fails both criteria.
+  Graph g = one_op(bn_bwd({2, 1, 71, 71}, "NCX", DataType::kF32, DataType::kF32, true, 3));
+  ASSERT_TRUE(g.finalize().ok());
+  auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
+  ASSERT_TRUE(cg.ok());
+  std::map<int64_t, std::string> sources;
+  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, &sources);
+  ASSERT_TRUE(inputs.ok());
+  std::map<int64_t, const void*> in;
+  for (auto& [id, b] : *inputs) in[id] = b.data();
+  std::map<int64_t, cli::Buffer> want;
+  std::map<int64_t, void*> out;
+  for (const LogicalTensor& lt : cg->outputs())
+    out[lt.id] = want.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+  ASSERT_TRUE(cg->execute(in, out).ok());
+  const int64_t diff_beta = cg->outputs()[2].id;
+  cli::Buffer got = want.at(diff_beta);
+  // sum |dy| over 10082 values in [-1, 1) is ~5000: an error of 1 is 2e-4 of it.
+  static_cast<float*>(got.data())[0] += 1.0f;
+  auto v = cli::check_output(cg->lowered_graph(), *inputs, diff_beta, got, want.at(diff_beta));
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->pass) << v->error.rel_l2 << " " << v->cond_error << " " << v->cond_limit;
+  EXPECT_GT(v->cond_error, v->cond_limit);
+  auto same = cli::check_output(cg->lowered_graph(), *inputs, diff_beta, want.at(diff_beta),
+                                want.at(diff_beta));
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE(same->pass);
+}
+
+}  // namespace
+}  // namespace normgrad

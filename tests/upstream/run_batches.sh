@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# oneDNN's own batch files, run unchanged from the root of its inputs the way
+# benchdnn runs them: op/harness_*_ci, pattern/harness_*_ci, and the
+# batch-norm lines of every *_all file. Checks that every batch reaches its
+# summary line, every case printed a status, every batch-norm case PASSED and
+# nothing is INVALID_ARGUMENTS (graphs we cannot run are UNIMPLEMENTED).
+# Usage: run_batches.sh NORMGRAD_CLI FIXTURES_DIR
+set -uo pipefail
+cli="$1"; root="$2"
+if [ ! -d "$root" ]; then
+  echo "SKIP: $root not found (shared/ fixtures are not beside this clone)"
+  exit 0
+fi
+cd "$root"
+work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+bad=0
+check() {  # name log
+  local name="$1" log="$2"
+  local summary statuses tests
+  summary=$(grep -E '^tests:[0-9]+ passed:[0-9]+ skipped:[0-9]+ mistrusted:0 unimplemented:[0-9]+ invalid_arguments:[0-9]+ failed:[0-9]+ listed:[0-9]+$' "$log")
+  if [ -z "$summary" ] || ! grep -qE '^total: [0-9.]+s;' "$log"; then
+    echo "FAIL $name: no summary"; tail -3 "$log"; bad=$((bad + 1)); return
+  fi
+  tests=$(echo "$summary" | sed 's/^tests:\([0-9]*\).*/\1/')
+  statuses=$(grep -cE '^[0-9]+:(PASSED|SKIPPED|UNIMPLEMENTED|INVALID_ARGUMENTS|FAILED|EXECUTED).* ms\) __REPRO: ' "$log")
+  [ "$tests" = "$statuses" ] || { echo "FAIL $name: $statuses status lines for $tests tests"; bad=$((bad + 1)); }
+  if grep -qE '^[0-9]+:INVALID_ARGUMENTS' "$log"; then
+    echo "FAIL $name: INVALID_ARGUMENTS"; grep -E '^[0-9]+:INVALID_ARGUMENTS' "$log" | head -3; bad=$((bad + 1))
+  fi
+  if grep -E '^[0-9]+:' "$log" | grep -E 'bnorm|bn_' | grep -vq ':PASSED'; then
+    echo "FAIL $name: a batch-norm case did not pass"
+    grep -E '^[0-9]+:' "$log" | grep -E 'bnorm|bn_' | grep -v ':PASSED' | head -3; bad=$((bad + 1))
+  fi
+  echo "$name: $summary"
+}
+for b in op/harness_*_ci pattern/harness_*_ci; do
+  [ -f "$b" ] || continue
+  "$cli" run --batch="$b" > "$work/log" 2>&1
+  check "$b" "$work/log"
+done
+grep -hE 'bnorm|bn_' op/harness_*_all pattern/harness_*_all > "$work/bn_all" 2>/dev/null
+if [ -s "$work/bn_all" ]; then
+  "$cli" run --batch="$work/bn_all" > "$work/log" 2>&1
+  check "batch-norm lines of *_all" "$work/log"
+fi
+echo "$bad failures"
+[ "$bad" -eq 0 ]

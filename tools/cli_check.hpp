@@ -1,0 +1,41 @@
+// The verdict of `--check` on one output: the relative L2 error against ref,
+// and, for a batch-norm backward's per-channel sums, a condition-aware error.
+//
+// A sum's relative error is unbounded when the sum cancels to near zero (a
+// single channel whose diff_gamma happens to be ~0), so comparing diff_gamma
+// and diff_beta with ref relative to their own size fails correct kernels by
+// chance. The classical bound (Higham, probabilistic form) for a sum of M
+// terms t_i accumulated with unit roundoff u is
+//     |computed - exact| <~ lambda * sqrt(M) * u * sum |t_i|,
+// so for those outputs a result passes when either its relative L2 error is
+// within the dtype's limit (threshold_for) or
+//     ||got - want||_2 / ||(sum_i |t_i|)_c||_2 <= lambda * sqrt(M) * u_f32,
+// with the terms t = dy (diff_beta) and t = s * dy * (x - mean) (diff_gamma)
+// evaluated in float64 from the case's own inputs, lambda = 4 and u_f32 = 2^-24.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "graph/graph.hpp"
+#include "tools/cli_data.hpp"
+
+namespace normgrad {
+namespace cli {
+
+struct OutputVerdict {
+  bool pass = false;
+  ErrorStats error;
+  double limit = 0.0;        // threshold_for(dtype, M)
+  double cond_error = -1.0;  // < 0: not a conditioned sum
+  double cond_limit = 0.0;
+};
+
+// `lowered` is the compiled graph (canonical ops), `inputs` the graph's input
+// buffers by id, `got` and `want` the output under test and ref's.
+StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_t, Buffer>& inputs,
+                                     int64_t id, const Buffer& got, const Buffer& want);
+
+}  // namespace cli
+}  // namespace normgrad
