@@ -187,6 +187,8 @@ Status parse_in_shapes(const std::string& text, Knobs* knobs) {
     const std::string layout = rest.substr(star + 1);
     if (layout.empty()) return invalid_argument("--in-shapes: empty strides in '" + item + "'");
     if (std::isalpha(static_cast<unsigned char>(layout[0]))) {
+      if (!std::all_of(layout.begin(), layout.end(), [](char c) { return c >= 'a' && c <= 'l'; }))
+        return invalid_argument("--in-shapes: bad tag '" + layout + "' (letters a..l, e.g. acdb)");
       in.tag = layout;
     } else {
       NG_ASSIGN_OR_RETURN(Dims st, parse_dims(layout, "--in-shapes strides"));

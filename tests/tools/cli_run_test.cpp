@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "graph/npy.hpp"
+#include "tests/cli_test_util.hpp"
 #include "tests/test_util.hpp"
 
 namespace normgrad {
@@ -17,30 +18,14 @@ const std::string kCli = NORMGRAD_CLI;
 const std::string kData = NORMGRAD_TEST_DATA;
 const std::string kExamples = NORMGRAD_EXAMPLES;
 
-struct Result {
-  int exit_code = -1;
-  bool signaled = false;
-  std::string output;  // stdout and stderr
-};
+using Result = testing_util::CliResult;
 
 Result run(const std::string& args) {
-  Result r;
-  const std::string cmd = kCli + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.signaled = WIFSIGNALED(status);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return testing_util::run_cli(args);
 }
 
 std::string write_temp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/ng_cli_" + name;
-  std::ofstream(path) << text;
-  return path;
+  return testing_util::write_temp_file(name, text);
 }
 
 TEST(CliRun, FixturesPassCheck) {
