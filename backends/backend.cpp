@@ -1,5 +1,5 @@
 // The list of built-in backends, assembled explicitly in one place.
-#include "backends/backend_registry.hpp"
+#include <normgrad/backends/backend_registry.hpp>
 
 namespace normgrad {
 

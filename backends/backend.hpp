@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "graph/partition.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/partition.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

@@ -2,7 +2,7 @@
 // from available_backends(). Not installed; users pick backends by name.
 #pragma once
 
-#include "backends/backend.hpp"
+#include <normgrad/backends/backend.hpp>
 
 namespace normgrad {
 

@@ -1,5 +1,5 @@
 // Backend selection, CompiledPartition::execute checks, and CompiledGraph.
-#include "backends/compiler.hpp"
+#include <normgrad/backends/compiler.hpp>
 
 #include <chrono>
 #include <cstdlib>

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/backend.hpp"
-#include "graph/graph.hpp"
-#include "passes/partitioner.hpp"
-#include "passes/pass.hpp"
+#include <normgrad/backends/backend.hpp>
+#include <normgrad/graph/graph.hpp>
+#include <normgrad/passes/partitioner.hpp>
+#include <normgrad/passes/pass.hpp>
 
 namespace normgrad {
 

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "backends/compiler.hpp"
-#include "backends/jit/jit_kernels.hpp"
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/backends/jit/jit_kernels.hpp>
 
 namespace normgrad {
 namespace {

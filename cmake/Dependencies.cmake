@@ -20,6 +20,7 @@ endif()
 # Every object library in the tree compiles with the repository root on the include path.
 function(normgrad_object_library name)
   add_library(${name} OBJECT ${ARGN})
-  target_include_directories(${name} PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/generated)
+  target_include_directories(${name} PUBLIC ${CMAKE_BINARY_DIR}/include_root
+                             ${CMAKE_BINARY_DIR}/generated)
   target_link_libraries(${name} PUBLIC TBB::tbb nlohmann_json::nlohmann_json)
 endfunction()

@@ -6,11 +6,14 @@ include(CMakePackageConfigHelpers)
 install(TARGETS normgrad EXPORT normgrad-targets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} ${CMAKE_INSTALL_INCLUDEDIR}/normgrad)
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The installed CLI finds the installed library wherever the prefix is moved.
+file(RELATIVE_PATH ng_bin_to_lib ${CMAKE_INSTALL_FULL_BINDIR} ${CMAKE_INSTALL_FULL_LIBDIR})
+set_target_properties(normgrad_cli PROPERTIES INSTALL_RPATH "$ORIGIN/${ng_bin_to_lib}")
 install(TARGETS normgrad_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-# Public headers keep their folders, so their own includes ("graph/op.hpp") resolve
-# against include/normgrad/.
+# Public headers keep their folders under include/normgrad/ and include each
+# other as <normgrad/graph/op.hpp>: only <prefix>/include goes on a consumer's path.
 set(ng_public_headers
   graph/status.hpp graph/data_type.hpp graph/logical_tensor.hpp graph/op.hpp graph/op_checks.hpp
   graph/graph.hpp graph/partition.hpp graph/json_io.hpp graph/npy.hpp
@@ -21,7 +24,7 @@ foreach(h ${ng_public_headers})
   get_filename_component(dir ${h} DIRECTORY)
   install(FILES ${CMAKE_SOURCE_DIR}/${h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/normgrad/${dir})
 endforeach()
-install(FILES ${CMAKE_BINARY_DIR}/generated/graph/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/normgrad/graph)
+install(FILES ${CMAKE_BINARY_DIR}/generated/normgrad/graph/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/normgrad/graph)
 install(FILES ${CMAKE_SOURCE_DIR}/include/normgrad/normgrad.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/normgrad)
 
 install(EXPORT normgrad-targets NAMESPACE normgrad:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/normgrad)
@@ -31,5 +34,8 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/normgrad-config-version.cma
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/normgrad-config.cmake ${CMAKE_BINARY_DIR}/normgrad-config-version.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/normgrad)
+# Relocatable: the prefix is found from the .pc file's own folder.
+file(RELATIVE_PATH NG_PC_UP ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_PREFIX})
+string(REGEX REPLACE "/$" "" NG_PC_UP "${NG_PC_UP}")
 configure_file(${CMAKE_SOURCE_DIR}/cmake/normgrad.pc.in ${CMAKE_BINARY_DIR}/normgrad.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/normgrad.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

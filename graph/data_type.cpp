@@ -1,5 +1,5 @@
 // DataType: names, sizes and bit-exact conversions between f32, bf16 and f16.
-#include "graph/data_type.hpp"
+#include <normgrad/graph/data_type.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "graph/status.hpp"
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

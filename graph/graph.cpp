@@ -1,11 +1,11 @@
 // Graph: op insertion checks, finalize (joining, cycle detection, shape inference).
-#include "graph/graph.hpp"
+#include <normgrad/graph/graph.hpp>
 
 #include <algorithm>
 #include <set>
 
-#include "graph/limits.hpp"
-#include "graph/op_checks.hpp"
+#include <normgrad/graph/limits.hpp>
+#include <normgrad/graph/op_checks.hpp>
 
 namespace normgrad {
 namespace {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "graph/op.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/op.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

@@ -1,7 +1,7 @@
 // JSON I/O for graphs: a location-tracking reader over nlohmann::json and a writer.
-#include "graph/json_io.hpp"
+#include <normgrad/graph/json_io.hpp>
 
-#include "graph/limits.hpp"
+#include <normgrad/graph/limits.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -10,8 +10,8 @@
 
 #include <string>
 
-#include "graph/graph.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/graph.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

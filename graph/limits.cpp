@@ -1,5 +1,5 @@
 // Resource limits: defaults, environment overrides, API setter.
-#include "graph/limits.hpp"
+#include <normgrad/graph/limits.hpp>
 
 #include <cstdlib>
 #include <mutex>

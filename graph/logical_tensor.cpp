@@ -1,5 +1,5 @@
 // LogicalTensor: overflow-checked sizes, validation and printing.
-#include "graph/logical_tensor.hpp"
+#include <normgrad/graph/logical_tensor.hpp>
 
 #include <algorithm>
 #include <sstream>

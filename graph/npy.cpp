@@ -1,10 +1,10 @@
 // .npy reading and writing with strict header parsing.
-#include "graph/npy.hpp"
+#include <normgrad/graph/npy.hpp>
 
 #include <cstring>
 #include <fstream>
 
-#include "graph/json_io.hpp"
+#include <normgrad/graph/json_io.hpp>
 
 namespace normgrad {
 namespace {

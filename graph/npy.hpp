@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "graph/logical_tensor.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/logical_tensor.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

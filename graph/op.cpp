@@ -1,5 +1,5 @@
 // Op: kind names, attribute kinds and typed attribute access.
-#include "graph/op.hpp"
+#include <normgrad/graph/op.hpp>
 
 #include <sstream>
 
@@ -8,7 +8,7 @@ namespace {
 
 const char* const kOpKindNames[] = {
 #define NG_OP_KIND(id, name) name,
-#include "ops/op_kinds.def"
+#include <normgrad/ops/op_kinds.def>
 };
 
 template <typename T>

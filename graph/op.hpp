@@ -11,14 +11,14 @@
 #include <variant>
 #include <vector>
 
-#include "graph/logical_tensor.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/logical_tensor.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 
 enum class OpKind : uint8_t {
 #define NG_OP_KIND(id, name) id,
-#include "ops/op_kinds.def"
+#include <normgrad/ops/op_kinds.def>
   kCount
 };
 

@@ -4,8 +4,8 @@
 // includes ops/ headers while Graph::add_op can still verify ops at once.
 #pragma once
 
-#include "graph/op.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/op.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

@@ -1,5 +1,5 @@
 // Partition: printing helpers.
-#include "graph/partition.hpp"
+#include <normgrad/graph/partition.hpp>
 
 namespace normgrad {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/op.hpp"
+#include <normgrad/graph/op.hpp>
 
 namespace normgrad {
 

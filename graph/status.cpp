@@ -1,5 +1,5 @@
 // Status: code names and message formatting.
-#include "graph/status.hpp"
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

@@ -1,5 +1,5 @@
 // Version accessors: report the version the library was built with.
-#include "graph/version.hpp"
+#include <normgrad/graph/version.hpp>
 
 namespace normgrad {
 

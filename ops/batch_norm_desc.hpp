@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "graph/op.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/op.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

@@ -5,8 +5,8 @@
 // outputs (gamma = 1), and bf16 statistics for bf16 data.
 #include <cmath>
 
-#include "ops/batch_norm_desc.hpp"
-#include "ops/op_registry.hpp"
+#include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
 namespace {

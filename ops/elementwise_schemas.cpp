@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/op_registry.hpp"
+#include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
 namespace {

@@ -1,7 +1,7 @@
 // OpRegistry: construction and the IR's schema hooks.
-#include "ops/op_registry.hpp"
+#include <normgrad/ops/op_registry.hpp>
 
-#include "graph/op_checks.hpp"
+#include <normgrad/graph/op_checks.hpp>
 
 namespace normgrad {
 

@@ -9,7 +9,7 @@
 #include <array>
 #include <memory>
 
-#include "ops/op_schema.hpp"
+#include <normgrad/ops/op_schema.hpp>
 
 namespace normgrad {
 

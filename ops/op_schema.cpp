@@ -1,5 +1,5 @@
 // OpSchema: structural verification and the shared message helpers.
-#include "ops/op_schema.hpp"
+#include <normgrad/ops/op_schema.hpp>
 
 #include <algorithm>
 #include <cmath>

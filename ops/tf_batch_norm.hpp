@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "graph/op.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/op.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

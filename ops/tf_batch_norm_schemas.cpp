@@ -9,8 +9,8 @@
 // BatchNormTrainingBackward; no backend sees them.
 #include <cmath>
 
-#include "ops/op_registry.hpp"
-#include "ops/tf_batch_norm.hpp"
+#include <normgrad/ops/op_registry.hpp>
+#include <normgrad/ops/tf_batch_norm.hpp>
 
 namespace normgrad {
 namespace {

@@ -1,10 +1,10 @@
 // CanonicalizePass: TensorFlow gradients to BatchNormTrainingBackward, explicit modes.
-#include "passes/canonicalize.hpp"
+#include <normgrad/passes/canonicalize.hpp>
 
 #include <algorithm>
 #include <set>
 
-#include "ops/tf_batch_norm.hpp"
+#include <normgrad/ops/tf_batch_norm.hpp>
 
 namespace normgrad {
 namespace {

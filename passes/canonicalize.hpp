@@ -21,7 +21,7 @@
 // every BatchNormTrainingBackward carries `is_training`.
 #pragma once
 
-#include "passes/pass.hpp"
+#include <normgrad/passes/pass.hpp>
 
 namespace normgrad {
 

@@ -1,11 +1,11 @@
 // Common-subexpression elimination over the topologically ordered ops.
-#include "passes/cse.hpp"
+#include <normgrad/passes/cse.hpp>
 
 #include <map>
 #include <string>
 
-#include "graph/op_checks.hpp"
-#include "passes/rewrite_util.hpp"
+#include <normgrad/graph/op_checks.hpp>
+#include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
 

@@ -9,7 +9,7 @@
 // outputs is a graph output (removing it would change the graph's interface).
 #pragma once
 
-#include "passes/pass.hpp"
+#include <normgrad/passes/pass.hpp>
 
 namespace normgrad {
 

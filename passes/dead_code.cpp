@@ -1,8 +1,8 @@
 // Dead-output and dead-op elimination.
-#include "passes/dead_code.hpp"
+#include <normgrad/passes/dead_code.hpp>
 
-#include "graph/op_checks.hpp"
-#include "passes/rewrite_util.hpp"
+#include <normgrad/graph/op_checks.hpp>
+#include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
 namespace {

@@ -14,7 +14,7 @@
 // Dead ops: an op (not End) whose outputs are all dead is removed, repeatedly.
 #pragma once
 
-#include "passes/pass.hpp"
+#include <normgrad/passes/pass.hpp>
 
 namespace normgrad {
 

@@ -1,8 +1,8 @@
 // Transpose and cast folding into batch-norm backward.
-#include "passes/fold_layout.hpp"
+#include <normgrad/passes/fold_layout.hpp>
 
-#include "ops/batch_norm_desc.hpp"
-#include "passes/rewrite_util.hpp"
+#include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
 namespace {

@@ -19,7 +19,7 @@
 // the intermediate tensors is a graph output.
 #pragma once
 
-#include "passes/pass.hpp"
+#include <normgrad/passes/pass.hpp>
 
 namespace normgrad {
 

@@ -1,5 +1,5 @@
 // FuseElementwisePass: grouping rules for elementwise producers of batch-norm backward.
-#include "passes/fuse_elementwise.hpp"
+#include <normgrad/passes/fuse_elementwise.hpp>
 
 #include <algorithm>
 

@@ -20,7 +20,7 @@
 // is not a graph output, and its dtype is the batch norm's data dtype.
 #pragma once
 
-#include "passes/pass.hpp"
+#include <normgrad/passes/pass.hpp>
 
 namespace normgrad {
 

@@ -1,7 +1,7 @@
 // Partitioner: fusion groups become one partition each, every other op its own.
-#include "passes/partitioner.hpp"
+#include <normgrad/passes/partitioner.hpp>
 
-#include "graph/op_checks.hpp"
+#include <normgrad/graph/op_checks.hpp>
 
 #include <algorithm>
 #include <map>

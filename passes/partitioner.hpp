@@ -11,8 +11,8 @@
 
 #include <vector>
 
-#include "graph/graph.hpp"
-#include "graph/partition.hpp"
+#include <normgrad/graph/graph.hpp>
+#include <normgrad/graph/partition.hpp>
 
 namespace normgrad {
 

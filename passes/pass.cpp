@@ -1,14 +1,14 @@
 // PassPipeline: running, re-verifying, printing and timing passes; the default pipeline.
-#include "passes/pass.hpp"
+#include <normgrad/passes/pass.hpp>
 
 #include <chrono>
 
-#include "graph/json_io.hpp"
-#include "passes/canonicalize.hpp"
-#include "passes/cse.hpp"
-#include "passes/dead_code.hpp"
-#include "passes/fold_layout.hpp"
-#include "passes/fuse_elementwise.hpp"
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/passes/canonicalize.hpp>
+#include <normgrad/passes/cse.hpp>
+#include <normgrad/passes/dead_code.hpp>
+#include <normgrad/passes/fold_layout.hpp>
+#include <normgrad/passes/fuse_elementwise.hpp>
 
 namespace normgrad {
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/graph.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 

@@ -1,5 +1,5 @@
 // Rewrite helpers for the passes.
-#include "passes/rewrite_util.hpp"
+#include <normgrad/passes/rewrite_util.hpp>
 
 #include <algorithm>
 

@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "graph/graph.hpp"
+#include <normgrad/graph/graph.hpp>
 
 namespace normgrad {
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "backends/compiler.hpp"
+#include <normgrad/backends/compiler.hpp>
 #include "tests/test_util.hpp"
 #include "tools/cli_check.hpp"
 #include "tools/cli_data.hpp"

@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "graph/graph.hpp"
-#include "graph/op.hpp"
+#include <normgrad/graph/graph.hpp>
+#include <normgrad/graph/op.hpp>
 
 namespace normgrad {
 namespace testing_util {

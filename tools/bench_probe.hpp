@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "graph/data_type.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/data_type.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 namespace cli {

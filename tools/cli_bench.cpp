@@ -13,8 +13,8 @@
 #include <tbb/task_arena.h>
 #include <nlohmann/json.hpp>
 
-#include "backends/compiler.hpp"
-#include "graph/json_io.hpp"
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
 #include "tools/bench_probe.hpp"
 #include "tools/cli.hpp"
 #include "tools/cli_data.hpp"

@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "backends/ref/ref_indexing.hpp"
-#include "backends/ref/ref_ops.hpp"
-#include "ops/batch_norm_desc.hpp"
+#include <normgrad/backends/ref/ref_indexing.hpp>
+#include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
 namespace cli {

@@ -18,7 +18,7 @@
 #include <map>
 #include <string>
 
-#include "graph/graph.hpp"
+#include <normgrad/graph/graph.hpp>
 #include "tools/cli_data.hpp"
 
 namespace normgrad {

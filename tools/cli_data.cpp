@@ -5,11 +5,11 @@
 #include <filesystem>
 #include <set>
 
-#include "backends/ref/ref_indexing.hpp"
-#include "backends/ref/ref_ops.hpp"
-#include "graph/npy.hpp"
-#include "ops/batch_norm_desc.hpp"
-#include "ops/op_registry.hpp"
+#include <normgrad/backends/ref/ref_indexing.hpp>
+#include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/graph/npy.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
 namespace cli {

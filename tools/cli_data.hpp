@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/graph.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 namespace cli {

@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backends/compiler.hpp"
-#include "graph/json_io.hpp"
-#include "passes/pass.hpp"
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/passes/pass.hpp>
 #include "tools/cli.hpp"
 
 namespace normgrad {

@@ -9,9 +9,9 @@
 #include <set>
 #include <sstream>
 
-#include "graph/op_checks.hpp"
-#include "ops/op_registry.hpp"
-#include "ops/tf_batch_norm.hpp"
+#include <normgrad/graph/op_checks.hpp>
+#include <normgrad/ops/op_registry.hpp>
+#include <normgrad/ops/tf_batch_norm.hpp>
 
 namespace normgrad {
 namespace cli {

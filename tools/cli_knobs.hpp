@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph.hpp"
+#include <normgrad/graph/graph.hpp>
 
 namespace normgrad {
 namespace cli {

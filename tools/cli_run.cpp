@@ -16,10 +16,10 @@
 
 #include <tbb/global_control.h>
 
-#include "backends/compiler.hpp"
-#include "graph/json_io.hpp"
-#include "graph/npy.hpp"
-#include "graph/op_checks.hpp"
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/graph/npy.hpp>
+#include <normgrad/graph/op_checks.hpp>
 #include "tools/cli.hpp"
 #include "tools/cli_check.hpp"
 #include "tools/cli_data.hpp"

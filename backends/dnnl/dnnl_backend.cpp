@@ -8,8 +8,8 @@
 #include <map>
 #include <set>
 
-#include "backends/backend_registry.hpp"
-#include "backends/dnnl/dnnl_kernels.hpp"
+#include <normgrad/backends/backend_registry.hpp>
+#include <normgrad/backends/dnnl/dnnl_kernels.hpp>
 
 namespace normgrad {
 namespace {

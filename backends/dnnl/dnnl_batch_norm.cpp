@@ -12,9 +12,9 @@
 // inverse standard deviation is turned back into a variance (1/s^2 - eps).
 #include <cmath>
 
-#include "backends/dnnl/dnnl_common.hpp"
-#include "backends/dnnl/dnnl_kernels.hpp"
-#include "ops/batch_norm_desc.hpp"
+#include <normgrad/backends/dnnl/dnnl_common.hpp>
+#include <normgrad/backends/dnnl/dnnl_kernels.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {

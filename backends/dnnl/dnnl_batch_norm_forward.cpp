@@ -11,9 +11,9 @@
 // beyond 5 and empty tensors; ref runs those.
 #include <algorithm>
 
-#include "backends/dnnl/dnnl_common.hpp"
-#include "backends/dnnl/dnnl_kernels.hpp"
-#include "ops/batch_norm_desc.hpp"
+#include <normgrad/backends/dnnl/dnnl_common.hpp>
+#include <normgrad/backends/dnnl/dnnl_kernels.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {

@@ -1,5 +1,5 @@
 // oneDNN backend helpers: engine, memory descriptors, errors, scratchpads.
-#include "backends/dnnl/dnnl_common.hpp"
+#include <normgrad/backends/dnnl/dnnl_common.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {

@@ -15,8 +15,8 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include "graph/logical_tensor.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/logical_tensor.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {

@@ -4,8 +4,8 @@
 
 #include <memory>
 
-#include "backends/backend.hpp"
-#include "graph/op.hpp"
+#include <normgrad/backends/backend.hpp>
+#include <normgrad/graph/op.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {

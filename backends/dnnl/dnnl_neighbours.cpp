@@ -6,8 +6,8 @@
 // output scales (1/scale to quantize, scale to dequantize; per channel with
 // the mask of `axis`) and a zero point on the quantized side, common to all
 // channels (oneDNN 2.6 reorders take no per-channel zero points).
-#include "backends/dnnl/dnnl_common.hpp"
-#include "backends/dnnl/dnnl_kernels.hpp"
+#include <normgrad/backends/dnnl/dnnl_common.hpp>
+#include <normgrad/backends/dnnl/dnnl_kernels.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {

@@ -3,8 +3,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "backends/backend_registry.hpp"
-#include "backends/jit/jit_driver.hpp"
+#include <normgrad/backends/backend_registry.hpp>
+#include <normgrad/backends/jit/jit_driver.hpp>
 
 namespace normgrad {
 namespace {

@@ -1,5 +1,5 @@
 // JIT conf: ISA detection, cache sizes from sysfs, and the walk and chunking.
-#include "backends/jit/jit_conf.hpp"
+#include <normgrad/backends/jit/jit_conf.hpp>
 
 #include <cstdlib>
 #include <fstream>

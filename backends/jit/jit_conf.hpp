@@ -14,10 +14,10 @@
 #include <cstdint>
 #include <string>
 
-#include "graph/op.hpp"
-#include "graph/partition.hpp"
-#include "graph/status.hpp"
-#include "ops/batch_norm_desc.hpp"
+#include <normgrad/graph/op.hpp>
+#include <normgrad/graph/partition.hpp>
+#include <normgrad/graph/status.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
 namespace jit {

@@ -15,7 +15,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
-#include "backends/jit/jit_driver.hpp"
+#include <normgrad/backends/jit/jit_driver.hpp>
 
 namespace normgrad {
 namespace jit {

@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "backends/jit/jit_kernels.hpp"
+#include <normgrad/backends/jit/jit_kernels.hpp>
 
 namespace normgrad {
 namespace jit {

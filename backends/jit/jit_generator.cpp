@@ -13,7 +13,7 @@
 
 #include <xbyak/xbyak.h>
 
-#include "backends/jit/jit_kernels.hpp"
+#include <normgrad/backends/jit/jit_kernels.hpp>
 
 namespace normgrad {
 namespace jit {

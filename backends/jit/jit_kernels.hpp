@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "backends/jit/jit_conf.hpp"
-#include "graph/status.hpp"
+#include <normgrad/backends/jit/jit_conf.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 namespace jit {

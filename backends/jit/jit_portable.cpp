@@ -2,7 +2,7 @@
 // NORMGRAD_JIT=0. Same contracts and the same arithmetic as the generated code.
 #include <vector>
 
-#include "backends/jit/jit_kernels.hpp"
+#include <normgrad/backends/jit/jit_kernels.hpp>
 
 namespace normgrad {
 namespace jit {

@@ -5,9 +5,9 @@
 // own dtype, which reproduces the unfused rounding exactly.
 #include <map>
 
-#include "backends/backend_registry.hpp"
-#include "backends/ref/ref_ops.hpp"
-#include "ops/tf_batch_norm.hpp"
+#include <normgrad/backends/backend_registry.hpp>
+#include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/ops/tf_batch_norm.hpp>
 
 namespace normgrad {
 namespace {

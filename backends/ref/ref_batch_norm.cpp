@@ -8,9 +8,9 @@
 //   diff_src   = gamma s dy                                     (frozen statistics)
 #include <cmath>
 
-#include "backends/ref/ref_indexing.hpp"
-#include "backends/ref/ref_ops.hpp"
-#include "ops/batch_norm_desc.hpp"
+#include <normgrad/backends/ref/ref_indexing.hpp>
+#include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
 namespace ref {

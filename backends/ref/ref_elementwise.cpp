@@ -1,6 +1,6 @@
 // Reference ReLU, ReLUBackward, Add, TypeCast and StaticTranspose on strided buffers.
-#include "backends/ref/ref_indexing.hpp"
-#include "backends/ref/ref_ops.hpp"
+#include <normgrad/backends/ref/ref_indexing.hpp>
+#include <normgrad/backends/ref/ref_ops.hpp>
 
 namespace normgrad {
 namespace ref {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "graph/logical_tensor.hpp"
+#include <normgrad/graph/logical_tensor.hpp>
 
 namespace normgrad {
 namespace ref {

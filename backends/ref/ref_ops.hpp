@@ -8,8 +8,8 @@
 
 #include <vector>
 
-#include "graph/op.hpp"
-#include "graph/status.hpp"
+#include <normgrad/graph/op.hpp>
+#include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 namespace ref {

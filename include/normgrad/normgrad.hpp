@@ -6,16 +6,16 @@
 // See docs/getting-started.md.
 #pragma once
 
-#include "backends/backend.hpp"
-#include "backends/compiler.hpp"
-#include "graph/data_type.hpp"
-#include "graph/graph.hpp"
-#include "graph/json_io.hpp"
-#include "graph/logical_tensor.hpp"
-#include "graph/npy.hpp"
-#include "graph/op.hpp"
-#include "graph/partition.hpp"
-#include "graph/status.hpp"
-#include "graph/version.hpp"
-#include "passes/partitioner.hpp"
-#include "passes/pass.hpp"
+#include <normgrad/backends/backend.hpp>
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/data_type.hpp>
+#include <normgrad/graph/graph.hpp>
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/graph/logical_tensor.hpp>
+#include <normgrad/graph/npy.hpp>
+#include <normgrad/graph/op.hpp>
+#include <normgrad/graph/partition.hpp>
+#include <normgrad/graph/status.hpp>
+#include <normgrad/graph/version.hpp>
+#include <normgrad/passes/partitioner.hpp>
+#include <normgrad/passes/pass.hpp>

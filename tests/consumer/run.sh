@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix, then builds and runs a consumer
-# through CMake's find_package and through pkg-config. Args: BUILD_DIR SOURCE_DIR.
+# Installs the build into a temporary prefix, then, as an integrator would:
+# builds a consumer through find_package and through pkg-config (no prefix
+# override: the .pc file is relocatable), builds an app that has its own
+# graph/status.hpp, moves the prefix and runs the installed CLI from there.
+# Args: BUILD_DIR SOURCE_DIR.
 set -euo pipefail
 build="$1"; src="$2"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
@@ -10,7 +13,14 @@ cmake --build "$work/cmake-build" >/dev/null
 libdir="$(dirname "$(find "$work/prefix" -name 'libnormgrad.so' | head -n 1)")"
 LD_LIBRARY_PATH="$libdir" "$work/cmake-build/consumer"
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
-# The .pc file names the configured prefix; point pkg-config at the temporary one.
 c++ -std=c++17 "$src/tests/consumer/main.cpp" -o "$work/consumer-pc" \
-  $(pkg-config --define-variable=prefix="$work/prefix" --cflags --libs normgrad)
+  $(pkg-config --cflags --libs normgrad)
 LD_LIBRARY_PATH="$libdir" "$work/consumer-pc"
+c++ -std=c++17 -I"$src/tests/consumer/app_with_own_graph" \
+  "$src/tests/consumer/app_with_own_graph/main.cpp" -o "$work/app" \
+  $(pkg-config --cflags --libs normgrad)
+LD_LIBRARY_PATH="$libdir" "$work/app"
+# The installed CLI starts on its own (RPATH), also after the prefix moves.
+mv "$work/prefix" "$work/moved"
+"$work/moved/bin/normgrad" run "$src/examples/graphs/bn_training_backward_f32_nxc.json" --check \
+  | tail -n 1 | sed 's/^/installed cli: /'

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <string>
 
-#include "backends/compiler.hpp"
-#include "graph/json_io.hpp"
-#include "graph/limits.hpp"
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/graph/limits.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace normgrad;

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "graph/npy.hpp"
+#include <normgrad/graph/npy.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto arr =

@@ -1,5 +1,5 @@
 // DataType conversions: rounding to nearest even, NaN, Inf, subnormals, single rounding.
-#include "graph/data_type.hpp"
+#include <normgrad/graph/data_type.hpp>
 
 #include <cmath>
 #include <cstring>

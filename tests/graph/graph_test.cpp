@@ -1,6 +1,6 @@
 // Graph: add_op and finalize rules (duplicates, producers, metadata, cycles,
 // dangling inputs) and shape inference through unknown dims.
-#include "graph/graph.hpp"
+#include <normgrad/graph/graph.hpp>
 
 #include "tests/test_util.hpp"
 

@@ -1,6 +1,6 @@
 // JSON I/O: the oneDNN fixtures load, finalize and round-trip; writer quirks are
 // accepted; malformed input is rejected with its JSON location.
-#include "graph/json_io.hpp"
+#include <normgrad/graph/json_io.hpp>
 
 #include <filesystem>
 

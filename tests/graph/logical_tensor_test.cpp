@@ -1,5 +1,5 @@
 // LogicalTensor: overflow-checked sizes, strided buffer extents, validation.
-#include "graph/logical_tensor.hpp"
+#include <normgrad/graph/logical_tensor.hpp>
 
 #include "tests/test_util.hpp"
 

@@ -1,5 +1,5 @@
 // .npy reading and writing: round trips per dtype and lying or truncated files.
-#include "graph/npy.hpp"
+#include <normgrad/graph/npy.hpp>
 
 #include <cstdio>
 #include <fstream>

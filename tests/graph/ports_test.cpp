@@ -7,8 +7,8 @@
 // ports on ref (float64): the ports must change nothing but the interface.
 #include <filesystem>
 
-#include "backends/compiler.hpp"
-#include "graph/json_io.hpp"
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
 #include "tests/test_util.hpp"
 #include "tools/cli_data.hpp"
 

@@ -4,8 +4,8 @@
 #include <limits>
 #include <thread>
 
-#include "graph/json_io.hpp"
-#include "graph/limits.hpp"
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/graph/limits.hpp>
 #include "tests/backend_test_util.hpp"
 
 namespace normgrad {

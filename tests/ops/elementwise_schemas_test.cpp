@@ -1,5 +1,5 @@
 // Error flow of ReLU, ReLUBackward, Add, TypeCast, StaticTranspose and End.
-#include "graph/op_checks.hpp"
+#include <normgrad/graph/op_checks.hpp>
 #include "tests/test_util.hpp"
 
 namespace normgrad {

@@ -1,11 +1,11 @@
 // CanonicalizePass: graph in -> graph out (structure), and numeric equality
 // of the whole graph through ref before and after the pass.
-#include "passes/canonicalize.hpp"
+#include <normgrad/passes/canonicalize.hpp>
 
 #include <random>
 
-#include "backends/compiler.hpp"
-#include "graph/json_io.hpp"
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
 #include "tests/test_util.hpp"
 
 namespace normgrad {

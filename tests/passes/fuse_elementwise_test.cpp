@@ -1,10 +1,10 @@
 // FuseElementwisePass: which producers join their batch norm (graph in ->
 // groups and partitions out), the DoesNot... cases, and numeric equality of
 // the fused graph with the unfused one through ref.
-#include "passes/fuse_elementwise.hpp"
+#include <normgrad/passes/fuse_elementwise.hpp>
 
-#include "backends/compiler.hpp"
-#include "graph/json_io.hpp"
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
 #include "tests/backend_test_util.hpp"
 
 namespace normgrad {

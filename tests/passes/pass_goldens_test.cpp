@@ -4,8 +4,8 @@
 // give the same numbers with and without it.
 #include <filesystem>
 
-#include "graph/json_io.hpp"
-#include "passes/pass.hpp"
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/passes/pass.hpp>
 #include "tests/backend_test_util.hpp"
 
 namespace normgrad {

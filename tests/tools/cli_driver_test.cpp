@@ -2,7 +2,7 @@
 // knob rewrites on a graph, comma lists, --reset, paths, statuses, summary.
 #include <filesystem>
 
-#include "graph/json_io.hpp"
+#include <normgrad/graph/json_io.hpp>
 #include "tests/cli_test_util.hpp"
 #include "tests/test_util.hpp"
 #include "tools/cli_knobs.hpp"

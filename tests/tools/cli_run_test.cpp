@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "graph/npy.hpp"
+#include <normgrad/graph/npy.hpp>
 #include "tests/cli_test_util.hpp"
 #include "tests/test_util.hpp"
 

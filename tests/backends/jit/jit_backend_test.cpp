@@ -6,8 +6,8 @@
 
 #include <tbb/global_control.h>
 
-#include "backends/jit/jit_conf.hpp"
-#include "backends/jit/jit_kernels.hpp"
+#include <normgrad/backends/jit/jit_conf.hpp>
+#include <normgrad/backends/jit/jit_kernels.hpp>
 #include "tests/backend_test_util.hpp"
 
 namespace normgrad {

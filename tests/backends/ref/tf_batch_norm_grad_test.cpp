@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include "backends/compiler.hpp"
+#include <normgrad/backends/compiler.hpp>
 #include "tests/test_util.hpp"
 
 namespace normgrad {
