@@ -115,6 +115,19 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
   }
   std::string reasons;
   for (const Backend* b : candidates) {
+    const bool is_ref = std::string(b->name()) == "ref";
+    if (is_ref && wanted == "auto" && !reasons.empty()) {
+      // Falling back to the oracle is a 10-100x slowdown: never silent.
+      if (!options.allow_reference)
+        return unimplemented(who +
+                             ": only the reference backend would run it, and "
+                             "CompileOptions::allow_reference is off (" +
+                             reasons + ")");
+      if (verbose_level() >= 1) {
+        std::cerr << "normgrad_verbose,fallback," << partition.id << ",ref,"
+                  << partition.ops_string() << "," << reasons << "\n";
+      }
+    }
     const auto t0 = std::chrono::steady_clock::now();  // supports() may already build the kernel
     Status s = b->supports(partition);
     if (!s.ok()) {

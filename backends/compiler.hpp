@@ -33,6 +33,10 @@ struct CompileOptions {
   // CompiledGraph::pending() and execute() refuses to run. Off: compile fails
   // with kUnimplemented naming them.
   bool allow_unsupported = false;
+  // Off: a partition that only the reference backend (float64, 10-100x slower
+  // than a kernel) would run under "auto" is an error naming why the fast
+  // backends declined, instead of a silent slow path.
+  bool allow_reference = true;
 };
 
 class CompiledPartition {

@@ -19,12 +19,13 @@ class JitKernel final : public Kernel {
                                             : "codegen_ms=" + std::to_string(kernels_->generate_ms);
   }
   Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
-    return jit::run_batch_norm_backward(conf_, *kernels_, in, out);
+    return jit::run_batch_norm_backward(conf_, *kernels_, in, out, &pool_);
   }
 
  private:
   jit::BnConf conf_;
   std::shared_ptr<const jit::KernelSet> kernels_;
+  mutable jit::ScratchPool pool_;  // repack scratch for strided tensors
 };
 
 // Generated code by conf key: the same problem generates code once.

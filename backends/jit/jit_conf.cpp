@@ -103,6 +103,7 @@ std::string BnConf::kernel_name() const {
                   dtype_name(d.stats_dt) + ":" + (walk == Walk::kRows ? "rows" : "pixels");
   if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
+  if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+repack";
   return n;
 }
 
@@ -114,17 +115,22 @@ std::string BnConf::key() const {
 
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
-  for (size_t i = 0; i < 2; ++i) {
-    if (op.inputs()[i].effective_strides() != dense_strides(op.inputs()[i].dims)) {
-      return unimplemented("the JIT takes dense NCX/NXC data; input " + std::to_string(i) +
-                           " is strided (ref runs it)");
-    }
-  }
-  if (op.outputs()[0].effective_strides() != dense_strides(op.outputs()[0].dims)) {
-    return unimplemented("the JIT takes dense NCX/NXC data; diff_src is strided (ref runs it)");
-  }
   if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
   BnConf c;
+  // Strided data is packed into dense scratch by the driver (a copy costs less
+  // than a second kernel family, and ref would be ~100x slower).
+  auto strided = [](const LogicalTensor& lt) {
+    const Dims s = lt.effective_strides();
+    return s == dense_strides(lt.dims) ? Dims{} : s;
+  };
+  c.x_strides = strided(op.inputs()[0]);
+  c.dy_strides = strided(op.inputs()[1]);
+  c.dx_strides = strided(op.outputs()[0]);
+  for (size_t i = 2; i < op.inputs().size(); ++i) {
+    if (op.inputs()[i].dims[0] > 1 && op.inputs()[i].effective_strides()[0] != 1)
+      return unimplemented("the JIT takes dense statistics; input " + std::to_string(i) +
+                           " is strided (ref runs it)");
+  }
   c.d = d;
   c.isa = isa;
   c.avx512_bf16 = isa == Isa::kAvx512 && cpu_has_avx512_bf16();
@@ -196,6 +202,8 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
     const int port = out == bn->inputs()[0].id ? 0 : out == bn->inputs()[1].id ? 1 : -1;
     if (port < 0)
       return unimplemented(op.label() + " does not feed the batch norm's src or diff_dst");
+    if ((port == 0 && !c.x_strides.empty()) || (port == 1 && !c.dy_strides.empty()))
+      return unimplemented("the JIT takes dense fused inputs");
     for (const LogicalTensor& lt : op.inputs()) {
       if (lt.effective_strides() != dense_strides(lt.dims))
         return unimplemented("the JIT takes dense fused inputs");

@@ -71,6 +71,9 @@ struct BnConf {
   Fuse dy_fuse = Fuse::kNone;     // diff_dst computed from a fused producer
   PortMap ports;
   int64_t total_elements = 0;
+  // Strided (e.g. padded) src, diff_dst or diff_src: the driver packs them into
+  // dense scratch around the dense kernels. Empty: dense, used in place.
+  Dims x_strides, dy_strides, dx_strides;
 
   // "jit:avx512:bf16/f32:rows" and the like, for verbose lines.
   std::string kernel_name() const;
@@ -78,7 +81,8 @@ struct BnConf {
   std::string key() const;
 };
 
-// Decides the conf, or the reason the JIT declines (strided tensors, empty ones).
+// Decides the conf, or the reason the JIT declines (empty tensors, strided
+// fused inputs); strided src/diff_dst/diff_src are repacked by the driver.
 StatusOr<BnConf> make_conf(const Op& op, Isa isa);
 // The same for a partition: one BatchNormTrainingBackward, optionally fed by a
 // ReLUBackward or Add on its src and/or diff_dst port.

@@ -15,6 +15,9 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include <normgrad/backends/jit/jit_driver.hpp>
 
 namespace normgrad {
@@ -71,8 +74,10 @@ void coefficients(const BnConf& conf, const Channel& ch, double sum_dy, double s
 
 }  // namespace
 
-Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
-                               const std::vector<const void*>& in, const std::vector<void*>& out) {
+namespace {
+
+Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector<const void*>& in,
+                 const std::vector<void*>& out) {
   const BatchNormDesc& d = conf.d;
   const int64_t nc = d.channels, cp = padded_channels(nc);
   const int64_t es = dtype_size(d.data_dt);
@@ -150,6 +155,97 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
     }
   }
   return ok_status();
+}
+
+// Copies a tensor of `dims` between two stride sets, rows of the last dim at a
+// time, spread over threads by the outer dims.
+void copy_strided(const char* src, const Dims& src_strides, char* dst, const Dims& dst_strides,
+                  const Dims& dims, int64_t es, bool serial) {
+  const size_t rank = dims.size();
+  const int64_t inner = dims[rank - 1];
+  int64_t outer = 1;
+  for (size_t k = 0; k + 1 < rank; ++k) outer *= dims[k];
+  const int64_t ss = src_strides[rank - 1], ds = dst_strides[rank - 1];
+  for_range(serial, outer, [&](int64_t row) {
+    int64_t so = 0, dof = 0, rest = row;
+    for (size_t k = rank - 1; k-- > 0;) {
+      const int64_t i = rest % dims[k];
+      rest /= dims[k];
+      so += i * src_strides[k];
+      dof += i * dst_strides[k];
+    }
+    const char* s = src + so * es;
+    char* d = dst + dof * es;
+    if (ss == 1 && ds == 1) {
+      std::memcpy(d, s, static_cast<size_t>(inner * es));
+    } else {
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(d + j * ds * es, s + j * ss * es, static_cast<size_t>(es));
+    }
+  });
+}
+
+}  // namespace
+
+ScratchPool::Buffer ScratchPool::take(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->first == bytes) {
+        Buffer b = std::move(it->second);
+        free_.erase(it);
+        return b;
+      }
+    }
+  }
+  return Buffer(static_cast<char*>(std::aligned_alloc(64, bytes)), &std::free);
+}
+
+void ScratchPool::give(Buffer b, size_t bytes) {
+  if (!b) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < 8) free_.emplace_back(bytes, std::move(b));  // a few calls' worth
+}
+
+Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
+                               const std::vector<const void*>& in, const std::vector<void*>& out,
+                               ScratchPool* pool) {
+  if (conf.x_strides.empty() && conf.dy_strides.empty() && conf.dx_strides.empty())
+    return run_dense(conf, kernels, in, out);
+  // Padded or permuted strides: pack into 64-byte aligned dense scratch, run
+  // the dense kernels, unpack diff_src. Same arithmetic, same bits.
+  const Dims& dims = conf.d.dims;
+  const Dims dense = dense_strides(dims);
+  const int64_t es = dtype_size(conf.d.data_dt);
+  const auto bytes = static_cast<size_t>((conf.total_elements * es + 63) / 64 * 64);
+  std::vector<ScratchPool::Buffer> held;
+  auto take = [&]() -> char* {
+    held.push_back(pool->take(bytes));
+    return held.back().get();
+  };
+  std::vector<const void*> in2 = in;
+  std::vector<void*> out2 = out;
+  const bool serial = conf.single_thread;
+  char* dx_dense = nullptr;
+  for (auto [strides, port] : {std::pair<const Dims*, int>{&conf.x_strides, conf.ports.x},
+                               std::pair<const Dims*, int>{&conf.dy_strides, conf.ports.dy}}) {
+    if (strides->empty()) continue;
+    char* buf = take();
+    if (buf == nullptr) return out_of_range("JIT repack: cannot allocate " + std::to_string(bytes));
+    copy_strided(static_cast<const char*>(in[port]), *strides, buf, dense, dims, es, serial);
+    in2[port] = buf;
+  }
+  if (!conf.dx_strides.empty()) {
+    dx_dense = take();
+    if (dx_dense == nullptr)
+      return out_of_range("JIT repack: cannot allocate " + std::to_string(bytes));
+    out2[0] = dx_dense;
+  }
+  Status s = run_dense(conf, kernels, in2, out2);
+  if (s.ok() && dx_dense)
+    copy_strided(dx_dense, dense, static_cast<char*>(out[0]), conf.dx_strides, dims, es, serial);
+  for (auto& b : held) pool->give(std::move(b), bytes);
+  return s;
 }
 
 }  // namespace jit

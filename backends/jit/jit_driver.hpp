@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include <normgrad/backends/jit/jit_kernels.hpp>
@@ -10,10 +12,25 @@
 namespace normgrad {
 namespace jit {
 
+// Dense scratch for repacking strided tensors, kept between executions: fresh
+// pages would fault on every call and cost more than the copy. Thread-safe;
+// each concurrent execution takes its own buffers.
+class ScratchPool {
+ public:
+  using Buffer = std::unique_ptr<char, void (*)(void*)>;
+  Buffer take(size_t bytes);
+  void give(Buffer b, size_t bytes);
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<size_t, Buffer>> free_;
+};
+
 // Runs one batch-norm backward with `kernels` built for `conf`; buffers in the
-// canonical op's port order.
+// canonical op's port order. `pool` serves the repack scratch (conf strides).
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
-                               const std::vector<const void*>& in, const std::vector<void*>& out);
+                               const std::vector<const void*>& in, const std::vector<void*>& out,
+                               ScratchPool* pool);
 
 }  // namespace jit
 }  // namespace normgrad

@@ -146,6 +146,17 @@ TEST(CliRun, VerboseLinesAreStable) {
       << out;
   EXPECT_NE(out.find("normgrad_verbose,exec,0,ref,ref:BatchNormInference,"), std::string::npos)
       << out;
+  // At level 1 already, a fallback to ref says why the fast backends declined.
+  const std::string v1 = "NORMGRAD_VERBOSE=1 " + kCli + " run --dt=f16 --case=" + graph + " 2>&1";
+  FILE* q = popen(v1.c_str(), "r");
+  ASSERT_NE(q, nullptr);
+  std::string out1;
+  while ((n = fread(buf, 1, sizeof buf, q)) > 0) out1.append(buf, n);
+  pclose(q);
+  EXPECT_NE(out1.find("normgrad_verbose,fallback,0,ref,BatchNormInference,jit: BatchNormInference "
+                      "is not in the JIT"),
+            std::string::npos)
+      << out1;
 }
 
 TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {

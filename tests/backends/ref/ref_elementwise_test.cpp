@@ -50,6 +50,14 @@ TEST(RefElementwise, AddBroadcastsAndMixesDtypes) {
   std::vector<float> out(6, -77.f);
   ASSERT_TRUE(cg->execute({{0, a.data()}, {1, b.data()}}, {{2, out.data()}}).ok());
   EXPECT_EQ(out, (std::vector<float>{1.5f, 1, 13, 4.5f, 4, 16}));
+  // No silent slow path: forbidding ref makes the fallback an error with the reasons.
+  CompileOptions strict;
+  strict.allow_reference = false;
+  auto refused = CompiledGraph::compile(g, strict);
+  EXPECT_STATUS_HAS(refused.status(),
+                    "only the reference backend would run it, and "
+                    "CompileOptions::allow_reference is off");
+  EXPECT_STATUS_HAS(refused.status(), "Add with broadcasting or mixed dtypes is not lowered");
 }
 
 TEST(RefElementwise, ChainWithTransposeCastAndAdd) {
