@@ -1,6 +1,10 @@
 // The list of built-in backends, assembled explicitly in one place.
 #include <normgrad/backends/backend_registry.hpp>
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
 namespace normgrad {
 
 const std::vector<const Backend*>& available_backends() {
@@ -30,11 +34,24 @@ const Backend* find_backend(const std::string& name) {
   return nullptr;
 }
 
-void set_backend_threads(int n) {
-#ifdef NORMGRAD_WITH_DNNL
-  set_dnnl_threads(n);
-#endif
-  (void)n;
+namespace {
+std::atomic<int>& thread_cap() {
+  static std::atomic<int> cap{0};
+  return cap;
 }
+}  // namespace
+
+void set_num_threads(int n) {
+  n = std::max(0, n);
+  thread_cap().store(n);
+#ifdef NORMGRAD_WITH_DNNL
+  // OpenMP has no "unlimited": 0 gives it back every core.
+  set_dnnl_threads(n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+#endif
+}
+
+int num_threads() { return thread_cap().load(); }
+
+void set_backend_threads(int n) { set_num_threads(n); }
 
 }  // namespace normgrad

@@ -43,8 +43,14 @@ const std::vector<std::string>& known_backend_names();
 // nullptr when `name` is not built into this library.
 const Backend* find_backend(const std::string& name);
 
-// Caps the threads every built backend uses (oneDNN's OpenMP pool; oneTBB is
-// capped by the caller's tbb::global_control).
+// Caps the threads every backend uses: the JIT runs in its own oneTBB arena of
+// n threads, oneDNN's OpenMP pool gets n threads, ref is single-threaded
+// anyway. n = 0 lifts the cap (the default: every core the process may use).
+// Affects executions that start after the call.
+void set_num_threads(int n);
+// The cap set by set_num_threads (0: none).
+int num_threads();
+// The same as set_num_threads (kept for callers of the first API).
 void set_backend_threads(int n);
 
 }  // namespace normgrad

@@ -159,12 +159,24 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   cg.graph_ = graph;
   if (!cg.graph_.finalized()) NG_RETURN_IF_ERROR(cg.graph_.finalize());
   cg.lowered_ = cg.graph_;
-  PassPipeline pipeline;
-  if (options.optimize) {
-    pipeline = default_pipeline();
+  std::vector<std::string> names = {"canonicalize"};
+  auto append = [&](const std::vector<std::string>& more) {
+    for (const std::string& n : more) {
+      if (n != "canonicalize") names.push_back(n);
+    }
+  };
+  append(options.passes_before);
+  if (!options.optimize) {
+    cg.lowered_.clear_fusion_groups();  // "every op as the user wrote it, unfused"
+  } else if (!options.pipeline.empty()) {
+    append(options.pipeline);
   } else {
-    pipeline.add(std::move(make_pass("canonicalize")).value());
+    for (const PassInfo& p : registered_passes()) {
+      if (p.builtin) append({p.name});
+    }
   }
+  append(options.passes_after);
+  NG_ASSIGN_OR_RETURN(PassPipeline pipeline, make_pipeline(names));
   NG_ASSIGN_OR_RETURN(bool changed, pipeline.run(cg.lowered_));
   (void)changed;
   NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(cg.lowered_));

@@ -28,6 +28,14 @@ struct CompileOptions {
   // Run the default pass pipeline (canonicalisation is still applied: backends
   // only see canonical ops). Off: every op as the user wrote it, unfused.
   bool optimize = true;
+  // User pipelines, by pass name (built-in or registered with register_pass):
+  // `pipeline`, when not empty, replaces the default one; `passes_before` and
+  // `passes_after` run around it. canonicalize always runs first, since the
+  // backends only see canonical ops; fusion groups left by user passes are
+  // kept unless optimize is off.
+  std::vector<std::string> pipeline{};
+  std::vector<std::string> passes_before{};
+  std::vector<std::string> passes_after{};
   // Keep going past partitions no backend of ours runs (opaque oneDNN Graph
   // ops) or that cannot compile yet (unknown shapes): they are listed in
   // CompiledGraph::pending() and execute() refuses to run. Off: compile fails

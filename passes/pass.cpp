@@ -1,7 +1,10 @@
 // PassPipeline: running, re-verifying, printing and timing passes; the default pipeline.
 #include <normgrad/passes/pass.hpp>
 
+#include <dlfcn.h>
+
 #include <chrono>
+#include <mutex>
 
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/passes/canonicalize.hpp>
@@ -45,34 +48,99 @@ StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
   return any;
 }
 
-// The order matters: canonical ops first, then conversions fold, dead outputs
-// go (so fewer tensors are written), duplicates merge and dead ops go, and
-// fusion groups are formed last, on the final graph.
+namespace {
+
+struct UserPass {
+  PassInfo info;
+  PassFactory factory;
+};
+
+// User passes, guarded: registration may come from plugins loaded at any time.
+std::mutex& registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<UserPass>& user_passes() {
+  static std::vector<UserPass> passes;
+  return passes;
+}
+
+std::unique_ptr<Pass> make_builtin(const std::string& name) {
+#define NG_PASS(pass_name, Class, header, summary) \
+  if (name == pass_name) return std::make_unique<Class>();
+#include <normgrad/passes/passes.def>
+  return nullptr;
+}
+
+}  // namespace
+
+// The order of passes.def matters: canonical ops first, then conversions fold,
+// dead outputs go (so fewer tensors are written), duplicates merge and dead
+// ops go, and fusion groups are formed last, on the final graph.
 PassPipeline default_pipeline() {
   PassPipeline p;
-  for (const char* name : {"canonicalize", "fold-transpose", "fold-cast", "dead-output-elimination",
-                           "cse", "dead-op-elimination", "fuse-elementwise"}) {
-    p.add(std::move(make_pass(name)).value());
+#define NG_PASS(pass_name, Class, header, summary) p.add(std::make_unique<Class>());
+#include <normgrad/passes/passes.def>
+  return p;
+}
+
+std::vector<PassInfo> registered_passes() {
+  std::vector<PassInfo> all = {
+#define NG_PASS(pass_name, Class, header, summary) {pass_name, summary, true},
+#include <normgrad/passes/passes.def>
+  };
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const UserPass& u : user_passes()) all.push_back(u.info);
+  return all;
+}
+
+Status register_pass(const std::string& name, const std::string& summary, PassFactory factory) {
+  if (name.empty() || !factory) return invalid_argument("register_pass: a name and a factory are needed");
+  for (const PassInfo& p : registered_passes()) {
+    if (p.name == name) return invalid_argument("register_pass: pass '" + name + "' exists already");
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  user_passes().push_back({{name, summary, false}, std::move(factory)});
+  return ok_status();
+}
+
+StatusOr<std::unique_ptr<Pass>> make_pass(const std::string& name) {
+  if (auto p = make_builtin(name)) return p;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (const UserPass& u : user_passes()) {
+      if (u.info.name == name) {
+        auto p = u.factory();
+        if (!p) return internal_error("pass '" + name + "': its factory returned no pass");
+        return p;
+      }
+    }
+  }
+  std::string known;
+  for (const PassInfo& p : registered_passes()) known += (known.empty() ? "" : ", ") + p.name;
+  return invalid_argument("unknown pass '" + name + "' (known: " + known + ")");
+}
+
+StatusOr<PassPipeline> make_pipeline(const std::vector<std::string>& names) {
+  PassPipeline p;
+  for (const std::string& n : names) {
+    NG_ASSIGN_OR_RETURN(auto pass, make_pass(n));
+    p.add(std::move(pass));
   }
   return p;
 }
 
-StatusOr<std::unique_ptr<Pass>> make_pass(const std::string& name) {
-  std::unique_ptr<Pass> p;
-  if (name == "canonicalize") p = std::make_unique<CanonicalizePass>();
-  if (name == "fold-transpose") p = std::make_unique<FoldTransposePass>();
-  if (name == "fold-cast") p = std::make_unique<FoldCastPass>();
-  if (name == "dead-output-elimination") p = std::make_unique<DeadOutputEliminationPass>();
-  if (name == "dead-op-elimination") p = std::make_unique<DeadOpEliminationPass>();
-  if (name == "cse") p = std::make_unique<CsePass>();
-  if (name == "fuse-elementwise") p = std::make_unique<FuseElementwisePass>();
-  if (!p) {
-    return invalid_argument(
-        "unknown pass '" + name +
-        "' (known: canonicalize, fold-transpose, fold-cast, dead-output-elimination, cse, "
-        "dead-op-elimination, fuse-elementwise)");
+Status load_pass_plugin(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) return not_found("pass plugin " + path + ": " + dlerror());
+  using Register = Status (*)();
+  auto reg = reinterpret_cast<Register>(dlsym(handle, "normgrad_register_passes"));
+  if (reg == nullptr) {
+    return invalid_argument("pass plugin " + path +
+                            ": no extern \"C\" normgrad_register_passes() in it");
   }
-  return p;
+  Status s = reg();  // the library stays loaded: its passes live in it
+  return s.ok() ? s : s.with_context("pass plugin " + path);
 }
 
 }  // namespace normgrad

@@ -8,6 +8,7 @@
 // records each pass's time.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -45,9 +46,29 @@ class PassPipeline {
   std::vector<std::unique_ptr<Pass>> passes_;
 };
 
-// The pipeline compile uses.
+// The pipeline compile uses: every built-in pass, in passes.def's order.
 PassPipeline default_pipeline();
-// A pass by name, for `--passes=`; lists the known names when `name` is unknown.
+
+// Pass registry: the built-in passes (passes/passes.def) plus the ones a user
+// registers by name, explicitly (a plugin does it from its exported
+// `normgrad_register_passes`, see load_pass_plugin). No static initialisers.
+using PassFactory = std::function<std::unique_ptr<Pass>()>;
+struct PassInfo {
+  std::string name;
+  std::string summary;
+  bool builtin = true;
+};
+// Registers a user pass; a name already taken (built-in or user) is an error.
+Status register_pass(const std::string& name, const std::string& summary, PassFactory factory);
+// Every pass that make_pass knows, built-in ones first.
+std::vector<PassInfo> registered_passes();
+// A pass by name, for `--passes=` and CompileOptions; lists the known names when unknown.
 StatusOr<std::unique_ptr<Pass>> make_pass(const std::string& name);
+// A pipeline of passes by name.
+StatusOr<PassPipeline> make_pipeline(const std::vector<std::string>& names);
+// dlopen()s a shared library and calls its
+//   extern "C" normgrad::Status normgrad_register_passes();
+// which registers its passes with register_pass (mlir-opt's --load-pass-plugin).
+Status load_pass_plugin(const std::string& path);
 
 }  // namespace normgrad

@@ -2,6 +2,7 @@
 // of a graph, as mlir-opt and friends give it.
 #include <algorithm>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 
@@ -70,11 +71,49 @@ std::string escape(const std::string& s) {
 
 }  // namespace
 
-int opt_command(const std::vector<std::string>& argv) {
+// Loads every --load-pass-plugin=LIB (repeatable) and returns the other arguments.
+StatusOr<std::vector<std::string>> load_plugins(const std::vector<std::string>& argv) {
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    std::string path;
+    if (argv[i].rfind("--load-pass-plugin=", 0) == 0) {
+      path = argv[i].substr(19);
+    } else if (argv[i] == "--load-pass-plugin" && i + 1 < argv.size()) {
+      path = argv[++i];
+    } else {
+      rest.push_back(argv[i]);
+      continue;
+    }
+    NG_RETURN_IF_ERROR(load_pass_plugin(path));
+  }
+  return rest;
+}
+
+void print_opt_help() {
+  std::cout << "usage: normgrad opt GRAPH.json [--passes=p1,p2,...] [--print-after-all] "
+               "[-o OUT.json] [--load-pass-plugin=LIB.so]...\n\n"
+               "Runs passes (the compile pipeline by default) and prints the graph.\n"
+               "A plugin exports extern \"C\" normgrad::Status normgrad_register_passes(),\n"
+               "which registers its passes by name with normgrad::register_pass.\n\npasses:\n";
+  for (const PassInfo& p : registered_passes()) {
+    std::cout << "  " << std::left << std::setw(26) << p.name << p.summary
+              << (p.builtin ? "" : " (plugin)") << "\n";
+  }
+}
+
+int opt_command(const std::vector<std::string>& raw_argv) {
+  auto argv = load_plugins(raw_argv);
+  if (!argv.ok()) return fail("opt", argv.status());
+  for (const std::string& a : *argv) {
+    if (a == "--help" || a == "-h") {
+      print_opt_help();
+      return 0;
+    }
+  }
   std::map<std::string, std::string> opts;
   std::vector<std::string> pos;
   std::string error;
-  if (!parse(argv, {"print-after-all"}, {"passes", "o"}, &opts, &pos, &error)) {
+  if (!parse(*argv, {"print-after-all"}, {"passes", "o"}, &opts, &pos, &error)) {
     std::cerr << "normgrad opt: " << error << "\n";
     return 2;
   }

@@ -14,6 +14,12 @@
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <atomic>
+#include <mutex>
+
+#include <normgrad/backends/backend.hpp>
 
 #include <cstdlib>
 #include <cstring>
@@ -24,7 +30,28 @@ namespace normgrad {
 namespace jit {
 namespace {
 
-// Runs body(i) for i in [0, n): serially for small problems, else on oneTBB.
+std::atomic<int>& last_concurrency() {
+  static std::atomic<int> v{0};
+  return v;
+}
+void note_concurrency(int c) { last_concurrency().store(c); }
+
+#ifndef NORMGRAD_STD_THREADS
+// One arena per thread cap, shared by concurrent executions (an arena is
+// thread-safe); replaced when the cap changes.
+std::shared_ptr<tbb::task_arena> capped_arena(int cap) {
+  static std::mutex mu;
+  static std::shared_ptr<tbb::task_arena> arena;
+  static int arena_cap = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!arena || arena_cap != cap) {
+    arena = std::make_shared<tbb::task_arena>(cap);
+    arena_cap = cap;
+  }
+  return arena;
+}
+#endif
+
 // Runs body(i) for i in [0, n): serially for small problems, else on oneTBB, or
 // on plain std::threads in NORMGRAD_STD_THREADS builds (ThreadSanitizer runs:
 // Debian's oneTBB is not instrumented). Work items are independent, so either
@@ -45,9 +72,18 @@ void for_range(bool serial, int64_t n, const Body& body) {
   }
   for (std::thread& t : threads) t.join();
 #else
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& r) {
-    for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
-  });
+  auto run = [&] {
+    note_concurrency(tbb::this_task_arena::max_concurrency());
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
+                      });
+  };
+  if (const int cap = num_threads(); cap > 0) {
+    capped_arena(cap)->execute(run);  // normgrad::set_num_threads: our own arena
+  } else {
+    run();
+  }
 #endif
 }
 
@@ -186,6 +222,8 @@ void copy_strided(const char* src, const Dims& src_strides, char* dst, const Dim
 }
 
 }  // namespace
+
+int last_max_concurrency() { return last_concurrency().load(); }
 
 ScratchPool::Buffer ScratchPool::take(size_t bytes) {
   {

@@ -26,6 +26,10 @@ class ScratchPool {
   std::vector<std::pair<size_t, Buffer>> free_;
 };
 
+// The parallelism the last multi-threaded JIT run had available (its arena's
+// max_concurrency; 0 before any): lets tests see set_num_threads take effect.
+int last_max_concurrency();
+
 // Runs one batch-norm backward with `kernels` built for `conf`; buffers in the
 // canonical op's port order. `pool` serves the repack scratch (conf strides).
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,

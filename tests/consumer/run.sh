@@ -20,6 +20,16 @@ c++ -std=c++17 -I"$src/tests/consumer/app_with_own_graph" \
   "$src/tests/consumer/app_with_own_graph/main.cpp" -o "$work/app" \
   $(pkg-config --cflags --libs normgrad)
 LD_LIBRARY_PATH="$libdir" "$work/app"
+# An out-of-tree pass plugin with its own test, built against the install,
+# then loaded by the installed CLI.
+cmake -S "$src/examples/pass_plugin" -B "$work/plugin-build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/plugin-build" >/dev/null
+plugin="$work/plugin-build/libdrop_identity_transpose.so"
+LD_LIBRARY_PATH="$libdir" "$work/plugin-build/plugin_test" "$plugin"
+"$work/prefix/bin/normgrad" opt "$src/examples/pass_plugin/identity_transpose.json" \
+  --load-pass-plugin="$plugin" --passes=drop-identity-transpose > "$work/opt.json"
+if grep -q StaticTranspose "$work/opt.json"; then echo "plugin pass did not run"; exit 1; fi
+echo "installed opt ran the plugin pass"
 # The installed CLI starts on its own (RPATH), also after the prefix moves.
 mv "$work/prefix" "$work/moved"
 "$work/moved/bin/normgrad" run "$src/examples/graphs/bn_training_backward_f32_nxc.json" --check \

@@ -7,6 +7,7 @@
 #include <tbb/global_control.h>
 
 #include <normgrad/backends/jit/jit_conf.hpp>
+#include <normgrad/backends/jit/jit_driver.hpp>
 #include <normgrad/backends/jit/jit_kernels.hpp>
 #include "tests/backend_test_util.hpp"
 
@@ -142,6 +143,37 @@ TEST(JitBackend, BitwiseIdenticalForAnyThreadCount) {
       }
     }
   }
+}
+
+// normgrad::set_num_threads caps the JIT through its own oneTBB arena (no
+// tbb::global_control in the caller), and the bits do not change.
+TEST(JitBackend, SetNumThreadsCapsTheJit) {
+  Graph g = one_op(bn_bwd({16, 40, 28, 28}, "NCX", DataType::kF32, DataType::kF32, true, 3));
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
+    EXPECT_TRUE(cg.ok());
+    std::map<int64_t, std::string> sources;
+    auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, &sources);
+    std::map<int64_t, const void*> in;
+    for (auto& [id, b] : *inputs) in[id] = b.data();
+    std::map<int64_t, cli::Buffer> outs;
+    std::map<int64_t, void*> p;
+    for (const LogicalTensor& lt : cg->outputs())
+      p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+    EXPECT_TRUE(cg->execute(in, p).ok());
+    std::vector<char> bytes;
+    for (auto& [id, b] : outs) bytes.insert(bytes.end(), b.bytes.begin(), b.bytes.end());
+    return std::make_pair(jit::last_max_concurrency(), bytes);
+  };
+  const auto one = run(1);
+  EXPECT_EQ(one.first, 1);
+  EXPECT_EQ(num_threads(), 1);
+  const auto two = run(2);
+  EXPECT_EQ(two.first, 2);
+  EXPECT_EQ(one.second, two.second);
+  set_num_threads(0);  // back to the default for the other tests
+  EXPECT_EQ(num_threads(), 0);
 }
 
 TEST(JitBackend, StreamingStoresOnLargeOutputs) {
