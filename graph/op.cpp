@@ -1,7 +1,10 @@
 // Op: kind names, attribute kinds and typed attribute access.
 #include <normgrad/graph/op.hpp>
 
+#include <optional>
 #include <sstream>
+
+#include <normgrad/graph/op_checks.hpp>
 
 namespace normgrad {
 namespace {
@@ -112,6 +115,23 @@ std::string attr_value_to_string(const AttrValue& value) {
     os << ']';
   }
   return os.str();
+}
+
+Op& Op::set_attr(const std::string& key, double value) {
+  return set_attr(key, AttrValue(static_cast<float>(value)));
+}
+
+Op& Op::set_attr(const std::string& key, const char* value) {
+  return set_attr(key, AttrValue(std::string(value)));
+}
+
+Op& Op::set_integer_attr(const std::string& key, int64_t value) {
+  const std::optional<AttrKind> kind = schema_attr_kind(kind_, key);
+  if (kind == AttrKind::kF32) {
+    const auto f = static_cast<float>(value);
+    if (static_cast<int64_t>(f) == value) return set_attr(key, AttrValue(f));
+  }
+  return set_attr(key, AttrValue(value));
 }
 
 Op& Op::set_attr(const std::string& key, AttrValue value) {

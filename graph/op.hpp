@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -46,6 +47,18 @@ class Op {
   void set_name(std::string name) { name_ = std::move(name); }
 
   Op& set_attr(const std::string& key, AttrValue value);
+  // Literals convert to the attribute's schema type, so set_attr("epsilon",
+  // 1e-5) and set_attr("epsilon", 0) store f32, set_attr("groups", 4) an s64,
+  // and set_attr("data_format", "NCX") a string (not a bool). An integer that
+  // an f32 cannot hold exactly stays s64, and the schema check says so.
+  Op& set_attr(const std::string& key, double value);
+  Op& set_attr(const std::string& key, bool value) { return set_attr(key, AttrValue(value)); }
+  Op& set_attr(const std::string& key, const char* value);
+  template <typename T,
+            std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
+  Op& set_attr(const std::string& key, T value) {
+    return set_integer_attr(key, static_cast<int64_t>(value));
+  }
   bool has_attr(const std::string& key) const { return attrs_.count(key) != 0; }
   const std::map<std::string, AttrValue>& attrs() const { return attrs_; }
   void erase_attr(const std::string& key) { attrs_.erase(key); }
@@ -72,6 +85,8 @@ class Op {
   std::string label() const;
 
  private:
+  Op& set_integer_attr(const std::string& key, int64_t value);
+
   int64_t id_ = -1;
   OpKind kind_ = OpKind::kEnd;
   std::string name_;

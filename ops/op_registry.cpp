@@ -27,6 +27,13 @@ const OpRegistry& op_registry() {
   return registry;
 }
 
+std::optional<AttrKind> schema_attr_kind(OpKind kind, const std::string& name) {
+  const OpSchema* schema = op_registry().find(kind);
+  const AttrSpec* spec = schema ? schema->find_attr(name) : nullptr;
+  if (spec == nullptr) return std::nullopt;
+  return spec->kind;
+}
+
 bool op_kind_is_opaque(OpKind kind) {
   return op_registry().find(kind) == nullptr;
 }

@@ -55,6 +55,25 @@ TEST(Graph, Cycles) {
   EXPECT_STATUS_HAS(loop.finalize(), "cycle among op 1");
 }
 
+TEST(Op, SetAttrLiteralsTakeTheSchemaType) {
+  Op op(0, OpKind::kBatchNormTrainingBackward, "bn");
+  op.set_attr("epsilon", 1e-5);  // double literal: f32
+  EXPECT_EQ(attr_value_kind(op.attrs().at("epsilon")), AttrKind::kF32);
+  EXPECT_EQ(*op.attr_f32("epsilon"), 1e-5f);
+  op.set_attr("epsilon", 0);  // int literal on an f32 attribute: converted exactly
+  EXPECT_EQ(attr_value_kind(op.attrs().at("epsilon")), AttrKind::kF32);
+  EXPECT_EQ(*op.attr_f32("epsilon"), 0.0f);
+  op.set_attr("epsilon", int64_t{16777217});  // 2^24 + 1 has no f32: stays s64, refused later
+  EXPECT_EQ(attr_value_kind(op.attrs().at("epsilon")), AttrKind::kS64);
+  op.set_attr("data_format", "NCX");  // a string, not the bool a const char* would become
+  EXPECT_EQ(*op.attr_string("data_format"), "NCX");
+  op.set_attr("is_training", false);
+  EXPECT_EQ(attr_value_kind(op.attrs().at("is_training")), AttrKind::kBool);
+  Op conv(1, OpKind::kConvolution, "conv");  // opaque: integers stay s64
+  conv.set_attr("groups", 4);
+  EXPECT_EQ(*conv.attr_s64("groups"), 4);
+}
+
 TEST(Graph, IncompletePortsAreToleratedAndNoted) {
   // oneDNN's own inputs list fewer ports than the graph reads, or name a port
   // no op produces: such graphs load (as oneDNN loads them) and the slip is noted.

@@ -44,7 +44,7 @@ TEST(BatchNormTrainingBackwardSchema, Attributes) {
   EXPECT_STATUS_HAS(add(op), "'epsilon' must be finite and >= 0");
   op.set_attr("epsilon", std::numeric_limits<float>::infinity());
   EXPECT_STATUS_HAS(add(op), "'epsilon' must be finite and >= 0");
-  op.set_attr("epsilon", int64_t{1});
+  op.set_attr("epsilon", AttrValue(int64_t{1}));  // the raw variant keeps s64
   EXPECT_STATUS_HAS(add(op), "attribute 'epsilon' has type s64, expected f32");
   op.set_attr("epsilon", 0.0f);
   EXPECT_TRUE(add(op).ok());
