@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <thread>
 
 namespace normgrad {
@@ -35,6 +36,53 @@ const Backend* find_backend(const std::string& name) {
 }
 
 namespace {
+thread_local const Allocator* t_allocator = nullptr;
+}  // namespace
+
+const Allocator* current_allocator() {
+  return t_allocator;
+}
+
+AllocatorScope::AllocatorScope(const Allocator* a) : previous_(t_allocator) {
+  if (a != nullptr) t_allocator = a;
+}
+AllocatorScope::~AllocatorScope() {
+  t_allocator = previous_;
+}
+
+ScratchBuffer::ScratchBuffer(size_t bytes) : size_(bytes), owner_(t_allocator) {
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  data_ =
+      static_cast<char*>(owner_ ? owner_->allocate(rounded, 64) : std::aligned_alloc(64, rounded));
+}
+ScratchBuffer::~ScratchBuffer() {
+  release();
+}
+ScratchBuffer::ScratchBuffer(ScratchBuffer&& o) noexcept
+    : data_(o.data_), size_(o.size_), owner_(o.owner_) {
+  o.data_ = nullptr;
+}
+ScratchBuffer& ScratchBuffer::operator=(ScratchBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = o.data_;
+    size_ = o.size_;
+    owner_ = o.owner_;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+void ScratchBuffer::release() {
+  if (data_ == nullptr) return;
+  if (owner_) {
+    owner_->deallocate(data_);
+  } else {
+    std::free(data_);
+  }
+  data_ = nullptr;
+}
+
+namespace {
 std::atomic<int>& thread_cap() {
   static std::atomic<int> cap{0};
   return cap;
@@ -50,8 +98,12 @@ void set_num_threads(int n) {
 #endif
 }
 
-int num_threads() { return thread_cap().load(); }
+int num_threads() {
+  return thread_cap().load();
+}
 
-void set_backend_threads(int n) { set_num_threads(n); }
+void set_backend_threads(int n) {
+  set_num_threads(n);
+}
 
 }  // namespace normgrad

@@ -6,6 +6,7 @@
 // strided buffers already checked against the partition's tensors.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,50 @@
 #include <normgrad/graph/status.hpp>
 
 namespace normgrad {
+
+// oneDNN Graph's allocator hook: where intermediates between partitions and
+// the kernels' scratch memory come from during an execution. Both functions
+// must be set; allocate returns memory aligned to `alignment` (or nullptr).
+struct Allocator {
+  std::function<void*(size_t bytes, size_t alignment)> allocate;
+  std::function<void(void*)> deallocate;
+};
+
+// The allocator of the execution running on this thread: set by
+// CompiledGraph::execute and CompiledPartition::execute for their duration;
+// nullptr means the heap. Kernels allocate scratch on the calling thread.
+const Allocator* current_allocator();
+class AllocatorScope {
+ public:
+  explicit AllocatorScope(const Allocator* a);
+  ~AllocatorScope();
+  AllocatorScope(const AllocatorScope&) = delete;
+  AllocatorScope& operator=(const AllocatorScope&) = delete;
+
+ private:
+  const Allocator* previous_;
+};
+
+// Scratch bytes from the current allocator (or the heap), 64-byte aligned,
+// released on destruction. data() is nullptr when the allocation failed.
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  explicit ScratchBuffer(size_t bytes);
+  ~ScratchBuffer();
+  ScratchBuffer(ScratchBuffer&& other) noexcept;
+  ScratchBuffer& operator=(ScratchBuffer&& other) noexcept;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void release();
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  const Allocator* owner_ = nullptr;
+};
 
 class Kernel {
  public:

@@ -1,6 +1,7 @@
 // Backend selection, CompiledPartition::execute checks, and CompiledGraph.
 #include <normgrad/backends/compiler.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -57,7 +58,9 @@ Status check_tensor(const std::string& where, const LogicalTensor& port, const T
 }  // namespace
 
 Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
-                                  const std::vector<Tensor>& outputs) const {
+                                  const std::vector<Tensor>& outputs,
+                                  const Allocator* allocator) const {
+  AllocatorScope scope(allocator);
   const std::string who =
       "partition " + std::to_string(partition_.id) + " (" + partition_.ops_string() + ")";
   if (inputs.size() != partition_.inputs.size() || outputs.size() != partition_.outputs.size()) {
@@ -273,7 +276,8 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
 
 Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
                               const std::map<int64_t, void*>& outputs,
-                              std::vector<double>* partition_ms) const {
+                              std::vector<double>* partition_ms, const Allocator* allocator) const {
+  AllocatorScope scope(allocator);
   if (!pending_.empty()) {
     return unimplemented("partition " + std::to_string(pending_[0].id) + " (" +
                          pending_[0].ops_string() + ") was not compiled: " + pending_[0].reason);
@@ -286,8 +290,25 @@ Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
     if (outputs.count(lt.id) == 0)
       return invalid_argument("graph output tensor " + std::to_string(lt.id) + " has no buffer");
   }
+  auto listed = [](const std::vector<LogicalTensor>& ts) {
+    std::string l;
+    for (const LogicalTensor& t : ts) l += (l.empty() ? "" : ", ") + std::to_string(t.id);
+    return l;
+  };
+  for (const auto& [id, ptr] : inputs) {
+    if (std::none_of(inputs_.begin(), inputs_.end(),
+                     [&](const LogicalTensor& t) { return t.id == id; }))
+      return invalid_argument("input buffer for tensor " + std::to_string(id) +
+                              ", which is not a graph input (inputs: " + listed(inputs_) + ")");
+  }
+  for (const auto& [id, ptr] : outputs) {
+    if (std::none_of(outputs_.begin(), outputs_.end(),
+                     [&](const LogicalTensor& t) { return t.id == id; }))
+      return invalid_argument("output buffer for tensor " + std::to_string(id) +
+                              ", which is not a graph output (outputs: " + listed(outputs_) + ")");
+  }
   // Intermediates: produced by one partition, consumed by another, not a graph output.
-  std::map<int64_t, std::vector<char>> scratch;
+  std::map<int64_t, ScratchBuffer> scratch;
   std::map<int64_t, void*> written;
   for (const auto& [id, ptr] : outputs) written[id] = ptr;
   if (partition_ms) partition_ms->assign(partitions_.size(), 0.0);
@@ -313,8 +334,10 @@ Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
         ptr = o->second;
       } else {
         NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
-        auto& buf = scratch[lt.id];
-        buf.resize(static_cast<size_t>(bytes));
+        auto& buf = scratch[lt.id] = ScratchBuffer(static_cast<size_t>(bytes));
+        if (buf.data() == nullptr)
+          return out_of_range("cannot allocate " + std::to_string(bytes) + " bytes for tensor " +
+                              std::to_string(lt.id));
         ptr = buf.data();
         written[lt.id] = ptr;
       }
@@ -325,6 +348,58 @@ Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
     if (partition_ms) (*partition_ms)[k] = ms_since(t0);
   }
   return ok_status();
+}
+
+StatusOr<LogicalTensor> CompiledGraph::query_logical_tensor(int64_t id) const {
+  for (const auto* list : {&inputs_, &outputs_}) {
+    for (const LogicalTensor& lt : *list) {
+      if (lt.id != id) continue;
+      LogicalTensor q = lt;
+      if (!q.dims_known())
+        return invalid_graph("tensor " + std::to_string(id) + " has no shape yet");
+      q.strides = q.effective_strides();
+      q.layout = LayoutType::kStrided;
+      return q;
+    }
+  }
+  return not_found("tensor " + std::to_string(id) + " is not a graph input or output");
+}
+
+std::vector<std::pair<int64_t, int64_t>> CompiledGraph::inplace_pairs() const {
+  // Each backend reads an element of these inputs before it writes the same
+  // element of the output (ref per element, the JIT in its apply pass, oneDNN
+  // as its in-place support documents), so they may share a buffer when
+  // their metadata is the same.
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  for (const Op& op : graph_.ops()) {
+    std::vector<std::pair<size_t, size_t>> ports;  // (input port, output port)
+    switch (op.kind()) {
+      case OpKind::kBatchNormTrainingBackward:
+      case OpKind::kReLUBackward:
+        ports = {{1, 0}};
+        break;
+      case OpKind::kReLU:
+      case OpKind::kAdd:
+      case OpKind::kBatchNormInference:
+        ports = {{0, 0}};
+        break;
+      default:
+        break;
+    }
+    for (auto [i, o] : ports) {
+      const LogicalTensor& in = op.inputs()[i];
+      const LogicalTensor& out = op.outputs()[o];
+      auto is_in = [&](const std::vector<LogicalTensor>& ts, int64_t id) {
+        return std::any_of(ts.begin(), ts.end(),
+                           [&](const LogicalTensor& t) { return t.id == id; });
+      };
+      if (in.dtype == out.dtype && in.dims == out.dims &&
+          in.effective_strides() == out.effective_strides() && is_in(inputs_, in.id) &&
+          is_in(outputs_, out.id))
+        pairs.emplace_back(in.id, out.id);
+    }
+  }
+  return pairs;
 }
 
 }  // namespace normgrad

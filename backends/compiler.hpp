@@ -63,7 +63,8 @@ class CompiledPartition {
 
   // Tensors in the partition's port order; each must match its port's id,
   // dtype and dims, and point at a buffer large enough for its strides.
-  Status execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const;
+  Status execute(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                 const Allocator* allocator = nullptr) const;
 
  private:
   Partition partition_;
@@ -97,9 +98,21 @@ class CompiledGraph {
   // Buffers by tensor id: every graph input and every graph output must be given.
   // Intermediates are allocated per call, so concurrent calls are safe.
   // `partition_ms`, when given, receives each partition's wall time.
+  // A buffer for an id that is neither a graph input nor a graph output is an
+  // error. `allocator` (oneDNN Graph's allocator) serves the intermediates and
+  // the kernels' scratch when given.
   Status execute(const std::map<int64_t, const void*>& inputs,
                  const std::map<int64_t, void*>& outputs,
-                 std::vector<double>* partition_ms = nullptr) const;
+                 std::vector<double>* partition_ms = nullptr,
+                 const Allocator* allocator = nullptr) const;
+  // oneDNN Graph's query_logical_tensor: a graph input or output as the
+  // compiled graph reads or writes it, with concrete strides (layout `any`
+  // resolved to the dense row-major layout the kernels write).
+  StatusOr<LogicalTensor> query_logical_tensor(int64_t id) const;
+  // oneDNN Graph's get_inplace_ports: (input id, output id) pairs whose
+  // buffers may be the same (diff_src over diff_dst, an elementwise op's
+  // output over its input); every backend honours them.
+  std::vector<std::pair<int64_t, int64_t>> inplace_pairs() const;
 
  private:
   Graph graph_;

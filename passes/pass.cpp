@@ -95,9 +95,11 @@ std::vector<PassInfo> registered_passes() {
 }
 
 Status register_pass(const std::string& name, const std::string& summary, PassFactory factory) {
-  if (name.empty() || !factory) return invalid_argument("register_pass: a name and a factory are needed");
+  if (name.empty() || !factory)
+    return invalid_argument("register_pass: a name and a factory are needed");
   for (const PassInfo& p : registered_passes()) {
-    if (p.name == name) return invalid_argument("register_pass: pass '" + name + "' exists already");
+    if (p.name == name)
+      return invalid_argument("register_pass: pass '" + name + "' exists already");
   }
   std::lock_guard<std::mutex> lock(registry_mutex());
   user_passes().push_back({{name, summary, false}, std::move(factory)});

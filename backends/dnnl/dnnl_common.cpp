@@ -57,7 +57,8 @@ Status guard(const std::string& what, const std::function<void()>& fn) {
 Scratchpad make_scratchpad(const dnnl::primitive_desc_base& pd) {
   Scratchpad s;
   const dnnl::memory::desc md = pd.scratchpad_desc();
-  s.bytes.resize(md.get_size() + 1);
+  s.bytes = ScratchBuffer(md.get_size() + 1);
+  if (s.bytes.data() == nullptr) throw dnnl::error(dnnl_out_of_memory, "scratchpad allocation");
   s.mem = dnnl::memory(md, cpu_engine(), s.bytes.data());
   return s;
 }

@@ -15,6 +15,8 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <normgrad/backends/backend.hpp>
+
 #include <normgrad/graph/logical_tensor.hpp>
 #include <normgrad/graph/status.hpp>
 
@@ -39,7 +41,7 @@ Status guard(const std::string& what, const std::function<void()>& fn);
 // A per-execute user scratchpad for `pd`, as oneDNN's library scratchpad is
 // not thread-safe.
 struct Scratchpad {
-  std::vector<char> bytes;
+  ScratchBuffer bytes;  // from the execution's allocator
   dnnl::memory mem;
 };
 Scratchpad make_scratchpad(const dnnl::primitive_desc_base& pd);

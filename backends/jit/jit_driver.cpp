@@ -34,7 +34,9 @@ std::atomic<int>& last_concurrency() {
   static std::atomic<int> v{0};
   return v;
 }
-void note_concurrency(int c) { last_concurrency().store(c); }
+void note_concurrency(int c) {
+  last_concurrency().store(c);
+}
 
 #ifndef NORMGRAD_STD_THREADS
 // One arena per thread cap, shared by concurrent executions (an arena is
@@ -74,10 +76,9 @@ void for_range(bool serial, int64_t n, const Body& body) {
 #else
   auto run = [&] {
     note_concurrency(tbb::this_task_arena::max_concurrency());
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n),
-                      [&](const tbb::blocked_range<int64_t>& r) {
-                        for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
-                      });
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
+    });
   };
   if (const int cap = num_threads(); cap > 0) {
     capped_arena(cap)->execute(run);  // normgrad::set_num_threads: our own arena
@@ -223,7 +224,9 @@ void copy_strided(const char* src, const Dims& src_strides, char* dst, const Dim
 
 }  // namespace
 
-int last_max_concurrency() { return last_concurrency().load(); }
+int last_max_concurrency() {
+  return last_concurrency().load();
+}
 
 ScratchPool::Buffer ScratchPool::take(size_t bytes) {
   {
@@ -257,7 +260,12 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
   const int64_t es = dtype_size(conf.d.data_dt);
   const auto bytes = static_cast<size_t>((conf.total_elements * es + 63) / 64 * 64);
   std::vector<ScratchPool::Buffer> held;
+  std::vector<ScratchBuffer> from_allocator;  // a user allocator bypasses the pool
   auto take = [&]() -> char* {
+    if (current_allocator() != nullptr) {
+      from_allocator.emplace_back(bytes);
+      return from_allocator.back().data();
+    }
     held.push_back(pool->take(bytes));
     return held.back().get();
   };

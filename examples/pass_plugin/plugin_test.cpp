@@ -16,9 +16,11 @@ int main(int argc, char** argv) {
   Graph g;
   Op t(0, OpKind::kStaticTranspose, "t");
   t.set_attr("order", std::vector<int64_t>{0, -1});
-  t.add_input(LogicalTensor(0, DataType::kF32, {2, 3})).add_output(LogicalTensor(1, DataType::kF32, {2, 3}));
+  t.add_input(LogicalTensor(0, DataType::kF32, {2, 3}))
+      .add_output(LogicalTensor(1, DataType::kF32, {2, 3}));
   Op relu(1, OpKind::kReLU, "relu");
-  relu.add_input(LogicalTensor(1, DataType::kF32, {2, 3})).add_output(LogicalTensor(2, DataType::kF32, {2, 3}));
+  relu.add_input(LogicalTensor(1, DataType::kF32, {2, 3}))
+      .add_output(LogicalTensor(2, DataType::kF32, {2, 3}));
   if (!g.add_op(t).ok() || !g.add_op(relu).ok()) return 1;
   CompileOptions options;
   options.backend = "ref";
