@@ -117,6 +117,7 @@ TEST(CanonicalizePass, NumbersAgreeWithTheHandWrittenForm) {
         a->execute(in,
                    {{6, o1.data()}, {7, g1.data()}, {8, b1.data()}, {9, nullptr}, {10, nullptr}})
             .ok());
+    in.erase(5);  // the hand-written form has no reserve_space_3 (unknown ids are errors)
     ASSERT_TRUE(b->execute(in, {{6, o2.data()}, {7, g2.data()}, {8, b2.data()}}).ok());
     EXPECT_EQ(o1, o2);
     EXPECT_EQ(g1, g2);
