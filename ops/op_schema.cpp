@@ -185,7 +185,9 @@ std::string port_label(const Op& op, bool is_input, size_t index, const std::str
 
 Status set_or_check_dims(Op& op, size_t out_index, const std::string& out_name, const Dims& dims) {
   LogicalTensor& out = op.mutable_outputs()[out_index];
-  if (!out.rank_known()) {
+  // An output declared with no dims (`{}`, as the first API documented it)
+  // takes the inferred shape; rank 0 is never inferred for a ranked result.
+  if (!out.rank_known() || (out.dims.empty() && !dims.empty())) {
     out.dims = dims;
     out.rank_unknown = false;
     out.strides.clear();

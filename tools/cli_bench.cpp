@@ -380,7 +380,7 @@ int bench_command(const std::vector<std::string>& argv) {
       }
       std::cout << "  " << std::left << std::setw(13) << r.backend << std::right << std::setw(9)
                 << r.median << " ms  [" << r.min << ", " << r.max << "]  " << std::setw(7) << r.gbps
-                << " GB/s  " << std::setw(5) << r.pct << "% of start roof  x" << r.ratio
+                << " GB/s  " << std::setw(5) << r.pct << "% of roofline*  x" << r.ratio
                 << " vs dnnl  compile " << r.compile_ms << "/" << r.cached_compile_ms << " ms  "
                 << r.kernel << "\n";
     }
@@ -451,7 +451,10 @@ int bench_command(const std::vector<std::string>& argv) {
       r.pct = roofline > 0 && r.gbps > 0 ? 100.0 * r.gbps / roofline : 0.0;
   }
   std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start
-            << "); the JSON and the chart use the higher, " << roofline << " GB/s\n";
+            << "); the JSON and the chart use the higher, " << roofline << " GB/s\n"
+            << "* per-case lines divide by the start probe, the only one known while they print;"
+               " over 100% means that probe ran low (the end probe or the JSON gives the right"
+               " share)\n";
   if (!opt.json_out.empty()) {
     nlohmann::ordered_json j;
     j["threads"] = threads;

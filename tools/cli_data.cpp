@@ -167,6 +167,9 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
       if (src == nullptr) return internal_error("src of " + op.label() + " has no value");
       NG_RETURN_IF_ERROR(set_batch_statistics(op, *src, inputs.at(op.inputs()[2].id),
                                               inputs.at(op.inputs()[3].id)));
+      // Computed from src, not random: say so in `run`'s "inputs:" line.
+      (*sources)[op.inputs()[2].id] = "batch-stats";
+      (*sources)[op.inputs()[3].id] = "batch-stats";
     }
     if (k + 1 == last) break;  // nothing after it needs values
     std::vector<const void*> in;
