@@ -11,21 +11,22 @@ namespace {
 
 class JitKernel final : public Kernel {
  public:
-  JitKernel(jit::BnConf conf, std::shared_ptr<const jit::KernelSet> kernels)
-      : conf_(std::move(conf)), kernels_(std::move(kernels)) {}
+  JitKernel(jit::BnConf conf, std::shared_ptr<const jit::KernelSet> kernels,
+            std::shared_ptr<const jit::KernelSet> staged)
+      : conf_(std::move(conf)), kernels_(std::move(kernels)), staged_(std::move(staged)) {}
   std::string name() const override { return conf_.kernel_name(); }
   std::string info() const override {
     return conf_.isa == jit::Isa::kPortable ? "portable"
                                             : "codegen_ms=" + std::to_string(kernels_->generate_ms);
   }
   Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
-    return jit::run_batch_norm_backward(conf_, *kernels_, in, out, &pool_);
+    return jit::run_batch_norm_backward(conf_, *kernels_, in, out, staged_.get());
   }
 
  private:
   jit::BnConf conf_;
   std::shared_ptr<const jit::KernelSet> kernels_;
-  mutable jit::ScratchPool pool_;  // repack scratch for strided tensors
+  std::shared_ptr<const jit::KernelSet> staged_;  // strided tensors: staged per task
 };
 
 // Generated code by conf key: the same problem generates code once.
@@ -61,8 +62,12 @@ class JitBackend final : public Backend {
   StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override {
     NG_ASSIGN_OR_RETURN(jit::BnConf conf, conf_of(partition));
     NG_ASSIGN_OR_RETURN(auto kernels, kernel_cache().get(conf));
+    std::shared_ptr<const jit::KernelSet> staged;
+    if (!conf.x_strides.empty() || !conf.dy_strides.empty() || !conf.dx_strides.empty()) {
+      NG_ASSIGN_OR_RETURN(staged, kernel_cache().get(jit::staged_conf(conf)));
+    }
     return std::shared_ptr<const Kernel>(
-        std::make_shared<JitKernel>(std::move(conf), std::move(kernels)));
+        std::make_shared<JitKernel>(std::move(conf), std::move(kernels), std::move(staged)));
   }
 
  private:

@@ -1,6 +1,8 @@
 // JIT conf: ISA detection, cache sizes from sysfs, and the walk and chunking.
 #include <normgrad/backends/jit/jit_conf.hpp>
 
+#include <optional>
+
 #include <cstdlib>
 #include <fstream>
 
@@ -103,14 +105,58 @@ std::string BnConf::kernel_name() const {
                   dtype_name(d.stats_dt) + ":" + (walk == Walk::kRows ? "rows" : "pixels");
   if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
-  if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+repack";
+  if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+staged";
+  if (strided_native) n += "+strided";
   return n;
 }
 
 std::string BnConf::key() const {
   // The generated code depends on the ISA, dtypes, walk, the inner length and strides.
   return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + (streaming_stores ? "+nt" : "") +
-         ":cols=" + std::to_string(cols) + ":rs=" + std::to_string(row_stride);
+         ":cols=" + std::to_string(cols) + ":rs=" + std::to_string(row_stride) +
+         ":cs=" + std::to_string(channel_stride) + ":dxrs=" + std::to_string(dx_row_stride);
+}
+
+// How the walk chosen in `c` covers a tensor with strides `st`, when it can.
+std::optional<StridedWalk> strided_walk(const BnConf& c, const Dims& st, bool split_rows) {
+  const BatchNormDesc& d = c.d;
+  const auto rank = static_cast<int>(d.dims.size());
+  StridedWalk w;
+  w.rows = c.rows;
+  w.cols = c.cols;
+  if (c.walk == Walk::kRows) {
+    const Dims sp(d.dims.begin() + 2, d.dims.end()), sps(st.begin() + 2, st.end());
+    if (!split_rows && sps == dense_strides(sp)) {  // the spatial block is dense within a channel
+      w.row_stride = st[0];
+      w.channel_stride = st[1];
+      return w;
+    }
+    if (rank < 4 || sps.back() != 1) return std::nullopt;
+    for (int k = rank - 3; k >= 2; --k) {
+      if (st[k] != st[k + 1] * d.dims[k + 1]) return std::nullopt;
+    }
+    w.cols = d.dims[rank - 1];  // padded rows: one call per (channel, image)
+    w.rows = (d.reduce_size / d.dims[0]) / w.cols;
+    w.row_stride = st[rank - 2];
+    w.channel_stride = st[1];
+    w.batch_stride = st[0];
+    w.batch_calls = d.dims[0];
+    return w;
+  }
+  if (st[d.channel_axis] != 1) return std::nullopt;
+  Dims px, pxs;  // every non-channel dim a multiple of one pixel stride, row-major
+  for (int k = 0; k < rank; ++k) {
+    if (k == d.channel_axis) continue;
+    px.push_back(d.dims[k]);
+    pxs.push_back(st[k]);
+  }
+  const int64_t pstride = pxs.back();
+  Dims want = dense_strides(px);
+  for (int64_t& v : want) v *= pstride;
+  if (pxs != want || pstride < d.channels) return std::nullopt;
+  w.row_stride = pstride;
+  w.channel_stride = 1;
+  return w;
 }
 
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
@@ -149,6 +195,45 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     c.cols = d.channels;
     c.row_stride = d.channels;
     c.channel_stride = 1;
+  }
+  // Strided data the kernels walk in place: src and diff_dst share one stride
+  // set, diff_src may have its own, and each is regular enough for the walk:
+  //  - NCX, spatial block dense within a channel: any channel and batch stride;
+  //  - NCX, last spatial dim contiguous and the others uniform above it
+  //    (padded rows): one kernel call per (channel, image) over the rows;
+  //  - NXC (or NCX with spatial 1): channels contiguous, pixels uniform.
+  // Anything else is staged through per-thread buffers by the driver.
+  if (!c.x_strides.empty() || !c.dy_strides.empty() || !c.dx_strides.empty()) {
+    const Dims dense = dense_strides(d.dims);
+    const Dims xs = c.x_strides.empty() ? dense : c.x_strides;
+    const Dims dys = c.dy_strides.empty() ? dense : c.dy_strides;
+    const Dims dxs = c.dx_strides.empty() ? dense : c.dx_strides;
+    auto x_walk = strided_walk(c, xs, false), dx_walk = strided_walk(c, dxs, false);
+    // One of them needs the per-image split over padded rows: walk both so.
+    if (x_walk && dx_walk && x_walk->batch_calls != dx_walk->batch_calls) {
+      x_walk = strided_walk(c, xs, true);
+      dx_walk = strided_walk(c, dxs, true);
+    }
+    if (xs == dys && x_walk && dx_walk && x_walk->rows == dx_walk->rows &&
+        x_walk->cols == dx_walk->cols && x_walk->batch_calls == dx_walk->batch_calls) {
+      c.rows = x_walk->rows;
+      c.cols = x_walk->cols;
+      c.batch_calls = x_walk->batch_calls;
+      c.row_stride = x_walk->row_stride;
+      c.channel_stride = x_walk->channel_stride;
+      c.batch_stride = x_walk->batch_stride;
+      c.dx_row_stride = dx_walk->row_stride;
+      c.dx_channel_stride = dx_walk->channel_stride;
+      c.dx_batch_stride = dx_walk->batch_stride;
+      c.x_strides.clear();  // walked in place: no staging
+      c.dy_strides.clear();
+      c.dx_strides.clear();
+      c.strided_native = true;
+    }
+  }
+  if (!c.strided_native) {
+    c.dx_row_stride = c.row_stride;
+    c.dx_channel_stride = c.channel_stride;
   }
   c.needs_reduction = d.mode == BackwardMode::kTraining || d.diff_scale_shift;
   // Pixels per reduction partial: about 1 MiB of src + diff_dst (at least 16

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <normgrad/graph/op.hpp>
@@ -74,12 +75,28 @@ struct BnConf {
   // Strided (e.g. padded) src, diff_dst or diff_src: the driver packs them into
   // dense scratch around the dense kernels. Empty: dense, used in place.
   Dims x_strides, dy_strides, dx_strides;
+  // Strided data walked in place (row_stride/channel_stride set from it).
+  bool strided_native = false;
+  // kRows over padded rows: per channel, one call per image (batch_calls of
+  // them, batch_stride apart), each over `rows` rows of `cols`.
+  int64_t batch_calls = 0;
+  int64_t batch_stride = 0;
+  // diff_src's own strides for the same walk (equal to the above when dense).
+  int64_t dx_row_stride = 0, dx_channel_stride = 0, dx_batch_stride = 0;
 
   // "jit:avx512:bf16/f32:rows" and the like, for verbose lines.
   std::string kernel_name() const;
   // The cache key: everything the generated code depends on.
   std::string key() const;
 };
+
+// How a walk covers one strided tensor (see make_conf).
+struct StridedWalk {
+  int64_t rows = 0, cols = 0, row_stride = 0, channel_stride = 0, batch_stride = 0, batch_calls = 0;
+};
+// `split_rows`: for the rows walk, describe even a dense spatial block as
+// padded rows (one call per image), to match another tensor that needs it.
+std::optional<StridedWalk> strided_walk(const BnConf& c, const Dims& strides, bool split_rows);
 
 // Decides the conf, or the reason the JIT declines (empty tensors, strided
 // fused inputs); strided src/diff_dst/diff_src are repacked by the driver.

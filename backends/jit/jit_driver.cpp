@@ -113,8 +113,131 @@ void coefficients(const BnConf& conf, const Channel& ch, double sum_dy, double s
 
 namespace {
 
-Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector<const void*>& in,
-                 const std::vector<void*>& out) {
+// Strided src/diff_dst/diff_src are staged per task: the rows of one channel
+// (rows walk) or one chunk of pixels (pixels walk) are gathered into
+// per-thread dense buffers that stay in L2, the kernels built for that
+// buffer layout run on them, and diff_src is scattered back. DRAM traffic is
+// the dense kernels' (full-line strided reads aside), unlike a whole-tensor copy.
+struct Staging {
+  const KernelSet* kernels = nullptr;      // built for the staged buffers
+  Dims x_strides, dy_strides, dx_strides;  // effective strides of the three tensors
+};
+
+// Per-thread staging buffers, grown on demand and kept: fresh pages would
+// fault on every task.
+char* stage_buffer(int which, size_t bytes) {
+  thread_local std::vector<char> buffers[3];
+  std::vector<char>& b = buffers[which];
+  if (b.size() < bytes + 64) b.resize(bytes + 64);
+  const auto p = reinterpret_cast<uintptr_t>(b.data());
+  return b.data() + ((64 - p % 64) % 64);
+}
+
+// Walks the rows of `dims` (all but the last dim, row-major order), calling
+// fn(row, offset of the row in elements under `strides`); offsets advance
+// like an odometer, with no division per row.
+template <typename Fn>
+void for_each_row(const Dims& dims, const Dims& strides, const Fn& fn) {
+  const size_t rank = dims.size();
+  if (rank == 0) return;
+  int64_t outer = 1;
+  for (size_t k = 0; k + 1 < rank; ++k) outer *= dims[k];
+  std::vector<int64_t> idx(rank, 0);
+  int64_t off = 0;
+  for (int64_t row = 0; row < outer; ++row) {
+    fn(row, off);
+    for (size_t k = rank - 1; k-- > 0;) {  // next row: carry through the outer dims
+      off += strides[k];
+      if (++idx[k] < dims[k]) break;
+      off -= strides[k] * dims[k];
+      idx[k] = 0;
+    }
+  }
+}
+
+// Copies the elements of `dims` (row-major order) from strided `src` into dense `dst`.
+void gather_dense(const char* src, const Dims& strides, const Dims& dims, int64_t es, char* dst) {
+  if (dims.empty()) return;
+  const int64_t inner = dims.back(), is = strides.back();
+  for_each_row(dims, strides, [&](int64_t row, int64_t off) {
+    const char* s = src + off * es;
+    char* d = dst + row * inner * es;
+    if (is == 1) {
+      std::memcpy(d, s, static_cast<size_t>(inner * es));
+    } else {
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(d + j * es, s + j * is * es, static_cast<size_t>(es));
+    }
+  });
+}
+
+// The reverse: dense `src` into strided `dst`.
+void scatter_dense(const char* src, char* dst, const Dims& strides, const Dims& dims, int64_t es) {
+  if (dims.empty()) return;
+  const int64_t inner = dims.back(), is = strides.back();
+  for_each_row(dims, strides, [&](int64_t row, int64_t off) {
+    const char* s = src + row * inner * es;
+    char* d = dst + off * es;
+    if (is == 1) {
+      std::memcpy(d, s, static_cast<size_t>(inner * es));
+    } else {
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(d + j * is * es, s + j * es, static_cast<size_t>(es));
+    }
+  });
+}
+
+// Pixels [r0, r0 + len) of a tensor (every index but the channel's, in
+// row-major order), each pixel's C values, between strided memory and a dense
+// [len][C] buffer.
+template <bool kGather>
+void move_pixels(char* dense, char* strided, const Dims& strides, const Dims& dims, int axis,
+                 int64_t es, int64_t r0, int64_t len) {
+  const auto rank = static_cast<int>(dims.size());
+  const int64_t c = dims[axis], cs = strides[axis];
+  for (int64_t p = r0; p < r0 + len; ++p) {
+    int64_t off = 0, rest = p;
+    for (int k = rank - 1; k >= 0; --k) {
+      if (k == axis) continue;
+      off += (rest % dims[k]) * strides[k];
+      rest /= dims[k];
+    }
+    char* row = dense + (p - r0) * c * es;
+    char* mem = strided + off * es;
+    if (cs == 1) {
+      if (kGather) {
+        std::memcpy(row, mem, static_cast<size_t>(c * es));
+      } else {
+        std::memcpy(mem, row, static_cast<size_t>(c * es));
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < c; ++j) {
+      if (kGather) {
+        std::memcpy(row + j * es, mem + j * cs * es, static_cast<size_t>(es));
+      } else {
+        std::memcpy(mem + j * cs * es, row + j * es, static_cast<size_t>(es));
+      }
+    }
+  }
+}
+
+// The sub-tensor of one channel (dims without the channel axis, and their strides).
+void channel_view(const Dims& dims, const Dims& strides, int axis, Dims* sub_dims,
+                  Dims* sub_strides) {
+  sub_dims->clear();
+  sub_strides->clear();
+  for (size_t k = 0; k < dims.size(); ++k) {
+    if (static_cast<int>(k) == axis) continue;
+    sub_dims->push_back(dims[k]);
+    sub_strides->push_back(strides[k]);
+  }
+}
+
+Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
+                 const std::vector<const void*>& in, const std::vector<void*>& out,
+                 const Staging* stage = nullptr) {
+  const KernelSet& kernels = stage ? *stage->kernels : dense_kernels;
   const BatchNormDesc& d = conf.d;
   const int64_t nc = d.channels, cp = padded_channels(nc);
   const int64_t es = dtype_size(d.data_dt);
@@ -136,20 +259,60 @@ Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector
   const char* dy2 = input(pm.dy_second);
   char* dx = static_cast<char*>(out[0]);
   // Kernel arguments for the data at byte offset `off`.
+  // Kernel arguments for the inputs at byte offset `off` and diff_src at `dx_off`.
+  auto args2 = [&](int64_t off, int64_t dx_off, bool with_dx, const float* coef, void* acc,
+                   int64_t rows) {
+    return KernelArgs{
+        x + off, dy + off, with_dx ? dx + dx_off : nullptr, coef,
+        acc,     rows,     x2 ? x2 + off : nullptr,         dy2 ? dy2 + off : nullptr};
+  };
   auto args = [&](int64_t off, bool with_dx, const float* coef, void* acc, int64_t rows) {
-    return KernelArgs{x + off, dy + off, with_dx ? dx + off : nullptr, coef,
-                      acc,     rows,     x2 ? x2 + off : nullptr,      dy2 ? dy2 + off : nullptr};
+    return args2(off, off, with_dx, coef, acc, rows);
   };
 
-  if (conf.walk == Walk::kRows) {
+  // Staged: the channel's (or chunk's) data, gathered into per-thread buffers.
+  Dims sub_dims, xs_sub, dys_sub, dxs_sub;
+  if (stage && conf.walk == Walk::kRows) {
+    channel_view(d.dims, stage->x_strides, d.channel_axis, &sub_dims, &xs_sub);
+    channel_view(d.dims, stage->dy_strides, d.channel_axis, &sub_dims, &dys_sub);
+    channel_view(d.dims, stage->dx_strides, d.channel_axis, &sub_dims, &dxs_sub);
+  }
+  if (conf.walk == Walk::kRows && stage) {
+    const size_t bytes = static_cast<size_t>(d.reduce_size * es);
     for_range(conf.single_thread, nc, [&](int64_t c) {
-      const int64_t base = c * conf.channel_stride * es;
+      char* bx = stage_buffer(0, bytes);
+      char* bdy = stage_buffer(1, bytes);
+      char* bdx = stage_buffer(2, bytes);
+      const int axis = d.channel_axis;
+      gather_dense(x + c * stage->x_strides[axis] * es, xs_sub, sub_dims, es, bx);
+      gather_dense(dy + c * stage->dy_strides[axis] * es, dys_sub, sub_dims, es, bdy);
       float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(ch[c].mean)};
       double sums[2] = {0.0, 0.0};
-      if (conf.needs_reduction) kernels.reduce(args(base, false, coef, sums, conf.rows));
+      if (conf.needs_reduction)
+        kernels.reduce(KernelArgs{bx, bdy, nullptr, coef, sums, conf.rows, nullptr, nullptr});
       coefficients(conf, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
                    &diff_beta[c]);
-      kernels.apply(args(base, true, coef, nullptr, conf.rows));
+      kernels.apply(KernelArgs{bx, bdy, bdx, coef, nullptr, conf.rows, nullptr, nullptr});
+      scatter_dense(bdx, dx + c * stage->dx_strides[axis] * es, dxs_sub, sub_dims, es);
+    });
+  } else if (conf.walk == Walk::kRows) {
+    // One call per channel, or per (channel, image) over padded rows; the
+    // reduce kernel adds each row's sums into `sums` in order, so the calls
+    // split nothing that the bits depend on beyond the shape.
+    const int64_t calls = conf.batch_calls > 0 ? conf.batch_calls : 1;
+    for_range(conf.single_thread, nc, [&](int64_t c) {
+      const int64_t base = c * conf.channel_stride * es;
+      const int64_t dx_base = c * conf.dx_channel_stride * es;
+      float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(ch[c].mean)};
+      double sums[2] = {0.0, 0.0};
+      for (int64_t b = 0; b < calls && conf.needs_reduction; ++b)
+        kernels.reduce(args(base + b * conf.batch_stride * es, false, coef, sums, conf.rows));
+      coefficients(conf, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
+                   &diff_beta[c]);
+      for (int64_t b = 0; b < calls; ++b)
+        kernels.apply(args2(base + b * conf.batch_stride * es,
+                            dx_base + b * conf.dx_batch_stride * es, true, coef, nullptr,
+                            conf.rows));
     });
   } else {
     std::vector<float> coef(static_cast<size_t>(4 * cp), 0.f);
@@ -162,8 +325,20 @@ Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector
       std::vector<float> partial(static_cast<size_t>(nchunks * 2 * cp), 0.f);
       for_range(conf.single_thread, nchunks, [&](int64_t k) {
         const int64_t r0 = k * chunk;
-        kernels.reduce(args(r0 * row_bytes, false, coef.data() + 3 * cp,
-                            partial.data() + k * 2 * cp, std::min(chunk, conf.rows - r0)));
+        const int64_t len = std::min(chunk, conf.rows - r0);
+        if (stage) {
+          char* bx = stage_buffer(0, static_cast<size_t>(len * row_bytes));
+          char* bdy = stage_buffer(1, static_cast<size_t>(len * row_bytes));
+          move_pixels<true>(bx, const_cast<char*>(x), stage->x_strides, d.dims, d.channel_axis, es,
+                            r0, len);
+          move_pixels<true>(bdy, const_cast<char*>(dy), stage->dy_strides, d.dims, d.channel_axis,
+                            es, r0, len);
+          kernels.reduce(KernelArgs{bx, bdy, nullptr, coef.data() + 3 * cp,
+                                    partial.data() + k * 2 * cp, len, nullptr, nullptr});
+          return;
+        }
+        kernels.reduce(
+            args(r0 * row_bytes, false, coef.data() + 3 * cp, partial.data() + k * 2 * cp, len));
       });
       // Chunks in index order for every channel: sequential in memory, fixed in order.
       for (int64_t k = 0; k < nchunks; ++k) {
@@ -181,8 +356,22 @@ Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector
     // Last chunks first: the reduction just read them, so they are still in cache.
     for_range(conf.single_thread, nchunks, [&](int64_t k_rev) {
       const int64_t r0 = (nchunks - 1 - k_rev) * chunk;
+      const int64_t len = std::min(chunk, conf.rows - r0);
+      if (stage) {
+        const auto bytes = static_cast<size_t>(len * row_bytes);
+        char* bx = stage_buffer(0, bytes);
+        char* bdy = stage_buffer(1, bytes);
+        char* bdx = stage_buffer(2, bytes);
+        move_pixels<true>(bx, const_cast<char*>(x), stage->x_strides, d.dims, d.channel_axis, es,
+                          r0, len);
+        move_pixels<true>(bdy, const_cast<char*>(dy), stage->dy_strides, d.dims, d.channel_axis, es,
+                          r0, len);
+        kernels.apply(KernelArgs{bx, bdy, bdx, coef.data(), nullptr, len, nullptr, nullptr});
+        move_pixels<false>(bdx, dx, stage->dx_strides, d.dims, d.channel_axis, es, r0, len);
+        return;
+      }
       kernels.apply(
-          args(r0 * row_bytes, true, coef.data(), nullptr, std::min(chunk, conf.rows - r0)));
+          args2(r0 * row_bytes, r0 * conf.dx_row_stride * es, true, coef.data(), nullptr, len));
     });
   }
   if (d.diff_scale_shift) {
@@ -194,103 +383,35 @@ Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector
   return ok_status();
 }
 
-// Copies a tensor of `dims` between two stride sets, rows of the last dim at a
-// time, spread over threads by the outer dims.
-void copy_strided(const char* src, const Dims& src_strides, char* dst, const Dims& dst_strides,
-                  const Dims& dims, int64_t es, bool serial) {
-  const size_t rank = dims.size();
-  const int64_t inner = dims[rank - 1];
-  int64_t outer = 1;
-  for (size_t k = 0; k + 1 < rank; ++k) outer *= dims[k];
-  const int64_t ss = src_strides[rank - 1], ds = dst_strides[rank - 1];
-  for_range(serial, outer, [&](int64_t row) {
-    int64_t so = 0, dof = 0, rest = row;
-    for (size_t k = rank - 1; k-- > 0;) {
-      const int64_t i = rest % dims[k];
-      rest /= dims[k];
-      so += i * src_strides[k];
-      dof += i * dst_strides[k];
-    }
-    const char* s = src + so * es;
-    char* d = dst + dof * es;
-    if (ss == 1 && ds == 1) {
-      std::memcpy(d, s, static_cast<size_t>(inner * es));
-    } else {
-      for (int64_t j = 0; j < inner; ++j)
-        std::memcpy(d + j * ds * es, s + j * ss * es, static_cast<size_t>(es));
-    }
-  });
-}
-
 }  // namespace
 
 int last_max_concurrency() {
   return last_concurrency().load();
 }
 
-ScratchPool::Buffer ScratchPool::take(size_t bytes) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->first == bytes) {
-        Buffer b = std::move(it->second);
-        free_.erase(it);
-        return b;
-      }
-    }
-  }
-  return Buffer(static_cast<char*>(std::aligned_alloc(64, bytes)), &std::free);
-}
-
-void ScratchPool::give(Buffer b, size_t bytes) {
-  if (!b) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (free_.size() < 8) free_.emplace_back(bytes, std::move(b));  // a few calls' worth
-}
-
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out,
-                               ScratchPool* pool) {
+                               const KernelSet* staged) {
   if (conf.x_strides.empty() && conf.dy_strides.empty() && conf.dx_strides.empty())
     return run_dense(conf, kernels, in, out);
-  // Padded or permuted strides: pack into 64-byte aligned dense scratch, run
-  // the dense kernels, unpack diff_src. Same arithmetic, same bits.
-  const Dims& dims = conf.d.dims;
-  const Dims dense = dense_strides(dims);
-  const int64_t es = dtype_size(conf.d.data_dt);
-  const auto bytes = static_cast<size_t>((conf.total_elements * es + 63) / 64 * 64);
-  std::vector<ScratchPool::Buffer> held;
-  std::vector<ScratchBuffer> from_allocator;  // a user allocator bypasses the pool
-  auto take = [&]() -> char* {
-    if (current_allocator() != nullptr) {
-      from_allocator.emplace_back(bytes);
-      return from_allocator.back().data();
-    }
-    held.push_back(pool->take(bytes));
-    return held.back().get();
-  };
-  std::vector<const void*> in2 = in;
-  std::vector<void*> out2 = out;
-  const bool serial = conf.single_thread;
-  char* dx_dense = nullptr;
-  for (auto [strides, port] : {std::pair<const Dims*, int>{&conf.x_strides, conf.ports.x},
-                               std::pair<const Dims*, int>{&conf.dy_strides, conf.ports.dy}}) {
-    if (strides->empty()) continue;
-    char* buf = take();
-    if (buf == nullptr) return out_of_range("JIT repack: cannot allocate " + std::to_string(bytes));
-    copy_strided(static_cast<const char*>(in[port]), *strides, buf, dense, dims, es, serial);
-    in2[port] = buf;
-  }
-  if (!conf.dx_strides.empty()) {
-    dx_dense = take();
-    if (dx_dense == nullptr)
-      return out_of_range("JIT repack: cannot allocate " + std::to_string(bytes));
-    out2[0] = dx_dense;
-  }
-  Status s = run_dense(conf, kernels, in2, out2);
-  if (s.ok() && dx_dense)
-    copy_strided(dx_dense, dense, static_cast<char*>(out[0]), conf.dx_strides, dims, es, serial);
-  for (auto& b : held) pool->give(std::move(b), bytes);
+  if (staged == nullptr) return internal_error("JIT: strided tensors need the staged kernels");
+  const Dims dense = dense_strides(conf.d.dims);
+  Staging st;
+  st.kernels = staged;
+  st.x_strides = conf.x_strides.empty() ? dense : conf.x_strides;
+  st.dy_strides = conf.dy_strides.empty() ? dense : conf.dy_strides;
+  st.dx_strides = conf.dx_strides.empty() ? dense : conf.dx_strides;
+  return run_dense(conf, kernels, in, out, &st);
+}
+
+BnConf staged_conf(const BnConf& conf) {
+  BnConf s = conf;
+  s.streaming_stores = false;                        // diff_src goes to a cached staging buffer
+  if (s.walk == Walk::kRows) s.row_stride = s.cols;  // one channel's [N][S] rows
+  s.dx_row_stride = s.row_stride;
+  s.x_strides.clear();
+  s.dy_strides.clear();
+  s.dx_strides.clear();
   return s;
 }
 

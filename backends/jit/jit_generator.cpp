@@ -102,9 +102,12 @@ class BnGenerator : public CodeGenerator {
     mov(rax, c_.row_stride * es_);
     add(rsi, rax);
     add(rdx, rax);
-    if (with_dx) add(rcx, rax);
     if (c_.x_fuse != Fuse::kNone) add(r12, rax);
     if (c_.dy_fuse != Fuse::kNone) add(r13, rax);
+    if (with_dx) {  // diff_src may be laid out with its own row stride
+      mov(rax, c_.dx_row_stride * es_);
+      add(rcx, rax);
+    }
   }
 
   void epilogue() {

@@ -94,7 +94,8 @@ class PortableKernels final : public KernelSet {
         const float cb = rows ? a.coef[1] : a.coef[cp_ + i];
         const float cc = rows ? a.coef[2] : a.coef[2 * cp_ + i];
         const float cm = rows ? a.coef[3] : a.coef[3 * cp_ + i];
-        store(a.dx, e, dt, ca * value(a, 1, e) + (cb * (value(a, 0, e) - cm) + cc));
+        store(a.dx, r * c_.dx_row_stride + i, dt,
+              ca * value(a, 1, e) + (cb * (value(a, 0, e) - cm) + cc));
       }
     }
   }

@@ -89,7 +89,7 @@ TEST(ExecuteApi, QueryGivesConcreteStrides) {
 
 TEST(ExecuteApi, AllocatorServesIntermediatesAndScratch) {
   // ReLU -> BatchNormTrainingBackward's src: two partitions and one intermediate;
-  // a padded diff_dst makes the JIT repack into scratch as well.
+  // oneDNN's scratchpad for the ReLU comes from the allocator too.
   Graph g;
   Op relu(10, OpKind::kReLU, "relu");
   relu.add_input(lt(20, DataType::kF32, {4, 8, 6, 6}))
