@@ -38,6 +38,32 @@ const char* const kListOrder[] = {
     "in-shapes", "op-attrs", "attr-fpmath",           "mb",
     "dt",        "op-kind",  "expected-n-partitions", "tensor-property"};
 
+bool is_benchdnn_noop(const std::string& key) {
+  static const char* const kNoops[] = {"graph",
+                                       "max-ms-per-prb",
+                                       "fix-times-per-prb",
+                                       "allow-enum-tags-only",
+                                       "cold-cache",
+                                       "memory-kind",
+                                       "mode-modifier",
+                                       "perf-template",
+                                       "repeats-per-prb",
+                                       "canonical",
+                                       "cpu-isa-hints",
+                                       "mem-check",
+                                       "start",
+                                       "skip-impl",
+                                       "impl",
+                                       "global-impl",
+                                       "num-streams",
+                                       "execution-mode",
+                                       "attr-scratchpad"};
+  for (const char* k : kNoops) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
 bool is_mode(const std::string& m) {
   return m == "C" || m == "P" || m == "CP" || m == "PC" || m == "R" || m == "L";
 }
@@ -100,10 +126,9 @@ bool Driver::set_global(const std::string& key, const std::string& value, bool* 
     const std::string kind = value.substr(0, value.find(':'));
     if (kind != "cpu" && kind != "gpu") return fail_arg("--engine must be cpu or gpu[:N]");
     opt_.engine = kind;
-  } else if (key == "graph" || key == "max-ms-per-prb" || key == "fix-times-per-prb" ||
-             key == "allow-enum-tags-only" || key == "cold-cache" || key == "memory-kind") {
-    // benchdnn's driver selector and timing knobs: accepted; normgrad has one
-    // driver and times with --iters.
+  } else if (is_benchdnn_noop(key)) {
+    // benchdnn's driver selector and its common timing/debug knobs: accepted;
+    // normgrad has one driver, times with --iters and has no implementation list.
   } else {
     *handled = false;
   }

@@ -294,7 +294,10 @@ int run_command(const std::vector<std::string>& argv) {
     set_backend_threads(static_cast<int>(defaults.threads));
   }
   Driver driver(defaults);
-  if (!driver.process(knob_tokens)) return 2;
+  if (!driver.process(knob_tokens)) {
+    driver.finish();  // the cases run so far still get their summary
+    return 2;
+  }
   return driver.finish();
 }
 
