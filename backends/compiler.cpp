@@ -295,13 +295,15 @@ Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
     for (const LogicalTensor& t : ts) l += (l.empty() ? "" : ", ") + std::to_string(t.id);
     return l;
   };
-  for (const auto& [id, ptr] : inputs) {
+  for (const auto& entry : inputs) {
+    const int64_t id = entry.first;  // a plain variable: C++17 lambdas cannot capture bindings
     if (std::none_of(inputs_.begin(), inputs_.end(),
                      [&](const LogicalTensor& t) { return t.id == id; }))
       return invalid_argument("input buffer for tensor " + std::to_string(id) +
                               ", which is not a graph input (inputs: " + listed(inputs_) + ")");
   }
-  for (const auto& [id, ptr] : outputs) {
+  for (const auto& entry : outputs) {
+    const int64_t id = entry.first;
     if (std::none_of(outputs_.begin(), outputs_.end(),
                      [&](const LogicalTensor& t) { return t.id == id; }))
       return invalid_argument("output buffer for tensor " + std::to_string(id) +

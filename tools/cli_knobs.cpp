@@ -343,7 +343,9 @@ Status parse_case_knob(const std::string& key, const std::string& value, Knobs* 
 }
 
 Status apply_knobs(const Knobs& knobs, Graph* graph) {
-  for (const auto& [id, kind_name] : knobs.op_kinds) {
+  for (const auto& entry : knobs.op_kinds) {
+    const int64_t id = entry.first;  // lambdas below capture it (not a binding: C++17)
+    const std::string& kind_name = entry.second;
     auto& ops = graph->mutable_ops();
     auto it = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id() == id; });
     if (it == ops.end())
