@@ -65,7 +65,10 @@ void for_range(bool serial, int64_t n, const Body& body) {
     return;
   }
 #ifdef NORMGRAD_STD_THREADS
-  const int64_t workers = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  const int cap = num_threads();
+  const int64_t cores = cap > 0 ? cap : std::max(1u, std::thread::hardware_concurrency());
+  note_concurrency(static_cast<int>(cores));
+  const int64_t workers = std::min<int64_t>(n, cores);
   std::vector<std::thread> threads;
   for (int64_t w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
