@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -111,6 +113,58 @@ double run_once(Runner& r, const std::map<int64_t, const void*>& in) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!s.ok()) r.result.reason = s.to_string();
   return ms;
+}
+
+// The machine a run was measured on, so runs on different hosts can be told apart.
+struct HostInfo {
+  std::string cpu_model = "unknown";
+  int64_t logical_cpus = 0;
+  int64_t l1d_bytes = 0, l2_bytes = 0,
+          l3_bytes = 0;  // as sysfs reports them (a VM may show the host's)
+  std::string isa;
+};
+
+int64_t sysfs_cache_bytes(int level, const char* type) {
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir =
+        "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream lv(dir + "level"), ty(dir + "type"), sz(dir + "size");
+    int l = 0;
+    std::string t, size;
+    if (!(lv >> l) || !(ty >> t) || !(sz >> size)) continue;
+    if (l != level || (t != type && t != "Unified")) continue;
+    int64_t v = std::atoll(size.c_str());
+    if (size.find('K') != std::string::npos) v <<= 10;
+    if (size.find('M') != std::string::npos) v <<= 20;
+    return v;
+  }
+  return 0;
+}
+
+HostInfo host_info() {
+  HostInfo h;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  bool avx512 = false, avx512_bf16 = false, avx512_fp16 = false, avx2 = false;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0 && h.cpu_model == "unknown") {
+      h.cpu_model = line.substr(line.find(':') + 2);
+    } else if (line.rfind("flags", 0) == 0) {
+      avx512 = avx512 || line.find(" avx512f") != std::string::npos;
+      avx512_bf16 = avx512_bf16 || line.find(" avx512_bf16") != std::string::npos;
+      avx512_fp16 = avx512_fp16 || line.find(" avx512_fp16") != std::string::npos;
+      avx2 = avx2 || line.find(" avx2") != std::string::npos;
+    }
+  }
+  h.logical_cpus = std::thread::hardware_concurrency();
+  h.l1d_bytes = sysfs_cache_bytes(1, "Data");
+  h.l2_bytes = sysfs_cache_bytes(2, "Unified");
+  h.l3_bytes = sysfs_cache_bytes(3, "Unified");
+  h.isa = avx512
+              ? std::string("avx512") + (avx512_bf16 ? "+bf16" : "") + (avx512_fp16 ? "+fp16" : "")
+          : avx2 ? "avx2"
+                 : "baseline";
+  return h;
 }
 
 Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, double roofline) {
@@ -336,7 +390,12 @@ int bench_command(const std::vector<std::string>& argv) {
     }
   }
   std::vector<std::pair<std::string, Dims>> shapes;
-  if (opt.shapes == "resnet50" || opt.shapes == "small") {
+  if (opt.shapes == "cached") {
+    // Cache-resident problems (1.6 and 1.6 MB of src + diff_dst in f32): the
+    // limit is instructions, not DRAM, so a slow-memory host cannot hide an
+    // inefficient kernel. GB/s here is on cached data, not a DRAM roofline share.
+    shapes = {{"1x256x28x28", {1, 256, 28, 28}}, {"4x512x14x14", {4, 512, 14, 14}}};
+  } else if (opt.shapes == "resnet50" || opt.shapes == "small") {
     if (opt.shapes == "resnet50") {
       shapes = {{"32x64x112x112", {32, 64, 112, 112}},
                 {"32x256x56x56", {32, 256, 56, 56}},
@@ -347,7 +406,7 @@ int bench_command(const std::vector<std::string>& argv) {
     shapes.push_back({"1x32x28x28", {1, 32, 28, 28}});
     shapes.push_back({"2x192x71x71", {2, 192, 71, 71}});
   } else {
-    std::cerr << "normgrad bench: --shapes must be resnet50 or small\n";
+    std::cerr << "normgrad bench: --shapes must be resnet50, small or cached\n";
     return 2;
   }
   for (const std::string& l : opt.layouts) {
@@ -367,6 +426,12 @@ int bench_command(const std::vector<std::string>& argv) {
 
   constexpr int64_t kProbeFloats = int64_t{64} << 20;  // 256 MiB per array, far beyond the L3
   const double roof_start = measure_stream_gbps(kProbeFloats, 4);
+  {
+    const HostInfo host = host_info();
+    std::cout << "host: " << host.cpu_model << ", " << host.logical_cpus << " logical CPUs, L1d "
+              << host.l1d_bytes / 1024 << " KiB, L2 " << host.l2_bytes / 1024 << " KiB, L3 "
+              << host.l3_bytes / 1024 << " KiB (sysfs), " << host.isa << "\n";
+  }
   std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
             << threads << " threads): " << roof_start << " GB/s at start\n";
   std::vector<CaseResult> cases;
@@ -457,6 +522,12 @@ int bench_command(const std::vector<std::string>& argv) {
                " share)\n";
   if (!opt.json_out.empty()) {
     nlohmann::ordered_json j;
+    const HostInfo host = host_info();
+    j["host"] = {{"cpu_model", host.cpu_model},       {"logical_cpus", host.logical_cpus},
+                 {"l1d_bytes", host.l1d_bytes},       {"l2_bytes", host.l2_bytes},
+                 {"l3_bytes", host.l3_bytes},         {"isa", host.isa},
+                 {"roofline_start_gbps", roof_start}, {"roofline_end_gbps", roof_end}};
+    j["shapes"] = opt.shapes;
     j["threads"] = threads;
     j["roofline_gbps"] = roofline;
     j["roofline_start_gbps"] = roof_start;
