@@ -1,8 +1,10 @@
 // `normgrad bench`: backends side by side on batch-norm backward, interleaved in
 // one process, next to an in-run bandwidth roofline; table, JSON and SVG.
+#include <cpuid.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
@@ -141,6 +143,32 @@ int64_t sysfs_cache_bytes(int level, const char* type) {
   return 0;
 }
 
+// Cache sizes from CPUID (deterministic cache parameters: leaf 4 on Intel,
+// 0x8000001D on AMD) when sysfs has none, as in some VMs.
+int64_t cpuid_cache_bytes(int level, bool data) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __get_cpuid(0, &a, &b, &c, &d);
+  const bool amd = b == 0x68747541;  // "Auth"enticAMD
+  const unsigned leaf = amd ? 0x8000001D : 4;
+  for (unsigned sub = 0; sub < 8; ++sub) {
+    if (!__get_cpuid_count(leaf, sub, &a, &b, &c, &d)) return 0;
+    const unsigned type = a & 0x1f, lvl = (a >> 5) & 0x7;
+    if (type == 0) break;
+    if (static_cast<int>(lvl) != level || (data ? type == 2 : type != 3)) continue;
+    const int64_t ways = ((b >> 22) & 0x3ff) + 1, parts = ((b >> 12) & 0x3ff) + 1;
+    const int64_t line = (b & 0xfff) + 1, sets = static_cast<int64_t>(c) + 1;
+    return ways * parts * line * sets;
+  }
+  // AMD's legacy leaves: L1d in 0x80000005 ECX[31:24] KiB, L2 in 0x80000006
+  // ECX[31:16] KiB, L3 in 0x80000006 EDX[31:18] x 512 KiB.
+  if (level == 1 && __get_cpuid(0x80000005, &a, &b, &c, &d)) return int64_t{(c >> 24) & 0xff} << 10;
+  if (level == 2 && __get_cpuid(0x80000006, &a, &b, &c, &d))
+    return int64_t{(c >> 16) & 0xffff} << 10;
+  if (level == 3 && __get_cpuid(0x80000006, &a, &b, &c, &d))
+    return int64_t{(d >> 18) & 0x3fff} << 19;
+  return 0;
+}
+
 HostInfo host_info() {
   HostInfo h;
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -160,6 +188,9 @@ HostInfo host_info() {
   h.l1d_bytes = sysfs_cache_bytes(1, "Data");
   h.l2_bytes = sysfs_cache_bytes(2, "Unified");
   h.l3_bytes = sysfs_cache_bytes(3, "Unified");
+  if (h.l1d_bytes == 0) h.l1d_bytes = cpuid_cache_bytes(1, true);
+  if (h.l2_bytes == 0) h.l2_bytes = cpuid_cache_bytes(2, false);
+  if (h.l3_bytes == 0) h.l3_bytes = cpuid_cache_bytes(3, false);
   h.isa = avx512
               ? std::string("avx512") + (avx512_bf16 ? "+bf16" : "") + (avx512_fp16 ? "+fp16" : "")
           : avx2 ? "avx2"
@@ -430,7 +461,7 @@ int bench_command(const std::vector<std::string>& argv) {
     const HostInfo host = host_info();
     std::cout << "host: " << host.cpu_model << ", " << host.logical_cpus << " logical CPUs, L1d "
               << host.l1d_bytes / 1024 << " KiB, L2 " << host.l2_bytes / 1024 << " KiB, L3 "
-              << host.l3_bytes / 1024 << " KiB (sysfs), " << host.isa << "\n";
+              << host.l3_bytes / 1024 << " KiB, " << host.isa << "\n";
   }
   std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
             << threads << " threads): " << roof_start << " GB/s at start\n";
