@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cassert>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -76,16 +78,18 @@ class [[nodiscard]] StatusOr {
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
+  // value() on an error is a programming error: it aborts with the message
+  // in every build (release included), never returns garbage.
   const T& value() const& {
-    assert(ok() && "value() on a failed StatusOr");
+    if (!ok()) die();
     return *value_;
   }
   T& value() & {
-    assert(ok() && "value() on a failed StatusOr");
+    if (!ok()) die();
     return *value_;
   }
   T&& value() && {
-    assert(ok() && "value() on a failed StatusOr");
+    if (!ok()) die();
     return std::move(*value_);
   }
   const T& operator*() const& { return value(); }
@@ -94,6 +98,12 @@ class [[nodiscard]] StatusOr {
   T* operator->() { return &value(); }
 
  private:
+  [[noreturn]] void die() const {
+    std::fprintf(stderr, "normgrad: value() on a failed StatusOr: %s\n",
+                 status_.to_string().c_str());
+    std::abort();
+  }
+
   Status status_;
   std::optional<T> value_;
 };

@@ -46,8 +46,22 @@ Status guard(const std::string& what, const std::function<void()>& fn) {
   try {
     fn();
   } catch (const dnnl::error& e) {
-    return unimplemented("oneDNN: " + what + ": " + e.what() + " (status " +
-                         std::to_string(static_cast<int>(e.status)) + ")");
+    // Building a primitive that oneDNN does not have, whatever status it
+    // gives, is a decline (ref or the JIT may run it). At execute time the
+    // status says whose fault it is: arguments, memory or oneDNN itself.
+    const std::string msg = "oneDNN: " + what + ": " + e.what() + " (status " +
+                            std::to_string(static_cast<int>(e.status)) + ")";
+    if (what.find("execute") == std::string::npos) return unimplemented(msg);
+    switch (e.status) {
+      case dnnl_unimplemented:
+        return unimplemented(msg);
+      case dnnl_invalid_arguments:
+        return invalid_argument(msg);
+      case dnnl_out_of_memory:
+        return out_of_range(msg);
+      default:
+        return internal_error(msg);
+    }
   } catch (const std::exception& e) {
     return internal_error("oneDNN: " + what + ": " + e.what());
   }

@@ -35,7 +35,10 @@ StatusOr<dnnl::memory::data_type> to_dnnl(DataType dt);
 StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt,
                                      const std::vector<int>& perm = {});
 
-// Runs `fn`, turning dnnl::error (and any other exception) into a Status.
+// Runs `fn`, turning dnnl::error (and any other exception) into a Status:
+// while building (`what` without "execute") every oneDNN error is a decline
+// (kUnimplemented); while executing, unimplemented/invalid arguments/out of
+// memory/other map to kUnimplemented/kInvalidArgument/kOutOfRange/kInternal.
 Status guard(const std::string& what, const std::function<void()>& fn);
 
 // A per-execute user scratchpad for `pd`, as oneDNN's library scratchpad is

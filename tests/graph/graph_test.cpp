@@ -55,6 +55,13 @@ TEST(Graph, Cycles) {
   EXPECT_STATUS_HAS(loop.finalize(), "cycle among op 1");
 }
 
+TEST(StatusOr, ValueOnAnErrorAbortsWithTheMessageInEveryBuild) {
+  StatusOr<int> bad = invalid_argument("no such tensor");
+  EXPECT_DEATH((void)bad.value(), "value\\(\\) on a failed StatusOr: .*no such tensor");
+  StatusOr<int> good = 3;
+  EXPECT_EQ(good.value(), 3);
+}
+
 TEST(Op, SetAttrLiteralsTakeTheSchemaType) {
   Op op(0, OpKind::kBatchNormTrainingBackward, "bn");
   op.set_attr("epsilon", 1e-5);  // double literal: f32
