@@ -175,4 +175,22 @@ std::string Op::label() const {
   return s + " #" + std::to_string(id_);
 }
 
+std::string op_signature(const Op& op, bool with_input_ids, bool with_output_ids) {
+  std::string sig = op.kind_spelling();
+  for (const auto& [k, v] : op.attrs()) sig += "|" + k + "=" + attr_value_to_string(v);
+  auto port = [&](char tag, const LogicalTensor& lt, bool with_id) {
+    sig += std::string("|") + tag;
+    if (with_id) sig += std::to_string(lt.id) + ":";
+    sig += std::string(dtype_name(lt.dtype)) + ":" +
+           (lt.rank_unknown ? std::string("?") : dims_to_string(lt.dims)) + "/";
+    if (lt.dims_known()) {
+      for (int64_t s : lt.effective_strides()) sig += std::to_string(s) + ",";
+    }
+    sig += layout_type_name(lt.layout);
+  };
+  for (const LogicalTensor& lt : op.inputs()) port('i', lt, with_input_ids);
+  for (const LogicalTensor& lt : op.outputs()) port('o', lt, with_output_ids);
+  return sig;
+}
+
 }  // namespace normgrad

@@ -96,4 +96,9 @@ class Op {
   std::vector<LogicalTensor> outputs_;
 };
 
+// One op's identity, for CSE and the backends' plan caches: kind, attributes,
+// and every port's dtype, dims, strides and layout, with the tensor ids when
+// asked (CSE compares inputs by id; a plan cache does not care which tensor).
+std::string op_signature(const Op& op, bool with_input_ids, bool with_output_ids);
+
 }  // namespace normgrad

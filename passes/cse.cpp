@@ -20,11 +20,7 @@ StatusOr<bool> CsePass::run(Graph& graph) const {
     for (LogicalTensor& lt : op.mutable_inputs()) {
       if (auto it = renames.find(lt.id); it != renames.end()) lt = it->second;
     }
-    std::string sig = std::string(op_kind_name(op.kind()));
-    for (const auto& [k, v] : op.attrs()) sig += "|" + k + "=" + attr_value_to_string(v);
-    for (const LogicalTensor& lt : op.inputs()) sig += "|i" + std::to_string(lt.id);
-    for (const LogicalTensor& lt : op.outputs())
-      sig += "|o" + std::string(dtype_name(lt.dtype)) + dims_to_string(lt.dims);
+    const std::string sig = op_signature(op, /*with_input_ids=*/true, /*with_output_ids=*/false);
     // Opaque ops are never merged, and neither is an op an opaque op reads: the
     // caller runs that op itself and passes the tensor ids it knows.
     bool observable = op.kind() == OpKind::kEnd || op_kind_is_opaque(op.kind());

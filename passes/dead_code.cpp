@@ -31,10 +31,8 @@ StatusOr<bool> DeadOutputEliminationPass::run(Graph& graph) const {
 
 StatusOr<bool> DeadOpEliminationPass::run(Graph& graph) const {
   if (!graph.output_ports()) return false;
-  bool changed = false;
   // Removing an op can make its producers dead: repeat until nothing changes.
-  while (true) {
-    if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
+  return run_to_fixed_point(graph, [](Graph& graph) -> StatusOr<bool> {
     std::set<int64_t> removed;
     for (const Op& op : graph.ops()) {
       // Opaque ops are the framework's: never removed, whatever reads their outputs.
@@ -44,12 +42,12 @@ StatusOr<bool> DeadOpEliminationPass::run(Graph& graph) const {
       for (const LogicalTensor& lt : op.outputs()) all_dead = all_dead && is_dead(graph, lt.id);
       if (all_dead) removed.insert(op.id());
     }
-    if (removed.empty()) return changed;
+    if (removed.empty()) return false;
     if (removed.size() == graph.ops().size())
       return invalid_graph("dead-op elimination would remove every op");
     graph.mutable_ops() = without_ops(graph, removed);
-    changed = true;
-  }
+    return true;
+  });
 }
 
 }  // namespace normgrad

@@ -72,10 +72,8 @@ bool fold_around(Graph& g, OpKind conversion, const Check& check, const Rewrite&
 }  // namespace
 
 StatusOr<bool> FoldTransposePass::run(Graph& graph) const {
-  bool changed = false;
-  while (true) {
-    if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
-    const bool folded = fold_around(
+  return run_to_fixed_point(graph, [](Graph& graph) -> StatusOr<bool> {
+    return fold_around(
         graph, OpKind::kStaticTranspose,
         [](const Op& bn, const Op& a, const Op& b, const Op& out) {
           auto d = describe_batch_norm(bn);
@@ -93,16 +91,12 @@ StatusOr<bool> FoldTransposePass::run(Graph& graph) const {
           const bool was_nxc = !d.ok() || d->format == DataFormat::kNXC;
           bn.set_attr("data_format", std::string(was_nxc ? "NCX" : "NXC"));
         });
-    if (!folded) return changed;
-    changed = true;
-  }
+  });
 }
 
 StatusOr<bool> FoldCastPass::run(Graph& graph) const {
-  bool changed = false;
-  while (true) {
-    if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
-    const bool folded = fold_around(
+  return run_to_fixed_point(graph, [](Graph& graph) -> StatusOr<bool> {
+    return fold_around(
         graph, OpKind::kTypeCast,
         [](const Op& bn, const Op& a, const Op& b, const Op& out) {
           const DataType t = a.inputs()[0].dtype;
@@ -114,9 +108,7 @@ StatusOr<bool> FoldCastPass::run(Graph& graph) const {
           return b.inputs()[0].dtype == t && out.outputs()[0].dtype == t;
         },
         [](Op&) {});
-    if (!folded) return changed;
-    changed = true;
-  }
+  });
 }
 
 }  // namespace normgrad

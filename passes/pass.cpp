@@ -48,6 +48,39 @@ StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
   return any;
 }
 
+StatusOr<bool> run_to_fixed_point(Graph& graph, const std::function<StatusOr<bool>(Graph&)>& step,
+                                  int max_steps) {
+  bool changed = false;
+  for (int i = 0; i < max_steps; ++i) {
+    if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
+    NG_ASSIGN_OR_RETURN(bool once, step(graph));
+    if (!once) return changed;
+    changed = true;
+  }
+  return internal_error("a rewrite still changed the graph after " + std::to_string(max_steps) +
+                        " steps");
+}
+
+namespace {
+
+class FixedPointPass final : public Pass {
+ public:
+  explicit FixedPointPass(std::unique_ptr<Pass> inner) : inner_(std::move(inner)) {}
+  const char* name() const override { return inner_->name(); }
+  StatusOr<bool> run(Graph& graph) const override {
+    return run_to_fixed_point(graph, [&](Graph& g) { return inner_->run(g); });
+  }
+
+ private:
+  std::unique_ptr<Pass> inner_;
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> fixed_point(std::unique_ptr<Pass> inner) {
+  return std::make_unique<FixedPointPass>(std::move(inner));
+}
+
 namespace {
 
 struct UserPass {

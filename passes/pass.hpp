@@ -46,6 +46,15 @@ class PassPipeline {
   std::vector<std::unique_ptr<Pass>> passes_;
 };
 
+// Runs `step` until it reports no change (XLA's HloPassFix): the graph is
+// finalized before every step, so each sees valid producers and consumers.
+// Returns whether any step changed the graph; a step that keeps reporting a
+// change past `max_steps` is an internal error, not a hang.
+StatusOr<bool> run_to_fixed_point(Graph& graph, const std::function<StatusOr<bool>(Graph&)>& step,
+                                  int max_steps = 10000);
+// A pass that runs `inner` to a fixed point, named "<inner>" (for user pipelines).
+std::unique_ptr<Pass> fixed_point(std::unique_ptr<Pass> inner);
+
 // The pipeline compile uses: every built-in pass, in passes.def's order.
 PassPipeline default_pipeline();
 

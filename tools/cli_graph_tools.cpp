@@ -152,7 +152,7 @@ int partitions_command(const std::vector<std::string>& argv) {
   std::map<std::string, std::string> opts;
   std::vector<std::string> pos;
   std::string error;
-  if (!parse(argv, {"json"}, {"backend"}, &opts, &pos, &error)) {
+  if (!parse(argv, {"json", "explain"}, {"backend"}, &opts, &pos, &error)) {
     std::cerr << "normgrad partitions: " << error << "\n";
     return 2;
   }
@@ -213,6 +213,14 @@ int partitions_command(const std::vector<std::string>& argv) {
     }
     std::cout << "  inputs=" << tensor_list(r.p->inputs)
               << "  outputs=" << tensor_list(r.p->outputs) << "\n";
+    if (opts.count("explain") && r.p->is_supported()) {
+      // Every backend in auto's order, and what it said about this partition.
+      for (const Backend* b : available_backends()) {
+        const Status st = b->supports(*r.p);
+        std::cout << "    " << b->name() << ": "
+                  << (st.ok() ? std::string("takes it") : "declines: " + st.message()) << "\n";
+      }
+    }
   }
   std::cout << rows.size() << " partitions: " << rows.size() - unsupported << " supported, "
             << unsupported << " unsupported\n";

@@ -191,10 +191,7 @@ PlanCache<BnPlan>& bn_cache() {
 }  // namespace
 
 StatusOr<std::shared_ptr<const Kernel>> make_batch_norm_backward(const Op& op) {
-  std::string key = "bnb";
-  for (const auto& t : op.inputs()) key += "|" + signature_of(t);
-  for (const auto& t : op.outputs()) key += "|" + signature_of(t);
-  for (const auto& [k, v] : op.attrs()) key += "|" + k + "=" + attr_value_to_string(v);
+  const std::string key = op_signature(op, false, false);
   NG_ASSIGN_OR_RETURN(auto plan, bn_cache().get_or_build(key, [&] { return build_plan(op); }));
   return std::shared_ptr<const Kernel>(std::make_shared<BnKernel>(std::move(plan)));
 }

@@ -193,12 +193,7 @@ PlanCache<FwdPlan>& fwd_cache() {
 
 StatusOr<std::shared_ptr<const Kernel>> make_batch_norm_forward(const Partition& partition) {
   std::string key = "bnf";
-  for (const Op& op : partition.ops) {
-    key += "|" + std::string(op_kind_name(op.kind()));
-    for (const auto& t : op.inputs()) key += "|" + std::to_string(t.id) + signature_of(t);
-    for (const auto& t : op.outputs()) key += "|" + std::to_string(t.id) + signature_of(t);
-    for (const auto& [k, v] : op.attrs()) key += "|" + k + "=" + attr_value_to_string(v);
-  }
+  for (const Op& op : partition.ops) key += "#" + op_signature(op, true, true);
   for (const auto& t : partition.inputs) key += "|i" + std::to_string(t.id);
   for (const auto& t : partition.outputs) key += "|o" + std::to_string(t.id);
   NG_ASSIGN_OR_RETURN(auto plan,

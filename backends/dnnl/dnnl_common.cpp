@@ -77,11 +77,5 @@ Scratchpad make_scratchpad(const dnnl::primitive_desc_base& pd) {
   return s;
 }
 
-std::string signature_of(const LogicalTensor& lt) {
-  std::string s = std::string(dtype_name(lt.dtype)) + ":" + dims_to_string(lt.dims) + "/";
-  for (int64_t v : lt.effective_strides()) s += std::to_string(v) + ",";
-  return s;
-}
-
 }  // namespace dnnl_impl
 }  // namespace normgrad

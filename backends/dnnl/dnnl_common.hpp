@@ -71,8 +71,5 @@ class PlanCache {
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_;
 };
 
-// "f32:2x3x4/12,4,1"
-std::string signature_of(const LogicalTensor& lt);
-
 }  // namespace dnnl_impl
 }  // namespace normgrad

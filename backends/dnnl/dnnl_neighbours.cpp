@@ -203,10 +203,7 @@ PlanCache<NeighbourPlan>& cache() {
 }  // namespace
 
 StatusOr<std::shared_ptr<const Kernel>> make_neighbour(const Op& op) {
-  std::string key = op_kind_name(op.kind());
-  for (const auto& t : op.inputs()) key += "|" + signature_of(t);
-  for (const auto& t : op.outputs()) key += "|" + signature_of(t);
-  for (const auto& [k, v] : op.attrs()) key += "|" + k + "=" + attr_value_to_string(v);
+  const std::string key = op_signature(op, false, false);
   NG_ASSIGN_OR_RETURN(auto plan, cache().get_or_build(key, [&] { return build(op); }));
   return std::shared_ptr<const Kernel>(std::make_shared<NeighbourKernel>(std::move(plan)));
 }

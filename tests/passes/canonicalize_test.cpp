@@ -125,5 +125,47 @@ TEST(CanonicalizePass, NumbersAgreeWithTheHandWrittenForm) {
   }
 }
 
+// The fixed-point wrapper (XLA's HloPassFix) runs a one-step rewrite until it
+// stops changing the graph, and a step that never stops is an error, not a hang.
+class DropOneEnd final : public Pass {
+ public:
+  const char* name() const override { return "drop-one-end"; }
+  StatusOr<bool> run(Graph& graph) const override {
+    auto& ops = graph.mutable_ops();
+    for (auto it = ops.begin(); it != ops.end(); ++it) {
+      if (it->kind() == OpKind::kEnd) {
+        ops.erase(it);
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+TEST(FixedPoint, RunsAStepUntilNothingChanges) {
+  Graph g;
+  Op relu(0, OpKind::kReLU, "r");
+  relu.add_input(testing_util::lt(0, DataType::kF32, {4}))
+      .add_output(testing_util::lt(1, DataType::kF32, {4}));
+  ASSERT_TRUE(g.add_op(relu).ok());
+  for (int64_t k = 1; k <= 3; ++k) {
+    Op end(k, OpKind::kEnd, "e");
+    end.add_input(testing_util::lt(1, DataType::kF32, {4}));
+    ASSERT_TRUE(g.add_op(end).ok());
+  }
+  ASSERT_TRUE(g.finalize().ok());
+  auto pass = fixed_point(std::make_unique<DropOneEnd>());
+  EXPECT_STREQ(pass->name(), "drop-one-end");
+  auto changed = pass->run(g);
+  ASSERT_TRUE(changed.ok());
+  EXPECT_TRUE(*changed);
+  ASSERT_TRUE(g.finalize().ok());
+  EXPECT_EQ(g.ops().size(), 1u);
+  EXPECT_FALSE(*pass->run(g));  // nothing left to do
+  auto forever = run_to_fixed_point(
+      g, [](Graph&) -> StatusOr<bool> { return true; }, 5);
+  EXPECT_STATUS_HAS(forever.status(), "still changed the graph after 5 steps");
+}
+
 }  // namespace
 }  // namespace normgrad

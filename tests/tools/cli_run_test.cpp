@@ -177,6 +177,9 @@ TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {
   EXPECT_NE(r.output.find("partition 2: ConvolutionBackwardWeights  unsupported"),
             std::string::npos);
   EXPECT_NE(r.output.find("4 partitions: 1 supported, 3 unsupported"), std::string::npos);
+  r = run("partitions --explain " + g);
+  EXPECT_NE(r.output.find("    jit: takes it\n    dnnl: declines: "), std::string::npos)
+      << r.output;
   // Running it whole is UNIMPLEMENTED (exit 1), naming the ops, never INVALID_ARGUMENTS.
   r = run("run " + g);
   EXPECT_EQ(r.exit_code, 1) << r.output;
