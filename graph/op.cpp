@@ -11,7 +11,7 @@ namespace {
 
 const char* const kOpKindNames[] = {
 #define NG_OP_KIND(id, name) name,
-#include <normgrad/ops/op_kinds.def>
+#include <normgrad/graph/op_kinds.def>
 };
 
 template <typename T>

@@ -19,7 +19,7 @@ namespace normgrad {
 
 enum class OpKind : uint8_t {
 #define NG_OP_KIND(id, name) id,
-#include <normgrad/ops/op_kinds.def>
+#include <normgrad/graph/op_kinds.def>
   kCount
 };
 

@@ -5,9 +5,9 @@
 #include <string>
 
 #include <normgrad/backends/compiler.hpp>
+#include <normgrad/testing/check.hpp>
+#include <normgrad/testing/oracle.hpp>
 #include "tests/test_util.hpp"
-#include "tools/cli_check.hpp"
-#include "tools/cli_data.hpp"
 
 namespace normgrad {
 namespace testing_util {
@@ -40,23 +40,24 @@ inline Comparison compare_with_ref(const Graph& graph, const std::string& backen
   auto ref = CompiledGraph::compile(graph, CompileOptions{"ref"});
   EXPECT_TRUE(ref.ok()) << ref.status().to_string();
   std::map<int64_t, std::string> sources;
-  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, &sources, data_offset);
+  auto inputs =
+      oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, &sources, data_offset);
   EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
   std::map<int64_t, const void*> in;
   for (auto& [id, b] : *inputs) in[id] = b.data();
-  std::map<int64_t, cli::Buffer> got, want;
+  std::map<int64_t, oracle::Buffer> got, want;
   std::map<int64_t, void*> got_p, want_p;
   for (const LogicalTensor& lt : cg->outputs()) {
-    got_p[lt.id] = got.emplace(lt.id, *cli::allocate(lt)).first->second.data();
-    want_p[lt.id] = want.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+    got_p[lt.id] = got.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
+    want_p[lt.id] = want.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
   }
   c.status = cg->execute(in, got_p);
   if (!c.status.ok()) return c;
   EXPECT_TRUE(ref->execute(in, want_p).ok());
   for (const auto& [id, w] : want) {
-    auto v = cli::check_output(cg->lowered_graph(), *inputs, id, got.at(id), w);
+    auto v = oracle::check_output(cg->lowered_graph(), *inputs, id, got.at(id), w);
     EXPECT_TRUE(v.ok()) << v.status().to_string();
-    const cli::ErrorStats& e = v->error;
+    const oracle::ErrorStats& e = v->error;
     // <= 1 passes: the plain relative limit, or (sums) the condition-aware one.
     double ratio = e.nan_mismatch ? 1e9 : e.rel_l2 / v->limit;
     if (v->pass && ratio > 1.0) ratio = v->cond_error / v->cond_limit;

@@ -19,13 +19,20 @@
 
 #include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
+#include <normgrad/testing/oracle.hpp>
 #include "tools/bench_probe.hpp"
 #include "tools/cli.hpp"
-#include "tools/cli_data.hpp"
 #include "tools/cli_knobs.hpp"
 
 namespace normgrad {
 namespace cli {
+
+// The test oracle's pieces, used unqualified below.
+using oracle::allocate;
+using oracle::Buffer;
+using oracle::compare;
+using oracle::ErrorStats;
+using oracle::make_inputs;
 namespace {
 
 struct BenchOptions {

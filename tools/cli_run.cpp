@@ -20,14 +20,22 @@
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/graph/npy.hpp>
 #include <normgrad/graph/op_checks.hpp>
+#include <normgrad/testing/check.hpp>
+#include <normgrad/testing/oracle.hpp>
 #include "tools/cli.hpp"
-#include "tools/cli_check.hpp"
-#include "tools/cli_data.hpp"
 #include "tools/cli_driver.hpp"
 #include "tools/cli_knobs.hpp"
 
 namespace normgrad {
 namespace cli {
+
+// The test oracle's pieces, used unqualified below.
+using oracle::allocate;
+using oracle::Buffer;
+using oracle::check_output;
+using oracle::compare;
+using oracle::ErrorStats;
+using oracle::make_inputs;
 namespace {
 
 std::string attrs_string(const Op& op) {

@@ -29,23 +29,23 @@ TEST(ExecuteApi, InPlaceDiffSrcOverDiffDstOnEveryBackend) {
       ASSERT_EQ(pairs.size(), 1u);
       EXPECT_EQ(pairs[0], std::make_pair(int64_t{1}, int64_t{5}));  // diff_dst -> diff_src
       std::map<int64_t, std::string> sources;
-      auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 3, &sources);
+      auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 3, &sources);
       ASSERT_TRUE(inputs.ok());
       std::map<int64_t, const void*> in;
       for (auto& [id, b] : *inputs) in[id] = b.data();
-      std::map<int64_t, cli::Buffer> out;
+      std::map<int64_t, oracle::Buffer> out;
       std::map<int64_t, void*> op;
       for (const LogicalTensor& t : cg->outputs())
-        op[t.id] = out.emplace(t.id, *cli::allocate(t)).first->second.data();
+        op[t.id] = out.emplace(t.id, *oracle::allocate(t)).first->second.data();
       ASSERT_TRUE(cg->execute(in, op).ok());
       // The same call with diff_src written over diff_dst.
-      cli::Buffer dy = inputs->at(1);
+      oracle::Buffer dy = inputs->at(1);
       std::map<int64_t, const void*> in2 = in;
       in2[1] = dy.data();
       std::map<int64_t, void*> op2 = op;
-      std::map<int64_t, cli::Buffer> out2;
+      std::map<int64_t, oracle::Buffer> out2;
       for (const LogicalTensor& t : cg->outputs())
-        op2[t.id] = out2.emplace(t.id, *cli::allocate(t)).first->second.data();
+        op2[t.id] = out2.emplace(t.id, *oracle::allocate(t)).first->second.data();
       op2[5] = dy.data();
       ASSERT_TRUE(cg->execute(in2, op2).ok());
       EXPECT_EQ(dy.bytes, out.at(5).bytes) << backend << " " << fmt;
@@ -116,14 +116,14 @@ TEST(ExecuteApi, AllocatorServesIntermediatesAndScratch) {
     ASSERT_TRUE(cg.ok()) << cg.status().to_string();
     ASSERT_EQ(cg->partitions().size(), 2u);
     std::map<int64_t, std::string> sources;
-    auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 1, &sources);
+    auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 1, &sources);
     ASSERT_TRUE(inputs.ok());
     std::map<int64_t, const void*> in;
     for (auto& [id, b] : *inputs) in[id] = b.data();
-    std::map<int64_t, cli::Buffer> out;
+    std::map<int64_t, oracle::Buffer> out;
     std::map<int64_t, void*> op;
     for (const LogicalTensor& t : cg->outputs())
-      op[t.id] = out.emplace(t.id, *cli::allocate(t)).first->second.data();
+      op[t.id] = out.emplace(t.id, *oracle::allocate(t)).first->second.data();
     calls = 0;
     ASSERT_TRUE(cg->execute(in, op, nullptr, &counting).ok());
     EXPECT_GE(calls.load(), backend == "auto" && find_backend("jit") ? 2 : 1) << backend;

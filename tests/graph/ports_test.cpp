@@ -9,13 +9,13 @@
 
 #include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
+#include <normgrad/testing/oracle.hpp>
 #include "tests/test_util.hpp"
-#include "tools/cli_data.hpp"
 
 namespace normgrad {
 namespace {
 
-using cli::Buffer;
+using oracle::Buffer;
 
 struct Outputs {
   Status status = ok_status();
@@ -27,13 +27,13 @@ Outputs run_graph(const Graph& graph, const std::string& backend) {
   auto cg = CompiledGraph::compile(graph, CompileOptions{backend});
   if (!cg.ok()) return {cg.status(), {}};
   std::map<int64_t, std::string> sources;
-  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 7, &sources);
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 7, &sources);
   if (!inputs.ok()) return {inputs.status(), {}};
   std::map<int64_t, const void*> in;
   for (auto& [id, b] : *inputs) in[id] = b.data();
   std::map<int64_t, void*> out;
   for (const LogicalTensor& lt : cg->outputs()) {
-    auto b = cli::allocate(lt);
+    auto b = oracle::allocate(lt);
     if (!b.ok()) return {b.status(), {}};
     out[lt.id] = r.buffers.emplace(lt.id, std::move(b).value()).first->second.data();
   }
@@ -69,8 +69,9 @@ TEST(GraphPorts, ExplicitPortsSurviveEveryPassOnEveryBackend) {
       // The interface is the user's: every port was accepted, every output written.
       ASSERT_EQ(got.buffers.size(), want.buffers.size()) << e.path();
       for (const auto& [id, buf] : want.buffers) {
-        const cli::ErrorStats err = cli::compare(got.buffers.at(id), buf);
-        EXPECT_LE(err.rel_l2, cli::threshold_for(buf.desc.dtype, cli::reduction_length(plain, id)))
+        const oracle::ErrorStats err = oracle::compare(got.buffers.at(id), buf);
+        EXPECT_LE(err.rel_l2,
+                  oracle::threshold_for(buf.desc.dtype, oracle::reduction_length(plain, id)))
             << e.path() << " on " << backend << ", tensor " << id;
         EXPECT_EQ(err.nan_mismatch, 0);
       }

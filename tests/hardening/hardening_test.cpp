@@ -91,7 +91,7 @@ TEST(Hardening, NanStaysInItsChannel) {
       auto cg = CompiledGraph::compile(g, CompileOptions{backend});
       ASSERT_TRUE(cg.ok()) << backend << ": " << cg.status().to_string();
       std::map<int64_t, std::string> sources;
-      auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 2, &sources);
+      auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 2, &sources);
       ASSERT_TRUE(inputs.ok());
       float* x = static_cast<float*>(inputs->at(0).data());
       const int64_t nan_at =
@@ -99,10 +99,10 @@ TEST(Hardening, NanStaysInItsChannel) {
       x[nan_at] = std::numeric_limits<float>::quiet_NaN();
       std::map<int64_t, const void*> in;
       for (auto& [id, b] : *inputs) in[id] = b.data();
-      std::map<int64_t, cli::Buffer> outs;
+      std::map<int64_t, oracle::Buffer> outs;
       std::map<int64_t, void*> p;
       for (const LogicalTensor& t : cg->outputs())
-        p[t.id] = outs.emplace(t.id, *cli::allocate(t)).first->second.data();
+        p[t.id] = outs.emplace(t.id, *oracle::allocate(t)).first->second.data();
       ASSERT_TRUE(cg->execute(in, p).ok());
       const float* dx = static_cast<const float*>(p[5]);
       const float* dg = static_cast<const float*>(p[6]);
@@ -135,18 +135,18 @@ TEST(Hardening, EightThreadsGiveTheSerialBitsOnEveryBackend) {
       auto cg = CompiledGraph::compile(g, CompileOptions{backend});
       ASSERT_TRUE(cg.ok());
       std::map<int64_t, std::string> sources;
-      auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 8, &sources);
+      auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 8, &sources);
       std::map<int64_t, const void*> in;
       for (auto& [id, b] : *inputs) in[id] = b.data();
-      auto run_once = [&](std::map<int64_t, cli::Buffer>& outs) {
+      auto run_once = [&](std::map<int64_t, oracle::Buffer>& outs) {
         std::map<int64_t, void*> p;
         for (const LogicalTensor& t : cg->outputs())
-          p[t.id] = outs.emplace(t.id, *cli::allocate(t)).first->second.data();
+          p[t.id] = outs.emplace(t.id, *oracle::allocate(t)).first->second.data();
         return cg->execute(in, p);
       };
-      std::map<int64_t, cli::Buffer> serial;
+      std::map<int64_t, oracle::Buffer> serial;
       ASSERT_TRUE(run_once(serial).ok());
-      std::vector<std::map<int64_t, cli::Buffer>> results(8);
+      std::vector<std::map<int64_t, oracle::Buffer>> results(8);
       std::vector<Status> status(8);
       std::vector<std::thread> threads;
       for (int t = 0; t < 8; ++t)

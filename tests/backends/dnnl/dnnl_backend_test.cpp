@@ -225,20 +225,20 @@ TEST(DnnlBackend, ConcurrentExecutionMatchesSerial) {
   auto cg = CompiledGraph::compile(g, CompileOptions{"dnnl"});
   ASSERT_TRUE(cg.ok()) << cg.status().to_string();
   std::map<int64_t, std::string> sources;
-  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, &sources);
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, &sources);
   ASSERT_TRUE(inputs.ok());
   std::map<int64_t, const void*> in;
   for (auto& [id, b] : *inputs) in[id] = b.data();
-  auto run_once = [&](std::map<int64_t, cli::Buffer>& outs) {
+  auto run_once = [&](std::map<int64_t, oracle::Buffer>& outs) {
     std::map<int64_t, void*> p;
     for (const LogicalTensor& lt : cg->outputs())
-      p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+      p[lt.id] = outs.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
     return cg->execute(in, p);
   };
-  std::map<int64_t, cli::Buffer> serial;
+  std::map<int64_t, oracle::Buffer> serial;
   ASSERT_TRUE(run_once(serial).ok());
   constexpr int kThreads = 4;
-  std::vector<std::map<int64_t, cli::Buffer>> results(kThreads);
+  std::vector<std::map<int64_t, oracle::Buffer>> results(kThreads);
   std::vector<Status> status(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {

@@ -115,13 +115,13 @@ std::map<int64_t, std::vector<char>> run_with_threads(const Graph& g, int thread
   auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
   EXPECT_TRUE(cg.ok()) << cg.status().to_string();
   std::map<int64_t, std::string> sources;
-  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, &sources);
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, &sources);
   std::map<int64_t, const void*> in;
   for (auto& [id, b] : *inputs) in[id] = b.data();
-  std::map<int64_t, cli::Buffer> outs;
+  std::map<int64_t, oracle::Buffer> outs;
   std::map<int64_t, void*> p;
   for (const LogicalTensor& lt : cg->outputs())
-    p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+    p[lt.id] = outs.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
   EXPECT_TRUE(cg->execute(in, p).ok());
   std::map<int64_t, std::vector<char>> bytes;
   for (auto& [id, b] : outs) bytes[id].assign(b.bytes.begin(), b.bytes.end());
@@ -154,13 +154,13 @@ TEST(JitBackend, SetNumThreadsCapsTheJit) {
     auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
     EXPECT_TRUE(cg.ok());
     std::map<int64_t, std::string> sources;
-    auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, &sources);
+    auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, &sources);
     std::map<int64_t, const void*> in;
     for (auto& [id, b] : *inputs) in[id] = b.data();
-    std::map<int64_t, cli::Buffer> outs;
+    std::map<int64_t, oracle::Buffer> outs;
     std::map<int64_t, void*> p;
     for (const LogicalTensor& lt : cg->outputs())
-      p[lt.id] = outs.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+      p[lt.id] = outs.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
     EXPECT_TRUE(cg->execute(in, p).ok());
     std::vector<char> bytes;
     for (auto& [id, b] : outs) bytes.insert(bytes.end(), b.bytes.begin(), b.bytes.end());

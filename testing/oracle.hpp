@@ -1,5 +1,7 @@
-// Test data for the command line: valid random inputs, tensor buffers, and the
-// error metrics and per-dtype thresholds of `normgrad run --check`.
+// The test oracle, shared by the tests and `normgrad run --check`: valid
+// random inputs (with true batch statistics), tensor buffers, error metrics
+// and per-dtype thresholds. A library of its own (testing/), so the tests do
+// not reach into the command line's sources.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +15,7 @@
 #include <normgrad/graph/status.hpp>
 
 namespace normgrad {
-namespace cli {
+namespace oracle {
 
 // 64-byte aligned storage, as frameworks allocate tensors (and as streaming stores want).
 template <typename T>
@@ -77,5 +79,5 @@ double threshold_for(DataType dt, int64_t reduction_length);
 // per-channel reduction of a batch norm, else 0.
 int64_t reduction_length(const Graph& graph, int64_t tensor_id);
 
-}  // namespace cli
+}  // namespace oracle
 }  // namespace normgrad

@@ -42,25 +42,25 @@ TEST(CliCheck, AWrongSumStillFails) {
   auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
   ASSERT_TRUE(cg.ok());
   std::map<int64_t, std::string> sources;
-  auto inputs = cli::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, &sources);
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, &sources);
   ASSERT_TRUE(inputs.ok());
   std::map<int64_t, const void*> in;
   for (auto& [id, b] : *inputs) in[id] = b.data();
-  std::map<int64_t, cli::Buffer> want;
+  std::map<int64_t, oracle::Buffer> want;
   std::map<int64_t, void*> out;
   for (const LogicalTensor& lt : cg->outputs())
-    out[lt.id] = want.emplace(lt.id, *cli::allocate(lt)).first->second.data();
+    out[lt.id] = want.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
   ASSERT_TRUE(cg->execute(in, out).ok());
   const int64_t diff_beta = cg->outputs()[2].id;
-  cli::Buffer got = want.at(diff_beta);
+  oracle::Buffer got = want.at(diff_beta);
   // sum |dy| over 10082 values in [-1, 1) is ~5000: an error of 1 is 2e-4 of it.
   static_cast<float*>(got.data())[0] += 1.0f;
-  auto v = cli::check_output(cg->lowered_graph(), *inputs, diff_beta, got, want.at(diff_beta));
+  auto v = oracle::check_output(cg->lowered_graph(), *inputs, diff_beta, got, want.at(diff_beta));
   ASSERT_TRUE(v.ok());
   EXPECT_FALSE(v->pass) << v->error.rel_l2 << " " << v->cond_error << " " << v->cond_limit;
   EXPECT_GT(v->cond_error, v->cond_limit);
-  auto same = cli::check_output(cg->lowered_graph(), *inputs, diff_beta, want.at(diff_beta),
-                                want.at(diff_beta));
+  auto same = oracle::check_output(cg->lowered_graph(), *inputs, diff_beta, want.at(diff_beta),
+                                   want.at(diff_beta));
   ASSERT_TRUE(same.ok());
   EXPECT_TRUE(same->pass);
 }

@@ -19,10 +19,10 @@
 #include <string>
 
 #include <normgrad/graph/graph.hpp>
-#include "tools/cli_data.hpp"
+#include <normgrad/testing/oracle.hpp>
 
 namespace normgrad {
-namespace cli {
+namespace oracle {
 
 struct OutputVerdict {
   bool pass = false;
@@ -37,5 +37,5 @@ struct OutputVerdict {
 StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_t, Buffer>& inputs,
                                      int64_t id, const Buffer& got, const Buffer& want);
 
-}  // namespace cli
+}  // namespace oracle
 }  // namespace normgrad

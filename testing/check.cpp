@@ -1,5 +1,5 @@
 // check_output: relative L2 against ref, with a condition-aware limit for sums.
-#include "tools/cli_check.hpp"
+#include <normgrad/testing/check.hpp>
 
 #include <cmath>
 
@@ -8,7 +8,7 @@
 #include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
-namespace cli {
+namespace oracle {
 namespace {
 
 constexpr double kLambda = 4.0;
@@ -103,5 +103,5 @@ StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_
   return v;
 }
 
-}  // namespace cli
+}  // namespace oracle
 }  // namespace normgrad

@@ -1,5 +1,5 @@
 // Random valid inputs (with true batch statistics), comparisons and thresholds.
-#include "tools/cli_data.hpp"
+#include <normgrad/testing/oracle.hpp>
 
 #include <cmath>
 #include <filesystem>
@@ -12,7 +12,7 @@
 #include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
-namespace cli {
+namespace oracle {
 namespace {
 
 // splitmix64: the same stream on every platform, unlike std:: distributions.
@@ -266,5 +266,5 @@ int64_t reduction_length(const Graph& graph, int64_t tensor_id) {
   return 0;
 }
 
-}  // namespace cli
+}  // namespace oracle
 }  // namespace normgrad
