@@ -163,6 +163,7 @@ StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
   if (plan->use_scale_shift)
     flags = flags | normalization_flags::use_scale | normalization_flags::use_shift;
   const prop_kind prop = plan->use_scale_shift ? prop_kind::backward : prop_kind::backward_data;
+  std::string decline;
   NG_RETURN_IF_ERROR(guard("batch_normalization_backward primitive descriptor", [&] {
     const dnnl::engine& eng = cpu_engine();
     dnnl::batch_normalization_forward::primitive_desc hint(
@@ -175,11 +176,14 @@ StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
         dnnl::batch_normalization_backward::desc(prop, dd_md, src_md, d.epsilon, flags), attr, eng,
         hint);
     // The diff_src layout must be ours exactly; oneDNN keeps what we ask for plain strides.
-    if (plan->pd.diff_src_desc() != ds_md)
-      throw dnnl::error(dnnl_unimplemented, "diff_src layout differs");
+    if (plan->pd.diff_src_desc() != ds_md) {
+      decline = "diff_src layout differs";  // a decline is a value, not an exception
+      return;
+    }
     plan->prim = dnnl::batch_normalization_backward(plan->pd);
     plan->impl = plan->pd.impl_info_str();
   }));
+  if (!decline.empty()) return unimplemented("oneDNN: " + decline);
   return std::shared_ptr<const BnPlan>(std::move(plan));
 }
 

@@ -169,18 +169,25 @@ StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
   if (plan->fuse_relu) flags = flags | normalization_flags::fuse_norm_relu;
   const prop_kind prop =
       plan->training ? prop_kind::forward_training : prop_kind::forward_inference;
+  std::string decline;  // a decline is a value, not an exception
   NG_RETURN_IF_ERROR(guard("batch_normalization_forward primitive descriptor", [&] {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     plan->pd = dnnl::batch_normalization_forward::primitive_desc(
         dnnl::batch_normalization_forward::desc(prop, src_md, d.epsilon, flags), attr,
         cpu_engine());
-    if (plan->pd.dst_desc() != dst_md) throw dnnl::error(dnnl_unimplemented, "dst layout differs");
-    if (plan->training && plan->pd.workspace_desc().get_size() != 0)
-      throw dnnl::error(dnnl_unimplemented, "a workspace is needed");
+    if (plan->pd.dst_desc() != dst_md) {
+      decline = "dst layout differs";
+      return;
+    }
+    if (plan->training && plan->pd.workspace_desc().get_size() != 0) {
+      decline = "a workspace is needed";
+      return;
+    }
     plan->prim = dnnl::batch_normalization_forward(plan->pd);
     plan->impl = plan->pd.impl_info_str();
   }));
+  if (!decline.empty()) return unimplemented("oneDNN: " + decline);
   return std::shared_ptr<const FwdPlan>(std::move(plan));
 }
 

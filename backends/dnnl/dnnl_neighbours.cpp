@@ -68,6 +68,7 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
   const LogicalTensor& dst = op.outputs()[0];
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc dst_md, make_md(dst, dst.dtype));
   Status s;
+  std::string decline;  // set by a builder that finds oneDNN cannot match our layout
   switch (op.kind()) {
     case OpKind::kReLU: {
       NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(src, src.dtype));
@@ -99,11 +100,14 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
             dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, data_md, 0.f), eng);
         auto pd = std::make_shared<dnnl::eltwise_backward::primitive_desc>(
             dnnl::eltwise_backward::desc(alg, dd_md, data_md, 0.f), user_scratchpad(), eng, hint);
-        if (pd->diff_src_desc() != dst_md)
-          throw dnnl::error(dnnl_unimplemented, "diff_src layout differs from diff_dst's");
+        if (pd->diff_src_desc() != dst_md) {
+          decline = "diff_src layout differs from diff_dst's";  // a value, not an exception
+          return;
+        }
         plan->prim = dnnl::eltwise_backward(*pd);
         plan->pd = pd;
       });
+      if (s.ok() && !decline.empty()) return unimplemented("oneDNN: " + decline);
       plan->in_mds = {data_md, dd_md};
       plan->in_args = {use_dst ? DNNL_ARG_DST : DNNL_ARG_SRC, DNNL_ARG_DIFF_DST};
       plan->out_args = {DNNL_ARG_DIFF_SRC};
