@@ -19,6 +19,25 @@ std::vector<std::string> backends() {
   return v;
 }
 
+// Random valid inputs and fresh output buffers for one compiled graph.
+struct Io {
+  std::map<int64_t, oracle::Buffer> inputs, outputs;
+  std::map<int64_t, const void*> in;
+  std::map<int64_t, void*> out;
+};
+
+Io make_io(const CompiledGraph& cg, uint64_t seed) {
+  Io io;
+  std::map<int64_t, std::string> sources;
+  auto inputs = oracle::make_inputs(cg.graph(), cg.lowered_graph(), "", seed, &sources);
+  EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
+  if (inputs.ok()) io.inputs = std::move(inputs).value();
+  for (auto& entry : io.inputs) io.in[entry.first] = entry.second.data();
+  for (const LogicalTensor& t : cg.outputs())
+    io.out[t.id] = io.outputs.emplace(t.id, *oracle::allocate(t)).first->second.data();
+  return io;
+}
+
 TEST(ExecuteApi, InPlaceDiffSrcOverDiffDstOnEveryBackend) {
   for (const std::string& backend : backends()) {
     for (const char* fmt : {"NCX", "NXC"}) {
@@ -28,28 +47,15 @@ TEST(ExecuteApi, InPlaceDiffSrcOverDiffDstOnEveryBackend) {
       const auto pairs = cg->inplace_pairs();
       ASSERT_EQ(pairs.size(), 1u);
       EXPECT_EQ(pairs[0], std::make_pair(int64_t{1}, int64_t{5}));  // diff_dst -> diff_src
-      std::map<int64_t, std::string> sources;
-      auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 3, &sources);
-      ASSERT_TRUE(inputs.ok());
-      std::map<int64_t, const void*> in;
-      for (auto& [id, b] : *inputs) in[id] = b.data();
-      std::map<int64_t, oracle::Buffer> out;
-      std::map<int64_t, void*> op;
-      for (const LogicalTensor& t : cg->outputs())
-        op[t.id] = out.emplace(t.id, *oracle::allocate(t)).first->second.data();
-      ASSERT_TRUE(cg->execute(in, op).ok());
-      // The same call with diff_src written over diff_dst.
-      oracle::Buffer dy = inputs->at(1);
-      std::map<int64_t, const void*> in2 = in;
-      in2[1] = dy.data();
-      std::map<int64_t, void*> op2 = op;
-      std::map<int64_t, oracle::Buffer> out2;
-      for (const LogicalTensor& t : cg->outputs())
-        op2[t.id] = out2.emplace(t.id, *oracle::allocate(t)).first->second.data();
-      op2[5] = dy.data();
-      ASSERT_TRUE(cg->execute(in2, op2).ok());
-      EXPECT_EQ(dy.bytes, out.at(5).bytes) << backend << " " << fmt;
-      EXPECT_EQ(out2.at(6).bytes, out.at(6).bytes) << backend << " " << fmt;
+      Io apart = make_io(*cg, 3);
+      ASSERT_TRUE(cg->execute(apart.in, apart.out).ok());
+      // The same call with diff_src written over (a copy of) diff_dst.
+      Io over = make_io(*cg, 3);
+      oracle::Buffer& dy = over.inputs.at(1);
+      over.out[5] = dy.data();
+      ASSERT_TRUE(cg->execute(over.in, over.out).ok());
+      EXPECT_EQ(dy.bytes, apart.outputs.at(5).bytes) << backend << " " << fmt;
+      EXPECT_EQ(over.outputs.at(6).bytes, apart.outputs.at(6).bytes) << backend << " " << fmt;
     }
   }
 }
@@ -115,17 +121,9 @@ TEST(ExecuteApi, AllocatorServesIntermediatesAndScratch) {
     auto cg = CompiledGraph::compile(g, options);
     ASSERT_TRUE(cg.ok()) << cg.status().to_string();
     ASSERT_EQ(cg->partitions().size(), 2u);
-    std::map<int64_t, std::string> sources;
-    auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 1, &sources);
-    ASSERT_TRUE(inputs.ok());
-    std::map<int64_t, const void*> in;
-    for (auto& [id, b] : *inputs) in[id] = b.data();
-    std::map<int64_t, oracle::Buffer> out;
-    std::map<int64_t, void*> op;
-    for (const LogicalTensor& t : cg->outputs())
-      op[t.id] = out.emplace(t.id, *oracle::allocate(t)).first->second.data();
+    Io io = make_io(*cg, 1);
     calls = 0;
-    ASSERT_TRUE(cg->execute(in, op, nullptr, &counting).ok());
+    ASSERT_TRUE(cg->execute(io.in, io.out, nullptr, &counting).ok());
     EXPECT_GE(calls.load(), backend == "auto" && find_backend("jit") ? 2 : 1) << backend;
     EXPECT_EQ(live.load(), 0) << backend;  // everything given back
   }

@@ -108,10 +108,16 @@ TEST(JitBackend, TailsSpatialOneAndLargeOffsets) {
   }
 }
 
-// Runs `g` on the JIT with `threads` threads; returns every output's bytes.
-std::map<int64_t, std::vector<char>> run_with_threads(const Graph& g, int threads) {
-  tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
-                            static_cast<size_t>(threads));
+// Runs `g` on the JIT with `threads` threads, capped through oneTBB's
+// global_control or, with `through_api`, normgrad::set_num_threads; returns
+// every output's bytes.
+std::map<int64_t, std::vector<char>> run_with_threads(const Graph& g, int threads,
+                                                      bool through_api = false) {
+  tbb::global_control limit(
+      tbb::global_control::max_allowed_parallelism,
+      through_api ? tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism)
+                  : static_cast<size_t>(threads));
+  if (through_api) set_num_threads(threads);
   auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
   EXPECT_TRUE(cg.ok()) << cg.status().to_string();
   std::map<int64_t, std::string> sources;
@@ -150,20 +156,7 @@ TEST(JitBackend, BitwiseIdenticalForAnyThreadCount) {
 TEST(JitBackend, SetNumThreadsCapsTheJit) {
   Graph g = one_op(bn_bwd({16, 40, 28, 28}, "NCX", DataType::kF32, DataType::kF32, true, 3));
   auto run = [&](int threads) {
-    set_num_threads(threads);
-    auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
-    EXPECT_TRUE(cg.ok());
-    std::map<int64_t, std::string> sources;
-    auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, &sources);
-    std::map<int64_t, const void*> in;
-    for (auto& [id, b] : *inputs) in[id] = b.data();
-    std::map<int64_t, oracle::Buffer> outs;
-    std::map<int64_t, void*> p;
-    for (const LogicalTensor& lt : cg->outputs())
-      p[lt.id] = outs.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
-    EXPECT_TRUE(cg->execute(in, p).ok());
-    std::vector<char> bytes;
-    for (auto& [id, b] : outs) bytes.insert(bytes.end(), b.bytes.begin(), b.bytes.end());
+    auto bytes = run_with_threads(g, threads, /*through_api=*/true);
     return std::make_pair(jit::last_max_concurrency(), bytes);
   };
   const auto one = run(1);
