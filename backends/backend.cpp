@@ -82,6 +82,31 @@ void ScratchBuffer::release() {
   data_ = nullptr;
 }
 
+PartitionBuffers::PartitionBuffers(const Partition& p, const std::vector<const void*>& in,
+                                   const std::vector<void*>& out) {
+  for (size_t i = 0; i < in.size() && i < p.inputs.size(); ++i)
+    buffers_[p.inputs[i].id] = const_cast<void*>(in[i]);
+  for (size_t i = 0; i < out.size() && i < p.outputs.size(); ++i)
+    buffers_[p.outputs[i].id] = out[i];
+}
+
+StatusOr<const void*> PartitionBuffers::read(const LogicalTensor& lt) const {
+  auto it = buffers_.find(lt.id);
+  if (it == buffers_.end())
+    return internal_error("tensor " + std::to_string(lt.id) + " is read before it is written");
+  return static_cast<const void*>(it->second);
+}
+
+StatusOr<void*> PartitionBuffers::write(const LogicalTensor& lt) {
+  if (auto it = buffers_.find(lt.id); it != buffers_.end()) return it->second;
+  NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
+  ScratchBuffer& buf = scratch_[lt.id] = ScratchBuffer(static_cast<size_t>(bytes));
+  if (buf.data() == nullptr)
+    return out_of_range("cannot allocate " + std::to_string(bytes) + " bytes for tensor " +
+                        std::to_string(lt.id));
+  return buffers_[lt.id] = buf.data();
+}
+
 namespace {
 std::atomic<int>& thread_cap() {
   static std::atomic<int> cap{0};

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,24 @@ class ScratchBuffer {
   char* data_ = nullptr;
   size_t size_ = 0;
   const Allocator* owner_ = nullptr;
+};
+
+// The buffers of one partition execution, by tensor id: the caller's inputs
+// and outputs, and scratch (from the current allocator) for tensors produced
+// and consumed inside the partition. Kernels that run a partition piece by
+// piece (ref op by op, oneDNN's primitive chains) share it.
+class PartitionBuffers {
+ public:
+  PartitionBuffers(const Partition& p, const std::vector<const void*>& in,
+                   const std::vector<void*>& out);
+  // Where `lt` is read from: a partition input or a tensor written earlier.
+  StatusOr<const void*> read(const LogicalTensor& lt) const;
+  // Where `lt` is written: a partition output, or fresh scratch.
+  StatusOr<void*> write(const LogicalTensor& lt);
+
+ private:
+  std::map<int64_t, void*> buffers_;
+  std::map<int64_t, ScratchBuffer> scratch_;
 };
 
 class Kernel {

@@ -121,6 +121,12 @@ bool Driver::set_global(const std::string& key, const std::string& value, bool* 
       return fail_arg("-v/--verbose takes a level 0..10");
     opt_.verbose = static_cast<int>(v);
   } else if (key == "summary") {
+    // benchdnn's [no-]failures and [no-]impl, comma-separated.
+    for (const std::string& v : split_commas(value)) {
+      const std::string w = v.rfind("no-", 0) == 0 ? v.substr(3) : v;
+      if (w != "failures" && w != "impl")
+        return fail_arg("--summary takes [no-]failures and [no-]impl, got '" + v + "'");
+    }
     summary_ = value;
   } else if (key == "engine") {
     const std::string kind = value.substr(0, value.find(':'));

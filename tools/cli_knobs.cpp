@@ -334,7 +334,11 @@ Status parse_case_knob(const std::string& key, const std::string& value, Knobs* 
     return ok_status();
   }
   // attr-fpmath: MODE[:true|false], as benchdnn spells it.
-  const std::string mode = value.substr(0, value.find(':'));
+  const size_t colon = value.find(':');
+  const std::string mode = value.substr(0, colon);
+  if (colon != std::string::npos && value.substr(colon + 1) != "true" &&
+      value.substr(colon + 1) != "false")
+    return invalid_argument("--attr-fpmath: expected MODE[:true|false], got '" + value + "'");
   static const char* const kModes[] = {"strict", "bf16", "f16", "tf32", "any"};
   if (std::none_of(std::begin(kModes), std::end(kModes), [&](const char* m) { return mode == m; }))
     return invalid_argument("--attr-fpmath: unknown mode '" + mode + "'");
@@ -427,7 +431,6 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
         if (knobs.mb > 0 && !stats.count(lt.id) && !graph_produced.count(lt.id) && lt.rank() >= 2) {
           lt.dims[0] = knobs.mb;
           if (!lt.strides.empty()) {
-            Dims order(lt.dims.size());  // keep the stride order, dense again
             std::string tag;
             std::vector<size_t> axes(lt.dims.size());
             for (size_t k = 0; k < axes.size(); ++k) axes[k] = k;

@@ -5,7 +5,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <map>
 #include <set>
 
 #include <normgrad/backends/backend_registry.hpp>
@@ -16,7 +15,8 @@ namespace {
 
 // A chain of oneDNN kernels for one partition: each segment is a sub-partition
 // (one op, or BatchNormInference+ReLU) with its own primitive; the tensors
-// between segments live in per-call scratch, so the kernel stays re-entrant.
+// between segments live in per-call scratch (PartitionBuffers), so the kernel
+// stays re-entrant.
 class ChainKernel final : public Kernel {
  public:
   struct Segment {
@@ -33,28 +33,17 @@ class ChainKernel final : public Kernel {
   }
 
   Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
-    std::map<int64_t, void*> buffers;
-    std::map<int64_t, std::vector<char>> scratch;
-    for (size_t i = 0; i < in.size(); ++i) buffers[whole_.inputs[i].id] = const_cast<void*>(in[i]);
-    for (size_t i = 0; i < out.size(); ++i) buffers[whole_.outputs[i].id] = out[i];
+    PartitionBuffers buffers(whole_, in, out);
     for (const Segment& s : segments_) {
       std::vector<const void*> sin;
       std::vector<void*> sout;
       for (const LogicalTensor& lt : s.part.inputs) {
-        auto it = buffers.find(lt.id);
-        if (it == buffers.end())
-          return internal_error("oneDNN chain: tensor " + std::to_string(lt.id) + " has no buffer");
-        sin.push_back(it->second);
+        NG_ASSIGN_OR_RETURN(const void* b, buffers.read(lt));
+        sin.push_back(b);
       }
       for (const LogicalTensor& lt : s.part.outputs) {
-        auto it = buffers.find(lt.id);
-        if (it == buffers.end()) {
-          NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
-          auto& buf = scratch[lt.id];
-          buf.resize(static_cast<size_t>(bytes));
-          it = buffers.emplace(lt.id, buf.data()).first;
-        }
-        sout.push_back(it->second);
+        NG_ASSIGN_OR_RETURN(void* b, buffers.write(lt));
+        sout.push_back(b);
       }
       NG_RETURN_IF_ERROR(s.kernel->execute(sin, sout));
     }

@@ -33,14 +33,6 @@ struct BnPlan {
   std::string impl;
 };
 
-// Reads channel statistics as f32 (bf16 converted; strided 1-D allowed).
-void load_stats(const void* p, const LogicalTensor& lt, int64_t c, std::vector<float>& out) {
-  const int64_t stride = lt.effective_strides()[0];
-  out.resize(static_cast<size_t>(c));
-  for (int64_t i = 0; i < c; ++i)
-    out[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
-}
-
 bool dense_f32(const LogicalTensor& lt) {
   return lt.dtype == DataType::kF32 && (lt.dims[0] <= 1 || lt.effective_strides()[0] == 1);
 }
@@ -61,11 +53,11 @@ class BnKernel final : public Kernel {
     const float* mean_p = static_cast<const float*>(in[2]);
     const float* var_p = static_cast<const float*>(in[3]);
     if (!dense_f32(ins[2])) {
-      load_stats(in[2], ins[2], c, mean);
+      mean = channel_values_f32(in[2], ins[2], c);
       mean_p = mean.data();
     }
     if (!dense_f32(ins[3]) || d.variance_is_inv_std) {
-      load_stats(in[3], ins[3], c, var);
+      var = channel_values_f32(in[3], ins[3], c);
       if (d.variance_is_inv_std) {
         for (float& v : var)
           v = std::max(0.0f, static_cast<float>(1.0 / (static_cast<double>(v) * v) - d.epsilon));
@@ -79,7 +71,7 @@ class BnKernel final : public Kernel {
       if (d.use_gamma && dense_f32(ins[4])) {
         gamma_p = static_cast<const float*>(in[4]);
       } else if (d.use_gamma) {
-        load_stats(in[4], ins[4], c, gamma);
+        gamma = channel_values_f32(in[4], ins[4], c);
         gamma_p = gamma.data();
       } else {
         gamma.assign(static_cast<size_t>(c), 1.0f);
@@ -151,10 +143,8 @@ StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
   plan->global_stats = d.mode == BackwardMode::kFrozen;
   plan->use_scale_shift = d.use_gamma || d.diff_scale_shift;
   // oneDNN dim i is our dim perm[i]: N, C, spatial...
-  std::vector<int> perm = {0, d.channel_axis};
-  for (int i = 1; i < static_cast<int>(d.dims.size()); ++i) {
-    if (i != d.channel_axis) perm.push_back(i);
-  }
+  const std::vector<int> perm =
+      channel_second_perm(static_cast<int>(d.dims.size()), d.channel_axis);
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(op.inputs()[0], d.data_dt, perm));
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc dd_md, make_md(op.inputs()[1], d.data_dt, perm));
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc ds_md, make_md(op.outputs()[0], d.data_dt, perm));

@@ -37,14 +37,6 @@ struct FwdPlan {
   std::string impl;
 };
 
-std::vector<float> channel_f32(const void* p, const LogicalTensor& lt, int64_t c) {
-  std::vector<float> v(static_cast<size_t>(c));
-  const int64_t stride = lt.effective_strides()[0];
-  for (int64_t i = 0; i < c; ++i)
-    v[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
-  return v;
-}
-
 class FwdKernel final : public Kernel {
  public:
   explicit FwdKernel(std::shared_ptr<const FwdPlan> plan) : plan_(std::move(plan)) {}
@@ -60,12 +52,12 @@ class FwdKernel final : public Kernel {
     const size_t mi = p.training ? 1 : 3, vi = p.training ? 2 : 4;
     std::vector<float> mean(static_cast<size_t>(c)), var(static_cast<size_t>(c)), scale, shift;
     if (!p.training) {
-      mean = channel_f32(bn_in(mi), ins[mi], c);
-      var = channel_f32(bn_in(vi), ins[vi], c);
+      mean = channel_values_f32(bn_in(mi), ins[mi], c);
+      var = channel_values_f32(bn_in(vi), ins[vi], c);
     }
     if (p.scale_shift) {
-      scale = channel_f32(bn_in(gi), ins[gi], c);
-      shift = channel_f32(bn_in(bi), ins[bi], c);
+      scale = channel_values_f32(bn_in(gi), ins[gi], c);
+      shift = channel_values_f32(bn_in(bi), ins[bi], c);
     }
     Status s = guard("batch_normalization_forward execute", [&] {
       const dnnl::engine& eng = cpu_engine();
@@ -92,8 +84,8 @@ class FwdKernel final : public Kernel {
     if (p.training) {
       const double momentum = p.d.momentum;
       const auto& outs = p.bn.outputs();
-      const std::vector<float> run_mean = channel_f32(bn_in(1), ins[1], c);
-      const std::vector<float> run_var = channel_f32(bn_in(2), ins[2], c);
+      const std::vector<float> run_mean = channel_values_f32(bn_in(1), ins[1], c);
+      const std::vector<float> run_var = channel_values_f32(bn_in(2), ins[2], c);
       for (int64_t k = 0; k < c; ++k) {
         const double values[4] = {momentum * run_mean[k] + (1.0 - momentum) * mean[k],
                                   momentum * run_var[k] + (1.0 - momentum) * var[k], mean[k],
@@ -156,10 +148,8 @@ StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
         return unimplemented("statistics outputs must be partition outputs");
     }
   }
-  std::vector<int> perm = {0, d.channel_axis};
-  for (int i = 1; i < static_cast<int>(d.dims.size()); ++i) {
-    if (i != d.channel_axis) perm.push_back(i);
-  }
+  const std::vector<int> perm =
+      channel_second_perm(static_cast<int>(d.dims.size()), d.channel_axis);
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(bn.inputs()[0], d.data_dt, perm));
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc dst_md, make_md(dst, d.data_dt, perm));
   normalization_flags flags = normalization_flags::none;

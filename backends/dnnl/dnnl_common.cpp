@@ -42,6 +42,22 @@ StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt,
   return md;
 }
 
+std::vector<int> channel_second_perm(int rank, int channel_axis) {
+  std::vector<int> perm = {0, channel_axis};
+  for (int i = 1; i < rank; ++i) {
+    if (i != channel_axis) perm.push_back(i);
+  }
+  return perm;
+}
+
+std::vector<float> channel_values_f32(const void* p, const LogicalTensor& lt, int64_t c) {
+  std::vector<float> v(static_cast<size_t>(c));
+  const int64_t stride = lt.effective_strides()[0];
+  for (int64_t i = 0; i < c; ++i)
+    v[i] = static_cast<float>(load_as_double(p, i * stride, lt.dtype));
+  return v;
+}
+
 Status guard(const std::string& what, const std::function<void()>& fn) {
   try {
     fn();

@@ -35,6 +35,14 @@ StatusOr<dnnl::memory::data_type> to_dnnl(DataType dt);
 StatusOr<dnnl::memory::desc> make_md(const LogicalTensor& lt, DataType dt,
                                      const std::vector<int>& perm = {});
 
+// oneDNN's batch-norm dim order (N, C, spatial...) as a perm for make_md: its
+// dim i is our dim perm[i], with the channel at `channel_axis`.
+std::vector<int> channel_second_perm(int rank, int channel_axis);
+
+// A per-channel tensor (statistics, scale, shift; bf16 or f32, strided 1-D
+// allowed) as dense f32, oneDNN's only statistics type.
+std::vector<float> channel_values_f32(const void* p, const LogicalTensor& lt, int64_t c);
+
 // Runs `fn`, turning dnnl::error (and any other exception) into a Status:
 // while building (`what` without "execute") every oneDNN error is a decline
 // (kUnimplemented); while executing, unimplemented/invalid arguments/out of

@@ -3,8 +3,6 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
-#include <utility>
 #include <vector>
 
 #include <normgrad/backends/jit/jit_kernels.hpp>

@@ -2,9 +2,7 @@
 //
 // It supports every valid partition, so every valid graph runs. Tensors that
 // live inside a partition (fused groups) get per-call scratch buffers in their
-// own dtype, which reproduces the unfused rounding exactly.
-#include <map>
-
+// own dtype (PartitionBuffers), which reproduces the unfused rounding exactly.
 #include <normgrad/backends/backend_registry.hpp>
 #include <normgrad/backends/ref/ref_ops.hpp>
 #include <normgrad/ops/tf_batch_norm.hpp>
@@ -25,30 +23,18 @@ class RefKernel final : public Kernel {
 
   Status execute(const std::vector<const void*>& inputs,
                  const std::vector<void*>& outputs) const override {
-    std::map<int64_t, void*> buffers;
-    std::map<int64_t, std::vector<char>> scratch;
-    for (size_t i = 0; i < inputs.size(); ++i)
-      buffers[partition_.inputs[i].id] = const_cast<void*>(inputs[i]);
-    for (size_t i = 0; i < outputs.size(); ++i) buffers[partition_.outputs[i].id] = outputs[i];
+    PartitionBuffers buffers(partition_, inputs, outputs);
     for (const Op& op : partition_.ops) {
       std::vector<const void*> in;
       std::vector<void*> out;
       for (const LogicalTensor& lt : op.inputs()) {
-        auto it = buffers.find(lt.id);
-        if (it == buffers.end())
-          return internal_error(op.label() + ": tensor " + std::to_string(lt.id) +
-                                " has no buffer");
-        in.push_back(it->second);
+        auto b = buffers.read(lt);
+        if (!b.ok()) return b.status().with_context(op.label());
+        in.push_back(*b);
       }
       for (const LogicalTensor& lt : op.outputs()) {
-        auto it = buffers.find(lt.id);
-        if (it == buffers.end()) {
-          NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
-          auto& buf = scratch[lt.id];
-          buf.resize(static_cast<size_t>(bytes));
-          it = buffers.emplace(lt.id, buf.data()).first;
-        }
-        out.push_back(it->second);
+        NG_ASSIGN_OR_RETURN(void* b, buffers.write(lt));
+        out.push_back(b);
       }
       NG_RETURN_IF_ERROR(ref::execute_op(op, in, out));
     }
