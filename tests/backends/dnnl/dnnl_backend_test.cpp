@@ -12,12 +12,24 @@ using testing_util::compare_with_ref;
 using testing_util::lt;
 using testing_util::one_op;
 
+// The sweeps' dtypes (data, statistics) and shapes: N (8 at rank 2: with M = 2
+// the exact diff_src is 0 and any relative error is noise), C, spatial 7, 3, 5.
+const std::pair<DataType, DataType> kSweepDtypes[] = {{DataType::kF32, DataType::kF32},
+                                                      {DataType::kBF16, DataType::kF32},
+                                                      {DataType::kBF16, DataType::kBF16}};
+
+Dims sweep_shape(const std::string& fmt, int rank, int64_t c) {
+  Dims shape = {rank == 2 ? 8 : 2};
+  const int64_t spatial[] = {7, 3, 5};
+  if (fmt == "NCX") shape.push_back(c);
+  for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
+  if (fmt == "NXC") shape.push_back(c);
+  return shape;
+}
+
 TEST(DnnlBackend, BatchNormBackwardSweep) {
-  const std::pair<DataType, DataType> dtypes[] = {{DataType::kF32, DataType::kF32},
-                                                  {DataType::kBF16, DataType::kF32},
-                                                  {DataType::kBF16, DataType::kBF16}};
   int ran = 0;
-  for (auto [dt, sdt] : dtypes) {
+  for (auto [dt, sdt] : kSweepDtypes) {
     for (const char* fmt : {"NCX", "NXC"}) {
       for (int rank = 2; rank <= 5; ++rank) {
         for (int64_t c : {1, 3, 16, 17, 64}) {
@@ -27,13 +39,7 @@ TEST(DnnlBackend, BatchNormBackwardSweep) {
             // std.
             const bool gamma = form != 1;
             const int outputs = form == 2 || form == 4 ? 1 : 3;
-            // M = N for rank 2: keep it at 8, since with M = 2 the exact diff_src is 0 and
-            // any relative error is noise.
-            Dims shape = {rank == 2 ? 8 : 2};
-            const int64_t spatial[] = {7, 3, 5};
-            if (std::string(fmt) == "NCX") shape.push_back(c);
-            for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
-            if (std::string(fmt) == "NXC") shape.push_back(c);
+            const Dims shape = sweep_shape(fmt, rank, c);
             Op op = bn_bwd(shape, fmt, dt, sdt, gamma, outputs, 1e-3f);
             if (form == 3) op.set_attr("is_training", false);
             if (form == 4) op.set_attr("is_training", true);
@@ -55,19 +61,12 @@ TEST(DnnlBackend, BatchNormBackwardSweep) {
 // BatchNormInference (alone and with the fused ReLU, oneDNN's fuse_norm_relu)
 // and BatchNormForwardTraining with its running statistics, against ref.
 TEST(DnnlBackend, BatchNormForwardSweep) {
-  const std::pair<DataType, DataType> dtypes[] = {{DataType::kF32, DataType::kF32},
-                                                  {DataType::kBF16, DataType::kF32},
-                                                  {DataType::kBF16, DataType::kBF16}};
   int ran = 0;
-  for (auto [dt, sdt] : dtypes) {
+  for (auto [dt, sdt] : kSweepDtypes) {
     for (const char* fmt : {"NCX", "NXC"}) {
       for (int rank : {2, 4, 5}) {
         for (int64_t c : {1, 17, 64}) {
-          Dims shape = {rank == 2 ? 8 : 2};
-          const int64_t spatial[] = {7, 3, 5};
-          if (std::string(fmt) == "NCX") shape.push_back(c);
-          for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
-          if (std::string(fmt) == "NXC") shape.push_back(c);
+          const Dims shape = sweep_shape(fmt, rank, c);
           const LogicalTensor stat = lt(0, sdt, {c});
           auto stat_lt = [&](int64_t id) {
             LogicalTensor t = stat;
