@@ -17,6 +17,9 @@ const std::vector<const Backend*>& available_backends() {
 #ifdef NORMGRAD_WITH_DNNL
     v.push_back(dnnl_backend());
 #endif
+#ifdef NORMGRAD_WITH_MPI
+    v.push_back(mpi_backend());
+#endif
     v.push_back(ref_backend());
     return v;
   }();
@@ -24,7 +27,7 @@ const std::vector<const Backend*>& available_backends() {
 }
 
 const std::vector<std::string>& known_backend_names() {
-  static const std::vector<std::string> names = {"auto", "jit", "dnnl", "ref"};
+  static const std::vector<std::string> names = {"auto", "jit", "dnnl", "mpi", "ref"};
   return names;
 }
 

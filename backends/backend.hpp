@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <normgrad/backends/communicator.hpp>
 #include <normgrad/graph/partition.hpp>
 #include <normgrad/graph/status.hpp>
 
@@ -91,18 +92,25 @@ class Kernel {
                          const std::vector<void*>& outputs) const = 0;
 };
 
+// What a backend may need beyond the partition: the communicators of the
+// AllReduce groups (CompileOptions::communicators).
+struct CompileContext {
+  CommunicatorMap communicators;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
-  virtual Status supports(const Partition& partition) const = 0;
-  virtual StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const = 0;
+  virtual Status supports(const Partition& partition, const CompileContext& ctx) const = 0;
+  virtual StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
+                                                          const CompileContext& ctx) const = 0;
 };
 
 // Backends built into this library, in auto-selection order (fastest first;
 // ref last, since it supports every valid partition).
 const std::vector<const Backend*>& available_backends();
-// Names a user may force: "auto", "ref", "dnnl", "jit".
+// Names a user may force: "auto", "ref", "dnnl", "jit", "mpi".
 const std::vector<std::string>& known_backend_names();
 // nullptr when `name` is not built into this library.
 const Backend* find_backend(const std::string& name);

@@ -10,6 +10,9 @@ const Backend* ref_backend();
 #ifdef NORMGRAD_WITH_JIT
 const Backend* jit_backend();
 #endif
+#ifdef NORMGRAD_WITH_MPI
+const Backend* mpi_backend();
+#endif
 #ifdef NORMGRAD_WITH_DNNL
 const Backend* dnnl_backend();
 void set_dnnl_threads(int n);

@@ -112,10 +112,13 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
       for (const std::string& n : known_backend_names()) known = known || n == wanted;
       if (known)
         return unimplemented("backend '" + wanted + "' is not built into this version of normgrad");
-      return invalid_argument("unknown backend '" + wanted + "' (expected auto, ref, dnnl or jit)");
+      return invalid_argument("unknown backend '" + wanted +
+                              "' (expected auto, ref, dnnl, jit or mpi)");
     }
     candidates.push_back(b);
   }
+  CompileContext ctx;
+  ctx.communicators = options.communicators;
   std::string reasons;
   for (const Backend* b : candidates) {
     const bool is_ref = std::string(b->name()) == "ref";
@@ -132,7 +135,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
       }
     }
     const auto t0 = std::chrono::steady_clock::now();  // supports() may already build the kernel
-    Status s = b->supports(partition);
+    Status s = b->supports(partition, ctx);
     if (!s.ok()) {
       if (verbose_level() >= 2) {
         std::cerr << "normgrad_verbose,decline," << partition.id << "," << b->name() << ","
@@ -141,7 +144,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
       reasons += std::string(reasons.empty() ? "" : "; ") + b->name() + ": " + s.message();
       continue;
     }
-    auto kernel = b->compile(partition);
+    auto kernel = b->compile(partition, ctx);
     if (!kernel.ok()) return kernel.status().with_context(who + " on " + b->name());
     const double ms = ms_since(t0);
     const std::string kernel_info = (*kernel)->info();

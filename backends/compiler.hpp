@@ -45,6 +45,10 @@ struct CompileOptions {
   // than a kernel) would run under "auto" is an error naming why the fast
   // backends declined, instead of a silent slow path.
   bool allow_reference = true;
+  // The process group of each AllReduce `group` name (the synchronized
+  // batch-norm backward's collective): see backends/communicator.hpp. Empty:
+  // "world" is MPI_COMM_WORLD under mpirun, else this process alone.
+  CommunicatorMap communicators{};
 };
 
 class CompiledPartition {

@@ -10,6 +10,19 @@ endif()
 if(NORMGRAD_WITH_JIT)
   find_package(xbyak CONFIG REQUIRED)
 endif()
+# MPI is optional (Debian's Open MPI has no CONFIG package: CMake's FindMPI).
+# Without it the MPI backend is left out and AllReduce runs only for a
+# process alone; the build says so rather than failing.
+if(NORMGRAD_WITH_MPI)
+  enable_language(C)  # FindMPI probes with the C compiler
+  find_package(MPI COMPONENTS C)
+  if(MPI_C_FOUND)
+    message(STATUS "normgrad: MPI backend on (${MPI_C_LIBRARIES})")
+  else()
+    message(STATUS "normgrad: no MPI found (install libopenmpi-dev): the MPI backend and its tests are skipped")
+    set(NORMGRAD_WITH_MPI OFF)
+  endif()
+endif()
 if(NORMGRAD_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()

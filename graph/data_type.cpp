@@ -92,7 +92,7 @@ bool is_float_compute_dtype(DataType dt) {
 
 bool is_loadable_dtype(DataType dt) {
   return is_float_compute_dtype(dt) || dt == DataType::kS8 || dt == DataType::kU8 ||
-         dt == DataType::kS32;
+         dt == DataType::kS32 || dt == DataType::kS64 || dt == DataType::kF64;
 }
 
 uint16_t f32_to_bf16_bits(float f) {
@@ -196,6 +196,10 @@ double load_as_double(const void* base, int64_t index, DataType dt) {
       return static_cast<const uint8_t*>(base)[index];
     case DataType::kS32:
       return static_cast<const int32_t*>(base)[index];
+    case DataType::kS64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[index]);
+    case DataType::kF64:
+      return static_cast<const double*>(base)[index];
     default:
       break;
   }
@@ -223,6 +227,16 @@ void store_from_double(void* base, int64_t index, DataType dt, double v) {
     case DataType::kS32:
       static_cast<int32_t*>(base)[index] =
           static_cast<int32_t>(saturate(v, -2147483648.0, 2147483647.0));
+      return;
+    case DataType::kS64:
+      // 2^63 is the first double past INT64_MAX: clamp strictly below it.
+      static_cast<int64_t*>(base)[index] =
+          v >= 9223372036854775807.0
+              ? INT64_MAX
+              : static_cast<int64_t>(saturate(v, -9223372036854775808.0, 9223372036854775807.0));
+      return;
+    case DataType::kF64:
+      static_cast<double*>(base)[index] = v;
       return;
     default:
       break;

@@ -40,7 +40,8 @@ StatusOr<DataType> parse_dtype(const std::string& name);
 int64_t dtype_size(DataType dt);
 // f32, bf16, f16: the types the batch-norm family and the elementwise ops compute in.
 bool is_float_compute_dtype(DataType dt);
-// Types load_as_double / store_from_double handle: the compute floats, s8, u8, s32.
+// Types load_as_double / store_from_double handle: the compute floats, s8, u8,
+// s32, s64 and f64 (the last two for the synchronized backward's counts and sums).
 bool is_loadable_dtype(DataType dt);
 
 // Bit-exact conversions.

@@ -17,6 +17,10 @@ const char* status_code_name(StatusCode code) {
       return "out_of_range";
     case StatusCode::kNotFound:
       return "not_found";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case StatusCode::kAborted:
+      return "aborted";
     case StatusCode::kInternal:
       return "internal";
   }

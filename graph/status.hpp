@@ -16,12 +16,14 @@ namespace normgrad {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,  // the caller's graph, tensor or option is wrong
-  kInvalidGraph,     // the graph is structurally broken (cycles, dangling ids, ...)
-  kUnimplemented,    // valid, but this backend or build cannot run it
-  kOutOfRange,       // a size or limit is exceeded
-  kNotFound,         // a file, tensor or backend does not exist
-  kInternal,         // a bug or a failure inside a dependency
+  kInvalidArgument,   // the caller's graph, tensor or option is wrong
+  kInvalidGraph,      // the graph is structurally broken (cycles, dangling ids, ...)
+  kUnimplemented,     // valid, but this backend or build cannot run it
+  kOutOfRange,        // a size or limit is exceeded
+  kNotFound,          // a file, tensor or backend does not exist
+  kInternal,          // a bug or a failure inside a dependency
+  kDeadlineExceeded,  // a collective's processes did not all join in time
+  kAborted,           // another process of a collective failed
 };
 
 const char* status_code_name(StatusCode code);
@@ -65,6 +67,12 @@ inline Status not_found(std::string m) {
 }
 inline Status internal_error(std::string m) {
   return Status(StatusCode::kInternal, std::move(m));
+}
+inline Status deadline_exceeded(std::string m) {
+  return Status(StatusCode::kDeadlineExceeded, std::move(m));
+}
+inline Status aborted(std::string m) {
+  return Status(StatusCode::kAborted, std::move(m));
 }
 
 template <typename T>

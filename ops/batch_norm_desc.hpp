@@ -25,6 +25,10 @@ enum class BackwardMode : uint8_t {
   kFrozen,
 };
 
+// Which part of the training backward an op computes: all of it, or one half
+// of the synchronized form (the per-channel sums; diff_src from global sums).
+enum class BackwardPhase : uint8_t { kWhole, kReduce, kApply };
+
 struct BatchNormDesc {
   OpKind kind = OpKind::kBatchNormTrainingBackward;
   DataFormat format = DataFormat::kNXC;
@@ -42,6 +46,9 @@ struct BatchNormDesc {
   bool use_gamma = false;            // diff_src is scaled by gamma (else gamma = 1)
   bool variance_is_inv_std = false;  // input 3 holds 1/sqrt(var + eps) (cuDNN, PyTorch save_invstd)
   bool diff_scale_shift = false;     // diff_gamma and diff_beta are computed (3 outputs)
+  // BatchNormBackwardReduce/Apply: the half (mode kTraining; reduce_size is
+  // this process's M, the global count comes in as Apply's input 6).
+  BackwardPhase phase = BackwardPhase::kWhole;
 };
 
 // The backward's mode when the op carries no explicit `is_training`: oneDNN

@@ -40,11 +40,28 @@ Status check_epsilon(const Op& op) {
   return ok_status();
 }
 
+// A port of fixed dtype and dims outside the T/U classes: the synchronized
+// backward's f32 sums and s64 element count.
+struct FixedPort {
+  bool is_input;
+  size_t index;
+  DataType dtype;
+  bool scalar;  // dims {1} (else 1-D with C elements)
+};
+using FixedPorts = std::vector<FixedPort>;
+
+const FixedPort* find_fixed(const FixedPorts& fixed, bool is_input, size_t i) {
+  for (const FixedPort& f : fixed) {
+    if (f.is_input == is_input && f.index == i) return &f;
+  }
+  return nullptr;
+}
+
 // Data ports share T in {f32, bf16, f16}; statistics ports share U, which is
-// f32, or bf16 when T is bf16.
+// f32, or bf16 when T is bf16; fixed ports have their own dtype.
 OpSchema::Rule bn_dtype_rule(PortNames names, std::vector<size_t> data_in,
-                             std::vector<size_t> data_out) {
-  return [names, data_in, data_out](const Op& op) -> Status {
+                             std::vector<size_t> data_out, FixedPorts fixed = {}) {
+  return [names, data_in, data_out, fixed](const Op& op) -> Status {
     const DataType t = op.inputs()[data_in[0]].dtype;
     auto is_data_in = [&](size_t i) {
       return std::find(data_in.begin(), data_in.end(), i) != data_in.end();
@@ -57,6 +74,12 @@ OpSchema::Rule bn_dtype_rule(PortNames names, std::vector<size_t> data_in,
     auto check = [&](bool is_input, size_t i, DataType dt) -> Status {
       const bool data = is_input ? is_data_in(i) : is_data_out(i);
       const std::string where = port_label(op, is_input, i, names.of(is_input, i));
+      if (const FixedPort* f = find_fixed(fixed, is_input, i)) {
+        if (dt != f->dtype)
+          return invalid_argument(where + ": dtype " + dtype_name(dt) + ", expected " +
+                                  dtype_name(f->dtype));
+        return ok_status();
+      }
       if (data) {
         if (dt != t) {
           return invalid_argument(where + ": dtype " + dtype_name(dt) + " differs from src's " +
@@ -88,8 +111,8 @@ OpSchema::Rule bn_dtype_rule(PortNames names, std::vector<size_t> data_in,
 
 // Data inputs share the dims of input 0, rank 2..6; statistics ports are 1-D with C elements.
 OpSchema::ShapeRule bn_shape_rule(PortNames names, std::vector<size_t> data_in,
-                                  std::vector<size_t> data_out) {
-  return [names, data_in, data_out](Op& op) -> Status {
+                                  std::vector<size_t> data_out, FixedPorts fixed = {}) {
+  return [names, data_in, data_out, fixed](Op& op) -> Status {
     const LogicalTensor& src = op.inputs()[data_in[0]];
     const std::string src_where = port_label(op, true, data_in[0], names.in.at(data_in[0]));
     if (src.rank() < kMinRank || src.rank() > kMaxBnRank) {
@@ -102,6 +125,12 @@ OpSchema::ShapeRule bn_shape_rule(PortNames names, std::vector<size_t> data_in,
     for (size_t i = 0; i < op.inputs().size(); ++i) {
       const LogicalTensor& lt = op.inputs()[i];
       const std::string where = port_label(op, true, i, names.in.at(i));
+      const FixedPort* f = find_fixed(fixed, true, i);
+      if (f && f->scalar) {
+        if (lt.dims != Dims{1})
+          return invalid_argument(where + ": must have shape [1], got " + dims_to_string(lt.dims));
+        continue;
+      }
       if (std::find(data_in.begin(), data_in.end(), i) != data_in.end()) {
         if (lt.dims != src.dims) {
           return invalid_argument(where + ": shape " + dims_to_string(lt.dims) +
@@ -118,7 +147,9 @@ OpSchema::ShapeRule bn_shape_rule(PortNames names, std::vector<size_t> data_in,
     }
     for (size_t i = 0; i < op.outputs().size(); ++i) {
       const bool data = std::find(data_out.begin(), data_out.end(), i) != data_out.end();
-      NG_RETURN_IF_ERROR(set_or_check_dims(op, i, names.out.at(i), data ? src.dims : Dims{c}));
+      const FixedPort* f = find_fixed(fixed, false, i);
+      const Dims want = data ? src.dims : (f && f->scalar) ? Dims{1} : Dims{c};
+      NG_RETURN_IF_ERROR(set_or_check_dims(op, i, names.out.at(i), want));
     }
     return ok_status();
   };
@@ -126,10 +157,44 @@ OpSchema::ShapeRule bn_shape_rule(PortNames names, std::vector<size_t> data_in,
 
 const std::vector<std::string> kFormats = {"NCX", "NXC"};
 
-void add_bn_rules(OpSchema& s, std::vector<size_t> data_in, std::vector<size_t> data_out) {
+void add_bn_rules(OpSchema& s, std::vector<size_t> data_in, std::vector<size_t> data_out,
+                  FixedPorts fixed = {}) {
   const PortNames names(s);
-  s.rule(check_epsilon).rule(bn_dtype_rule(names, data_in, data_out));
-  s.shape_rule(bn_shape_rule(names, data_in, data_out));
+  s.rule(check_epsilon).rule(bn_dtype_rule(names, data_in, data_out, fixed));
+  s.shape_rule(bn_shape_rule(names, data_in, data_out, fixed));
+  if (!fixed.empty()) s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kS64});
+}
+
+// The synchronized backward's halves (docs/ops/BatchNormBackwardReduce.md,
+// BatchNormBackwardApply.md): Reduce's per-process sums are summed across
+// processes (AllReduce) and Apply finishes with the global ones.
+void register_split_schemas(OpRegistry& registry) {
+  {
+    OpSchema s(OpKind::kBatchNormBackwardReduce);
+    s.input("src").input("diff_dst").input("mean");
+    s.output("sum_dy").output("sum_dy_xm").output("count");
+    s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    add_bn_rules(s, {0, 1}, {},
+                 {{false, 0, DataType::kF32, false},
+                  {false, 1, DataType::kF32, false},
+                  {false, 2, DataType::kS64, true}});
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s(OpKind::kBatchNormBackwardApply);
+    s.input("src").input("diff_dst").input("mean").input("variance");
+    s.input("sum_dy").input("sum_dy_xm").input("count").input("gamma", true);
+    s.output("diff_src").output("diff_gamma", true).output("diff_beta", true);
+    s.output_counts({1, 3});
+    s.attr("epsilon", AttrKind::kF32, true);
+    s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    s.attr("variance_is_inv_std", AttrKind::kBool, false, false);
+    add_bn_rules(s, {0, 1}, {0},
+                 {{true, 4, DataType::kF32, false},
+                  {true, 5, DataType::kF32, false},
+                  {true, 6, DataType::kS64, true}});
+    registry.add(std::move(s));
+  }
 }
 
 }  // namespace
@@ -139,6 +204,7 @@ const char* data_format_name(DataFormat f) {
 }
 
 void register_batch_norm_schemas(OpRegistry& registry) {
+  register_split_schemas(registry);
   {
     OpSchema s(OpKind::kBatchNormTrainingBackward);
     s.input("src").input("diff_dst").input("mean").input("variance").input("gamma", true);
@@ -150,6 +216,9 @@ void register_batch_norm_schemas(OpRegistry& registry) {
     // (docs/ops/BatchNormTrainingBackward.md).
     s.attr("is_training", AttrKind::kBool, false);
     s.attr("variance_is_inv_std", AttrKind::kBool, false, false);
+    // normgrad extension: the process group whose whole batch the statistics
+    // cover; the split-sync-batch-norm pass splits the op around an AllReduce.
+    s.attr("sync_group", AttrKind::kString, false);
     add_bn_rules(s, {0, 1}, {0});
     registry.add(std::move(s));
   }
@@ -180,7 +249,9 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
   BatchNormDesc d;
   d.kind = op.kind();
   if (op.kind() != OpKind::kBatchNormTrainingBackward &&
-      op.kind() != OpKind::kBatchNormForwardTraining && op.kind() != OpKind::kBatchNormInference) {
+      op.kind() != OpKind::kBatchNormForwardTraining && op.kind() != OpKind::kBatchNormInference &&
+      op.kind() != OpKind::kBatchNormBackwardReduce &&
+      op.kind() != OpKind::kBatchNormBackwardApply) {
     return invalid_argument(op.label() + ": not a batch-norm op");
   }
   d.format = format_of(op);
@@ -190,7 +261,9 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
   d.channels = d.dims[d.channel_axis];
   NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, op.label()));
   d.reduce_size = d.channels == 0 ? 0 : total / d.channels;
-  NG_ASSIGN_OR_RETURN(d.epsilon, op.attr_f32("epsilon"));
+  if (op.kind() != OpKind::kBatchNormBackwardReduce) {
+    NG_ASSIGN_OR_RETURN(d.epsilon, op.attr_f32("epsilon"));
+  }
   if (op.has_attr("momentum")) {
     NG_ASSIGN_OR_RETURN(d.momentum, op.attr_f32("momentum"));
   }
@@ -216,6 +289,19 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
     case OpKind::kBatchNormForwardTraining:
       d.stats_dt = op.inputs()[1].dtype;
       d.has_gamma = op.inputs().size() == 5;
+      break;
+    case OpKind::kBatchNormBackwardReduce:
+      d.stats_dt = op.inputs()[2].dtype;
+      d.phase = BackwardPhase::kReduce;
+      break;
+    case OpKind::kBatchNormBackwardApply:
+      d.stats_dt = op.inputs()[2].dtype;
+      d.phase = BackwardPhase::kApply;
+      d.has_gamma = d.use_gamma = op.inputs().size() == 8;
+      d.diff_scale_shift = op.outputs().size() == 3;
+      if (op.has_attr("variance_is_inv_std")) {
+        NG_ASSIGN_OR_RETURN(d.variance_is_inv_std, op.attr_bool("variance_is_inv_std"));
+      }
       break;
     default:
       d.stats_dt = op.inputs()[1].dtype;

@@ -22,6 +22,7 @@ const OpRegistry& op_registry() {
     register_batch_norm_schemas(r);
     register_elementwise_schemas(r);
     register_tf_batch_norm_schemas(r);
+    register_collective_schemas(r);
     return r;
   }();
   return registry;

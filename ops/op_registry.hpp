@@ -29,5 +29,6 @@ const OpRegistry& op_registry();
 void register_batch_norm_schemas(OpRegistry& registry);
 void register_elementwise_schemas(OpRegistry& registry);
 void register_tf_batch_norm_schemas(OpRegistry& registry);
+void register_collective_schemas(OpRegistry& registry);
 
 }  // namespace normgrad

@@ -126,6 +126,8 @@ OpSchema make_schema(OpKind kind) {
   s.attr("T", AttrKind::kString, false);
   if (kind != OpKind::kFusedBatchNormGrad) s.attr("U", AttrKind::kString, false);
   s.attr("reserve_space_2_is_inv_std", AttrKind::kBool, false, false);
+  s.attr("sync_group", AttrKind::kString,
+         false);  // normgrad extension, as on BatchNormTrainingBackward
   std::vector<std::string> in_names, out_names;
   for (const PortSpec& p : s.inputs()) in_names.push_back(p.name);
   for (const PortSpec& p : s.outputs()) out_names.push_back(p.name);

@@ -28,6 +28,7 @@ StatusOr<Op> rewrite_tf(const Op& tf) {
   bn.set_attr("data_format", std::string(f.channels_last ? "NXC" : "NCX"));
   bn.set_attr("is_training", training);
   if (inv_std) bn.set_attr("variance_is_inv_std", true);
+  if (tf.has_attr("sync_group")) bn.set_attr("sync_group", tf.attrs().at("sync_group"));
   const auto& in = tf.inputs();
   bn.add_input(in[1]).add_input(in[0]).add_input(in[3]).add_input(in[4]).add_input(in[2]);
   for (size_t i = 0; i < 3; ++i) bn.add_output(tf.outputs()[i]);

@@ -22,8 +22,10 @@ StatusOr<bool> FuseElementwisePass::run(Graph& graph) const {
   bool changed = false;
   const auto& ops = graph.ops();
   for (const Op& bn : ops) {
-    if (bn.kind() != OpKind::kBatchNormTrainingBackward || !graph.unknown_shape_error(bn).ok())
-      continue;
+    const bool backward = bn.kind() == OpKind::kBatchNormTrainingBackward ||
+                          bn.kind() == OpKind::kBatchNormBackwardReduce ||
+                          bn.kind() == OpKind::kBatchNormBackwardApply;
+    if (!backward || !graph.unknown_shape_error(bn).ok()) continue;
     for (size_t port = 0; port < 2; ++port) {
       const LogicalTensor& t = bn.inputs()[port];
       const int64_t p = graph.producer_of(t.id);

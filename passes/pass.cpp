@@ -12,6 +12,7 @@
 #include <normgrad/passes/dead_code.hpp>
 #include <normgrad/passes/fold_layout.hpp>
 #include <normgrad/passes/fuse_elementwise.hpp>
+#include <normgrad/passes/split_sync_batch_norm.hpp>
 
 namespace normgrad {
 

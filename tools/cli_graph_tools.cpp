@@ -216,7 +216,7 @@ int partitions_command(const std::vector<std::string>& argv) {
     if (opts.count("explain") && r.p->is_supported()) {
       // Every backend in auto's order, and what it said about this partition.
       for (const Backend* b : available_backends()) {
-        const Status st = b->supports(*r.p);
+        const Status st = b->supports(*r.p, CompileContext{});
         std::cout << "    " << b->name() << ": "
                   << (st.ok() ? std::string("takes it") : "declines: " + st.message()) << "\n";
       }

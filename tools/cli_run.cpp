@@ -25,6 +25,7 @@
 #include "tools/cli.hpp"
 #include "tools/cli_driver.hpp"
 #include "tools/cli_knobs.hpp"
+#include "tools/cli_shard.hpp"
 
 namespace normgrad {
 namespace cli {
@@ -243,7 +244,7 @@ int run_command(const std::vector<std::string>& argv) {
   RunOptions defaults;
   defaults.knobs.mode = "C";
   std::vector<std::string> knob_tokens, positional;
-  bool mode_given = false;
+  bool mode_given = false, shard_batch = false;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     auto value_of = [&](const std::string& key, std::string* v) -> bool {
@@ -261,6 +262,8 @@ int run_command(const std::vector<std::string>& argv) {
     std::string v;
     if (a == "--check") {
       defaults.check = true;
+    } else if (a == "--shard-batch") {
+      shard_batch = true;
     } else if (value_of("iters", &v)) {
       if (!parse_int(v, 1, 1000000, &defaults.iters))
         return std::cerr << "normgrad run: --iters must be an integer in [1, 1000000]\n", 2;
@@ -282,6 +285,15 @@ int run_command(const std::vector<std::string>& argv) {
       if (a.rfind("--mode", 0) == 0) mode_given = true;
       knob_tokens.push_back(a);
     }
+  }
+  if (shard_batch) {
+    if (positional.size() != 1 || !knob_tokens.empty()) {
+      std::cerr << "normgrad run: --shard-batch takes one GRAPH.json and --check, --backend, "
+                   "--iters, --threads, --seed\n";
+      return 2;
+    }
+    if (defaults.threads > 0) set_num_threads(static_cast<int>(defaults.threads));
+    return shard_run_command(positional[0], defaults);
   }
   knob_tokens.insert(knob_tokens.end(), positional.begin(), positional.end());
   // A plain `run GRAPH.json` only executes unless --check or --mode asks for more.

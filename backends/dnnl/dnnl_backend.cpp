@@ -87,9 +87,12 @@ class DnnlBackend final : public Backend {
  public:
   const char* name() const override { return "dnnl"; }
 
-  Status supports(const Partition& partition) const override { return build(partition).status(); }
+  Status supports(const Partition& partition, const CompileContext&) const override {
+    return build(partition).status();
+  }
 
-  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override {
+  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
+                                                  const CompileContext&) const override {
     return build(partition);
   }
 

@@ -57,9 +57,12 @@ class JitBackend final : public Backend {
  public:
   const char* name() const override { return "jit"; }
 
-  Status supports(const Partition& partition) const override { return conf_of(partition).status(); }
+  Status supports(const Partition& partition, const CompileContext&) const override {
+    return conf_of(partition).status();
+  }
 
-  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override {
+  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
+                                                  const CompileContext&) const override {
     NG_ASSIGN_OR_RETURN(jit::BnConf conf, conf_of(partition));
     NG_ASSIGN_OR_RETURN(auto kernels, kernel_cache().get(conf));
     std::shared_ptr<const jit::KernelSet> staged;

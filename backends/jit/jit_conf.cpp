@@ -107,6 +107,8 @@ std::string BnConf::kernel_name() const {
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
   if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+staged";
   if (strided_native) n += "+strided";
+  if (d.phase == BackwardPhase::kReduce) n += ":reduce";
+  if (d.phase == BackwardPhase::kApply) n += ":apply";
   return n;
 }
 
@@ -171,10 +173,16 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   };
   c.x_strides = strided(op.inputs()[0]);
   c.dy_strides = strided(op.inputs()[1]);
-  c.dx_strides = strided(op.outputs()[0]);
+  // Reduce writes per-channel sums, not diff_src.
+  if (d.phase != BackwardPhase::kReduce) c.dx_strides = strided(op.outputs()[0]);
   for (size_t i = 2; i < op.inputs().size(); ++i) {
     if (op.inputs()[i].dims[0] > 1 && op.inputs()[i].effective_strides()[0] != 1)
       return unimplemented("the JIT takes dense statistics; input " + std::to_string(i) +
+                           " is strided (ref runs it)");
+  }
+  for (size_t i = 0; d.phase == BackwardPhase::kReduce && i < 2; ++i) {
+    if (op.outputs()[i].dims[0] > 1 && op.outputs()[i].effective_strides()[0] != 1)
+      return unimplemented("the JIT writes dense sums; output " + std::to_string(i) +
                            " is strided (ref runs it)");
   }
   c.d = d;
@@ -235,7 +243,9 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     c.dx_row_stride = c.row_stride;
     c.dx_channel_stride = c.channel_stride;
   }
-  c.needs_reduction = d.mode == BackwardMode::kTraining || d.diff_scale_shift;
+  c.needs_reduction = d.phase == BackwardPhase::kReduce ||
+                      (d.phase == BackwardPhase::kWhole &&
+                       (d.mode == BackwardMode::kTraining || d.diff_scale_shift));
   // Pixels per reduction partial: about 1 MiB of src + diff_dst (at least 16
   // pixels), so a chunk stays in L2, partial sums stay few next to the data, and
   // there are many chunks to share out. Depends on the shape only.
@@ -252,7 +262,9 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   const Op* bn = nullptr;
   for (const Op& op : partition.ops) {
-    if (op.kind() == OpKind::kBatchNormTrainingBackward) {
+    if (op.kind() == OpKind::kBatchNormTrainingBackward ||
+        op.kind() == OpKind::kBatchNormBackwardReduce ||
+        op.kind() == OpKind::kBatchNormBackwardApply) {
       if (bn) return unimplemented("the JIT takes one batch-norm backward per partition");
       bn = &op;
     }
@@ -272,10 +284,30 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   m.x = index_of(bn->inputs()[0].id);
   m.dy = index_of(bn->inputs()[1].id);
   m.mean = index_of(bn->inputs()[2].id);
-  m.variance = index_of(bn->inputs()[3].id);
-  m.gamma = bn->inputs().size() > 4 ? index_of(bn->inputs()[4].id) : -1;
-  if (m.mean < 0 || m.variance < 0 || (bn->inputs().size() > 4 && m.gamma < 0)) {
-    return unimplemented("the JIT needs the statistics as partition inputs");
+  if (c.d.phase == BackwardPhase::kReduce) {
+    m.variance = m.gamma = -1;
+    if (m.mean < 0) return unimplemented("the JIT needs the mean as a partition input");
+  } else if (c.d.phase == BackwardPhase::kApply) {
+    m.variance = index_of(bn->inputs()[3].id);
+    m.sum_dy = index_of(bn->inputs()[4].id);
+    m.sum_dy_xm = index_of(bn->inputs()[5].id);
+    m.count = index_of(bn->inputs()[6].id);
+    m.gamma = bn->inputs().size() > 7 ? index_of(bn->inputs()[7].id) : -1;
+    if (m.mean < 0 || m.variance < 0 || m.sum_dy < 0 || m.sum_dy_xm < 0 || m.count < 0 ||
+        (bn->inputs().size() > 7 && m.gamma < 0))
+      return unimplemented("the JIT needs the statistics and sums as partition inputs");
+    for (int i : {4, 5}) {
+      const LogicalTensor& lt = bn->inputs()[static_cast<size_t>(i)];
+      if (lt.dims[0] > 1 && lt.effective_strides()[0] != 1)
+        return unimplemented("the JIT takes dense sums; input " + std::to_string(i) +
+                             " is strided (ref runs it)");
+    }
+  } else {
+    m.variance = index_of(bn->inputs()[3].id);
+    m.gamma = bn->inputs().size() > 4 ? index_of(bn->inputs()[4].id) : -1;
+    if (m.mean < 0 || m.variance < 0 || (bn->inputs().size() > 4 && m.gamma < 0)) {
+      return unimplemented("the JIT needs the statistics as partition inputs");
+    }
   }
   for (const Op& op : partition.ops) {
     if (&op == bn) continue;

@@ -45,6 +45,8 @@ const char* fuse_name(Fuse f);
 // the partition's inputs; `second` is used by fused ports only.
 struct PortMap {
   int x = 0, x_second = -1, dy = 1, dy_second = -1, mean = 2, variance = 3, gamma = 4;
+  // BatchNormBackwardApply: the global sums and element count.
+  int sum_dy = -1, sum_dy_xm = -1, count = -1;
 };
 
 struct CacheSizes {

@@ -96,9 +96,9 @@ struct Channel {
 };
 
 // Per-channel coefficients of dx = a dy + b (x - mean) + c, and the reductions.
-void coefficients(const BnConf& conf, const Channel& ch, double sum_dy, double sum_dyxm, float* a,
-                  float* b, float* c, double* diff_gamma, double* diff_beta) {
-  const double m = static_cast<double>(conf.d.reduce_size);
+// `m` is the element count per channel the sums cover (all processes' for Apply).
+void coefficients(const BnConf& conf, double m, const Channel& ch, double sum_dy, double sum_dyxm,
+                  float* a, float* b, float* c, double* diff_gamma, double* diff_beta) {
   const double g = ch.gamma, s = ch.s;
   *diff_beta = sum_dy;
   *diff_gamma = s * sum_dyxm;
@@ -251,10 +251,25 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
   std::vector<Channel> ch(static_cast<size_t>(nc));
   for (int64_t c = 0; c < nc; ++c) {
     ch[c].mean = load_as_double(in[pm.mean], c, sdt);
+    if (pm.variance < 0) continue;  // Reduce: the sums need the mean only
     const double v = load_as_double(in[pm.variance], c, sdt);
     ch[c].s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
     ch[c].gamma = d.use_gamma ? load_as_double(in[pm.gamma], c, sdt) : 1.0;
   }
+  // Reduce: the per-channel sums out; Apply: the global sums and count in.
+  const bool reduce_only = d.phase == BackwardPhase::kReduce;
+  const bool given_sums = d.phase == BackwardPhase::kApply;
+  double m = static_cast<double>(d.reduce_size);
+  if (given_sums) {
+    m = load_as_double(in[pm.count], 0, DataType::kS64);
+    if (m < static_cast<double>(d.reduce_size))
+      return invalid_argument("BatchNormBackwardApply: count " + std::to_string(m) +
+                              " is below this process's " + std::to_string(d.reduce_size) +
+                              " elements per channel (it must be the sum over every process)");
+  }
+  auto given = [&](int port, int64_t c) { return load_as_double(in[port], c, DataType::kF32); };
+  std::vector<double> red0(reduce_only ? static_cast<size_t>(nc) : 0);
+  std::vector<double> red1(reduce_only ? static_cast<size_t>(nc) : 0);
   std::vector<double> diff_gamma(static_cast<size_t>(nc)), diff_beta(static_cast<size_t>(nc));
   const char* x = input(pm.x);
   const char* x2 = input(pm.x_second);
@@ -291,9 +306,16 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       gather_dense(dy + c * stage->dy_strides[axis] * es, dys_sub, sub_dims, es, bdy);
       float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(ch[c].mean)};
       double sums[2] = {0.0, 0.0};
-      if (conf.needs_reduction)
+      if (given_sums) {
+        sums[0] = given(pm.sum_dy, c), sums[1] = given(pm.sum_dy_xm, c);
+      } else if (conf.needs_reduction) {
         kernels.reduce(KernelArgs{bx, bdy, nullptr, coef, sums, conf.rows, nullptr, nullptr});
-      coefficients(conf, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
+      }
+      if (reduce_only) {
+        red0[c] = sums[0], red1[c] = sums[1];
+        return;
+      }
+      coefficients(conf, m, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
                    &diff_beta[c]);
       kernels.apply(KernelArgs{bx, bdy, bdx, coef, nullptr, conf.rows, nullptr, nullptr});
       scatter_dense(bdx, dx + c * stage->dx_strides[axis] * es, dxs_sub, sub_dims, es);
@@ -308,9 +330,14 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       const int64_t dx_base = c * conf.dx_channel_stride * es;
       float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(ch[c].mean)};
       double sums[2] = {0.0, 0.0};
+      if (given_sums) sums[0] = given(pm.sum_dy, c), sums[1] = given(pm.sum_dy_xm, c);
       for (int64_t b = 0; b < calls && conf.needs_reduction; ++b)
         kernels.reduce(args(base + b * conf.batch_stride * es, false, coef, sums, conf.rows));
-      coefficients(conf, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
+      if (reduce_only) {
+        red0[c] = sums[0], red1[c] = sums[1];
+        return;
+      }
+      coefficients(conf, m, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
                    &diff_beta[c]);
       for (int64_t b = 0; b < calls; ++b)
         kernels.apply(args2(base + b * conf.batch_stride * es,
@@ -322,8 +349,11 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
     for (int64_t c = 0; c < nc; ++c) coef[3 * cp + c] = static_cast<float>(ch[c].mean);
     const int64_t chunk = conf.chunk_rows;
     const int64_t nchunks = (conf.rows + chunk - 1) / chunk;
+    int64_t nchunks_apply = nchunks;
     const int64_t row_bytes = conf.row_stride * es;
     std::vector<double> s0(static_cast<size_t>(nc), 0.0), s1(static_cast<size_t>(nc), 0.0);
+    for (int64_t c = 0; c < nc && given_sums; ++c)
+      s0[c] = given(pm.sum_dy, c), s1[c] = given(pm.sum_dy_xm, c);
     if (conf.needs_reduction) {
       std::vector<float> partial(static_cast<size_t>(nchunks * 2 * cp), 0.f);
       for_range(conf.single_thread, nchunks, [&](int64_t k) {
@@ -352,12 +382,17 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
         }
       }
     }
-    for (int64_t c = 0; c < nc; ++c) {
-      coefficients(conf, ch[c], s0[c], s1[c], &coef[c], &coef[cp + c], &coef[2 * cp + c],
+    if (reduce_only) {
+      red0 = std::move(s0);
+      red1 = std::move(s1);
+      nchunks_apply = 0;
+    }
+    for (int64_t c = 0; c < nc && !reduce_only; ++c) {
+      coefficients(conf, m, ch[c], s0[c], s1[c], &coef[c], &coef[cp + c], &coef[2 * cp + c],
                    &diff_gamma[c], &diff_beta[c]);
     }
     // Last chunks first: the reduction just read them, so they are still in cache.
-    for_range(conf.single_thread, nchunks, [&](int64_t k_rev) {
+    for_range(conf.single_thread, nchunks_apply, [&](int64_t k_rev) {
       const int64_t r0 = (nchunks - 1 - k_rev) * chunk;
       const int64_t len = std::min(chunk, conf.rows - r0);
       if (stage) {
@@ -376,6 +411,14 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       kernels.apply(
           args2(r0 * row_bytes, r0 * conf.dx_row_stride * es, true, coef.data(), nullptr, len));
     });
+  }
+  if (reduce_only) {
+    for (int64_t c = 0; c < nc; ++c) {
+      store_from_double(out[0], c, DataType::kF32, red0[c]);
+      store_from_double(out[1], c, DataType::kF32, red1[c]);
+    }
+    store_from_double(out[2], 0, DataType::kS64, static_cast<double>(d.reduce_size));
+    return ok_status();
   }
   if (d.diff_scale_shift) {
     for (int64_t c = 0; c < nc; ++c) {

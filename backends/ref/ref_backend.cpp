@@ -48,9 +48,16 @@ class RefKernel final : public Kernel {
 class RefBackend final : public Backend {
  public:
   const char* name() const override { return "ref"; }
-  Status supports(const Partition& partition) const override {
+  Status supports(const Partition& partition, const CompileContext& ctx) const override {
     if (partition.ops.empty()) return invalid_argument("empty partition");
     for (const Op& op : partition.ops) {
+      if (op.kind() == OpKind::kAllReduce) {
+        const std::string group = op.has_attr("group") ? *op.attr_string("group") : "world";
+        NG_ASSIGN_OR_RETURN(auto comm, resolve_group(ctx.communicators, group));
+        if (comm && comm->size() > 1)
+          return unimplemented(op.label() + ": ref sums over a group of one process; group '" +
+                               group + "' is " + comm->name());
+      }
       for (const auto* ports : {&op.inputs(), &op.outputs()}) {
         for (const LogicalTensor& lt : *ports) {
           if (!is_loadable_dtype(lt.dtype))
@@ -77,8 +84,9 @@ class RefBackend final : public Backend {
     }
     return ok_status();
   }
-  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition) const override {
-    NG_RETURN_IF_ERROR(supports(partition));
+  StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
+                                                  const CompileContext& ctx) const override {
+    NG_RETURN_IF_ERROR(supports(partition, ctx));
     return std::shared_ptr<const Kernel>(std::make_shared<RefKernel>(partition));
   }
 };

@@ -91,6 +91,59 @@ Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
   return ok_status();
 }
 
+// The synchronized backward's halves: the same sums and diff_src as above,
+// with the sums and M taken from inputs (summed over every process).
+Status batch_norm_backward_reduce(const Op& op, const std::vector<const void*>& in,
+                                  const std::vector<void*>& out) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  const View x = in_view(op, in, 0), dy = in_view(op, in, 1);
+  for (int64_t c = 0; c < d.channels; ++c) {
+    const double mean = stat_at(op, in, 2, c);
+    double sum_dy = 0.0, sum_dy_xm = 0.0;
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double g = dy.at(idx);
+      sum_dy += g;
+      sum_dy_xm += g * (x.at(idx) - mean);
+    });
+    stat_set(op, out, 0, c, sum_dy);
+    stat_set(op, out, 1, c, sum_dy_xm);
+  }
+  stat_set(op, out, 2, 0, static_cast<double>(d.reduce_size));
+  return ok_status();
+}
+
+Status batch_norm_backward_apply(const Op& op, const std::vector<const void*>& in,
+                                 const std::vector<void*>& out) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  const View x = in_view(op, in, 0), dy = in_view(op, in, 1);
+  const OutView dx = out_view(op, out, 0);
+  const double m = stat_at(op, in, 6, 0);
+  if (m < static_cast<double>(d.reduce_size)) {
+    return invalid_argument(op.label() + ": input 6 'count' is " + std::to_string(m) +
+                            ", fewer than the " + std::to_string(d.reduce_size) +
+                            " elements per channel this process holds (count must be the "
+                            "sum over every process)");
+  }
+  for (int64_t c = 0; c < d.channels; ++c) {
+    const double mean = stat_at(op, in, 2, c);
+    const double var = stat_at(op, in, 3, c);
+    const double s =
+        d.variance_is_inv_std ? var : 1.0 / std::sqrt(var + static_cast<double>(d.epsilon));
+    const double gamma = d.use_gamma ? stat_at(op, in, 7, c) : 1.0;
+    const double diff_beta = stat_at(op, in, 4, c);
+    const double diff_gamma = s * stat_at(op, in, 5, c);
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double xhat = (x.at(idx) - mean) * s;
+      dx.set(idx, gamma * s * (dy.at(idx) - diff_beta / m - xhat * diff_gamma / m));
+    });
+    if (d.diff_scale_shift) {
+      stat_set(op, out, 1, c, diff_gamma);
+      stat_set(op, out, 2, c, diff_beta);
+    }
+  }
+  return ok_status();
+}
+
 Status batch_norm_forward_training(const Op& op, const std::vector<const void*>& in,
                                    const std::vector<void*>& out) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));

@@ -93,6 +93,20 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
   return internal_error(op.label() + ": not an elementwise op");
 }
 
+Status all_reduce_single(const Op& op, const std::vector<const void*>& in,
+                         const std::vector<void*>& out) {
+  for (size_t i = 0; i < op.inputs().size(); ++i) {
+    const LogicalTensor& src = op.inputs()[i];
+    const LogicalTensor& dst = op.outputs()[i];
+    const Dims ss = src.effective_strides(), ds = dst.effective_strides();
+    for_each_index(src.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+      store_from_double(out[i], offset_of(idx, ds), dst.dtype,
+                        load_as_double(in[i], offset_of(idx, ss), src.dtype));
+    });
+  }
+  return ok_status();
+}
+
 Status execute_op(const Op& op, const std::vector<const void*>& inputs,
                   const std::vector<void*>& outputs) {
   switch (op.kind()) {
@@ -102,6 +116,12 @@ Status execute_op(const Op& op, const std::vector<const void*>& inputs,
       return batch_norm_forward_training(op, inputs, outputs);
     case OpKind::kBatchNormInference:
       return batch_norm_inference(op, inputs, outputs);
+    case OpKind::kBatchNormBackwardReduce:
+      return batch_norm_backward_reduce(op, inputs, outputs);
+    case OpKind::kBatchNormBackwardApply:
+      return batch_norm_backward_apply(op, inputs, outputs);
+    case OpKind::kAllReduce:
+      return all_reduce_single(op, inputs, outputs);
     case OpKind::kEnd:
       return ok_status();
     default:

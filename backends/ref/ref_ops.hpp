@@ -20,6 +20,13 @@ Status execute_op(const Op& op, const std::vector<const void*>& inputs,
 // Per family, called by execute_op.
 Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
                            const std::vector<void*>& out);
+Status batch_norm_backward_reduce(const Op& op, const std::vector<const void*>& in,
+                                  const std::vector<void*>& out);
+Status batch_norm_backward_apply(const Op& op, const std::vector<const void*>& in,
+                                 const std::vector<void*>& out);
+// AllReduce over a group of one (this process): each output is its input.
+Status all_reduce_single(const Op& op, const std::vector<const void*>& in,
+                         const std::vector<void*>& out);
 Status batch_norm_forward_training(const Op& op, const std::vector<const void*>& in,
                                    const std::vector<void*>& out);
 Status batch_norm_inference(const Op& op, const std::vector<const void*>& in,

@@ -1,0 +1,52 @@
+// Schema of AllReduce, the collective between the halves of a synchronized
+// batch-norm backward (a normgrad extension; docs/ops/AllReduce.md).
+//
+// AllReduce sums each input element-wise over the processes of its `group`
+// and writes the sum to the output of the same index. It takes up to
+// kMaxAllReduceTensors tensors so a backend can sum them in one collective
+// call; each output has its input's dtype and dims.
+#include <normgrad/ops/op_registry.hpp>
+
+namespace normgrad {
+namespace {
+
+constexpr size_t kMaxAllReduceTensors = 8;
+
+}  // namespace
+
+void register_collective_schemas(OpRegistry& registry) {
+  OpSchema s(OpKind::kAllReduce);
+  std::set<size_t> counts;
+  for (size_t i = 0; i < kMaxAllReduceTensors; ++i) {
+    s.input("src_" + std::to_string(i), i > 0);
+    s.output("dst_" + std::to_string(i), i > 0);
+    counts.insert(i + 1);
+  }
+  s.input_counts(counts).output_counts(counts);
+  s.attr("group", AttrKind::kString, false, std::string("world"));
+  s.attr("reduction", AttrKind::kString, false, std::string("sum"), {"sum"});
+  s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kF64, DataType::kS64});
+  s.rule([](const Op& op) -> Status {
+    if (op.inputs().size() != op.outputs().size())
+      return invalid_argument(op.label() + ": " + std::to_string(op.inputs().size()) +
+                              " inputs but " + std::to_string(op.outputs().size()) +
+                              " outputs (one output per input)");
+    if (op.has_attr("group") && std::get<std::string>(op.attrs().at("group")).empty())
+      return invalid_argument(op.label() + ": attribute 'group' is empty");
+    for (size_t i = 0; i < op.inputs().size(); ++i) {
+      if (op.outputs()[i].dtype != op.inputs()[i].dtype)
+        return invalid_argument(port_label(op, false, i, "dst_" + std::to_string(i)) + ": dtype " +
+                                dtype_name(op.outputs()[i].dtype) + " differs from its input's " +
+                                dtype_name(op.inputs()[i].dtype));
+    }
+    return ok_status();
+  });
+  s.shape_rule([](Op& op) -> Status {
+    for (size_t i = 0; i < op.inputs().size(); ++i)
+      NG_RETURN_IF_ERROR(set_or_check_dims(op, i, "dst_" + std::to_string(i), op.inputs()[i].dims));
+    return ok_status();
+  });
+  registry.add(std::move(s));
+}
+
+}  // namespace normgrad
