@@ -101,8 +101,13 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
       return invalid_graph(who + ": tensor " + std::to_string(lt.id) + " has an unknown shape");
   }
   std::vector<const Backend*> candidates;
-  const std::string& wanted =
+  std::string wanted =
       !partition.backend.empty() && options.backend == "auto" ? partition.backend : options.backend;
+  // A collective runs where its communicator is (MPI, or ref for a process
+  // alone): forcing a compute backend applies to the other partitions.
+  const bool collective =
+      partition.ops.size() == 1 && partition.ops[0].kind() == OpKind::kAllReduce;
+  if (collective && wanted != "mpi") wanted = "auto";
   if (wanted == "auto") {
     candidates = available_backends();
   } else {

@@ -292,7 +292,32 @@ Status Graph::check_sizes() const {
   return ok_status();
 }
 
+void Graph::see_ids() {
+  auto see = [&](int64_t id) { next_tensor_id_ = std::max(next_tensor_id_, id + 1); };
+  for (const Op& op : ops_) {
+    next_op_id_ = std::max(next_op_id_, op.id() + 1);
+    for (const LogicalTensor& lt : op.inputs()) see(lt.id);
+    for (const LogicalTensor& lt : op.outputs()) see(lt.id);
+  }
+  for (const auto* ports : {&input_ports_, &output_ports_}) {
+    if (*ports) {
+      for (int64_t id : **ports) see(id);
+    }
+  }
+}
+
+int64_t Graph::new_op_id() {
+  see_ids();
+  return next_op_id_++;
+}
+
+int64_t Graph::new_tensor_id() {
+  see_ids();
+  return next_tensor_id_++;
+}
+
 Status Graph::finalize() {
+  see_ids();  // before passes drop ops: their ids stay taken
   finalized_ = false;
   if (ops_.empty()) return invalid_graph("the graph has no ops");
   if (static_cast<int64_t>(ops_.size()) > resource_limits().max_ops) {

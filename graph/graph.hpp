@@ -57,6 +57,12 @@ class Graph {
     return ops_;
   }
 
+  // Ids no op or port of this graph has ever used (ops a pass removed
+  // included, whose tensors may still name a caller's buffer), for passes
+  // that create ops and tensors.
+  int64_t new_op_id();
+  int64_t new_tensor_id();
+
   // After finalize: what was tolerated rather than refused (ports naming no
   // tensor, an opaque op's declaration contradicting checked metadata), for
   // tools to print. Empty for a clean graph.
@@ -98,6 +104,8 @@ class Graph {
   std::map<int64_t, size_t> producer_;
   std::map<int64_t, std::vector<size_t>> consumers_;
   std::map<int64_t, int64_t> fusion_groups_;
+  int64_t next_op_id_ = 0, next_tensor_id_ = 0;  // one past every id seen
+  void see_ids();
 };
 
 }  // namespace normgrad

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -303,6 +304,9 @@ OrderedJson attr_to_json(const AttrValue& v) {
 }  // namespace
 
 StatusOr<std::string> read_text_file(const std::string& path, size_t max_bytes) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return invalid_argument(path + ": is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return not_found(path + ": cannot open file");
   in.seekg(0, std::ios::end);

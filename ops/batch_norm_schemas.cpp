@@ -189,6 +189,8 @@ void register_split_schemas(OpRegistry& registry) {
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
     s.attr("variance_is_inv_std", AttrKind::kBool, false, false);
+    // false: frozen statistics (diff_src = gamma s dy; the sums feed diff_gamma/diff_beta only).
+    s.attr("is_training", AttrKind::kBool, false, true);
     add_bn_rules(s, {0, 1}, {0},
                  {{true, 4, DataType::kF32, false},
                   {true, 5, DataType::kF32, false},
@@ -301,6 +303,10 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
       d.diff_scale_shift = op.outputs().size() == 3;
       if (op.has_attr("variance_is_inv_std")) {
         NG_ASSIGN_OR_RETURN(d.variance_is_inv_std, op.attr_bool("variance_is_inv_std"));
+      }
+      if (op.has_attr("is_training")) {
+        NG_ASSIGN_OR_RETURN(bool training, op.attr_bool("is_training"));
+        d.mode = training ? BackwardMode::kTraining : BackwardMode::kFrozen;
       }
       break;
     default:

@@ -12,34 +12,17 @@ bool is_fusible_producer(OpKind k) {
   return k == OpKind::kReLUBackward || k == OpKind::kAdd;
 }
 
-// Fresh op and tensor ids: one past every id the graph mentions.
-struct IdSource {
-  int64_t next_op = 0, next_tensor = 0;
-  explicit IdSource(const Graph& g) {
-    auto see = [&](int64_t id) { next_tensor = std::max(next_tensor, id + 1); };
-    for (const Op& op : g.ops()) {
-      next_op = std::max(next_op, op.id() + 1);
-      for (const LogicalTensor& lt : op.inputs()) see(lt.id);
-      for (const LogicalTensor& lt : op.outputs()) see(lt.id);
-    }
-    for (const auto* ports : {&g.input_ports(), &g.output_ports()}) {
-      if (*ports) {
-        for (int64_t id : **ports) see(id);
-      }
-    }
-  }
-};
-
+// Training, or frozen statistics with diff_gamma/diff_beta (sums over the
+// whole batch too); a frozen diff_src alone needs nothing from other processes.
 bool is_synchronized(const Op& bn) {
   if (bn.kind() != OpKind::kBatchNormTrainingBackward || !bn.has_attr("sync_group")) return false;
   const auto training = bn.attr_bool("is_training");  // set by canonicalize
-  return training.ok() && *training;
+  return (training.ok() && *training) || bn.outputs().size() == 3;
 }
 
 }  // namespace
 
 StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
-  IdSource ids(graph);
   std::vector<Op> ops;
   std::vector<int64_t> cloned;  // producers now read by the Reduce half through a copy
   bool changed = false;
@@ -62,37 +45,38 @@ StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
       if (p < 0 || bn.inputs()[1 - port].id == t.id || is_output_port(graph, t.id)) continue;
       const Op& producer = graph.ops()[static_cast<size_t>(p)];
       if (!is_fusible_producer(producer.kind()) || graph.consumers_of(t.id).size() != 1) continue;
-      Op copy(ids.next_op++, producer.kind(), producer.name() + "/for_reduce");
+      Op copy(graph.new_op_id(), producer.kind(), producer.name() + "/for_reduce");
       for (const auto& [k, v] : producer.attrs()) copy.set_attr(k, v);
       for (const LogicalTensor& lt : producer.inputs()) copy.add_input(lt);
       LogicalTensor out = t;
-      out.id = ids.next_tensor++;
+      out.id = graph.new_tensor_id();
       copy.add_output(out);
       reduce_in[port] = out;
       ops.push_back(std::move(copy));
       cloned.push_back(producer.id());
     }
     const std::string format = bn.has_attr("data_format") ? *bn.attr_string("data_format") : "NXC";
-    Op reduce(ids.next_op++, OpKind::kBatchNormBackwardReduce, base + "/reduce");
+    Op reduce(graph.new_op_id(), OpKind::kBatchNormBackwardReduce, base + "/reduce");
     reduce.set_attr("data_format", format);
     reduce.add_input(reduce_in[0]).add_input(reduce_in[1]).add_input(mean);
-    LogicalTensor local[3] = {LogicalTensor(ids.next_tensor++, DataType::kF32, {c}),
-                              LogicalTensor(ids.next_tensor++, DataType::kF32, {c}),
-                              LogicalTensor(ids.next_tensor++, DataType::kS64, {1})};
+    LogicalTensor local[3] = {LogicalTensor(graph.new_tensor_id(), DataType::kF32, {c}),
+                              LogicalTensor(graph.new_tensor_id(), DataType::kF32, {c}),
+                              LogicalTensor(graph.new_tensor_id(), DataType::kS64, {1})};
     for (const LogicalTensor& lt : local) reduce.add_output(lt);
 
-    Op all_reduce(ids.next_op++, OpKind::kAllReduce, base + "/allreduce");
+    Op all_reduce(graph.new_op_id(), OpKind::kAllReduce, base + "/allreduce");
     all_reduce.set_attr("group", group);
     Op apply(bn.id(), OpKind::kBatchNormBackwardApply, base + "/apply");
     apply.set_attr("epsilon", bn.attrs().at("epsilon"));
     apply.set_attr("data_format", format);
+    if (!*bn.attr_bool("is_training")) apply.set_attr("is_training", false);
     if (bn.has_attr("variance_is_inv_std"))
       apply.set_attr("variance_is_inv_std", bn.attrs().at("variance_is_inv_std"));
     for (size_t i = 0; i < 4; ++i) apply.add_input(bn.inputs()[i]);
     for (const LogicalTensor& lt : local) {
       all_reduce.add_input(lt);
       LogicalTensor global = lt;
-      global.id = ids.next_tensor++;
+      global.id = graph.new_tensor_id();
       all_reduce.add_output(global);
       apply.add_input(global);
     }

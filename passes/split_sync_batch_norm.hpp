@@ -10,8 +10,9 @@
 // Each process holds a slice of the batch; the mean and variance are already
 // the whole batch's (the forward synchronized them), so only the two
 // per-channel sums and the element count must be summed across processes.
-// Only the training form is split: with frozen statistics diff_src needs no
-// sums and the op is left alone. A fusible producer (ReLUBackward, Add) of
+// The training form is split, and the frozen one when it computes diff_gamma
+// and diff_beta (whole-batch sums as well; Apply gets is_training = false). A
+// frozen diff_src alone needs no sums and is left alone. A fusible producer (ReLUBackward, Add) of
 // src or diff_dst that only the batch norm reads is cloned, one copy per
 // half, so fuse-elementwise fuses it into both (as the unsplit kernel
 // recomputes it on both of its passes over the data).

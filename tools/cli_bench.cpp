@@ -23,6 +23,7 @@
 #include "tools/bench_probe.hpp"
 #include "tools/cli.hpp"
 #include "tools/cli_knobs.hpp"
+#include "tools/cli_shard.hpp"
 
 namespace normgrad {
 namespace cli {
@@ -38,6 +39,7 @@ namespace {
 struct BenchOptions {
   std::string graph_path;
   std::string shapes = "small";
+  bool shard_batch = false;
   std::vector<std::string> backends = {"jit", "dnnl"};
   std::vector<std::string> dts = {"f32"};
   std::vector<std::string> layouts = {"NCX", "NXC"};
@@ -375,6 +377,49 @@ std::string svg_chart(const std::vector<CaseResult>& cases, double roofline, int
 
 }  // namespace
 
+// `bench --shard-batch` (under mpirun): each layer's synchronized backward
+// with the batch split over the processes; the step time is the slowest
+// process's median, and the collective's share is its AllReduce partition.
+int bench_sharded(const BenchOptions& opt, const std::vector<std::pair<std::string, Dims>>& shapes,
+                  int64_t threads) {
+  const auto world = mpi_world();
+  const int rank = world ? world->rank() : 0;
+  const int processes = world ? world->size() : 1;
+  if (rank == 0) {
+    std::cout << "shard-batch: " << processes << " processes x " << threads
+              << " threads, median of " << opt.iters << " steps\n";
+  }
+  int failures = 0;
+  for (const auto& [name, nchw] : shapes) {
+    for (const std::string& dt_name : opt.dts) {
+      auto dt = parse_dtype(dt_name);
+      if (!dt.ok()) return std::cerr << "normgrad bench: " << dt.status().message() << "\n", 2;
+      for (const std::string& layout : opt.layouts) {
+        Graph g = make_graph(nchw, layout, *dt, "none");
+        for (Op& op : g.mutable_ops()) op.set_attr("sync_group", "world");
+        ShardOptions so;
+        so.iters = opt.iters;
+        so.backend = opt.backends.size() == 1 ? opt.backends[0] : "auto";
+        Status st = g.finalize();
+        auto r = st.ok() ? run_sharded(g, so) : StatusOr<ShardResult>(st);
+        if (!r.ok()) {
+          std::cerr << "normgrad bench: rank " << rank << ": " << name << ": "
+                    << r.status().to_string() << "\n";
+          return 1;
+        }
+        if (rank == 0) {
+          std::cout << std::fixed << std::setprecision(3) << "  " << name << " " << dt_name << " "
+                    << layout << ": step " << r->step_ms << " ms, collective " << r->collective_ms
+                    << " ms (" << std::setprecision(1)
+                    << 100.0 * r->collective_ms / std::max(r->step_ms, 1e-9) << "%)\n";
+        }
+        failures += r->passed ? 0 : 1;
+      }
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
+
 int bench_command(const std::vector<std::string>& argv) {
   BenchOptions opt;
   for (size_t i = 0; i < argv.size(); ++i) {
@@ -385,7 +430,7 @@ int bench_command(const std::vector<std::string>& argv) {
       key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
       if (eq != std::string::npos) {
         value = a.substr(eq + 1);
-      } else if (key != "cold" && i + 1 < argv.size()) {
+      } else if (key != "cold" && key != "shard-batch" && i + 1 < argv.size()) {
         value = argv[++i];
       }
     } else {
@@ -414,6 +459,8 @@ int bench_command(const std::vector<std::string>& argv) {
       ok = to_int(0, &opt.warmup);
     else if (key == "cold")
       opt.cold = true;
+    else if (key == "shard-batch")
+      opt.shard_batch = true;
     else if (key == "json")
       opt.json_out = value;
     else if (key == "svg")
@@ -461,6 +508,8 @@ int bench_command(const std::vector<std::string>& argv) {
   limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
                                                 static_cast<size_t>(threads));
   set_backend_threads(static_cast<int>(threads));
+
+  if (opt.shard_batch) return bench_sharded(opt, shapes, threads);
 
   constexpr int64_t kProbeFloats = int64_t{64} << 20;  // 256 MiB per array, far beyond the L3
   const double roof_start = measure_stream_gbps(kProbeFloats, 4);

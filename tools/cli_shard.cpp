@@ -1,5 +1,6 @@
 // `--shard-batch`: a synchronized graph run on a slice of the batch per process.
 #include "tools/cli_shard.hpp"
+#include "tools/cli_driver.hpp"
 
 #include <algorithm>
 #include <chrono>

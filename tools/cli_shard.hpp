@@ -12,10 +12,11 @@
 #include <vector>
 
 #include <normgrad/graph/graph.hpp>
-#include "tools/cli_driver.hpp"
 
 namespace normgrad {
 namespace cli {
+
+struct RunOptions;  // tools/cli_driver.hpp
 
 struct ShardOptions {
   std::string backend = "auto";

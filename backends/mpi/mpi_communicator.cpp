@@ -115,9 +115,13 @@ class MpiCommunicator final : public Communicator {
                                  " s (NORMGRAD_COLLECTIVE_TIMEOUT); a process failed or "
                                  "runs a different graph");
       }
-      // Short waits stay responsive for small sums; long ones stop spinning.
-      std::this_thread::sleep_for(pause);
-      if (pause < std::chrono::microseconds(1000)) pause *= 2;
+      // Spin (MPI_Test drives Open MPI's progress) for the first millisecond,
+      // where a loopback sum completes; then back off so a process waiting
+      // for a slow peer stops burning the core that peer may need.
+      if (s > 1e-3) {
+        std::this_thread::sleep_for(pause);
+        if (pause < std::chrono::microseconds(1000)) pause *= 2;
+      }
     }
   }
 

@@ -119,10 +119,9 @@ Status batch_norm_backward_apply(const Op& op, const std::vector<const void*>& i
   const OutView dx = out_view(op, out, 0);
   const double m = stat_at(op, in, 6, 0);
   if (m < static_cast<double>(d.reduce_size)) {
-    return invalid_argument(op.label() + ": input 6 'count' is " + std::to_string(m) +
-                            ", fewer than the " + std::to_string(d.reduce_size) +
-                            " elements per channel this process holds (count must be the "
-                            "sum over every process)");
+    return invalid_argument(op.label() + ": input 6 'count' " + std::to_string(m) +
+                            " is below this process's " + std::to_string(d.reduce_size) +
+                            " elements per channel (it must be the sum over every process)");
   }
   for (int64_t c = 0; c < d.channels; ++c) {
     const double mean = stat_at(op, in, 2, c);
@@ -133,6 +132,10 @@ Status batch_norm_backward_apply(const Op& op, const std::vector<const void*>& i
     const double diff_beta = stat_at(op, in, 4, c);
     const double diff_gamma = s * stat_at(op, in, 5, c);
     for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      if (d.mode == BackwardMode::kFrozen) {
+        dx.set(idx, gamma * s * dy.at(idx));
+        return;
+      }
       const double xhat = (x.at(idx) - mean) * s;
       dx.set(idx, gamma * s * (dy.at(idx) - diff_beta / m - xhat * diff_gamma / m));
     });
