@@ -1,0 +1,111 @@
+// Failure modes of the synchronized backward across processes, run by
+// tests/mpi/run_mpi.sh under `mpirun -np 2`. Each mode prints one line per
+// rank that the script checks, and exits 0 when this rank saw what it should.
+//   mismatch    rank r has C = 8 (r + 1): a clean error on every rank
+//   fail-early  rank 1 fails before the collective: the others are told
+//   timeout     rank 1 never joins: rank 0 gives up after the timeout
+//   bits        prints a hash of the outputs (the script runs it twice)
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include <normgrad/backends/communicator.hpp>
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/testing/oracle.hpp>
+
+using namespace normgrad;
+
+namespace {
+
+Graph sync_graph(int64_t c) {
+  const Dims shape = {3, c, 5, 5};
+  Op bn(0, OpKind::kBatchNormTrainingBackward, "bn");
+  bn.set_attr("epsilon", 1e-5).set_attr("data_format", "NCX").set_attr("sync_group", "world");
+  bn.add_input(LogicalTensor(0, DataType::kF32, shape))
+      .add_input(LogicalTensor(1, DataType::kF32, shape));
+  for (int64_t id : {2, 3, 4}) bn.add_input(LogicalTensor(id, DataType::kF32, {c}));
+  bn.add_output(LogicalTensor(5, DataType::kF32, shape))
+      .add_output(LogicalTensor(6, DataType::kF32, {c}))
+      .add_output(LogicalTensor(7, DataType::kF32, {c}));
+  Graph g;
+  (void)g.add_op(bn);
+  (void)g.finalize();
+  return g;
+}
+
+// Compiles and runs `g` with oracle inputs; the outputs' FNV-1a hash on success.
+StatusOr<uint64_t> run(const Graph& g, uint64_t seed) {
+  NG_ASSIGN_OR_RETURN(CompiledGraph cg, CompiledGraph::compile(g, CompileOptions{}));
+  std::map<int64_t, std::string> sources;
+  NG_ASSIGN_OR_RETURN(auto inputs,
+                      oracle::make_inputs(cg.graph(), cg.lowered_graph(), "", seed, &sources));
+  std::map<int64_t, const void*> in;
+  for (auto& [id, b] : inputs) in[id] = b.data();
+  std::map<int64_t, oracle::Buffer> outs;
+  std::map<int64_t, void*> out;
+  for (const LogicalTensor& t : cg.outputs()) {
+    NG_ASSIGN_OR_RETURN(oracle::Buffer b, oracle::allocate(t));
+    out[t.id] = outs.emplace(t.id, std::move(b)).first->second.data();
+  }
+  NG_RETURN_IF_ERROR(cg.execute(in, out));
+  uint64_t h = 1469598103934665603ull;
+  for (auto& [id, b] : outs) {
+    for (char ch : b.bytes) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (Status s = mpi_init_if_launched(&argc, &argv); !s.ok() || argc != 2) {
+    std::cerr << "usage: mpirun -np 2 mpi_sync_check mismatch|fail-early|timeout|bits\n";
+    return 2;
+  }
+  const auto world = mpi_world();
+  if (!world || world->size() < 2) {
+    std::cerr << "mpi_sync_check: run it under mpirun with 2 or more processes\n";
+    return 2;
+  }
+  const int rank = world->rank();
+  const std::string mode = argv[1];
+  auto report = [&](const Status& s, const char* want) {
+    const bool ok = !s.ok() && s.to_string().find(want) != std::string::npos;
+    std::cout << "rank " << rank << ": " << (ok ? "expected" : "UNEXPECTED") << ": "
+              << s.to_string() << std::endl;
+    return ok ? 0 : 1;
+  };
+  if (mode == "mismatch") {
+    auto r = run(sync_graph(8 * (rank + 1)), 3);
+    return report(r.status(), "counts range from");
+  }
+  if (mode == "fail-early") {
+    if (rank == 1) {
+      double unused = 0.0;
+      return report(world->all_reduce_sum(&unused, 1, true), "this process failed");
+    }
+    return report(run(sync_graph(8), 3).status(), "another process of the group failed");
+  }
+  if (mode == "timeout") {
+    if (rank == 1) {
+      std::cout << "rank 1: expected: stays out of the collective" << std::endl;
+      return 0;
+    }
+    return report(run(sync_graph(8), 3).status(), "deadline_exceeded");
+  }
+  if (mode == "bits") {
+    auto first = run(sync_graph(16), 5);
+    auto second = run(sync_graph(16), 5);
+    if (!first.ok() || !second.ok()) {
+      std::cout << "rank " << rank << ": UNEXPECTED: "
+                << (first.ok() ? second.status() : first.status()).to_string() << std::endl;
+      return 1;
+    }
+    std::cout << "rank " << rank << ": hash " << *first
+              << (*first == *second ? " same" : " DIFFERENT") << std::endl;
+    return *first == *second ? 0 : 1;
+  }
+  std::cerr << "mpi_sync_check: unknown mode " << mode << "\n";
+  return 2;
+}
