@@ -1,0 +1,270 @@
+// The `normgrad` Python extension (_normgrad): graphs, compile and execute,
+// mirroring the C++ API. Errors raise normgrad.Error with the C++ message;
+// compile and execute release the GIL; arrays are borrowed, never copied.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+
+#include <normgrad/backends/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/graph/version.hpp>
+#include "arrays.hpp"
+
+namespace normgrad {
+namespace python {
+namespace {
+
+DataType dtype_arg(const std::string& name) {
+  return unwrap(parse_dtype(name));
+}
+
+LogicalTensor make_tensor(int64_t id, const std::string& dtype, const std::vector<int64_t>& shape,
+                          const std::optional<std::vector<int64_t>>& strides) {
+  LogicalTensor lt(id, dtype_arg(dtype), shape);
+  if (strides) lt.strides = *strides;
+  check(lt.validate("LogicalTensor " + std::to_string(id)));
+  return lt;
+}
+
+// Python values to attributes: bool, int, float, str and lists of int or float.
+void set_attr(Op& op, const std::string& key, py::handle v) {
+  if (py::isinstance<py::bool_>(v)) {
+    op.set_attr(key, v.cast<bool>());
+  } else if (py::isinstance<py::int_>(v)) {
+    op.set_attr(key, v.cast<int64_t>());
+  } else if (py::isinstance<py::float_>(v)) {
+    op.set_attr(key, v.cast<double>());
+  } else if (py::isinstance<py::str>(v)) {
+    op.set_attr(key, AttrValue(v.cast<std::string>()));
+  } else if (py::isinstance<py::sequence>(v)) {
+    auto seq = v.cast<py::sequence>();
+    bool all_int = true;
+    for (py::handle e : seq) all_int = all_int && py::isinstance<py::int_>(e);
+    if (all_int) {
+      op.set_attr(key, AttrValue(v.cast<std::vector<int64_t>>()));
+    } else {
+      op.set_attr(key, AttrValue(v.cast<std::vector<float>>()));
+    }
+  } else {
+    raise(invalid_argument(op.label() + ": attribute '" + key + "' has an unsupported type " +
+                           std::string(py::str(py::type::of(v)))));
+  }
+}
+
+py::object attr_to_python(const AttrValue& v) {
+  return std::visit([](const auto& x) -> py::object { return py::cast(x); }, v);
+}
+
+Op make_op(const std::string& kind, const std::vector<LogicalTensor>& inputs,
+           const std::vector<LogicalTensor>& outputs, const py::dict& attrs, int64_t id,
+           const std::string& name) {
+  Op op(id, unwrap(parse_op_kind(kind)), name);
+  for (const LogicalTensor& lt : inputs) op.add_input(lt);
+  for (const LogicalTensor& lt : outputs) op.add_output(lt);
+  for (auto item : attrs) set_attr(op, item.first.cast<std::string>(), item.second);
+  return op;
+}
+
+struct PartitionInfo {
+  int64_t id;
+  std::string backend, kernel;
+  std::vector<std::string> ops;
+  std::vector<int64_t> inputs, outputs;
+};
+
+// A compiled graph, shared so that partitions can be listed after compile.
+class Compiled {
+ public:
+  explicit Compiled(CompiledGraph cg) : cg_(std::make_shared<CompiledGraph>(std::move(cg))) {}
+
+  std::vector<PartitionInfo> partitions() const {
+    std::vector<PartitionInfo> v;
+    for (const auto& cp : cg_->partitions()) {
+      PartitionInfo p{cp->partition().id, cp->backend_name(), cp->kernel_name(), {}, {}, {}};
+      for (const Op& op : cp->partition().ops) p.ops.emplace_back(op_kind_name(op.kind()));
+      for (const LogicalTensor& lt : cp->partition().inputs) p.inputs.push_back(lt.id);
+      for (const LogicalTensor& lt : cp->partition().outputs) p.outputs.push_back(lt.id);
+      v.push_back(std::move(p));
+    }
+    return v;
+  }
+  std::vector<LogicalTensor> inputs() const { return cg_->inputs(); }
+  std::vector<LogicalTensor> outputs() const { return cg_->outputs(); }
+
+  // inputs: {id: array}; outputs: {id: array} to write into, the rest allocated.
+  py::dict execute(const py::dict& inputs, const std::optional<py::dict>& outputs) const {
+    std::vector<ArrayView> views;
+    std::map<int64_t, const void*> in;
+    std::map<int64_t, void*> out;
+    py::dict result;
+    for (auto item : inputs) {
+      const auto id = item.first.cast<int64_t>();
+      const std::string what = "input " + std::to_string(id);
+      const LogicalTensor want = unwrap(cg_->query_logical_tensor(id));
+      ArrayView v = ArrayView::of(item.second, what);
+      check_matches(v, want, what);
+      in[id] = v.data;
+      views.push_back(std::move(v));
+    }
+    if (outputs) {
+      for (auto item : *outputs) {
+        const auto id = item.first.cast<int64_t>();
+        const std::string what = "output " + std::to_string(id);
+        const LogicalTensor want = unwrap(cg_->query_logical_tensor(id));
+        ArrayView v = ArrayView::of(item.second, what);
+        check_matches(v, want, what);
+        if (!v.writable) raise(invalid_argument(what + ": the array is read-only"));
+        out[id] = v.data;
+        result[item.first] = item.second;
+        views.push_back(std::move(v));
+      }
+    }
+    for (const LogicalTensor& lt : cg_->outputs()) {
+      if (out.count(lt.id)) continue;
+      const LogicalTensor want = unwrap(cg_->query_logical_tensor(lt.id));
+      if (want.effective_strides() != dense_strides(want.dims))
+        raise(invalid_argument("output " + std::to_string(lt.id) +
+                               " is strided: pass an array for it in `outputs`"));
+      py::array a = new_array(want);
+      out[lt.id] = a.mutable_data();
+      result[py::int_(lt.id)] = a;
+    }
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = cg_->execute(in, out);
+    }
+    check(s);
+    return result;
+  }
+
+ private:
+  std::shared_ptr<CompiledGraph> cg_;
+};
+
+Compiled compile(const Graph& graph, const std::string& backend,
+                 const std::optional<std::vector<std::string>>& passes, bool optimize) {
+  CompileOptions options;
+  options.backend = backend;
+  options.optimize = optimize;
+  if (passes) options.pipeline = *passes;
+  StatusOr<CompiledGraph> cg = invalid_argument("not compiled");
+  {
+    py::gil_scoped_release release;
+    cg = CompiledGraph::compile(graph, options);
+  }
+  return Compiled(unwrap(std::move(cg)));
+}
+
+}  // namespace
+}  // namespace python
+}  // namespace normgrad
+
+PYBIND11_MODULE(_normgrad, m) {
+  using namespace normgrad;
+  using namespace normgrad::python;
+  m.doc() = "normgrad: a batch-norm-backward graph compiler (C++ core)";
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  m.attr("__version__") = version_string();
+
+  py::class_<LogicalTensor>(m, "LogicalTensor")
+      .def(py::init(&make_tensor), py::arg("id"), py::arg("dtype"), py::arg("shape"),
+           py::arg("strides") = py::none())
+      .def_readonly("id", &LogicalTensor::id)
+      .def_property_readonly("dtype", [](const LogicalTensor& t) { return dtype_name(t.dtype); })
+      .def_property_readonly("shape", [](const LogicalTensor& t) { return t.dims; })
+      .def_property_readonly("strides", [](const LogicalTensor& t) { return t.effective_strides(); })
+      .def("__repr__", [](const LogicalTensor& t) { return "LogicalTensor(" + t.to_string() + ")"; });
+
+  py::class_<Op>(m, "Op")
+      .def(py::init([](int64_t id, const std::string& kind, const std::string& name) {
+             return Op(id, unwrap(parse_op_kind(kind)), name);
+           }),
+           py::arg("id"), py::arg("kind"), py::arg("name") = "")
+      .def("set_attr", [](Op& op, const std::string& k, py::handle v) -> Op& {
+             set_attr(op, k, v);
+             return op;
+           }, py::return_value_policy::reference_internal)
+      .def("add_input", [](Op& op, const LogicalTensor& t) -> Op& { return op.add_input(t); },
+           py::return_value_policy::reference_internal)
+      .def("add_output", [](Op& op, const LogicalTensor& t) -> Op& { return op.add_output(t); },
+           py::return_value_policy::reference_internal)
+      .def_property_readonly("id", &Op::id)
+      .def_property_readonly("kind", [](const Op& op) { return std::string(op.kind_spelling()); })
+      .def_property_readonly("name", &Op::name)
+      .def_property_readonly("inputs", &Op::inputs)
+      .def_property_readonly("outputs", &Op::outputs)
+      .def_property_readonly("attrs", [](const Op& op) {
+        py::dict d;
+        for (const auto& [k, v] : op.attrs()) d[py::str(k)] = attr_to_python(v);
+        return d;
+      })
+      .def("__repr__", [](const Op& op) { return "Op(" + op.label() + ")"; });
+
+  py::class_<Graph>(m, "Graph")
+      .def(py::init<>())
+      .def("add_op", [](Graph& g, const Op& op) { check(g.add_op(op)); }, py::arg("op"))
+      .def("add_op",
+           [](Graph& g, const std::string& kind, const std::vector<LogicalTensor>& inputs,
+              const std::vector<LogicalTensor>& outputs, const py::dict& attrs,
+              std::optional<int64_t> id, const std::string& name) {
+             const int64_t op_id = id ? *id : static_cast<int64_t>(g.ops().size());
+             check(g.add_op(make_op(kind, inputs, outputs, attrs, op_id, name)));
+           },
+           py::arg("kind"), py::arg("inputs"), py::arg("outputs"), py::arg("attrs") = py::dict(),
+           py::arg("id") = py::none(), py::arg("name") = "")
+      .def("finalize", [](Graph& g) { check(g.finalize()); })
+      .def_property_readonly("finalized", &Graph::finalized)
+      .def_property_readonly("ops", [](const Graph& g) { return g.ops(); })
+      .def("to_json", [](const Graph& g) { return graph_to_json(g); })
+      .def("set_input_ports", &Graph::set_input_ports)
+      .def("set_output_ports", &Graph::set_output_ports)
+      .def_property_readonly("inputs", [](const Graph& g) {
+        if (!g.finalized()) raise(invalid_graph("Graph.inputs: finalize() the graph first"));
+        return g.graph_inputs();
+      })
+      .def_property_readonly("outputs", [](const Graph& g) {
+        if (!g.finalized()) raise(invalid_graph("Graph.outputs: finalize() the graph first"));
+        return g.graph_outputs();
+      });
+
+  m.def("load_graph", [](const std::string& path) { return unwrap(load_graph(path)); },
+        py::arg("path"), "Load a oneDNN-format JSON graph file");
+  m.def("graph_from_json", [](const std::string& text) { return unwrap(graph_from_json(text)); },
+        py::arg("text"));
+
+  py::class_<PartitionInfo>(m, "Partition")
+      .def_readonly("id", &PartitionInfo::id)
+      .def_readonly("backend", &PartitionInfo::backend)
+      .def_readonly("kernel", &PartitionInfo::kernel)
+      .def_readonly("ops", &PartitionInfo::ops)
+      .def_readonly("inputs", &PartitionInfo::inputs)
+      .def_readonly("outputs", &PartitionInfo::outputs)
+      .def("__repr__", [](const PartitionInfo& p) {
+        std::string ops;
+        for (const std::string& o : p.ops) ops += (ops.empty() ? "" : "+") + o;
+        return "Partition(" + std::to_string(p.id) + ", " + ops + ", backend=" + p.backend +
+               ", kernel=" + p.kernel + ")";
+      });
+
+  py::class_<Compiled>(m, "CompiledGraph")
+      .def_property_readonly("partitions", &Compiled::partitions)
+      .def_property_readonly("inputs", &Compiled::inputs)
+      .def_property_readonly("outputs", &Compiled::outputs)
+      .def("execute", &Compiled::execute, py::arg("inputs"), py::arg("outputs") = py::none(),
+           "Run on {tensor id: array}; returns {tensor id: array} for every output");
+
+  m.def("compile", &compile, py::arg("graph"), py::arg("backend") = "auto",
+        py::arg("passes") = py::none(), py::arg("optimize") = true,
+        "Lower, partition and compile a graph (the GIL is released)");
+  m.def("set_num_threads", &set_num_threads, py::arg("n"),
+        "Cap the threads every backend uses (0: no cap)");
+  m.def("num_threads", &num_threads);
+  m.def("backends", [] {
+    std::vector<std::string> v;
+    for (const Backend* b : available_backends()) v.emplace_back(b->name());
+    return v;
+  });
+}
