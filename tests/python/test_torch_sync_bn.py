@@ -1,0 +1,83 @@
+"""normgrad.torch.SyncBatchNorm over two processes (gloo on loopback): each
+process holds half the batch (an uneven split); its slice of the input
+gradient equals the single-process full-batch gradient, and the processes'
+parameter gradients sum to the full-batch ones (torch.nn.SyncBatchNorm's
+convention: local parameter gradients, reduced by data parallelism)."""
+import os
+import socket
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed: SyncBatchNorm is not tested")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+SPLIT = (3, 4)  # the batch of 7, unevenly
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def full_problem(channels_last):
+    torch.manual_seed(11)
+    x = torch.randn(sum(SPLIT), 6, 5, 5)
+    g = torch.randn(sum(SPLIT), 6, 5, 5)
+    if channels_last:
+        x, g = (t.contiguous(memory_format=torch.channels_last) for t in (x, g))
+    w = torch.rand(6) + 0.5
+    b = torch.rand(6) - 0.5
+    return x, g, w, b
+
+
+def worker(rank, port, out_dir, channels_last):
+    import normgrad.torch as ngt
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        x, g, w, b = full_problem(channels_last)
+        lo = sum(SPLIT[:rank])
+        xs = x[lo:lo + SPLIT[rank]].clone().requires_grad_()
+        model = ngt.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm2d(6)))
+        with torch.no_grad():
+            model[0].weight.copy_(w)
+            model[0].bias.copy_(b)
+        y = model(xs)
+        y.backward(g[lo:lo + SPLIT[rank]])
+        torch.save({"y": y.detach(), "dx": xs.grad, "dw": model[0].weight.grad,
+                    "db": model[0].bias.grad, "rm": model[0].running_mean,
+                    "rv": model[0].running_var},
+                   os.path.join(out_dir, "rank%d.pt" % rank))
+    finally:
+        dist.destroy_process_group()
+
+
+def rel(a, b):
+    b = b.double()
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_two_processes_equal_the_full_batch(channels_last):
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(worker, args=(free_port(), d, channels_last), nprocs=2, join=True)
+        r = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
+    x, g, w, b = full_problem(channels_last)
+    ref = torch.nn.BatchNorm2d(6).double()
+    with torch.no_grad():
+        ref.weight.copy_(w.double())
+        ref.bias.copy_(b.double())
+    xr = x.double().contiguous().requires_grad_()
+    y = ref(xr)
+    y.backward(g.double())
+    assert rel(torch.cat([r[0]["y"], r[1]["y"]]), y) < 2e-6
+    assert rel(torch.cat([r[0]["dx"], r[1]["dx"]]), xr.grad) < 2e-6
+    assert rel(r[0]["dw"] + r[1]["dw"], ref.weight.grad) < 1e-5
+    assert rel(r[0]["db"] + r[1]["db"], ref.bias.grad) < 1e-5
+    for k in range(2):  # statistics are the full batch's on both processes
+        assert rel(r[k]["rm"], ref.running_mean) < 1e-5
+        assert rel(r[k]["rv"], ref.running_var) < 1e-5
