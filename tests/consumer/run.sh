@@ -34,3 +34,11 @@ echo "installed opt ran the plugin pass"
 mv "$work/prefix" "$work/moved"
 "$work/moved/bin/normgrad" run "$src/examples/graphs/bn_training_backward_f32_nxc.json" --check \
   | tail -n 1 | sed 's/^/installed cli: /'
+# The installed Python package imports from the moved prefix (its RPATH is relative).
+pydir="$(dirname "$(find "$work/moved" -name '_normgrad*.so' | head -n 1)" 2>/dev/null)"
+if [ -n "$pydir" ] && [ -x /usr/bin/python3 ]; then
+  PYTHONPATH="$(dirname "$pydir")" /usr/bin/python3 -c \
+    "import normgrad; print('installed python:', normgrad.__version__, 'backends', normgrad.backends())"
+else
+  echo "installed python: skipped (the build has no Python package)"
+fi
