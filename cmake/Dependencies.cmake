@@ -4,6 +4,7 @@
 # the later backends need dnnl and xbyak, so they are found here once for all.
 find_package(TBB CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
+find_package(CLI11 2.1 CONFIG REQUIRED)  # the command line's parser (libcli11-dev)
 if(NORMGRAD_WITH_DNNL)
   find_package(dnnl CONFIG REQUIRED)
 endif()

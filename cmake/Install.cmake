@@ -16,7 +16,7 @@ install(TARGETS normgrad_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # other as <normgrad/graph/op.hpp>: only <prefix>/include goes on a consumer's path.
 set(ng_public_headers
   graph/status.hpp graph/data_type.hpp graph/logical_tensor.hpp graph/op.hpp graph/op_checks.hpp
-  graph/graph.hpp graph/op_kinds.def graph/partition.hpp graph/json_io.hpp graph/npy.hpp
+  graph/graph.hpp graph/op_kinds.def graph/partition.hpp graph/json_io.hpp graph/text_io.hpp graph/npy.hpp
   ops/op_schema.hpp ops/op_registry.hpp ops/batch_norm_desc.hpp ops/tf_batch_norm.hpp
   passes/pass.hpp passes/passes.def passes/partitioner.hpp passes/canonicalize.hpp
   passes/cse.hpp passes/dead_code.hpp passes/fold_layout.hpp passes/fuse_elementwise.hpp passes/split_sync_batch_norm.hpp

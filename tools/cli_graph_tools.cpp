@@ -10,8 +10,10 @@
 
 #include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
+#include <normgrad/graph/text_io.hpp>
 #include <normgrad/passes/pass.hpp>
 #include "tools/cli.hpp"
+#include "tools/cli_args.hpp"
 
 namespace normgrad {
 namespace cli {
@@ -22,37 +24,23 @@ int fail(const char* cmd, const Status& s) {
   return 2;
 }
 
-// Splits `--key=value` / `--key value` / `-o value` arguments; positional gets the rest.
-bool parse(const std::vector<std::string>& argv, const std::vector<std::string>& flags,
-           const std::vector<std::string>& valued, std::map<std::string, std::string>* opts,
-           std::vector<std::string>* positional, std::string* error) {
-  for (size_t i = 0; i < argv.size(); ++i) {
-    std::string a = argv[i];
-    if (a.rfind("-", 0) != 0) {
-      positional->push_back(a);
-      continue;
-    }
-    std::string key = a.substr(a.rfind("--", 0) == 0 ? 2 : 1), value;
-    if (const size_t eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    } else if (std::find(valued.begin(), valued.end(), key) != valued.end()) {
-      if (i + 1 >= argv.size()) return *error = "option " + a + " needs a value", false;
-      value = argv[++i];
-    }
-    if (std::find(flags.begin(), flags.end(), key) == flags.end() &&
-        std::find(valued.begin(), valued.end(), key) == valued.end()) {
-      return *error = "unknown option " + a, false;
-    }
-    (*opts)[key] = value;
+// JSON when the text starts with '{' (after blanks and // comments), else the text form.
+StatusOr<Graph> parse_graph(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t p = line.find_first_not_of(" \t\r");
+    if (p == std::string::npos || line.compare(p, 2, "//") == 0) continue;
+    return line[p] == '{' ? graph_from_json(text) : graph_from_text(text);
   }
-  if (positional->size() != 1) return *error = "expected exactly one GRAPH.json", false;
-  return true;
+  return invalid_graph("the file holds no graph");
 }
 
 StatusOr<Graph> load_finalized(const std::string& path) {
-  NG_ASSIGN_OR_RETURN(Graph g, load_graph(path));
-  Status s = g.finalize();
+  NG_ASSIGN_OR_RETURN(std::string text, read_text_file(path, JsonLimits{}.max_bytes));
+  auto g = parse_graph(text);
+  if (!g.ok()) return g.status().with_context(path);
+  Status s = g->finalize();
   if (!s.ok()) return s.with_context(path);
   return g;
 }
@@ -89,78 +77,114 @@ StatusOr<std::vector<std::string>> load_plugins(const std::vector<std::string>& 
   return rest;
 }
 
-void print_opt_help() {
-  std::cout << "usage: normgrad opt GRAPH.json [--passes=p1,p2,...] [--print-after-all] "
-               "[-o OUT.json] [--load-pass-plugin=LIB.so]...\n\n"
-               "Runs passes (the compile pipeline by default) and prints the graph.\n"
-               "A plugin exports extern \"C\" normgrad::Status normgrad_register_passes(),\n"
-               "which registers its passes by name with normgrad::register_pass.\n\npasses:\n";
+std::string passes_help() {
+  std::ostringstream os;
+  os << "A plugin exports extern \"C\" normgrad::Status normgrad_register_passes(),\n"
+        "which registers its passes by name with normgrad::register_pass.\n\npasses:\n";
   for (const PassInfo& p : registered_passes()) {
-    std::cout << "  " << std::left << std::setw(26) << p.name << p.summary
-              << (p.builtin ? "" : " (plugin)") << "\n";
+    os << "  " << std::left << std::setw(26) << p.name << p.summary
+       << (p.builtin ? "" : " (plugin)") << "\n";
   }
+  return os.str();
 }
 
-int opt_command(const std::vector<std::string>& raw_argv) {
-  auto argv = load_plugins(raw_argv);
-  if (!argv.ok()) return fail("opt", argv.status());
-  for (const std::string& a : *argv) {
-    if (a == "--help" || a == "-h") {
-      print_opt_help();
-      return 0;
-    }
-  }
-  std::map<std::string, std::string> opts;
-  std::vector<std::string> pos;
-  std::string error;
-  if (!parse(*argv, {"print-after-all"}, {"passes", "o"}, &opts, &pos, &error)) {
-    std::cerr << "normgrad opt: " << error << "\n";
-    return 2;
-  }
-  auto g = load_finalized(pos[0]);
-  if (!g.ok()) return fail("opt", g.status());
+namespace {
+
+// One case of `opt`: parse, finalize, run the pipeline, print.
+Status opt_one(const std::string& text, const std::string& passes, bool passes_given,
+               bool print_after_all, bool as_text, std::string* out) {
+  NG_ASSIGN_OR_RETURN(Graph g, parse_graph(text));
+  NG_RETURN_IF_ERROR(g.finalize());
   PassPipeline pipeline;
-  if (opts.count("passes")) {
-    std::stringstream ss(opts["passes"]);
+  if (passes_given && passes != "none") {
+    std::stringstream ss(passes);
     std::string name;
     while (std::getline(ss, name, ',')) {
-      auto p = make_pass(name);
-      if (!p.ok()) return fail("opt", p.status());
-      pipeline.add(std::move(p).value());
+      NG_ASSIGN_OR_RETURN(auto p, make_pass(name));
+      pipeline.add(std::move(p));
     }
-  } else {
+  } else if (!passes_given) {
     pipeline = default_pipeline();
   }
   std::vector<PassRecord> records;
-  auto changed = pipeline.run(*g, opts.count("print-after-all") ? &std::cerr : nullptr, &records);
-  if (!changed.ok()) return fail("opt", changed.status());
+  NG_ASSIGN_OR_RETURN(bool changed,
+                      pipeline.run(g, print_after_all ? &std::cerr : nullptr, &records));
+  (void)changed;
   for (const PassRecord& r : records) {
     std::cerr << "// pass " << r.name << ": " << (r.changed ? "changed" : "unchanged") << ", "
               << r.ms << " ms\n";
   }
-  const std::string text = graph_to_json(*g, true);
-  if (opts.count("o")) {
-    std::ofstream out(opts["o"]);
-    if (!(out << text)) return fail("opt", not_found(opts["o"] + ": cannot write"));
-  } else {
-    std::cout << text;
+  *out = as_text ? graph_to_text(g) : graph_to_json(g, true);
+  return ok_status();
+}
+
+}  // namespace
+
+int opt_command(const std::vector<std::string>& raw_argv) {
+  auto argv = load_plugins(raw_argv);
+  if (!argv.ok()) return fail("opt", argv.status());
+  CLI::App app(
+      "Runs passes (the compile pipeline by default) over a graph (oneDNN JSON or the text "
+      "form) and prints it.",
+      "normgrad opt");
+  app.footer(passes_help());
+  std::string path, passes, out_path;
+  bool print_after_all = false, as_text = false, split = false;
+  app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
+  auto* passes_opt = app.add_option("--passes", passes,
+                                    "comma-separated pass names, or none (default: the pipeline)");
+  app.add_flag("--print-after-all", print_after_all, "print the graph after every pass (stderr)");
+  app.add_flag("--text", as_text, "print the text form (one op per line) instead of JSON");
+  app.add_flag("--split-input-file", split,
+               "the file holds cases separated by '// -----'; each runs on its own");
+  app.add_option("-o", out_path, "write to this file instead of stdout");
+  app.add_option("--load-pass-plugin", "load passes from a shared library (repeatable)");
+  if (int rc = parse_args(app, *argv); rc >= 0) return rc;
+  auto text = read_text_file(path, JsonLimits{}.max_bytes);
+  if (!text.ok()) return fail("opt", text.status());
+  std::vector<std::pair<int, std::string>> cases =
+      split ? split_text_cases(*text) : std::vector<std::pair<int, std::string>>{{1, *text}};
+  std::string all;
+  int rc = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    // Blank lines in front keep the reader's line numbers those of the file.
+    const std::string body =
+        std::string(static_cast<size_t>(cases[i].first - 1), '\n') + cases[i].second;
+    std::string out;
+    Status s = opt_one(body, passes, passes_opt->count() > 0, print_after_all, as_text, &out);
+    if (!s.ok()) {
+      std::cerr << "normgrad opt: error: " << path << ": " << s.to_string() << "\n";
+      rc = 2;
+    }
+    all += (i ? "// -----\n" : "") + out;
   }
-  return 0;
+  if (!out_path.empty()) {
+    std::ofstream out(out_path);
+    if (!(out << all)) return fail("opt", not_found(out_path + ": cannot write"));
+  } else {
+    std::cout << all;
+  }
+  return rc;
 }
 
 int partitions_command(const std::vector<std::string>& argv) {
+  CLI::App app("Lists the partitions of a graph with their ops, backend, kernel and tensors.",
+               "normgrad partitions");
+  std::string path, backend = "auto";
+  bool as_json = false, explain = false;
+  app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
+  app.add_flag("--json", as_json, "print JSON");
+  app.add_flag("--explain", explain, "say, per partition, what every backend answered");
+  app.add_option("--backend", backend, "auto, jit, dnnl, mpi or ref");
+  if (int rc = parse_args(app, argv); rc >= 0) return rc;
   std::map<std::string, std::string> opts;
-  std::vector<std::string> pos;
-  std::string error;
-  if (!parse(argv, {"json", "explain"}, {"backend"}, &opts, &pos, &error)) {
-    std::cerr << "normgrad partitions: " << error << "\n";
-    return 2;
-  }
-  auto g = load_finalized(pos[0]);
+  if (as_json) opts["json"] = "";
+  if (explain) opts["explain"] = "";
+  auto g = load_finalized(path);
   if (!g.ok()) return fail("partitions", g.status());
   CompileOptions options;
   options.allow_unsupported = true;
-  if (opts.count("backend")) options.backend = opts["backend"];
+  options.backend = backend;
   if (g->engine_kind != "cpu") {
     std::cerr << "normgrad partitions: note: the file names engine '" << g->engine_kind
               << "'; partitioning for the cpu\n";
@@ -228,16 +252,16 @@ int partitions_command(const std::vector<std::string>& argv) {
 }
 
 int dot_command(const std::vector<std::string>& argv) {
-  std::map<std::string, std::string> opts;
-  std::vector<std::string> pos;
-  std::string error;
-  if (!parse(argv, {"after-passes"}, {}, &opts, &pos, &error)) {
-    std::cerr << "normgrad dot: " << error << "\n";
-    return 2;
-  }
-  auto g = load_finalized(pos[0]);
+  CLI::App app("Prints Graphviz: partitions as clusters, dtype and shape on the edges.",
+               "normgrad dot");
+  std::string path;
+  bool after_passes = false;
+  app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
+  app.add_flag("--after-passes", after_passes, "run the pipeline first (fused partitions)");
+  if (int rc = parse_args(app, argv); rc >= 0) return rc;
+  auto g = load_finalized(path);
   if (!g.ok()) return fail("dot", g.status());
-  if (opts.count("after-passes")) {
+  if (after_passes) {
     auto changed = default_pipeline().run(*g);
     if (!changed.ok()) return fail("dot", changed.status());
   }

@@ -98,8 +98,9 @@ int main(int argc, char** argv) {
     auto first = run(sync_graph(16), 5);
     auto second = run(sync_graph(16), 5);
     if (!first.ok() || !second.ok()) {
-      std::cout << "rank " << rank << ": UNEXPECTED: "
-                << (first.ok() ? second.status() : first.status()).to_string() << std::endl;
+      std::cout << "rank " << rank
+                << ": UNEXPECTED: " << (first.ok() ? second.status() : first.status()).to_string()
+                << std::endl;
       return 1;
     }
     std::cout << "rank " << rank << ": hash " << *first
