@@ -22,6 +22,7 @@
 #include <normgrad/testing/oracle.hpp>
 #include "tools/bench_probe.hpp"
 #include "tools/cli.hpp"
+#include "tools/cli_args.hpp"
 #include "tools/cli_knobs.hpp"
 #include "tools/cli_shard.hpp"
 
@@ -422,58 +423,33 @@ int bench_sharded(const BenchOptions& opt, const std::vector<std::pair<std::stri
 
 int bench_command(const std::vector<std::string>& argv) {
   BenchOptions opt;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    const size_t eq = a.find('=');
-    std::string key = a, value;
-    if (a.rfind("--", 0) == 0) {
-      key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-      if (eq != std::string::npos) {
-        value = a.substr(eq + 1);
-      } else if (key != "cold" && key != "shard-batch" && i + 1 < argv.size()) {
-        value = argv[++i];
-      }
-    } else {
-      opt.graph_path = a;
-      continue;
-    }
-    auto to_int = [&](int64_t lo, int64_t* out) {
-      return parse_int(value, lo, int64_t{1} << 40, out);
-    };
-    bool ok = true;
-    if (key == "shapes")
-      opt.shapes = value;
-    else if (key == "backends")
-      opt.backends = split_list(value);
-    else if (key == "dt")
-      opt.dts = split_list(value);
-    else if (key == "layouts")
-      opt.layouts = split_list(value);
-    else if (key == "fused")
-      opt.fused = split_list(value);
-    else if (key == "threads")
-      ok = to_int(1, &opt.threads);
-    else if (key == "iters")
-      ok = to_int(1, &opt.iters);
-    else if (key == "warmup")
-      ok = to_int(0, &opt.warmup);
-    else if (key == "cold")
-      opt.cold = true;
-    else if (key == "shard-batch")
-      opt.shard_batch = true;
-    else if (key == "json")
-      opt.json_out = value;
-    else if (key == "svg")
-      opt.svg_out = value;
-    else {
-      std::cerr << "normgrad bench: unknown option --" << key << "\n";
-      return 2;
-    }
-    if (!ok) {
-      std::cerr << "normgrad bench: bad value '" << value << "' for --" << key << "\n";
-      return 2;
-    }
-  }
+  CLI::App app(
+      "Backends side by side on batch-norm backward layers, interleaved, next to an in-run "
+      "bandwidth roofline (docs/performance.md).",
+      "normgrad bench");
+  std::string backends = "jit,dnnl", dts = "f32", layouts = "NCX,NXC", fused = "none";
+  app.add_option("graph", opt.graph_path, "a graph to time instead of the built-in shapes");
+  app.add_option("--shapes", opt.shapes, "resnet50, small or cached")
+      ->check(CLI::IsMember({"resnet50", "small", "cached"}));
+  app.add_option("--backends", backends, "comma-separated: jit, dnnl, ref");
+  app.add_option("--dt", dts, "comma-separated: f32, bf16, f16");
+  app.add_option("--layouts", layouts, "comma-separated: NCX, NXC");
+  app.add_option("--fused", fused, "comma-separated: none, relu, add");
+  app.add_option("--threads", opt.threads, "threads (default: all cores)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--iters", opt.iters, "timed runs per case (median)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", opt.warmup, "untimed runs first")->check(CLI::Range(0, 1000000));
+  app.add_flag("--cold", opt.cold, "flush the caches before every run");
+  app.add_flag("--shard-batch", opt.shard_batch,
+               "under mpirun: each layer synchronized over the processes (docs/scale-out.md)");
+  app.add_option("--json", opt.json_out, "write the results as JSON");
+  app.add_option("--svg", opt.svg_out, "write a chart");
+  if (int rc = parse_args(app, argv); rc >= 0) return rc;
+  opt.backends = split_list(backends);
+  opt.dts = split_list(dts);
+  opt.layouts = split_list(layouts);
+  opt.fused = split_list(fused);
   std::vector<std::pair<std::string, Dims>> shapes;
   if (opt.shapes == "cached") {
     // Cache-resident problems (1.6 and 1.6 MB of src + diff_dst in f32): the
@@ -490,9 +466,6 @@ int bench_command(const std::vector<std::string>& argv) {
     }
     shapes.push_back({"1x32x28x28", {1, 32, 28, 28}});
     shapes.push_back({"2x192x71x71", {2, 192, 71, 71}});
-  } else {
-    std::cerr << "normgrad bench: --shapes must be resnet50, small or cached\n";
-    return 2;
   }
   for (const std::string& l : opt.layouts) {
     if (l != "NCX" && l != "NXC")

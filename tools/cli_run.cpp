@@ -23,6 +23,7 @@
 #include <normgrad/testing/check.hpp>
 #include <normgrad/testing/oracle.hpp>
 #include "tools/cli.hpp"
+#include "tools/cli_args.hpp"
 #include "tools/cli_driver.hpp"
 #include "tools/cli_knobs.hpp"
 #include "tools/cli_shard.hpp"
@@ -243,43 +244,30 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
 int run_command(const std::vector<std::string>& argv) {
   RunOptions defaults;
   defaults.knobs.mode = "C";
+  CLI::App app(
+      "Loads, verifies, compiles and executes a graph; with benchdnn's graph-driver knobs "
+      "(--case, --batch, --mode, --dt, --in-shapes, --op-attrs, --mb, --reset, ...; "
+      "docs/cli.md) it runs cases as benchdnn does.",
+      "normgrad run");
+  app.allow_extras();  // benchdnn's knobs and the graph: tools/cli_knobs, in their order
+  bool shard_batch = false;
+  app.add_flag("--check", defaults.check, "compare every output with the reference backend");
+  app.add_flag("--shard-batch", shard_batch,
+               "under mpirun: each process runs its slice of the batch (docs/scale-out.md)");
+  app.add_option("--iters", defaults.iters, "executions (times are medians)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  app.add_option("--threads", defaults.threads, "cap the threads")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--seed", defaults.seed, "seed of the random inputs")
+      ->check(CLI::Range(int64_t{0}, INT64_MAX));
+  app.add_option("--inputs", defaults.inputs_dir, "read input <id> from DIR/<id>.npy");
+  app.add_option("--outputs", defaults.outputs_dir, "write output <id> to DIR/<id>.npy");
+  app.add_option("--backend", defaults.knobs.backend, "auto, jit, dnnl, mpi or ref");
+  if (int rc = parse_args(app, argv); rc >= 0) return rc;
   std::vector<std::string> knob_tokens, positional;
-  bool mode_given = false, shard_batch = false;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    auto value_of = [&](const std::string& key, std::string* v) -> bool {
-      if (a == "--" + key) {
-        if (i + 1 >= argv.size()) return false;
-        *v = argv[++i];
-        return true;
-      }
-      if (a.rfind("--" + key + "=", 0) == 0) {
-        *v = a.substr(key.size() + 3);
-        return true;
-      }
-      return false;
-    };
-    std::string v;
-    if (a == "--check") {
-      defaults.check = true;
-    } else if (a == "--shard-batch") {
-      shard_batch = true;
-    } else if (value_of("iters", &v)) {
-      if (!parse_int(v, 1, 1000000, &defaults.iters))
-        return std::cerr << "normgrad run: --iters must be an integer in [1, 1000000]\n", 2;
-    } else if (value_of("threads", &v)) {
-      if (!parse_int(v, 1, 4096, &defaults.threads))
-        return std::cerr << "normgrad run: --threads must be an integer in [1, 4096]\n", 2;
-    } else if (value_of("seed", &v)) {
-      if (!parse_int(v, 0, INT64_MAX, &defaults.seed))
-        return std::cerr << "normgrad run: --seed must be a non-negative integer\n", 2;
-    } else if (value_of("inputs", &v)) {
-      defaults.inputs_dir = v;
-    } else if (value_of("outputs", &v)) {
-      defaults.outputs_dir = v;
-    } else if (value_of("backend", &v)) {
-      defaults.knobs.backend = v;
-    } else if (a.rfind("--", 0) != 0) {
+  bool mode_given = false;
+  for (const std::string& a : app.remaining()) {
+    if (a.rfind("-", 0) != 0) {
       positional.push_back(a);  // runs after every option, whatever their order
     } else {
       if (a.rfind("--mode", 0) == 0) mode_given = true;
