@@ -238,10 +238,26 @@ def _copy_into(new, old):
     return new
 
 
+def _fuse_following_relus(module):
+    """In every nn.Sequential, a normgrad BatchNorm directly followed by an
+    nn.ReLU takes the ReLU in (fuse_relu) and the ReLU becomes an Identity."""
+    for child in module.modules():
+        if not isinstance(child, _nn.Sequential):
+            continue
+        names = list(child._modules.keys())
+        for a, b in zip(names, names[1:]):
+            bn, relu = child._modules[a], child._modules[b]
+            if isinstance(bn, _NormgradBatchNorm) and type(relu) is _nn.ReLU:
+                bn.fuse_relu = True
+                child._modules[b] = _nn.Identity()
+
+
 def convert(model, fuse_relu=False):
     """Swaps every torch BatchNorm1d/2d/3d in `model` for normgrad's, in place,
     keeping weights, buffers and mode; returns `model`. A BatchNorm at the top
-    is returned converted."""
+    is returned converted. With fuse_relu=True, a BatchNorm followed by an
+    nn.ReLU in an nn.Sequential fuses it (the ReLU backward then runs inside
+    normgrad's batch-norm backward) and the ReLU is replaced by an Identity."""
     kinds = {_nn.BatchNorm1d: BatchNorm1d, _nn.BatchNorm2d: BatchNorm2d,
              _nn.BatchNorm3d: BatchNorm3d}
 
@@ -249,7 +265,7 @@ def convert(model, fuse_relu=False):
         if isinstance(m, _NormgradBatchNorm) or type(m) not in kinds:
             return None
         new = kinds[type(m)](m.num_features, eps=m.eps, momentum=m.momentum, affine=m.affine,
-                             track_running_stats=m.track_running_stats, fuse_relu=fuse_relu)
+                             track_running_stats=m.track_running_stats)
         if m.weight is not None:
             new = new.to(m.weight.dtype)
         elif m.running_mean is not None:
@@ -257,7 +273,10 @@ def convert(model, fuse_relu=False):
         return _copy_into(new, m)
 
     top = make(model)
-    return top if top is not None else _swap(model, make)
+    model = top if top is not None else _swap(model, make)
+    if fuse_relu:
+        _fuse_following_relus(model)
+    return model
 
 
 # --- SyncBatchNorm -------------------------------------------------------------

@@ -158,3 +158,20 @@ def test_small_cnn_trains_like_torch():
     assert la[-1] < 0.5 * la[0], "the model learns"
     worst = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
     assert worst < 1e-4, "loss curves differ by %.2e relative" % worst
+
+
+def test_convert_fuses_a_following_relu():
+    torch.manual_seed(7)
+    a = small_cnn()
+    b = small_cnn()
+    b.load_state_dict(a.state_dict())
+    ngt.convert(b, fuse_relu=True)
+    assert [type(m).__name__ for m in b][:3] == ["Conv2d", "BatchNorm2d", "Identity"]
+    assert b[1].fuse_relu
+    x = torch.randn(8, 3, 16, 16)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a(xa).sum().backward()
+    b(xb).sum().backward()
+    assert rel(xb.grad, xa.grad) < 1e-5
+    kinds = [p.ops for cg in ngt._CACHE.values() for p in cg.partitions]
+    assert ["ReLUBackward", "BatchNormTrainingBackward"] in kinds
