@@ -52,6 +52,49 @@ void stat_set(const Op& op, const std::vector<void*>& out, size_t i, int64_t c, 
 
 }  // namespace
 
+namespace {
+
+// Channel c's statistics: mean, s = 1/sqrt(var + eps) (or var itself in the
+// inverse-std convention) and gamma (1 when not used), from the given ports.
+struct ChannelStats {
+  double mean, s, gamma;
+};
+ChannelStats channel_stats(const Op& op, const BatchNormDesc& d, const std::vector<const void*>& in,
+                           int64_t c, size_t gamma_port) {
+  const double var = stat_at(op, in, 3, c);
+  return {stat_at(op, in, 2, c),
+          d.variance_is_inv_std ? var : 1.0 / std::sqrt(var + static_cast<double>(d.epsilon)),
+          d.use_gamma ? stat_at(op, in, gamma_port, c) : 1.0};
+}
+
+// sum dy and sum dy (x - mean) over channel c.
+std::pair<double, double> channel_sums(const BatchNormDesc& d, const View& x, const View& dy,
+                                       int64_t c, double mean) {
+  double sum_dy = 0.0, sum_dy_xm = 0.0;
+  for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+    const double g = dy.at(idx);
+    sum_dy += g;
+    sum_dy_xm += g * (x.at(idx) - mean);
+  });
+  return {sum_dy, sum_dy_xm};
+}
+
+// diff_src of channel c from its statistics and the sums over M elements.
+void write_diff_src(const BatchNormDesc& d, const View& x, const View& dy, const OutView& dx,
+                    int64_t c, const ChannelStats& st, double diff_beta, double diff_gamma,
+                    double m) {
+  for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+    if (d.mode == BackwardMode::kFrozen) {
+      dx.set(idx, st.gamma * st.s * dy.at(idx));
+      return;
+    }
+    const double xhat = (x.at(idx) - st.mean) * st.s;
+    dx.set(idx, st.gamma * st.s * (dy.at(idx) - diff_beta / m - xhat * diff_gamma / m));
+  });
+}
+
+}  // namespace
+
 Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
                            const std::vector<void*>& out) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
@@ -59,30 +102,12 @@ Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
   const OutView dx = out_view(op, out, 0);
   const double m = static_cast<double>(d.reduce_size);
   for (int64_t c = 0; c < d.channels; ++c) {
-    const double mean = stat_at(op, in, 2, c);
-    const double var = stat_at(op, in, 3, c);
-    const double s =
-        d.variance_is_inv_std ? var : 1.0 / std::sqrt(var + static_cast<double>(d.epsilon));
-    const double gamma = d.use_gamma ? stat_at(op, in, 4, c) : 1.0;
-    double sum_dy = 0.0, sum_dy_xm = 0.0;
-    if (d.mode == BackwardMode::kTraining || d.diff_scale_shift) {
-      for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-        const double g = dy.at(idx);
-        sum_dy += g;
-        sum_dy_xm += g * (x.at(idx) - mean);
-      });
-    }
-    const double diff_beta = sum_dy;
-    const double diff_gamma = s * sum_dy_xm;
-    if (d.mode == BackwardMode::kFrozen) {
-      for_each_index(d.dims, d.channel_axis, c,
-                     [&](const std::vector<int64_t>& idx) { dx.set(idx, gamma * s * dy.at(idx)); });
-    } else {
-      for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-        const double xhat = (x.at(idx) - mean) * s;
-        dx.set(idx, gamma * s * (dy.at(idx) - diff_beta / m - xhat * diff_gamma / m));
-      });
-    }
+    const ChannelStats st = channel_stats(op, d, in, c, 4);
+    std::pair<double, double> sums{0.0, 0.0};
+    if (d.mode == BackwardMode::kTraining || d.diff_scale_shift)
+      sums = channel_sums(d, x, dy, c, st.mean);
+    const double diff_beta = sums.first, diff_gamma = st.s * sums.second;
+    write_diff_src(d, x, dy, dx, c, st, diff_beta, diff_gamma, m);
     if (d.diff_scale_shift) {
       stat_set(op, out, 1, c, diff_gamma);
       stat_set(op, out, 2, c, diff_beta);
@@ -98,13 +123,7 @@ Status batch_norm_backward_reduce(const Op& op, const std::vector<const void*>& 
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
   const View x = in_view(op, in, 0), dy = in_view(op, in, 1);
   for (int64_t c = 0; c < d.channels; ++c) {
-    const double mean = stat_at(op, in, 2, c);
-    double sum_dy = 0.0, sum_dy_xm = 0.0;
-    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-      const double g = dy.at(idx);
-      sum_dy += g;
-      sum_dy_xm += g * (x.at(idx) - mean);
-    });
+    const auto [sum_dy, sum_dy_xm] = channel_sums(d, x, dy, c, stat_at(op, in, 2, c));
     stat_set(op, out, 0, c, sum_dy);
     stat_set(op, out, 1, c, sum_dy_xm);
   }
@@ -124,21 +143,9 @@ Status batch_norm_backward_apply(const Op& op, const std::vector<const void*>& i
                             " elements per channel (it must be the sum over every process)");
   }
   for (int64_t c = 0; c < d.channels; ++c) {
-    const double mean = stat_at(op, in, 2, c);
-    const double var = stat_at(op, in, 3, c);
-    const double s =
-        d.variance_is_inv_std ? var : 1.0 / std::sqrt(var + static_cast<double>(d.epsilon));
-    const double gamma = d.use_gamma ? stat_at(op, in, 7, c) : 1.0;
-    const double diff_beta = stat_at(op, in, 4, c);
-    const double diff_gamma = s * stat_at(op, in, 5, c);
-    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-      if (d.mode == BackwardMode::kFrozen) {
-        dx.set(idx, gamma * s * dy.at(idx));
-        return;
-      }
-      const double xhat = (x.at(idx) - mean) * s;
-      dx.set(idx, gamma * s * (dy.at(idx) - diff_beta / m - xhat * diff_gamma / m));
-    });
+    const ChannelStats st = channel_stats(op, d, in, c, 7);
+    const double diff_beta = stat_at(op, in, 4, c), diff_gamma = st.s * stat_at(op, in, 5, c);
+    write_diff_src(d, x, dy, dx, c, st, diff_beta, diff_gamma, m);
     if (d.diff_scale_shift) {
       stat_set(op, out, 1, c, diff_gamma);
       stat_set(op, out, 2, c, diff_beta);

@@ -175,9 +175,15 @@ class _BatchNormFunction(_torch.autograd.Function):
 
 
 class _NormgradBatchNorm:
-    """The forward of torch's _BatchNorm, with normgrad's backward."""
+    """The forward of torch's _BatchNorm, with normgrad's backward; mixed in
+    front of torch's BatchNorm1d/2d/3d, whose constructor it extends with
+    `fuse_relu`."""
 
-    def _ng_forward(self, x):
+    def __init__(self, *args, fuse_relu=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fuse_relu = fuse_relu
+
+    def forward(self, x):
         self._check_input_dim(x)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -193,30 +199,15 @@ class _NormgradBatchNorm:
 
 
 class BatchNorm1d(_NormgradBatchNorm, _nn.BatchNorm1d):
-    def __init__(self, *args, fuse_relu=False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fuse_relu = fuse_relu
-
-    def forward(self, x):
-        return self._ng_forward(x)
+    pass
 
 
 class BatchNorm2d(_NormgradBatchNorm, _nn.BatchNorm2d):
-    def __init__(self, *args, fuse_relu=False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fuse_relu = fuse_relu
-
-    def forward(self, x):
-        return self._ng_forward(x)
+    pass
 
 
 class BatchNorm3d(_NormgradBatchNorm, _nn.BatchNorm3d):
-    def __init__(self, *args, fuse_relu=False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fuse_relu = fuse_relu
-
-    def forward(self, x):
-        return self._ng_forward(x)
+    pass
 
 
 def _swap(module, make):
