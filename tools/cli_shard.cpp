@@ -92,6 +92,11 @@ Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
   NG_RETURN_IF_ERROR(slice.finalize());
   CompileOptions options;
   options.backend = opt.backend;
+  // Every group the graph names is the processes mpirun started: they share the batch.
+  for (const Op& op : full.ops()) {
+    if (op.has_attr("sync_group") && s->comm && s->processes > 1)
+      options.communicators[std::get<std::string>(op.attrs().at("sync_group"))] = s->comm;
+  }
   NG_ASSIGN_OR_RETURN(s->slice, CompiledGraph::compile(slice, options));
   for (const LogicalTensor& lt : s->slice.inputs()) {
     auto it = s->inputs.find(lt.id);
