@@ -347,17 +347,50 @@ Status Graph::finalize() {
   return ok_status();
 }
 
+// Between an edit (mutable_ops) and the next finalize the maps are stale:
+// the queries then scan the ops as they are, so they stay valid after any
+// rewrite (at linear cost until the graph is finalized again).
 const LogicalTensor* Graph::find_tensor(int64_t id) const {
+  if (!finalized_) {
+    for (const Op& op : ops_) {
+      for (const auto* ports : {&op.outputs(), &op.inputs()}) {
+        for (const LogicalTensor& lt : *ports) {
+          if (lt.id == id) return &lt;
+        }
+      }
+    }
+    return nullptr;
+  }
   auto it = tensors_.find(id);
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
 int64_t Graph::producer_of(int64_t tensor_id) const {
+  if (!finalized_) {
+    for (size_t k = 0; k < ops_.size(); ++k) {
+      for (const LogicalTensor& lt : ops_[k].outputs()) {
+        if (lt.id == tensor_id) return static_cast<int64_t>(k);
+      }
+    }
+    return -1;
+  }
   auto it = producer_.find(tensor_id);
   return it == producer_.end() ? -1 : static_cast<int64_t>(it->second);
 }
 
 std::vector<size_t> Graph::consumers_of(int64_t tensor_id) const {
+  if (!finalized_) {
+    std::vector<size_t> v;
+    for (size_t k = 0; k < ops_.size(); ++k) {
+      for (const LogicalTensor& lt : ops_[k].inputs()) {
+        if (lt.id == tensor_id) {
+          v.push_back(k);
+          break;
+        }
+      }
+    }
+    return v;
+  }
   auto it = consumers_.find(tensor_id);
   return it == consumers_.end() ? std::vector<size_t>{} : it->second;
 }

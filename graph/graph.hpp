@@ -68,7 +68,9 @@ class Graph {
   // tools to print. Empty for a clean graph.
   const std::vector<std::string>& notes() const { return notes_; }
 
-  // After finalize: every tensor's metadata, producers and consumers.
+  // Every tensor's metadata, producers and consumers: from maps built by
+  // finalize, or, after an edit and before the next finalize, by scanning
+  // the ops as they are (never stale indices).
   const LogicalTensor* find_tensor(int64_t id) const;
   // Index into ops() of the producer, or -1 for a graph input.
   int64_t producer_of(int64_t tensor_id) const;

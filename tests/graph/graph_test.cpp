@@ -161,3 +161,31 @@ TEST(Graph, ShapeRulesFireAfterPropagation) {
 
 }  // namespace
 }  // namespace normgrad
+
+namespace normgrad {
+namespace {
+
+// After an edit the queries answer for the ops as they are, not from stale maps.
+TEST(Graph, QueriesStayValidAfterAnEdit) {
+  Graph g;
+  Op relu(1, OpKind::kReLU, "r");
+  relu.add_input(LogicalTensor(0, DataType::kF32, {4}))
+      .add_output(LogicalTensor(1, DataType::kF32, {4}));
+  Op relu2(2, OpKind::kReLU, "r2");
+  relu2.add_input(LogicalTensor(1, DataType::kF32, {4}))
+      .add_output(LogicalTensor(2, DataType::kF32, {4}));
+  ASSERT_TRUE(g.add_op(relu).ok());
+  ASSERT_TRUE(g.add_op(relu2).ok());
+  ASSERT_TRUE(g.finalize().ok());
+  EXPECT_EQ(g.producer_of(2), 1);
+  std::vector<Op>& ops = g.mutable_ops();
+  ops.erase(ops.begin());  // the first ReLU goes: tensor 1 has no producer now
+  EXPECT_EQ(g.producer_of(1), -1);
+  EXPECT_EQ(g.producer_of(2), 0);
+  EXPECT_EQ(g.consumers_of(1), std::vector<size_t>{0});
+  ASSERT_NE(g.find_tensor(2), nullptr);
+  EXPECT_EQ(g.find_tensor(0), nullptr);
+}
+
+}  // namespace
+}  // namespace normgrad
