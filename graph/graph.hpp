@@ -57,6 +57,25 @@ class Graph {
     return ops_;
   }
 
+  // The rewriter API (graph_rewrite.cpp): edits by op id that keep the ops,
+  // the tensor table, producers and consumers consistent and the ops in
+  // topological order, so every query stays valid and fast between edits
+  // with no re-finalize. Each edit checks the op against its schema and
+  // refuses what would break the order; shapes of new ops must be known
+  // (the pass pipeline still re-verifies the whole graph after each pass).
+  // On a graph that is not finalized they edit the ops only.
+  // The index of op `op_id` in ops(), or -1.
+  int64_t index_of(int64_t op_id) const;
+  // Removes an op whose outputs nothing reads.
+  Status erase_op(int64_t op_id);
+  // Inserts `op` before op `before_op_id` (-1: at the end).
+  Status insert_op(Op op, int64_t before_op_id = -1);
+  // Puts `replacement` where op `op_id` is (its outputs' readers read the
+  // replacement's outputs of the same ids).
+  Status replace_op(int64_t op_id, Op replacement);
+  // Every reader of tensor `from` reads `to` instead (produced earlier, or a graph input).
+  Status replace_all_uses_with(int64_t from, const LogicalTensor& to);
+
   // Ids no op or port of this graph has ever used (ops a pass removed
   // included, whose tensors may still name a caller's buffer), for passes
   // that create ops and tensors.
@@ -108,6 +127,9 @@ class Graph {
   std::map<int64_t, int64_t> fusion_groups_;
   int64_t next_op_id_ = 0, next_tensor_id_ = 0;  // one past every id seen
   void see_ids();
+  // After an edit: the maps again, and the order checked (finalized graphs only).
+  Status reindex(const std::string& edit);
+  Status commit(const std::vector<Op>& before, bool was_finalized, const std::string& edit);
 };
 
 }  // namespace normgrad

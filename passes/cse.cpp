@@ -10,16 +10,15 @@
 namespace normgrad {
 
 StatusOr<bool> CsePass::run(Graph& graph) const {
-  // One pass in topological order: an op whose (renamed) inputs and attributes
-  // were seen before is dropped, and its outputs are renamed to the first op's.
-  std::map<int64_t, LogicalTensor> renames;
-  std::map<std::string, size_t> seen;  // signature -> index in `kept`
-  std::vector<Op> kept;
+  // One walk in topological order: an op whose inputs (after the merges so
+  // far) and attributes match an earlier op's goes, and its readers read the
+  // earlier op's outputs. The rewriter keeps producers and consumers current.
+  std::map<std::string, int64_t> seen;  // signature -> op id
+  std::vector<int64_t> order;
+  for (const Op& op : graph.ops()) order.push_back(op.id());
   bool changed = false;
-  for (Op op : graph.ops()) {
-    for (LogicalTensor& lt : op.mutable_inputs()) {
-      if (auto it = renames.find(lt.id); it != renames.end()) lt = it->second;
-    }
+  for (int64_t id : order) {
+    const Op op = graph.ops()[static_cast<size_t>(graph.index_of(id))];  // edits move the vector
     const std::string sig = op_signature(op, /*with_input_ids=*/true, /*with_output_ids=*/false);
     // Opaque ops are never merged, and neither is an op an opaque op reads: the
     // caller runs that op itself and passes the tensor ids it knows.
@@ -30,17 +29,17 @@ StatusOr<bool> CsePass::run(Graph& graph) const {
         observable = observable || op_kind_is_opaque(graph.ops()[c].kind());
     }
     auto it = seen.find(sig);
-    if (it != seen.end() && !observable) {
-      const Op& first = kept[it->second];
-      for (size_t k = 0; k < op.outputs().size(); ++k)
-        renames[op.outputs()[k].id] = first.outputs()[k];
-      changed = true;
+    if (it == seen.end()) {
+      seen.emplace(sig, id);
       continue;
     }
-    if (it == seen.end()) seen.emplace(sig, kept.size());
-    kept.push_back(std::move(op));
+    if (observable) continue;
+    const Op first = graph.ops()[static_cast<size_t>(graph.index_of(it->second))];
+    for (size_t k = 0; k < op.outputs().size(); ++k)
+      NG_RETURN_IF_ERROR(graph.replace_all_uses_with(op.outputs()[k].id, first.outputs()[k]));
+    NG_RETURN_IF_ERROR(graph.erase_op(id));
+    changed = true;
   }
-  if (changed) graph.mutable_ops() = std::move(kept);
   return changed;
 }
 

@@ -31,23 +31,22 @@ StatusOr<bool> DeadOutputEliminationPass::run(Graph& graph) const {
 
 StatusOr<bool> DeadOpEliminationPass::run(Graph& graph) const {
   if (!graph.output_ports()) return false;
-  // Removing an op can make its producers dead: repeat until nothing changes.
-  return run_to_fixed_point(graph, [](Graph& graph) -> StatusOr<bool> {
-    std::set<int64_t> removed;
-    for (const Op& op : graph.ops()) {
-      // Opaque ops are the framework's: never removed, whatever reads their outputs.
-      if (op.kind() == OpKind::kEnd || op.outputs().empty() || op_kind_is_opaque(op.kind()))
-        continue;
-      bool all_dead = true;
-      for (const LogicalTensor& lt : op.outputs()) all_dead = all_dead && is_dead(graph, lt.id);
-      if (all_dead) removed.insert(op.id());
-    }
-    if (removed.empty()) return false;
-    if (removed.size() == graph.ops().size())
-      return invalid_graph("dead-op elimination would remove every op");
-    graph.mutable_ops() = without_ops(graph, removed);
-    return true;
-  });
+  // In reverse topological order an op whose outputs nobody reads goes; its
+  // producers come later in the walk and see it gone (the rewriter keeps the
+  // consumers current), so one walk removes whole dead chains.
+  bool changed = false;
+  for (size_t k = graph.ops().size(); k-- > 0;) {
+    const Op& op = graph.ops()[k];
+    // Opaque ops are the framework's: never removed, whatever reads their outputs.
+    if (op.kind() == OpKind::kEnd || op.outputs().empty() || op_kind_is_opaque(op.kind())) continue;
+    bool all_dead = true;
+    for (const LogicalTensor& lt : op.outputs()) all_dead = all_dead && is_dead(graph, lt.id);
+    if (!all_dead) continue;
+    if (graph.ops().size() == 1) return invalid_graph("dead-op elimination would remove every op");
+    NG_RETURN_IF_ERROR(graph.erase_op(op.id()));
+    changed = true;
+  }
+  return changed;
 }
 
 }  // namespace normgrad

@@ -43,7 +43,8 @@ const Op* sole_producer(const Graph& g, const Op& op, size_t port, OpKind kind) 
 // Folds one producer/consumer pair of conversions around `bn`; `check` decides
 // whether the three conversion ops fit, `rewrite` edits the new batch norm.
 template <typename Check, typename Rewrite>
-bool fold_around(Graph& g, OpKind conversion, const Check& check, const Rewrite& rewrite) {
+StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
+                           const Rewrite& rewrite) {
   for (const Op& bn : g.ops()) {
     if (bn.kind() != OpKind::kBatchNormTrainingBackward || !g.unknown_shape_error(bn).ok())
       continue;
@@ -59,11 +60,14 @@ bool fold_around(Graph& g, OpKind conversion, const Check& check, const Rewrite&
     folded.mutable_inputs()[1] = in_dy->inputs()[0];
     folded.mutable_outputs()[0] = out->outputs()[0];
     rewrite(folded);
-    std::vector<Op> ops = without_ops(g, {in_src->id(), in_dy->id(), out->id()});
-    for (Op& op : ops) {
-      if (op.id() == bn.id()) op = folded;
-    }
-    g.mutable_ops() = std::move(ops);
+    const int64_t src_id = in_src->id(), dy_id = in_dy->id(), out_id = out->id();
+    // The rewriter, in an order that is valid at every step: the output
+    // conversion goes, the batch norm writes its tensor instead, and the
+    // input conversions, now unread, go.
+    NG_RETURN_IF_ERROR(g.erase_op(out_id));
+    NG_RETURN_IF_ERROR(g.replace_op(folded.id(), folded));
+    NG_RETURN_IF_ERROR(g.erase_op(src_id));
+    if (dy_id != src_id) NG_RETURN_IF_ERROR(g.erase_op(dy_id));
     return true;
   }
   return false;

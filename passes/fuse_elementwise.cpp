@@ -1,6 +1,8 @@
 // FuseElementwisePass: grouping rules for elementwise producers of batch-norm backward.
 #include <normgrad/passes/fuse_elementwise.hpp>
 
+#include <normgrad/passes/rewrite_util.hpp>
+
 #include <algorithm>
 
 namespace normgrad {
@@ -8,12 +10,6 @@ namespace {
 
 bool is_fusible_producer(OpKind k) {
   return k == OpKind::kReLUBackward || k == OpKind::kAdd;
-}
-
-bool is_output_port(const Graph& g, int64_t tensor_id) {
-  if (!g.output_ports()) return false;
-  const auto& ports = *g.output_ports();
-  return std::find(ports.begin(), ports.end(), tensor_id) != ports.end();
 }
 
 }  // namespace

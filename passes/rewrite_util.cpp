@@ -5,22 +5,6 @@
 
 namespace normgrad {
 
-std::vector<Op> without_ops(const Graph& graph, const std::set<int64_t>& removed) {
-  std::vector<Op> ops;
-  for (const Op& op : graph.ops()) {
-    if (!removed.count(op.id())) ops.push_back(op);
-  }
-  return ops;
-}
-
-void rename_uses(std::vector<Op>& ops, int64_t from, const LogicalTensor& to_desc) {
-  for (Op& op : ops) {
-    for (LogicalTensor& lt : op.mutable_inputs()) {
-      if (lt.id == from) lt = to_desc;
-    }
-  }
-}
-
 bool is_output_port(const Graph& graph, int64_t tensor_id) {
   if (!graph.output_ports()) return false;
   const auto& ports = *graph.output_ports();

@@ -1,5 +1,6 @@
-// Small helpers shared by the rewriting passes: finding ops by id, renaming
-// tensor ids across the graph, and whether a tensor is an explicit graph output.
+// Small queries shared by the rewriting passes: whether a tensor is a graph
+// output, and a tensor's only reader. Edits go through Graph's rewriter API
+// (erase_op, insert_op, replace_op, replace_all_uses_with).
 #pragma once
 
 #include <cstdint>
@@ -10,10 +11,6 @@
 
 namespace normgrad {
 
-// The ops of `graph` whose ids are not in `removed`, in order.
-std::vector<Op> without_ops(const Graph& graph, const std::set<int64_t>& removed);
-// Every input reading tensor `from` reads `to` instead (metadata taken from `to_desc`).
-void rename_uses(std::vector<Op>& ops, int64_t from, const LogicalTensor& to_desc);
 // True when output_ports are given and list `tensor_id`.
 bool is_output_port(const Graph& graph, int64_t tensor_id);
 // True when `tensor_id` must stay observable: an explicit output port, or (with no

@@ -7,9 +7,6 @@
 // An identity transpose moves no data; frameworks leave them behind after
 // layout propagation. The pass rewires every reader of t to read x, and keeps
 // the transpose when t is a graph output (the caller expects that tensor id).
-#include <algorithm>
-#include <set>
-
 #include <normgrad/passes/pass.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
 
@@ -34,22 +31,19 @@ class DropIdentityTransposePass final : public normgrad::Pass {
   const char* name() const override { return "drop-identity-transpose"; }
 
   normgrad::StatusOr<bool> run(Graph& graph) const override {
-    std::vector<Op> ops = graph.ops();
-    std::set<int64_t> removed;
+    // With the rewriter API: readers move to the transpose's input, then the
+    // transpose, now unread, goes; the graph stays consistent at every step.
+    std::vector<Op> identities;
     for (const Op& op : graph.ops()) {
-      if (op.kind() != OpKind::kStaticTranspose || !is_identity(op)) continue;
-      const int64_t out = op.outputs()[0].id;
-      if (normgrad::is_graph_output(graph, out)) continue;
-      normgrad::rename_uses(ops, out, op.inputs()[0]);
-      removed.insert(op.id());
+      if (op.kind() == OpKind::kStaticTranspose && is_identity(op) &&
+          !normgrad::is_graph_output(graph, op.outputs()[0].id))
+        identities.push_back(op);
     }
-    if (removed.empty()) return false;
-    std::vector<Op> kept;
-    for (Op& op : ops) {
-      if (!removed.count(op.id())) kept.push_back(std::move(op));
+    for (const Op& op : identities) {
+      NG_RETURN_IF_ERROR(graph.replace_all_uses_with(op.outputs()[0].id, op.inputs()[0]));
+      NG_RETURN_IF_ERROR(graph.erase_op(op.id()));
     }
-    graph.mutable_ops() = std::move(kept);
-    return true;
+    return !identities.empty();
   }
 };
 

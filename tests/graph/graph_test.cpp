@@ -189,3 +189,66 @@ TEST(Graph, QueriesStayValidAfterAnEdit) {
 
 }  // namespace
 }  // namespace normgrad
+
+namespace normgrad {
+namespace {
+
+Graph relu_chain() {  // %0 -> ReLU#1 -> %1 -> ReLU#2 -> %2
+  Graph g;
+  Op a(1, OpKind::kReLU, "a");
+  a.add_input(LogicalTensor(0, DataType::kF32, {4}))
+      .add_output(LogicalTensor(1, DataType::kF32, {4}));
+  Op b(2, OpKind::kReLU, "b");
+  b.add_input(LogicalTensor(1, DataType::kF32, {4}))
+      .add_output(LogicalTensor(2, DataType::kF32, {4}));
+  EXPECT_TRUE(g.add_op(a).ok());
+  EXPECT_TRUE(g.add_op(b).ok());
+  EXPECT_TRUE(g.finalize().ok());
+  return g;
+}
+
+// The rewriter keeps the graph finalized and its queries current, and refuses
+// (leaving the graph as it was) what would break it.
+TEST(GraphRewriter, EditsKeepQueriesCurrentAndRefuseBrokenOrders) {
+  Graph g = relu_chain();
+  EXPECT_STATUS_HAS(g.erase_op(1), "still reads tensor 1");
+  // A second reader of %0, inserted before b, then b reads its output instead of a's.
+  Op c(3, OpKind::kReLU, "c");
+  c.add_input(LogicalTensor(0, DataType::kF32, {4}))
+      .add_output(LogicalTensor(3, DataType::kF32, {4}));
+  ASSERT_TRUE(g.insert_op(c, 2).ok());
+  EXPECT_TRUE(g.finalized());
+  EXPECT_EQ(g.producer_of(3), 1);
+  EXPECT_EQ(g.consumers_of(0).size(), 2u);
+  ASSERT_TRUE(g.replace_all_uses_with(1, LogicalTensor(3, DataType::kF32, {4})).ok());
+  EXPECT_TRUE(g.consumers_of(1).empty());
+  ASSERT_TRUE(g.erase_op(1).ok());  // a is dead now
+  EXPECT_EQ(g.index_of(1), -1);
+  EXPECT_EQ(g.producer_of(2), 1);
+  EXPECT_EQ(g.find_tensor(1), nullptr);
+  // Reading a tensor before it is written is refused, and nothing changes.
+  Op d(4, OpKind::kReLU, "d");
+  d.add_input(LogicalTensor(2, DataType::kF32, {4}))
+      .add_output(LogicalTensor(4, DataType::kF32, {4}));
+  EXPECT_STATUS_HAS(g.insert_op(d, 3), "before ReLU 'b' writes it");
+  EXPECT_EQ(g.ops().size(), 2u);
+  EXPECT_TRUE(g.finalized());
+  EXPECT_STATUS_HAS(g.replace_all_uses_with(3, LogicalTensor(2, DataType::kF32, {4})),
+                    "consumes its own output tensor 2");
+  EXPECT_EQ(g.consumers_of(3).size(), 1u);
+  // replace_op keeps the position; a schema violation is refused.
+  Op bad(2, OpKind::kReLU, "b2");
+  bad.add_input(LogicalTensor(3, DataType::kF32, {4}))
+      .add_output(LogicalTensor(2, DataType::kF16, {4}));
+  EXPECT_FALSE(g.replace_op(2, bad).ok());
+  Op good(2, OpKind::kReLUBackward, "b3");
+  good.add_input(LogicalTensor(0, DataType::kF32, {4}))
+      .add_input(LogicalTensor(3, DataType::kF32, {4}))
+      .add_output(LogicalTensor(2, DataType::kF32, {4}));
+  ASSERT_TRUE(g.replace_op(2, good).ok());
+  EXPECT_EQ(g.ops()[1].kind(), OpKind::kReLUBackward);
+  EXPECT_TRUE(g.finalize().ok());  // and the full check agrees
+}
+
+}  // namespace
+}  // namespace normgrad

@@ -1,0 +1,129 @@
+// The rewriter API of Graph: erase, insert, replace ops and uses by id.
+//
+// Each edit changes ops_ and, on a finalized graph, rebuilds the tensor
+// table and the producer/consumer maps (linear in the ports, no sort, no
+// shape inference) and checks that every read still follows its write, so
+// the graph stays finalized and every query answers for the graph as it now is.
+#include <normgrad/graph/graph.hpp>
+
+#include <algorithm>
+#include <cassert>
+
+#include <normgrad/graph/op_checks.hpp>
+
+namespace normgrad {
+
+int64_t Graph::index_of(int64_t op_id) const {
+  for (size_t k = 0; k < ops_.size(); ++k) {
+    if (ops_[k].id() == op_id) return static_cast<int64_t>(k);
+  }
+  return -1;
+}
+
+Status Graph::reindex(const std::string& edit) {
+  if (!finalized_) return ok_status();
+  finalized_ = false;  // until the maps are whole again
+  Status s = collect_tensors();
+  if (!s.ok()) return s.with_context(edit);
+  for (size_t k = 0; k < ops_.size(); ++k) {
+    for (const LogicalTensor& lt : ops_[k].inputs()) {
+      auto p = producer_.find(lt.id);
+      if (p != producer_.end() && p->second >= k) {
+        return invalid_graph(edit + ": " + ops_[k].label() + " would read tensor " +
+                             std::to_string(lt.id) + " before " + ops_[p->second].label() +
+                             " writes it");
+      }
+    }
+    if (!unknown_shape_error(ops_[k]).ok()) {
+      return invalid_graph(edit + ": " + ops_[k].label() +
+                           " has a tensor of unknown shape (give new ops their shapes)");
+    }
+  }
+  finalized_ = true;
+  return ok_status();
+}
+
+// Keeps the edit when the graph is still consistent; otherwise puts the ops
+// back as they were and returns why.
+Status Graph::commit(const std::vector<Op>& before, bool was_finalized, const std::string& edit) {
+  Status s = reindex(edit);
+  if (s.ok()) return s;
+  ops_ = before;
+  finalized_ = was_finalized;
+  Status back = reindex(edit);
+  assert(back.ok() && "the graph before an edit must reindex");
+  (void)back;
+  return s;
+}
+
+Status Graph::erase_op(int64_t op_id) {
+  const int64_t k = index_of(op_id);
+  if (k < 0) return not_found("erase_op: no op " + std::to_string(op_id));
+  const Op& op = ops_[static_cast<size_t>(k)];
+  for (const LogicalTensor& lt : op.outputs()) {
+    for (size_t c : consumers_of(lt.id)) {
+      if (ops_[c].id() != op_id)
+        return invalid_graph("erase_op: " + ops_[c].label() + " still reads tensor " +
+                             std::to_string(lt.id) + " of " + op.label());
+    }
+  }
+  const std::vector<Op> before = ops_;
+  const bool was_finalized = finalized_;
+  ops_.erase(ops_.begin() + k);
+  NG_RETURN_IF_ERROR(commit(before, was_finalized, "erase_op"));
+  fusion_groups_.erase(op_id);
+  return ok_status();
+}
+
+Status Graph::insert_op(Op op, int64_t before_op_id) {
+  NG_RETURN_IF_ERROR(verify_op_structure(op));
+  if (index_of(op.id()) >= 0)
+    return invalid_graph("insert_op: op id " + std::to_string(op.id()) + " is already used");
+  int64_t k = static_cast<int64_t>(ops_.size());
+  if (before_op_id >= 0) {
+    k = index_of(before_op_id);
+    if (k < 0) return not_found("insert_op: no op " + std::to_string(before_op_id));
+  }
+  const std::vector<Op> before = ops_;
+  const bool was_finalized = finalized_;
+  ops_.insert(ops_.begin() + k, std::move(op));
+  return commit(before, was_finalized, "insert_op");
+}
+
+Status Graph::replace_op(int64_t op_id, Op replacement) {
+  NG_RETURN_IF_ERROR(verify_op_structure(replacement));
+  const int64_t k = index_of(op_id);
+  if (k < 0) return not_found("replace_op: no op " + std::to_string(op_id));
+  if (replacement.id() != op_id && index_of(replacement.id()) >= 0)
+    return invalid_graph("replace_op: op id " + std::to_string(replacement.id()) +
+                         " is already used");
+  const std::vector<Op> before = ops_;
+  const bool was_finalized = finalized_;
+  const int64_t new_id = replacement.id();
+  ops_[static_cast<size_t>(k)] = std::move(replacement);
+  NG_RETURN_IF_ERROR(commit(before, was_finalized, "replace_op"));
+  if (new_id != op_id) {  // the replacement takes the op's place in its fusion group
+    for (auto& [member, anchor] : fusion_groups_) {
+      if (anchor == op_id) anchor = new_id;
+    }
+    if (auto it = fusion_groups_.find(op_id); it != fusion_groups_.end()) {
+      fusion_groups_[new_id] = it->second;
+      fusion_groups_.erase(it);
+    }
+  }
+  return ok_status();
+}
+
+Status Graph::replace_all_uses_with(int64_t from, const LogicalTensor& to) {
+  if (from == to.id) return ok_status();
+  const std::vector<Op> before = ops_;
+  const bool was_finalized = finalized_;
+  for (Op& op : ops_) {
+    for (LogicalTensor& lt : op.mutable_inputs()) {
+      if (lt.id == from) lt = to;
+    }
+  }
+  return commit(before, was_finalized, "replace_all_uses_with");
+}
+
+}  // namespace normgrad
