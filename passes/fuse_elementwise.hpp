@@ -30,4 +30,9 @@ class FuseElementwisePass final : public Pass {
   StatusOr<bool> run(Graph& graph) const override;
 };
 
+// For `normgrad partitions --explain`: per data port of every batch-norm
+// backward of `graph` (after the pass), the producer that was fused or the
+// rule that kept it apart, from the same checks the pass makes.
+std::vector<std::string> explain_fusion(const Graph& graph);
+
 }  // namespace normgrad

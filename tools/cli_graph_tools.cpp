@@ -11,6 +11,7 @@
 #include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/graph/text_io.hpp>
+#include <normgrad/passes/fuse_elementwise.hpp>
 #include <normgrad/passes/pass.hpp>
 #include "tools/cli.hpp"
 #include "tools/cli_args.hpp"
@@ -245,6 +246,11 @@ int partitions_command(const std::vector<std::string>& argv) {
                   << (st.ok() ? std::string("takes it") : "declines: " + st.message()) << "\n";
       }
     }
+  }
+  if (opts.count("explain")) {
+    // Per batch-norm data port, what fuse-elementwise did and which rule decided.
+    for (const std::string& line : explain_fusion(cg->lowered_graph()))
+      std::cout << "  fusion: " << line << "\n";
   }
   std::cout << rows.size() << " partitions: " << rows.size() - unsupported << " supported, "
             << unsupported << " unsupported\n";
