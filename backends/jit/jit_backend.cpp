@@ -12,32 +12,21 @@ namespace {
 class JitKernel final : public Kernel {
  public:
   JitKernel(jit::BnConf conf, std::shared_ptr<const jit::KernelSet> kernels,
-            std::shared_ptr<const jit::KernelSet> staged,
-            std::shared_ptr<const jit::KernelSet> slice_full,
-            std::shared_ptr<const jit::KernelSet> slice_rest)
-      : conf_(std::move(conf)),
-        kernels_(std::move(kernels)),
-        staged_(std::move(staged)),
-        slice_full_(std::move(slice_full)),
-        slice_rest_(std::move(slice_rest)) {
-    slices_.full = slice_full_.get();
-    slices_.rest = slice_rest_.get();
-  }
+            std::shared_ptr<const jit::KernelSet> staged)
+      : conf_(std::move(conf)), kernels_(std::move(kernels)), staged_(std::move(staged)) {}
   std::string name() const override { return conf_.kernel_name(); }
   std::string info() const override {
     return conf_.isa == jit::Isa::kPortable ? "portable"
                                             : "codegen_ms=" + std::to_string(kernels_->generate_ms);
   }
   Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
-    return jit::run_batch_norm_backward(conf_, *kernels_, in, out, staged_.get(), &slices_);
+    return jit::run_batch_norm_backward(conf_, *kernels_, in, out, staged_.get());
   }
 
  private:
   jit::BnConf conf_;
   std::shared_ptr<const jit::KernelSet> kernels_;
   std::shared_ptr<const jit::KernelSet> staged_;  // strided tensors: staged per task
-  std::shared_ptr<const jit::KernelSet> slice_full_, slice_rest_;  // NXC apply by channel slices
-  jit::ApplySlices slices_;
 };
 
 // Generated code by conf key: the same problem generates code once.
@@ -80,17 +69,8 @@ class JitBackend final : public Backend {
     if (!conf.x_strides.empty() || !conf.dy_strides.empty() || !conf.dx_strides.empty()) {
       NG_ASSIGN_OR_RETURN(staged, kernel_cache().get(jit::staged_conf(conf)));
     }
-    std::shared_ptr<const jit::KernelSet> slice_full, slice_rest;
-    if (conf.apply_block_cols > 0) {
-      NG_ASSIGN_OR_RETURN(slice_full,
-                          kernel_cache().get(jit::apply_slice_conf(conf, conf.apply_block_cols)));
-      if (const int64_t rest = conf.cols % conf.apply_block_cols; rest > 0) {
-        NG_ASSIGN_OR_RETURN(slice_rest, kernel_cache().get(jit::apply_slice_conf(conf, rest)));
-      }
-    }
     return std::shared_ptr<const Kernel>(
-        std::make_shared<JitKernel>(std::move(conf), std::move(kernels), std::move(staged),
-                                    std::move(slice_full), std::move(slice_rest)));
+        std::make_shared<JitKernel>(std::move(conf), std::move(kernels), std::move(staged)));
   }
 
  private:

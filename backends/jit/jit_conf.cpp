@@ -12,8 +12,6 @@
 
 namespace normgrad {
 namespace jit {
-
-constexpr int64_t kApplyBlockCols = 64;  // 4 vectors of 16: a, b, c, mean in zmm16..31
 namespace {
 
 int64_t read_cache_size(int index) {
@@ -109,7 +107,6 @@ std::string BnConf::kernel_name() const {
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
   if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+staged";
   if (strided_native) n += "+strided";
-  if (apply_block_cols > 0) n += "+sliced";
   if (d.phase == BackwardPhase::kReduce) n += ":reduce";
   if (d.phase == BackwardPhase::kApply) n += ":apply";
   return n;
@@ -162,14 +159,6 @@ std::optional<StridedWalk> strided_walk(const BnConf& c, const Dims& st, bool sp
   w.row_stride = pstride;
   w.channel_stride = 1;
   return w;
-}
-
-BnConf apply_slice_conf(const BnConf& c, int64_t cols) {
-  BnConf s = c;
-  s.cols = cols;
-  s.apply_block_cols = 0;
-  s.slice_rows = 0;
-  return s;
 }
 
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
@@ -267,17 +256,6 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // the AVX-512 path has them (the AVX2 path keeps ordinary stores).
   const int64_t dx_bytes = c.total_elements * dtype_size(d.data_dt);
   c.streaming_stores = isa == Isa::kAvx512 && dx_bytes > cache_sizes().l3_bytes / 2;
-  // Long NXC rows: the whole-row apply reads its four coefficient vectors
-  // from memory for every data vector (measured at half the bandwidth of the
-  // NCX apply on a 90 GB/s host); slices of 64 channels keep them in zmm16..31.
-  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && c.cols > kApplyBlockCols &&
-      c.x_strides.empty() && c.dy_strides.empty() && c.dx_strides.empty()) {
-    c.apply_block_cols = kApplyBlockCols;
-    // About 256 KiB of src, diff_dst and diff_src per group: L2-resident while
-    // every slice walks it.
-    const int64_t row_bytes = 3 * c.cols * dtype_size(d.data_dt);
-    c.slice_rows = std::max<int64_t>(8, (int64_t{256} << 10) / row_bytes);
-  }
   return c;
 }
 

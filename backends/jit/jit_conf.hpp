@@ -85,12 +85,6 @@ struct BnConf {
   int64_t batch_stride = 0;
   // diff_src's own strides for the same walk (equal to the above when dense).
   int64_t dx_row_stride = 0, dx_channel_stride = 0, dx_batch_stride = 0;
-  // kPixels on AVX-512 with C > 64: diff_src is written by kernels built for
-  // channel slices of this many columns (apply_slice_conf), whose
-  // coefficients stay in registers, over groups of slice_rows pixels that
-  // stay in L2 while each slice walks them. 0: one kernel over whole rows.
-  int64_t apply_block_cols = 0;
-  int64_t slice_rows = 0;
 
   // "jit:avx512:bf16/f32:rows" and the like, for verbose lines.
   std::string kernel_name() const;
@@ -105,9 +99,6 @@ struct StridedWalk {
 // `split_rows`: for the rows walk, describe even a dense spatial block as
 // padded rows (one call per image), to match another tensor that needs it.
 std::optional<StridedWalk> strided_walk(const BnConf& c, const Dims& strides, bool split_rows);
-// The conf of the apply kernel for a slice of `cols` channels of each pixel
-// row (same row strides; coefficients in registers).
-BnConf apply_slice_conf(const BnConf& c, int64_t cols);
 
 // Decides the conf, or the reason the JIT declines (empty tensors, strided
 // fused inputs); strided src/diff_dst/diff_src are repacked by the driver.

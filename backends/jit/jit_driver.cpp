@@ -239,7 +239,7 @@ void channel_view(const Dims& dims, const Dims& strides, int axis, Dims* sub_dim
 
 Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
                  const std::vector<const void*>& in, const std::vector<void*>& out,
-                 const Staging* stage = nullptr, const ApplySlices* slices = nullptr) {
+                 const Staging* stage = nullptr) {
   const KernelSet& kernels = stage ? *stage->kernels : dense_kernels;
   const BatchNormDesc& d = conf.d;
   const int64_t nc = d.channels, cp = padded_channels(nc);
@@ -408,21 +408,6 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
         move_pixels<false>(bdx, dx, stage->dx_strides, d.dims, d.channel_axis, es, r0, len);
         return;
       }
-      if (slices != nullptr && slices->full != nullptr) {
-        // Groups of rows that stay in L2, walked once per channel slice with
-        // that slice's coefficients in registers.
-        const int64_t block = conf.apply_block_cols;
-        for (int64_t g0 = 0; g0 < len; g0 += conf.slice_rows) {
-          const int64_t rows = std::min(conf.slice_rows, len - g0);
-          const int64_t r = r0 + g0;
-          for (int64_t c0 = 0; c0 < nc; c0 += block) {
-            const KernelSet& k = c0 + block <= nc ? *slices->full : *slices->rest;
-            k.apply(args2((r * conf.row_stride + c0) * es, (r * conf.dx_row_stride + c0) * es, true,
-                          coef.data() + c0, nullptr, rows));
-          }
-        }
-        return;
-      }
       kernels.apply(
           args2(r0 * row_bytes, r0 * conf.dx_row_stride * es, true, coef.data(), nullptr, len));
     });
@@ -452,9 +437,9 @@ int last_max_concurrency() {
 
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out,
-                               const KernelSet* staged, const ApplySlices* slices) {
+                               const KernelSet* staged) {
   if (conf.x_strides.empty() && conf.dy_strides.empty() && conf.dx_strides.empty())
-    return run_dense(conf, kernels, in, out, nullptr, slices);
+    return run_dense(conf, kernels, in, out);
   if (staged == nullptr) return internal_error("JIT: strided tensors need the staged kernels");
   const Dims dense = dense_strides(conf.d.dims);
   Staging st;

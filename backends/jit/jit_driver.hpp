@@ -14,21 +14,12 @@ namespace jit {
 // max_concurrency; 0 before any): lets tests see set_num_threads take effect.
 int last_max_concurrency();
 
-// The apply kernels of a conf with apply_block_cols > 0: `full` built for
-// apply_slice_conf(conf, apply_block_cols), `rest` for the last, shorter
-// slice (nullptr when C is a multiple).
-struct ApplySlices {
-  const KernelSet* full = nullptr;
-  const KernelSet* rest = nullptr;
-};
-
 // Runs one batch-norm backward with `kernels` built for `conf`; buffers in the
 // canonical op's port order. Strided tensors (conf's strides set) run staged,
 // through `staged`: kernels built for staged_conf(conf).
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out,
-                               const KernelSet* staged = nullptr,
-                               const ApplySlices* slices = nullptr);
+                               const KernelSet* staged = nullptr);
 // The conf of the kernels that run on per-thread staging buffers.
 BnConf staged_conf(const BnConf& conf);
 

@@ -419,11 +419,6 @@ class BnGenerator : public CodeGenerator {
   // the call; longer rows add into the memory arrays (L1-resident) per pixel.
   void pixels_reduce() {
     prologue();
-    if (avx512_ && row_vectors() > 8) {
-      pixels_reduce_blocked();
-      epilogue();
-      return;
-    }
     const bool in_regs = avx512_ && row_vectors() <= 8;
     Label row, done;
     if (in_regs) {
@@ -470,62 +465,6 @@ class BnGenerator : public CodeGenerator {
       });
     }
     epilogue();
-  }
-
-  // pixels_reduce for rows of more than 8 vectors (AVX-512): channel blocks
-  // of 8 vectors, each walked over all of the call's pixels with both sums
-  // in zmm16..31, so no partial sum goes through memory per pixel. A block
-  // reads its own cache lines of every pixel row; the call's chunk (about
-  // 1 MiB) stays in L2 from one block to the next. Per channel the sums still
-  // add in pixel order from zero, as on the other paths: the same bits.
-  void pixels_reduce_blocked() {
-    const int64_t nv = row_vectors();
-    const int64_t full = (tail_ != 0 ? nv - 1 : nv) / 8;  // blocks of 8 whole vectors
-    const int64_t block = 8 * lanes_;
-    auto one_block = [&](int64_t vectors, bool tail_last) {
-      mov(rsi, ptr[rdi + offsetof(KernelArgs, x)]);
-      mov(rdx, ptr[rdi + offsetof(KernelArgs, dy)]);
-      if (c_.x_fuse != Fuse::kNone) mov(r12, ptr[rdi + offsetof(KernelArgs, x2)]);
-      if (c_.dy_fuse != Fuse::kNone) mov(r13, ptr[rdi + offsetof(KernelArgs, dy2)]);
-      mov(r10, ptr[rdi + offsetof(KernelArgs, rows)]);
-      for (int64_t v = 0; v < vectors; ++v) {
-        vxorps(Xmm(16 + 2 * v), Xmm(16 + 2 * v), Xmm(16 + 2 * v));
-        vxorps(Xmm(17 + 2 * v), Xmm(17 + 2 * v), Xmm(17 + 2 * v));
-      }
-      Label row, done;
-      test(r10, r10);
-      jz(done, T_NEAR);
-      L(row);
-      for (int64_t v = 0; v < vectors; ++v) {
-        const int x = 2 * static_cast<int>(v % 4), dy = x + 1;
-        const bool tail = tail_last && v == vectors - 1;
-        load_port(0, x, 8, v * lanes_, tail);
-        load_port(1, dy, 8, v * lanes_, tail);
-        vaddps(Zmm(16 + 2 * v), Zmm(16 + 2 * v), vmm(dy));
-        vsubps(vmm(x), vmm(x), f32_at(r8, v * lanes_));
-        vfmadd231ps(Zmm(17 + 2 * v), vmm(dy), vmm(x));
-      }
-      next_row(false);
-      dec(r10);
-      jnz(row, T_NEAR);
-      L(done);
-      for (int64_t v = 0; v < vectors; ++v) {
-        vaddps(Zmm(16 + 2 * v), Zmm(16 + 2 * v), f32_at(r9, v * lanes_));
-        vmovups(f32_at(r9, v * lanes_), Zmm(16 + 2 * v));
-        vaddps(Zmm(17 + 2 * v), Zmm(17 + 2 * v), f32_at(r9, cp_ + v * lanes_));
-        vmovups(f32_at(r9, cp_ + v * lanes_), Zmm(17 + 2 * v));
-      }
-    };
-    xor_(r11, r11);  // the block's first channel: data() and f32_at() index by it
-    if (full > 0) {
-      Label next_block;
-      L(next_block);
-      one_block(8, false);
-      add(r11, block);
-      cmp(r11, static_cast<uint32_t>(full * block));
-      jl(next_block, T_NEAR);
-    }
-    if (nv - full * 8 > 0) one_block(nv - full * 8, tail_ != 0);
   }
 
   // pixels_apply: coef = a | b | c | mean, each Cp floats. On AVX-512, rows of
