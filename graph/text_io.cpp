@@ -23,16 +23,11 @@ std::string int_list(const Dims& v, bool rank_unknown = false) {
 std::string f32_text(float f) {
   if (std::isnan(f)) return "nanf";
   if (std::isinf(f)) return f > 0 ? "inff" : "-inff";
+  // The shortest of %.6g..%.9g that reads back exactly (9 digits always do).
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(f));
-  // The shortest of %.6g..%.9g that reads back exactly, for stable and short text.
   for (int p = 6; p <= 9; ++p) {
-    char t[32];
-    std::snprintf(t, sizeof t, "%.*g", p, static_cast<double>(f));
-    if (std::strtof(t, nullptr) == f) {
-      std::snprintf(buf, sizeof buf, "%s", t);
-      break;
-    }
+    std::snprintf(buf, sizeof buf, "%.*g", p, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) break;
   }
   return std::string(buf) + "f";
 }

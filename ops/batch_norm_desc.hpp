@@ -57,4 +57,10 @@ struct BatchNormDesc {
 // The op must have passed its schema and shape inference.
 StatusOr<BatchNormDesc> describe_batch_norm(const Op& op);
 
+// BatchNormBackwardApply's `count` input (the elements per channel summed
+// over every process) against this process's M: a smaller count cannot be
+// the global one. Backends check it before computing diff_src.
+// `who` starts the message (the op's label).
+Status check_global_count(const std::string& who, const BatchNormDesc& d, double count);
+
 }  // namespace normgrad

@@ -318,3 +318,14 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
 }
 
 }  // namespace normgrad
+
+namespace normgrad {
+
+Status check_global_count(const std::string& who, const BatchNormDesc& d, double count) {
+  if (count >= static_cast<double>(d.reduce_size)) return ok_status();
+  return invalid_argument(who + ": input 6 'count' " + std::to_string(count) +
+                          " is below this process's " + std::to_string(d.reduce_size) +
+                          " elements per channel (it must be the sum over every process)");
+}
+
+}  // namespace normgrad

@@ -400,7 +400,7 @@ int bench_sharded(const BenchOptions& opt, const std::vector<std::pair<std::stri
         for (Op& op : g.mutable_ops()) op.set_attr("sync_group", "world");
         ShardOptions so;
         so.iters = opt.iters;
-        so.backend = opt.backends.size() == 1 ? opt.backends[0] : "auto";
+        so.backend = opt.backends[0];
         Status st = g.finalize();
         auto r = st.ok() ? run_sharded(g, so) : StatusOr<ShardResult>(st);
         if (!r.ok()) {
@@ -446,6 +446,20 @@ int bench_command(const std::vector<std::string>& argv) {
   app.add_option("--json", opt.json_out, "write the results as JSON");
   app.add_option("--svg", opt.svg_out, "write a chart");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
+  if (opt.shard_batch) {
+    // What the sharded run does not do is refused, not ignored.
+    for (const char* o : {"graph", "--fused", "--cold", "--json", "--svg", "--warmup"}) {
+      if (app.count(o) > 0) {
+        std::cerr << "normgrad bench: " << o << " is not used with --shard-batch\n";
+        return 2;
+      }
+    }
+    if (app.count("--backends") > 0 && split_list(backends).size() != 1) {
+      std::cerr << "normgrad bench: --shard-batch takes one backend in --backends\n";
+      return 2;
+    }
+    if (app.count("--backends") == 0) backends = "auto";
+  }
   opt.backends = split_list(backends);
   opt.dts = split_list(dts);
   opt.layouts = split_list(layouts);

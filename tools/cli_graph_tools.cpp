@@ -178,9 +178,6 @@ int partitions_command(const std::vector<std::string>& argv) {
   app.add_flag("--explain", explain, "say, per partition, what every backend answered");
   app.add_option("--backend", backend, "auto, jit, dnnl, mpi or ref");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
-  std::map<std::string, std::string> opts;
-  if (as_json) opts["json"] = "";
-  if (explain) opts["explain"] = "";
   auto g = load_finalized(path);
   if (!g.ok()) return fail("partitions", g.status());
   CompileOptions options;
@@ -205,7 +202,7 @@ int partitions_command(const std::vector<std::string>& argv) {
     if (r.cp) return "supported";
     return r.p->is_supported() ? "supported, not compiled" : "unsupported";
   };
-  if (opts.count("json")) {
+  if (as_json) {
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
     for (const Row& r : rows) {
       nlohmann::ordered_json j;
@@ -238,7 +235,7 @@ int partitions_command(const std::vector<std::string>& argv) {
     }
     std::cout << "  inputs=" << tensor_list(r.p->inputs)
               << "  outputs=" << tensor_list(r.p->outputs) << "\n";
-    if (opts.count("explain") && r.p->is_supported()) {
+    if (explain && r.p->is_supported()) {
       // Every backend in auto's order, and what it said about this partition.
       for (const Backend* b : available_backends()) {
         const Status st = b->supports(*r.p, CompileContext{});
@@ -247,7 +244,7 @@ int partitions_command(const std::vector<std::string>& argv) {
       }
     }
   }
-  if (opts.count("explain")) {
+  if (explain) {
     // Per batch-norm data port, what fuse-elementwise did and which rule decided.
     for (const std::string& line : explain_fusion(cg->lowered_graph()))
       std::cout << "  fusion: " << line << "\n";

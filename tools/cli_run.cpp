@@ -275,7 +275,8 @@ int run_command(const std::vector<std::string>& argv) {
     }
   }
   if (shard_batch) {
-    if (positional.size() != 1 || !knob_tokens.empty()) {
+    if (positional.size() != 1 || !knob_tokens.empty() || !defaults.inputs_dir.empty() ||
+        !defaults.outputs_dir.empty()) {
       std::cerr << "normgrad run: --shard-batch takes one GRAPH.json and --check, --backend, "
                    "--iters, --threads, --seed\n";
       return 2;

@@ -262,10 +262,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
   double m = static_cast<double>(d.reduce_size);
   if (given_sums) {
     m = load_as_double(in[pm.count], 0, DataType::kS64);
-    if (m < static_cast<double>(d.reduce_size))
-      return invalid_argument("BatchNormBackwardApply: count " + std::to_string(m) +
-                              " is below this process's " + std::to_string(d.reduce_size) +
-                              " elements per channel (it must be the sum over every process)");
+    NG_RETURN_IF_ERROR(check_global_count("BatchNormBackwardApply", d, m));
   }
   auto given = [&](int port, int64_t c) { return load_as_double(in[port], c, DataType::kF32); };
   std::vector<double> red0(reduce_only ? static_cast<size_t>(nc) : 0);

@@ -27,7 +27,6 @@ namespace normgrad {
 namespace {
 
 std::atomic<bool> g_abandoned{false};  // a timed-out request is still pending
-std::atomic<bool> g_we_initialized{false};
 
 void finish_mpi() {
   int finalized = 0;
@@ -69,9 +68,8 @@ class MpiCommunicator final : public Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     if (!mpi_running()) return internal_error("AllReduce: MPI is not running");
     const std::string who = "AllReduce on " + name() + ", rank " + std::to_string(rank_);
-    if (count > INT_MAX && !failed) {
-      failed = true;
-    }
+    const bool too_big = count > INT_MAX;  // MPI counts are int
+    failed = failed || too_big;
     long long mine[3] = {count, -count, failed ? 1 : 0};
     long long all[3] = {0, 0, 0};
     MPI_Request req;
@@ -79,7 +77,7 @@ class MpiCommunicator final : public Communicator {
     if (rc != MPI_SUCCESS) return internal_error(who + ": " + mpi_error(rc));
     NG_RETURN_IF_ERROR(wait(&req, who + ", agreeing on the sizes"));
     if (failed) {
-      if (count > INT_MAX)
+      if (too_big)
         return out_of_range(who + ": " + std::to_string(count) + " values exceed MPI's int count");
       return aborted(who + ": this process failed before the collective");
     }
@@ -155,7 +153,6 @@ Status mpi_init_if_launched(int* argc, char*** argv) {
   const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
   if (rc != MPI_SUCCESS) return internal_error("MPI_Init_thread: " + mpi_error(rc));
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  g_we_initialized.store(true);
   std::atexit(finish_mpi);
   return ok_status();
 }

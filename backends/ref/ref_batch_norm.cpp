@@ -137,11 +137,7 @@ Status batch_norm_backward_apply(const Op& op, const std::vector<const void*>& i
   const View x = in_view(op, in, 0), dy = in_view(op, in, 1);
   const OutView dx = out_view(op, out, 0);
   const double m = stat_at(op, in, 6, 0);
-  if (m < static_cast<double>(d.reduce_size)) {
-    return invalid_argument(op.label() + ": input 6 'count' " + std::to_string(m) +
-                            " is below this process's " + std::to_string(d.reduce_size) +
-                            " elements per channel (it must be the sum over every process)");
-  }
+  NG_RETURN_IF_ERROR(check_global_count(op.label(), d, m));
   for (int64_t c = 0; c < d.channels; ++c) {
     const ChannelStats st = channel_stats(op, d, in, c, 7);
     const double diff_beta = stat_at(op, in, 4, c), diff_gamma = st.s * stat_at(op, in, 5, c);

@@ -174,6 +174,21 @@ class _BatchNormFunction(_torch.autograd.Function):
                 None)
 
 
+def _forward_state(m, x):
+    """torch's _BatchNorm.forward bookkeeping for module `m`: counts the batch,
+    and returns (momentum factor, whether batch statistics are used, the
+    running buffers to update or read, or None)."""
+    m._check_input_dim(x)
+    factor = 0.0 if m.momentum is None else m.momentum
+    if m.training and m.track_running_stats and m.num_batches_tracked is not None:
+        m.num_batches_tracked.add_(1)
+        factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+    use_batch_stats = m.training or (m.running_mean is None and m.running_var is None)
+    keep = not m.training or m.track_running_stats
+    return (factor, use_batch_stats, m.running_mean if keep else None,
+            m.running_var if keep else None)
+
+
 class _NormgradBatchNorm:
     """The forward of torch's _BatchNorm, with normgrad's backward; mixed in
     front of torch's BatchNorm1d/2d/3d, whose constructor it extends with
@@ -184,18 +199,9 @@ class _NormgradBatchNorm:
         self.fuse_relu = fuse_relu
 
     def forward(self, x):
-        self._check_input_dim(x)
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
-                      else self.momentum)
-        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        keep = not self.training or self.track_running_stats
-        return _BatchNormFunction.apply(
-            x, self.weight, self.bias, self.running_mean if keep else None,
-            self.running_var if keep else None, use_batch_stats, factor, self.eps,
-            self.fuse_relu)
+        factor, use_batch_stats, rm, rv = _forward_state(self, x)
+        return _BatchNormFunction.apply(x, self.weight, self.bias, rm, rv, use_batch_stats,
+                                        factor, self.eps, self.fuse_relu)
 
 
 class BatchNorm1d(_NormgradBatchNorm, _nn.BatchNorm1d):
@@ -364,16 +370,7 @@ class SyncBatchNorm(_nn.SyncBatchNorm):
     or in eval mode, it is normgrad's BatchNorm."""
 
     def forward(self, x):
-        self._check_input_dim(x)
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
-                      else self.momentum)
-        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        keep = not self.training or self.track_running_stats
-        rm = self.running_mean if keep else None
-        rv = self.running_var if keep else None
+        factor, use_batch_stats, rm, rv = _forward_state(self, x)
         group = self.process_group or (_dist.group.WORLD if _dist.is_initialized() else None)
         if use_batch_stats and group is not None and _dist.get_world_size(group) > 1:
             return _SyncBatchNormFunction.apply(x, self.weight, self.bias, rm, rv, factor,

@@ -149,6 +149,8 @@ Compiled compile(const Graph& graph, const std::string& backend,
   CompileOptions options;
   options.backend = backend;
   options.optimize = optimize;
+  // An empty list is no pass at all (not the default pipeline): canonicalize only.
+  if (passes && passes->empty()) options.optimize = false;
   if (passes) options.pipeline = *passes;
   StatusOr<CompiledGraph> cg = invalid_argument("not compiled");
   {

@@ -4,6 +4,7 @@ a float64 NumPy computation of the batch-norm backward."""
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -124,6 +125,19 @@ def test_errors_raise_normgrad_error_with_the_cpp_message():
         normgrad.compile(bn_graph([2, 8, 3]), passes=["no-such-pass"])
 
 
+def test_an_empty_pass_list_runs_no_pass():
+    g = normgrad.Graph()
+    T = normgrad.LogicalTensor
+    g.add_op("ReLUBackward", [T(10, "f32", [2, 8, 3]), T(11, "f32", [2, 8, 3])],
+             [T(1, "f32", [2, 8, 3])], id=1)
+    g.add_op("BatchNormTrainingBackward",
+             [T(0, "f32", [2, 8, 3]), T(1, "f32", [2, 8, 3]), T(2, "f32", [8]), T(3, "f32", [8])],
+             [T(5, "f32", [2, 8, 3]), T(6, "f32", [8]), T(7, "f32", [8])],
+             {"epsilon": 1e-5, "data_format": "NCX"}, id=0)
+    assert len(normgrad.compile(g).partitions) == 1  # the default pipeline fuses
+    assert len(normgrad.compile(g, passes=[]).partitions) == 2
+
+
 def test_load_graph_to_json_and_partitions():
     g = normgrad.load_graph(os.path.join(EXAMPLES, "bn_training_backward_bf16_ncx.json"))
     doc = json.loads(g.to_json())
@@ -156,23 +170,35 @@ def test_version_threads_and_backends():
 
 
 def test_execute_releases_the_gil():
-    """Two Python threads execute at once; each result equals a serial run."""
-    shape = [16, 64, 28, 28]
+    """While one thread is inside execute, the main thread keeps running Python
+    all through the call. The result still equals a serial run's."""
+    shape = [32, 32, 28, 28]  # ref (float64, op by op): about a tenth of a second
     x, dy, mean, var, gamma = inputs_for(shape, 1, np.random.default_rng(5))
-    cg = normgrad.compile(bn_graph(shape))
+    cg = normgrad.compile(bn_graph(shape), backend="ref")
     ins = {0: x, 1: dy, 2: mean, 3: var, 4: gamma}
     serial = cg.execute(ins)[5]
-    results = [None, None]
+    window = {}
 
-    def work(i):
-        results[i] = cg.execute(ins)[5]
+    def work():
+        window["start"] = time.perf_counter()
+        window["out"] = cg.execute(ins)[5]
+        window["end"] = time.perf_counter()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert all(np.array_equal(r, serial) for r in results)
+    t = threading.Thread(target=work)
+    ticks = []
+    t.start()
+    while t.is_alive():
+        ticks.append(time.perf_counter())
+    t.join()
+    # A held GIL would leave one gap in the main thread's ticks as long as the
+    # call (a few switch intervals of 5 ms at most fall inside at its edges).
+    span = window["end"] - window["start"]
+    inside = [window["start"]] + [v for v in ticks if window["start"] < v < window["end"]]
+    inside.append(window["end"])
+    largest_gap = max(b - a for a, b in zip(inside, inside[1:]))
+    assert span > 0.02, "the call is too short to tell (%.3f s)" % span
+    assert largest_gap < 0.5 * span, "the main thread stalled %.3f s of %.3f s" % (largest_gap, span)
+    assert np.array_equal(window["out"], serial)
 
 
 def test_torch_tensors_are_borrowed_not_copied():
