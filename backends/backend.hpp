@@ -1,7 +1,10 @@
 // Backend and Kernel: the interface every backend implements.
 //
-// A backend answers supports(partition) with OK or the reason it declines, and
-// compiles a supported partition into a Kernel. A Kernel is immutable after
+// A backend declares the patterns it has kernels for (patterns(); the
+// partitioner matches them), answers supports(partition) for a partition one
+// of its patterns matched with OK or the reason it declines (sizes, strides,
+// ISA: what the pattern's structure does not say), and compiles a supported
+// partition into a Kernel. A Kernel is immutable after
 // compile and may be executed from many threads at once; it receives dense or
 // strided buffers already checked against the partition's tensors.
 #pragma once
@@ -15,6 +18,7 @@
 #include <normgrad/backends/communicator.hpp>
 #include <normgrad/graph/partition.hpp>
 #include <normgrad/graph/status.hpp>
+#include <normgrad/passes/pattern.hpp>
 
 namespace normgrad {
 
@@ -102,6 +106,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // In this backend's order of preference: fused patterns first.
+  virtual std::vector<Pattern> patterns() const = 0;
+  // `partition` carries the pattern, anchor and backend the partitioner set.
   virtual Status supports(const Partition& partition, const CompileContext& ctx) const = 0;
   virtual StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
                                                           const CompileContext& ctx) const = 0;

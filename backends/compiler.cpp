@@ -91,26 +91,22 @@ Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
   return s;
 }
 
-StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
-    const Partition& partition, const CompileOptions& options) {
-  const std::string who =
-      "partition " + std::to_string(partition.id) + " (" + partition.ops_string() + ")";
-  if (!partition.is_supported()) return unimplemented(who + ": " + partition.reason);
-  for (const LogicalTensor& lt : partition.inputs) {
-    if (!lt.dims_known())
-      return invalid_graph(who + ": tensor " + std::to_string(lt.id) + " has an unknown shape");
-  }
-  std::vector<const Backend*> candidates;
-  std::string wanted =
-      !partition.backend.empty() && options.backend == "auto" ? partition.backend : options.backend;
-  // A collective runs where its communicator is (MPI, or ref for a process
-  // alone): forcing a compute backend applies to the other partitions.
-  const bool collective =
-      partition.ops.size() == 1 && partition.ops[0].kind() == OpKind::kAllReduce;
-  if (collective && wanted != "mpi") wanted = "auto";
-  if (wanted == "auto") {
-    candidates = available_backends();
-  } else {
+namespace {
+
+bool is_collective(const Pattern& p) {
+  return p.anchors.size() == 1 && p.anchors[0] == OpKind::kAllReduce;
+}
+
+// The patterns the partitioner may use under `options`, in priority order:
+// every backend's in auto-selection order, or the forced backend's. A
+// collective runs where its communicator is (MPI, or ref for a process
+// alone), so forcing a compute backend leaves the AllReduce patterns in.
+StatusOr<PartitionerOptions> partitioner_options(const CompileOptions& options,
+                                                 const CompileContext& ctx) {
+  PartitionerOptions po;
+  po.fuse = options.optimize;
+  const std::string& wanted = options.backend;
+  if (wanted != "auto") {
     const Backend* b = find_backend(wanted);
     if (b == nullptr) {
       bool known = false;
@@ -120,49 +116,134 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
       return invalid_argument("unknown backend '" + wanted +
                               "' (expected auto, ref, dnnl, jit or mpi)");
     }
-    candidates.push_back(b);
+    po.patterns = b->patterns();
+    po.scope = "backend '" + wanted + "'";
+  }
+  for (const Backend* b : available_backends()) {
+    for (Pattern& p : b->patterns()) {
+      if (wanted == "auto" || (wanted != "mpi" && wanted != b->name() && is_collective(p)))
+        po.patterns.push_back(std::move(p));
+    }
+  }
+  // `ctx` outlives the partitioner's use of the options (both live in the caller).
+  po.accept = [&ctx](const Pattern& pattern, const Partition& p) {
+    const Backend* b = find_backend(pattern.backend);
+    if (b == nullptr) return internal_error("pattern " + pattern.full_name() + " has no backend");
+    return b->supports(p, ctx);
+  };
+  return po;
+}
+
+// Why the faster backends did not take the ops of `p` (for a partition on ref).
+std::string declined_by_others(const Partition& p, const std::vector<PatternTrial>& trials) {
+  std::string why;
+  for (const Backend* b : available_backends()) {
+    const std::string name = b->name();
+    if (name == "ref") continue;
+    std::string said;
+    std::set<std::string> seen;  // two patterns often fail on the same rule
+    for (const PatternTrial& t : trials) {
+      const bool ours =
+          std::any_of(p.ops.begin(), p.ops.end(), [&](const Op& op) { return op.id() == t.op_id; });
+      if (ours && !t.result.ok() && t.pattern.rfind(name + ".", 0) == 0 &&
+          seen.insert(t.result.message()).second)
+        said += std::string(said.empty() ? "" : "; ") + t.pattern + ": " + t.result.message();
+    }
+    if (said.empty()) said = name + ": no pattern anchored at " + p.ops_string();
+    why += std::string(why.empty() ? "" : "; ") + said;
+  }
+  return why;
+}
+
+// Compiles `p` on the backend its pattern names.
+StatusOr<std::shared_ptr<const CompiledPartition>> compile_matched(
+    const Partition& p, const CompileOptions& options, const CompileContext& ctx,
+    const std::vector<PatternTrial>& trials) {
+  const std::string who = "partition " + std::to_string(p.id) + " (" + p.ops_string() + ")";
+  const Backend* b = find_backend(p.backend);
+  if (b == nullptr) return internal_error(who + ": backend '" + p.backend + "' is not built in");
+  if (std::string(b->name()) == "ref" && options.backend == "auto") {
+    // Falling back to the oracle is a 10-100x slowdown: never silent.
+    const std::string why = declined_by_others(p, trials);
+    if (!options.allow_reference)
+      return unimplemented(who +
+                           ": only the reference backend would run it, and "
+                           "CompileOptions::allow_reference is off (" +
+                           why + ")");
+    if (verbose_level() >= 1) {
+      std::cerr << "normgrad_verbose,fallback," << p.id << ",ref," << p.ops_string() << "," << why
+                << "\n";
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();  // supports() may already build the kernel
+  auto kernel = b->compile(p, ctx);
+  if (!kernel.ok()) return kernel.status().with_context(who + " on " + b->name());
+  const double ms = ms_since(t0);
+  const std::string kernel_info = (*kernel)->info();
+  auto cp = std::make_shared<const CompiledPartition>(p, b, std::move(kernel).value(), ms);
+  if (verbose_level() >= 1) {
+    std::cerr << "normgrad_verbose,compile," << p.id << "," << b->name() << "," << cp->kernel_name()
+              << "," << p.ops_string() << "," << shapes_of(p) << "," << ms << "," << kernel_info
+              << "\n";
+  }
+  return cp;
+}
+
+void print_declines(const std::vector<PatternTrial>& trials) {
+  if (verbose_level() < 2) return;
+  for (const PatternTrial& t : trials) {
+    if (!t.result.ok())
+      std::cerr << "normgrad_verbose,decline," << t.op_id << "," << t.pattern << ","
+                << t.result.message() << "\n";
+  }
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
+    const Partition& partition, const CompileOptions& options) {
+  const std::string who =
+      "partition " + std::to_string(partition.id) + " (" + partition.ops_string() + ")";
+  if (!partition.is_supported()) return unimplemented(who + ": " + partition.reason);
+  for (const Op& op : partition.ops) {
+    for (const LogicalTensor& lt : op.inputs()) {
+      if (!lt.dims_known())
+        return invalid_graph(who + ": tensor " + std::to_string(lt.id) + " has an unknown shape");
+    }
   }
   CompileContext ctx;
   ctx.communicators = options.communicators;
-  std::string reasons;
-  for (const Backend* b : candidates) {
-    const bool is_ref = std::string(b->name()) == "ref";
-    if (is_ref && wanted == "auto" && !reasons.empty()) {
-      // Falling back to the oracle is a 10-100x slowdown: never silent.
-      if (!options.allow_reference)
-        return unimplemented(who +
-                             ": only the reference backend would run it, and "
-                             "CompileOptions::allow_reference is off (" +
-                             reasons + ")");
-      if (verbose_level() >= 1) {
-        std::cerr << "normgrad_verbose,fallback," << partition.id << ",ref,"
-                  << partition.ops_string() << "," << reasons << "\n";
-      }
-    }
-    const auto t0 = std::chrono::steady_clock::now();  // supports() may already build the kernel
-    Status s = b->supports(partition, ctx);
-    if (!s.ok()) {
-      if (verbose_level() >= 2) {
-        std::cerr << "normgrad_verbose,decline," << partition.id << "," << b->name() << ","
-                  << partition.ops_string() << "," << s.message() << "\n";
-      }
-      reasons += std::string(reasons.empty() ? "" : "; ") + b->name() + ": " + s.message();
-      continue;
-    }
-    auto kernel = b->compile(partition, ctx);
-    if (!kernel.ok()) return kernel.status().with_context(who + " on " + b->name());
-    const double ms = ms_since(t0);
-    const std::string kernel_info = (*kernel)->info();
-    auto cp =
-        std::make_shared<const CompiledPartition>(partition, b, std::move(kernel).value(), ms);
-    if (verbose_level() >= 1) {
-      std::cerr << "normgrad_verbose,compile," << partition.id << "," << b->name() << ","
-                << cp->kernel_name() << "," << partition.ops_string() << "," << shapes_of(partition)
-                << "," << ms << "," << kernel_info << "\n";
-    }
-    return cp;
+  NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
+  const bool forced_elsewhere = options.backend != "auto" && options.backend != partition.backend;
+  std::vector<PatternTrial> trials;
+  Partition p = partition;
+  if (partition.backend.empty() || partition.anchor < 0 || forced_elsewhere) {
+    // Built by hand, or from a plan for another backend: which pattern takes
+    // exactly these ops? The partition's port order stays the caller's.
+    Graph alone;
+    for (const Op& op : partition.ops) NG_RETURN_IF_ERROR(alone.add_op(op));
+    std::vector<int64_t> in, out;
+    for (const LogicalTensor& lt : partition.inputs) in.push_back(lt.id);
+    for (const LogicalTensor& lt : partition.outputs) out.push_back(lt.id);
+    alone.set_input_ports(in);
+    alone.set_output_ports(out);
+    NG_RETURN_IF_ERROR(alone.finalize());
+    auto whole = match_whole(alone, po, &trials);
+    print_declines(trials);
+    if (!whole.ok()) return whole.status().with_context(who);
+    p.backend = whole->backend;
+    p.pattern = whole->pattern;
+    p.anchor = whole->anchor;
   }
-  return unimplemented(who + ": no backend can run it (" + reasons + ")");
+  return compile_matched(p, options, ctx, trials);
+}
+
+StatusOr<std::vector<Partition>> partition_graph(const Graph& graph, const CompileOptions& options,
+                                                 std::vector<PatternTrial>* trials) {
+  CompileContext ctx;
+  ctx.communicators = options.communicators;
+  NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
+  return match_partitions(graph, po, trials);
 }
 
 StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const CompileOptions& options) {
@@ -177,11 +258,9 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
     }
   };
   append(options.passes_before);
-  if (!options.optimize) {
-    cg.lowered_.clear_fusion_groups();  // "every op as the user wrote it, unfused"
-  } else if (!options.pipeline.empty()) {
+  if (options.optimize && !options.pipeline.empty()) {
     append(options.pipeline);
-  } else {
+  } else if (options.optimize) {
     for (const PassInfo& p : registered_passes()) {
       if (p.builtin) append({p.name});
     }
@@ -190,7 +269,11 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   NG_ASSIGN_OR_RETURN(PassPipeline pipeline, make_pipeline(names));
   NG_ASSIGN_OR_RETURN(bool changed, pipeline.run(cg.lowered_));
   (void)changed;
-  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(cg.lowered_));
+  CompileContext ctx;
+  ctx.communicators = options.communicators;
+  NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
+  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, match_partitions(cg.lowered_, po, &cg.trials_));
+  print_declines(cg.trials_);
   // A whole-graph executable cannot hand partitions back: unless the caller
   // only wants the plan, say which ops it cannot run.
   std::string unsupported;
@@ -201,7 +284,6 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
         if (!known.ok() && p.reason.empty()) p.reason = known.message();
       }
     }
-    if (p.is_supported() && p.reason.empty()) continue;
     if (!p.is_supported()) {
       std::string ops;
       for (const Op& op : p.ops) ops += (ops.empty() ? "" : "+") + op.label();
@@ -213,61 +295,21 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
     return unimplemented("the graph has unsupported partitions (" + unsupported +
                          "); partition it and run those ops yourself");
   }
-  for (const Partition& p : parts) {
-    if (p.is_supported() && !p.reason.empty() && !options.allow_unsupported)
-      return invalid_graph(p.reason);  // the graph needs shapes to compile
-  }
-  int64_t next_id = 0;
   for (Partition& p : parts) {
     if (!p.is_supported() || !p.reason.empty()) {
-      p.id = next_id++;
+      if (!options.allow_unsupported) return invalid_graph(p.reason);  // compile needs shapes
       cg.pending_.push_back(std::move(p));
       continue;
     }
-    p.id = next_id;
-    auto cp = compile_partition(p, options);
-    // A fused group that the forced backend declines is split back into its
-    // ops. One that only ref would run is split back when a faster backend
-    // then takes one of the pieces; otherwise ref keeps it whole, so the
-    // partition count stays the pattern's (benchdnn's --expected-n-partitions).
-    std::vector<std::shared_ptr<const CompiledPartition>> pieces;
-    const bool on_ref =
-        cp.ok() && options.backend == "auto" && std::string((*cp)->backend_name()) == "ref";
-    if (p.ops.size() > 1 && (!cp.ok() || on_ref)) {
-      bool faster = false;
-      Status piece_status = ok_status();
-      for (const Op& op : p.ops) {
-        Partition single;
-        single.id = next_id + static_cast<int64_t>(pieces.size());
-        single.ops.push_back(op);
-        single.inputs = op.inputs();
-        single.outputs = op.outputs();
-        auto piece = compile_partition(single, options);
-        if (!piece.ok()) {
-          piece_status = piece.status();
-          break;
-        }
-        faster = faster || std::string((*piece)->backend_name()) != "ref";
-        pieces.push_back(std::move(piece).value());
-      }
-      if (!piece_status.ok() || (on_ref && !faster)) pieces.clear();
-      if (!piece_status.ok() && !cp.ok()) cp = piece_status;
-    }
-    if (!pieces.empty()) {
-      next_id += static_cast<int64_t>(pieces.size());
-      for (auto& piece : pieces) cg.partitions_.push_back(std::move(piece));
-      continue;
-    }
+    auto cp = compile_matched(p, options, ctx, cg.trials_);
     if (!cp.ok() && cp.status().code() == StatusCode::kUnimplemented && options.allow_unsupported) {
       p.supported = false;  // no backend runs it: hand it back, as oneDNN Graph does
       p.reason = cp.status().message();
       cg.pending_.push_back(std::move(p));
-      ++next_id;
       continue;
     }
     if (!cp.ok()) return cp.status();
     cg.partitions_.push_back(std::move(cp).value());
-    ++next_id;
   }
   cg.inputs_ = cg.graph_.graph_inputs();
   cg.outputs_ = cg.graph_.graph_outputs();

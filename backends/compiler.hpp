@@ -1,10 +1,12 @@
 // Compiling partitions and whole graphs, and executing them on user buffers.
 //
-// compile_partition picks a backend (the forced one, else the first that
-// supports the partition) and returns an immutable CompiledPartition.
+// partition_graph matches the backends' patterns (passes/partitioner.hpp)
+// over a graph; each partition names the backend whose pattern took it.
+// compile_partition compiles one on that backend (a partition built by hand
+// is matched first) and returns an immutable CompiledPartition.
 // CompiledGraph is the convenience that finalizes a graph, runs the default
-// pass pipeline on a copy (the lowered graph), splits that into partitions,
-// compiles each and runs them in order with owned intermediates. Its inputs
+// pass pipeline on a copy (the lowered graph), partitions that, compiles each
+// partition and runs them in order with owned intermediates. Its inputs
 // and outputs are the user's graph's: inputs a pass made unused are accepted
 // and ignored, and empty outputs no kernel writes (TensorFlow's reserve
 // spaces) need no work.
@@ -23,16 +25,16 @@
 namespace normgrad {
 
 struct CompileOptions {
-  // "auto", or the name of one backend; forcing a backend that declines is an error.
+  // "auto" (every backend's patterns, in auto-selection order), or the name of
+  // one backend (its patterns only; ops they do not take are an error).
   std::string backend = "auto";
-  // Run the default pass pipeline (canonicalisation is still applied: backends
-  // only see canonical ops). Off: every op as the user wrote it, unfused.
+  // Run the default pass pipeline and fuse (canonicalisation is still applied:
+  // backends only see canonical ops). Off: every op as the user wrote it, unfused.
   bool optimize = true;
   // User pipelines, by pass name (built-in or registered with register_pass):
   // `pipeline`, when not empty, replaces the default one; `passes_before` and
   // `passes_after` run around it. canonicalize always runs first, since the
-  // backends only see canonical ops; fusion groups left by user passes are
-  // kept unless optimize is off.
+  // backends only see canonical ops.
   std::vector<std::string> pipeline{};
   std::vector<std::string> passes_before{};
   std::vector<std::string> passes_after{};
@@ -80,6 +82,13 @@ class CompiledPartition {
 StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Partition& partition,
                                                                      const CompileOptions& options);
 
+// The partitions of a finalized `graph` as it is (no passes run), matched
+// with the patterns of the backends `options` allows; `trials`, when given,
+// receives every pattern's answer at every op.
+StatusOr<std::vector<Partition>> partition_graph(const Graph& graph,
+                                                 const CompileOptions& options = {},
+                                                 std::vector<PatternTrial>* trials = nullptr);
+
 class CompiledGraph {
  public:
   // Finalizes a copy of `graph` if needed, lowers, partitions and compiles it.
@@ -96,6 +105,8 @@ class CompiledGraph {
   // are not known (`reason` names the tensor). Ids continue the compiled ones'
   // numbering in graph order.
   const std::vector<Partition>& pending() const { return pending_; }
+  // Every pattern tried at every op of the lowered graph, and its answer.
+  const std::vector<PatternTrial>& pattern_trials() const { return trials_; }
   const std::vector<LogicalTensor>& inputs() const { return inputs_; }
   const std::vector<LogicalTensor>& outputs() const { return outputs_; }
 
@@ -123,6 +134,7 @@ class CompiledGraph {
   Graph lowered_;
   std::vector<std::shared_ptr<const CompiledPartition>> partitions_;
   std::vector<Partition> pending_;
+  std::vector<PatternTrial> trials_;
   std::vector<LogicalTensor> inputs_;
   std::vector<LogicalTensor> outputs_;
 };

@@ -19,7 +19,7 @@ set(ng_public_headers
   graph/graph.hpp graph/op_kinds.def graph/partition.hpp graph/json_io.hpp graph/text_io.hpp graph/npy.hpp
   ops/op_schema.hpp ops/op_registry.hpp ops/batch_norm_desc.hpp ops/tf_batch_norm.hpp
   passes/pass.hpp passes/passes.def passes/partitioner.hpp passes/canonicalize.hpp
-  passes/cse.hpp passes/dead_code.hpp passes/fold_layout.hpp passes/fuse_elementwise.hpp passes/split_sync_batch_norm.hpp
+  passes/cse.hpp passes/dead_code.hpp passes/fold_layout.hpp passes/split_sync_batch_norm.hpp passes/pattern.hpp
   passes/rewrite_util.hpp
   backends/backend.hpp backends/communicator.hpp backends/compiler.hpp)
 foreach(h ${ng_public_headers})

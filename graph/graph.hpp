@@ -40,15 +40,6 @@ class Graph {
   std::string fpmath_mode = "strict";
   std::optional<std::string> fpmath_mode_apply_to_int;
 
-  // Fusion groups, set by the elementwise-fusion pass: op id -> the id of the op
-  // that anchors its group (a batch-norm backward). The partitioner puts a group
-  // into one partition. Ops not listed are alone.
-  const std::map<int64_t, int64_t>& fusion_groups() const { return fusion_groups_; }
-  void set_fusion_group(int64_t op_id, int64_t anchor_op_id) {
-    fusion_groups_[op_id] = anchor_op_id;
-  }
-  void clear_fusion_groups() { fusion_groups_.clear(); }
-
   // Ops in insertion order before finalize, topological order after it.
   const std::vector<Op>& ops() const { return ops_; }
   // For passes: edits leave the graph un-finalized; call finalize() again.
@@ -124,7 +115,6 @@ class Graph {
   std::vector<std::string> notes_;
   std::map<int64_t, size_t> producer_;
   std::map<int64_t, std::vector<size_t>> consumers_;
-  std::map<int64_t, int64_t> fusion_groups_;
   int64_t next_op_id_ = 0, next_tensor_id_ = 0;  // one past every id seen
   void see_ids();
   // After an edit: the maps again, and the order checked (finalized graphs only).

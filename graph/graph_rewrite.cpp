@@ -70,9 +70,7 @@ Status Graph::erase_op(int64_t op_id) {
   const std::vector<Op> before = ops_;
   const bool was_finalized = finalized_;
   ops_.erase(ops_.begin() + k);
-  NG_RETURN_IF_ERROR(commit(before, was_finalized, "erase_op"));
-  fusion_groups_.erase(op_id);
-  return ok_status();
+  return commit(before, was_finalized, "erase_op");
 }
 
 Status Graph::insert_op(Op op, int64_t before_op_id) {
@@ -99,19 +97,8 @@ Status Graph::replace_op(int64_t op_id, Op replacement) {
                          " is already used");
   const std::vector<Op> before = ops_;
   const bool was_finalized = finalized_;
-  const int64_t new_id = replacement.id();
   ops_[static_cast<size_t>(k)] = std::move(replacement);
-  NG_RETURN_IF_ERROR(commit(before, was_finalized, "replace_op"));
-  if (new_id != op_id) {  // the replacement takes the op's place in its fusion group
-    for (auto& [member, anchor] : fusion_groups_) {
-      if (anchor == op_id) anchor = new_id;
-    }
-    if (auto it = fusion_groups_.find(op_id); it != fusion_groups_.end()) {
-      fusion_groups_[new_id] = it->second;
-      fusion_groups_.erase(it);
-    }
-  }
-  return ok_status();
+  return commit(before, was_finalized, "replace_op");
 }
 
 Status Graph::replace_all_uses_with(int64_t from, const LogicalTensor& to) {

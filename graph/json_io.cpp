@@ -345,7 +345,7 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
   NG_RETURN_IF_ERROR(
       check_keys(root, where,
                  {"version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int",
-                  "input_ports", "output_ports", "graph", "normgrad_fusion_groups"}));
+                  "input_ports", "output_ports", "graph"}));
   Graph g;
   if (auto it = root.find("version"); it != root.end()) {
     NG_ASSIGN_OR_RETURN(g.version, as_string(*it, "version"));
@@ -399,15 +399,6 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
     Status s = g.add_op(std::move(op));
     if (!s.ok()) return s.with_context(ow);
   }
-  if (auto it = root.find("normgrad_fusion_groups"); it != root.end()) {
-    if (!it->is_array()) return at("normgrad_fusion_groups", "expected an array of op-id arrays");
-    for (size_t i = 0; i < it->size(); ++i) {
-      const std::string gw = "normgrad_fusion_groups[" + std::to_string(i) + "]";
-      NG_ASSIGN_OR_RETURN(std::vector<int64_t> members, as_int_array((*it)[i], gw));
-      if (members.empty()) return at(gw, "empty group");
-      for (int64_t id : members) g.set_fusion_group(id, members.back());
-    }
-  }
   return g;
 }
 
@@ -420,7 +411,7 @@ StatusOr<Graph> load_graph(const std::string& path, const JsonLimits& limits) {
   return g;
 }
 
-std::string graph_to_json(const Graph& graph, bool with_fusion) {
+std::string graph_to_json(const Graph& graph) {
   OrderedJson root;
   root["version"] = graph.version;
   root["engine_kind"] = graph.engine_kind;
@@ -446,18 +437,6 @@ std::string graph_to_json(const Graph& graph, bool with_fusion) {
     ops.push_back(std::move(j));
   }
   root["graph"] = ops;
-  if (with_fusion && !graph.fusion_groups().empty()) {
-    std::map<int64_t, std::vector<int64_t>> groups;
-    for (const auto& [op, anchor] : graph.fusion_groups()) {
-      if (op != anchor) groups[anchor].push_back(op);
-    }
-    OrderedJson list = OrderedJson::array();
-    for (auto& [anchor, members] : groups) {
-      members.push_back(anchor);  // the anchor goes last
-      list.push_back(members);
-    }
-    root["normgrad_fusion_groups"] = list;
-  }
   return root.dump(2) + "\n";
 }
 

@@ -26,10 +26,8 @@ struct JsonLimits {
 StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limits = {});
 StatusOr<Graph> load_graph(const std::string& path, const JsonLimits& limits = {});
 
-// Writes what oneDNN reads: 2-space indented, keys in oneDNN's order. With
-// `with_fusion`, fusion groups go into the top-level key "normgrad_fusion_groups"
-// (a list of op-id lists), which `normgrad opt` prints and the reader accepts.
-std::string graph_to_json(const Graph& graph, bool with_fusion = false);
+// Writes what oneDNN reads: 2-space indented, keys in oneDNN's order.
+std::string graph_to_json(const Graph& graph);
 Status save_graph(const Graph& graph, const std::string& path);
 
 // Reads a whole file, refusing files larger than max_bytes.

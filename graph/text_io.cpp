@@ -323,16 +323,6 @@ std::string graph_to_text(const Graph& g) {
     }
     out << "\n";
   }
-  std::map<int64_t, std::vector<int64_t>> groups;  // anchor -> members in op order
-  for (const Op& op : g.ops()) {
-    auto it = g.fusion_groups().find(op.id());
-    if (it != g.fusion_groups().end()) groups[it->second].push_back(op.id());
-  }
-  for (const auto& [anchor, members] : groups) {
-    out << "fusion_group #" << anchor << ":";
-    for (size_t i = 0; i < members.size(); ++i) out << (i ? ", #" : " #") << members[i];
-    out << "\n";
-  }
   return out.str();
 }
 
@@ -367,18 +357,6 @@ StatusOr<Graph> graph_from_text(const std::string& text) {
           return r.error("unknown graph field '" + key + "'");
         }
       }
-      continue;
-    }
-    if (r.accept("fusion_group")) {
-      NG_RETURN_IF_ERROR(r.expect("#"));
-      NG_ASSIGN_OR_RETURN(int64_t anchor, r.integer());
-      NG_RETURN_IF_ERROR(r.expect(":"));
-      do {
-        NG_RETURN_IF_ERROR(r.expect("#"));
-        NG_ASSIGN_OR_RETURN(int64_t member, r.integer());
-        g.set_fusion_group(member, anchor);
-      } while (r.accept(","));
-      if (!r.at_end()) return r.error("unexpected text after the group");
       continue;
     }
     NG_ASSIGN_OR_RETURN(Op op, r.op());

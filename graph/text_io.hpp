@@ -1,8 +1,7 @@
 // The text form of a graph: one op per line, for pass tests and for reading.
 //
 //   graph input_ports=[0, 1] output_ports=[5]
-//   %5:f32[8,64,14,14] = ReLUBackward#1 "relu"(%10:f32[8,64,14,14], %11:f32[8,64,14,14])
-//   {use_dst=true} fusion_group #0: #1, #0
+//   %5:f32[8,64] = ReLUBackward#1 "relu"(%10:f32[8,64], %11:f32[8,64]) {use_dst=true}
 //
 // A tensor is `%id:dtype[dims]`, then `{strides}` when they are not the
 // dense row-major ones, `@any`/`@opaque`/`@undef` for a layout other than
@@ -11,8 +10,8 @@
 // Attributes print as `name=value`: strings quoted, bools true/false, s64 as
 // integers, f32 with an `f` suffix (`1e-05f`), lists in brackets (an empty
 // f32 list as `[]f`). The `graph` line is printed only when it says
-// something (ports, or a version, engine or fpmath other than the default),
-// `fusion_group` lines only for grouped ops. Printing is stable (ops in
+// something (ports, or a version, engine or fpmath other than the default).
+// Printing is stable (ops in
 // their order, attributes sorted), and reading gives the same graph back, so
 // FileCheck tests may write their input in this form. Lines starting with
 // `//` are comments; `// -----` separates the cases of one file

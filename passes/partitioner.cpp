@@ -1,81 +1,157 @@
-// Partitioner: fusion groups become one partition each, every other op its own.
+// Partitioner: the backends' patterns, matched in priority order.
 #include <normgrad/passes/partitioner.hpp>
-
-#include <normgrad/graph/op_checks.hpp>
 
 #include <algorithm>
 #include <map>
 #include <set>
 
-namespace normgrad {
+#include <normgrad/graph/op_checks.hpp>
 
-StatusOr<std::vector<Partition>> partition_graph(const Graph& graph) {
-  if (!graph.finalized()) return invalid_graph("partition_graph: the graph is not finalized");
-  const auto& groups = graph.fusion_groups();
+namespace normgrad {
+namespace {
+
+Status plain_layouts(const Partition& p) {
+  for (const Op& op : p.ops) {
+    for (const auto* list : {&op.inputs(), &op.outputs()}) {
+      for (const LogicalTensor& lt : *list) {
+        if (lt.layout == LayoutType::kOpaque)
+          return unimplemented("tensor " + std::to_string(lt.id) +
+                               " has an opaque (backend-private) layout that normgrad cannot read");
+      }
+    }
+  }
+  return ok_status();
+}
+
+bool shapes_known(const Graph& graph, const Partition& p) {
+  return std::all_of(p.ops.begin(), p.ops.end(),
+                     [&](const Op& op) { return graph.unknown_shape_error(op).ok(); });
+}
+
+}  // namespace
+
+Partition make_partition(const Graph& graph, const std::vector<int64_t>& op_ids) {
   std::set<int64_t> graph_out;
   for (const LogicalTensor& lt : graph.graph_outputs()) graph_out.insert(lt.id);
-  // A partition is emitted at its last op in topological order, so its inputs are ready.
-  std::map<int64_t, std::vector<const Op*>> members;  // anchor -> ops in topological order
-  std::map<int64_t, size_t> last_index;
-  for (size_t k = 0; k < graph.ops().size(); ++k) {
-    const Op& op = graph.ops()[k];
-    if (op.kind() == OpKind::kEnd) continue;
-    auto it = groups.find(op.id());
-    const int64_t anchor = it == groups.end() ? op.id() : it->second;
-    members[anchor].push_back(&op);
-    last_index[anchor] = k;
+  Partition p;
+  std::set<int64_t> inside_ops, produced, seen_in;
+  for (int64_t id : op_ids) {
+    const Op& op = graph.ops()[static_cast<size_t>(graph.index_of(id))];
+    p.ops.push_back(op);
+    inside_ops.insert(id);
+    for (const LogicalTensor& lt : op.outputs()) produced.insert(lt.id);
   }
-  std::vector<std::pair<size_t, int64_t>> order;
-  for (const auto& [anchor, k] : last_index) order.emplace_back(k, anchor);
+  for (const Op& op : p.ops) {
+    for (const LogicalTensor& lt : op.inputs()) {
+      if (!produced.count(lt.id) && seen_in.insert(lt.id).second) p.inputs.push_back(lt);
+    }
+  }
+  for (const Op& op : p.ops) {
+    for (const LogicalTensor& lt : op.outputs()) {
+      // Internal tensors stay inside; anything read outside, or a graph output, leaves.
+      const auto consumers = graph.consumers_of(lt.id);
+      bool outside = graph_out.count(lt.id) != 0 || consumers.empty() || p.ops.size() == 1;
+      for (size_t c : consumers) outside = outside || !inside_ops.count(graph.ops()[c].id());
+      if (outside) p.outputs.push_back(lt);
+    }
+  }
+  return p;
+}
+
+StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
+                                                  const PartitionerOptions& options,
+                                                  std::vector<PatternTrial>* trials) {
+  if (!graph.finalized()) return invalid_graph("match_partitions: the graph is not finalized");
+  const auto& ops = graph.ops();
+  std::map<int64_t, size_t> owner;  // op id -> index into `found`
+  std::vector<Partition> found;
+  std::map<int64_t, std::string> answers;  // op id -> what each pattern anchored there said
+  auto note = [&](const Op& op, const Pattern& pattern, const Status& s,
+                  const std::string& left_out = "") {
+    if (trials) trials->push_back({op.id(), pattern.full_name(), s, left_out});
+    if (!s.ok())
+      answers[op.id()] += std::string(answers[op.id()].empty() ? "" : "; ") + pattern.full_name() +
+                          ": " + s.message();
+  };
+  for (const Pattern& pattern : options.patterns) {
+    if (pattern.fused && !options.fuse) continue;
+    for (const Op& anchor : ops) {
+      if (anchor.kind() == OpKind::kEnd || op_kind_is_opaque(anchor.kind()) ||
+          owner.count(anchor.id()) || !pattern.anchored_at(anchor.kind()))
+        continue;
+      auto matched = pattern.match(graph, anchor);
+      if (!matched.ok()) {
+        note(anchor, pattern, matched.status());
+        continue;
+      }
+      std::vector<int64_t> ids = matched->ops;
+      std::string taken;
+      for (int64_t id : ids) {
+        if (owner.count(id)) taken = "op " + std::to_string(id) + " is in another partition";
+      }
+      if (!taken.empty()) {
+        note(anchor, pattern, unimplemented(taken));
+        continue;
+      }
+      std::sort(ids.begin(), ids.end(),
+                [&](int64_t a, int64_t b) { return graph.index_of(a) < graph.index_of(b); });
+      Partition p = make_partition(graph, ids);
+      p.backend = pattern.backend;
+      p.pattern = pattern.full_name();
+      p.anchor = anchor.id();
+      Status s = plain_layouts(p);
+      if (s.ok() && options.accept && shapes_known(graph, p)) s = options.accept(pattern, p);
+      note(anchor, pattern, s, matched->note);
+      if (!s.ok()) continue;
+      for (int64_t id : ids) owner[id] = found.size();
+      found.push_back(std::move(p));
+    }
+  }
+  // Ops no pattern took: unsupported, one each.
+  for (const Op& op : ops) {
+    if (op.kind() == OpKind::kEnd || owner.count(op.id())) continue;
+    Partition p = make_partition(graph, {op.id()});
+    p.supported = false;
+    p.reason = op_kind_is_opaque(op.kind())
+                   ? std::string("normgrad has no kernel for ") + op.kind_spelling() +
+                         " (an op kind it carries but does not run)"
+               : answers.count(op.id())
+                   ? "no pattern takes it (" + answers[op.id()] + ")"
+                   : "no pattern of " + options.scope + " is anchored at " + op.kind_spelling();
+    if (Status layout = plain_layouts(p); !layout.ok()) p.reason = layout.message();
+    owner[op.id()] = found.size();
+    found.push_back(std::move(p));
+  }
+  // Emitted at their last op in topological order, so their inputs are ready.
+  std::vector<std::pair<int64_t, size_t>> order;
+  for (size_t k = 0; k < found.size(); ++k)
+    order.emplace_back(graph.index_of(found[k].ops.back().id()), k);
   std::sort(order.begin(), order.end());
   std::vector<Partition> parts;
-  for (const auto& [k, anchor] : order) {
-    Partition p;
-    p.id = static_cast<int64_t>(parts.size());
-    std::set<int64_t> inside_ops, produced, seen_in;
-    for (const Op* op : members[anchor]) {
-      p.ops.push_back(*op);
-      inside_ops.insert(op->id());
-      for (const LogicalTensor& lt : op->outputs()) produced.insert(lt.id);
-    }
-    for (const Op* op : members[anchor]) {
-      for (const LogicalTensor& lt : op->inputs()) {
-        if (!produced.count(lt.id) && seen_in.insert(lt.id).second) p.inputs.push_back(lt);
-      }
-    }
-    for (const Op* op : members[anchor]) {
-      for (const LogicalTensor& lt : op->outputs()) {
-        // Internal tensors stay inside; anything read outside, or a graph output, leaves.
-        bool outside =
-            graph_out.count(lt.id) != 0 || graph.consumers_of(lt.id).empty() || p.ops.size() == 1;
-        for (size_t c : graph.consumers_of(lt.id)) {
-          const Op& consumer = graph.ops()[c];
-          outside = outside || (!inside_ops.count(consumer.id()));
-        }
-        if (outside) p.outputs.push_back(lt);
-      }
-    }
-    for (const Op& op : p.ops) {
-      if (!p.supported) break;
-      if (op_kind_is_opaque(op.kind())) {
-        p.supported = false;
-        p.reason = std::string("normgrad has no kernel for ") + op.kind_spelling() +
-                   " (an op kind it carries but does not run)";
-        break;
-      }
-      for (const auto* list : {&op.inputs(), &op.outputs()}) {
-        for (const LogicalTensor& lt : *list) {
-          if (lt.layout == LayoutType::kOpaque && p.supported) {
-            p.supported = false;
-            p.reason = "tensor " + std::to_string(lt.id) +
-                       " has an opaque (backend-private) layout that normgrad cannot read";
-          }
-        }
-      }
-    }
-    parts.push_back(std::move(p));
+  for (const auto& entry : order) {
+    parts.push_back(std::move(found[entry.second]));
+    parts.back().id = static_cast<int64_t>(parts.size() - 1);
   }
   return parts;
+}
+
+StatusOr<Partition> match_whole(const Graph& graph, const PartitionerOptions& options,
+                                std::vector<PatternTrial>* trials) {
+  // The partitioner itself, with every candidate that leaves an op out declined.
+  const auto all = std::count_if(graph.ops().begin(), graph.ops().end(),
+                                 [](const Op& op) { return op.kind() != OpKind::kEnd; });
+  PartitionerOptions whole = options;
+  whole.accept = [&](const Pattern& pattern, const Partition& p) {
+    if (static_cast<long>(p.ops.size()) != all)
+      return unimplemented("it takes " + std::to_string(p.ops.size()) + " of the " +
+                           std::to_string(all) + " ops");
+    return options.accept ? options.accept(pattern, p) : ok_status();
+  };
+  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, match_partitions(graph, whole, trials));
+  if (parts.size() == 1 && parts[0].is_supported()) return parts[0];
+  std::string why;
+  for (const Partition& p : parts) why += std::string(why.empty() ? "" : "; ") + p.reason;
+  return unimplemented("no pattern takes these ops as one partition (" + why + ")");
 }
 
 }  // namespace normgrad

@@ -11,7 +11,6 @@
 #include <normgrad/passes/cse.hpp>
 #include <normgrad/passes/dead_code.hpp>
 #include <normgrad/passes/fold_layout.hpp>
-#include <normgrad/passes/fuse_elementwise.hpp>
 #include <normgrad/passes/split_sync_batch_norm.hpp>
 
 namespace normgrad {
@@ -110,7 +109,8 @@ std::unique_ptr<Pass> make_builtin(const std::string& name) {
 
 // The order of passes.def matters: canonical ops first, then conversions fold,
 // dead outputs go (so fewer tensors are written), duplicates merge and dead
-// ops go, and fusion groups are formed last, on the final graph.
+// ops go, and a synchronized batch norm is split last (its halves then match
+// the backends' fused patterns, which the partitioner applies after the passes).
 PassPipeline default_pipeline() {
   PassPipeline p;
 #define NG_PASS(pass_name, Class, header, summary) p.add(std::make_unique<Class>());

@@ -14,7 +14,7 @@
 // and diff_beta (whole-batch sums as well; Apply gets is_training = false). A
 // frozen diff_src alone needs no sums and is left alone. A fusible producer (ReLUBackward, Add) of
 // src or diff_dst that only the batch norm reads is cloned, one copy per
-// half, so fuse-elementwise fuses it into both (as the unsplit kernel
+// half, so the backends' bn_bwd_producers patterns take one each (as the unsplit kernel
 // recomputes it on both of its passes over the data).
 #pragma once
 

@@ -11,7 +11,6 @@
 #include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/graph/text_io.hpp>
-#include <normgrad/passes/fuse_elementwise.hpp>
 #include <normgrad/passes/pass.hpp>
 #include "tools/cli.hpp"
 #include "tools/cli_args.hpp"
@@ -115,7 +114,7 @@ Status opt_one(const std::string& text, const std::string& passes, bool passes_g
     std::cerr << "// pass " << r.name << ": " << (r.changed ? "changed" : "unchanged") << ", "
               << r.ms << " ms\n";
   }
-  *out = as_text ? graph_to_text(g) : graph_to_json(g, true);
+  *out = as_text ? graph_to_text(g) : graph_to_json(g);
   return ok_status();
 }
 
@@ -168,40 +167,30 @@ int opt_command(const std::vector<std::string>& raw_argv) {
   return rc;
 }
 
-int partitions_command(const std::vector<std::string>& argv) {
-  CLI::App app("Lists the partitions of a graph with their ops, backend, kernel and tensors.",
-               "normgrad partitions");
-  std::string path, backend = "auto";
-  bool as_json = false, explain = false;
-  app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
-  app.add_flag("--json", as_json, "print JSON");
-  app.add_flag("--explain", explain, "say, per partition, what every backend answered");
-  app.add_option("--backend", backend, "auto, jit, dnnl, mpi or ref");
-  if (int rc = parse_args(app, argv); rc >= 0) return rc;
-  auto g = load_finalized(path);
-  if (!g.ok()) return fail("partitions", g.status());
+namespace {
+
+// One graph's partitions, printed; returns the exit status.
+Status print_partitions(Graph g, const std::string& backend, bool as_json, bool explain,
+                        std::string* out) {
+  NG_RETURN_IF_ERROR(g.finalize());
   CompileOptions options;
   options.allow_unsupported = true;
   options.backend = backend;
-  if (g->engine_kind != "cpu") {
-    std::cerr << "normgrad partitions: note: the file names engine '" << g->engine_kind
+  if (g.engine_kind != "cpu") {
+    std::cerr << "normgrad partitions: note: the file names engine '" << g.engine_kind
               << "'; partitioning for the cpu\n";
   }
-  auto cg = CompiledGraph::compile(*g, options);
-  if (!cg.ok()) return fail("partitions", cg.status());
+  NG_ASSIGN_OR_RETURN(CompiledGraph cg, CompiledGraph::compile(g, options));
   // Compiled and pending partitions, back in graph order.
   struct Row {
     const Partition* p;
     const CompiledPartition* cp;
   };
   std::vector<Row> rows;
-  for (const auto& p : cg->partitions()) rows.push_back({&p->partition(), p.get()});
-  for (const Partition& p : cg->pending()) rows.push_back({&p, nullptr});
+  for (const auto& p : cg.partitions()) rows.push_back({&p->partition(), p.get()});
+  for (const Partition& p : cg.pending()) rows.push_back({&p, nullptr});
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.p->id < b.p->id; });
-  auto status_of = [](const Row& r) -> std::string {
-    if (r.cp) return "supported";
-    return r.p->is_supported() ? "supported, not compiled" : "unsupported";
-  };
+  std::ostringstream o;
   if (as_json) {
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
     for (const Row& r : rows) {
@@ -212,46 +201,88 @@ int partitions_command(const std::vector<std::string>& argv) {
       j["ops"] = ops;
       j["supported"] = r.p->is_supported();
       j["backend"] = r.cp ? r.cp->backend_name() : "";
+      j["pattern"] = r.p->pattern;
       j["kernel"] = r.cp ? r.cp->kernel_name() : "";
       if (!r.cp) j["reason"] = r.p->reason;
-      std::vector<int64_t> in, out;
+      std::vector<int64_t> in, outs;
       for (const auto& t : r.p->inputs) in.push_back(t.id);
-      for (const auto& t : r.p->outputs) out.push_back(t.id);
+      for (const auto& t : r.p->outputs) outs.push_back(t.id);
       j["inputs"] = in;
-      j["outputs"] = out;
+      j["outputs"] = outs;
       arr.push_back(j);
     }
-    std::cout << arr.dump(2) << "\n";
-    return 0;
+    *out = arr.dump(2) + "\n";
+    return ok_status();
   }
   size_t unsupported = 0;
   for (const Row& r : rows) {
-    std::cout << "partition " << r.p->id << ": " << r.p->ops_string() << "  " << status_of(r);
+    o << "partition " << r.p->id << ": " << r.p->ops_string() << "  "
+      << (r.cp                  ? "supported"
+          : r.p->is_supported() ? "supported, not compiled"
+                                : "unsupported");
     if (r.cp) {
-      std::cout << "  backend=" << r.cp->backend_name() << "  kernel=" << r.cp->kernel_name();
+      o << "  backend=" << r.cp->backend_name() << "  pattern=" << r.p->pattern
+        << "  kernel=" << r.cp->kernel_name();
     } else {
-      std::cout << "  (" << r.p->reason << ")";
+      o << "  (" << r.p->reason << ")";
       unsupported += r.p->is_supported() ? 0 : 1;
     }
-    std::cout << "  inputs=" << tensor_list(r.p->inputs)
-              << "  outputs=" << tensor_list(r.p->outputs) << "\n";
-    if (explain && r.p->is_supported()) {
-      // Every backend in auto's order, and what it said about this partition.
-      for (const Backend* b : available_backends()) {
-        const Status st = b->supports(*r.p, CompileContext{});
-        std::cout << "    " << b->name() << ": "
-                  << (st.ok() ? std::string("takes it") : "declines: " + st.message()) << "\n";
+    o << "  inputs=" << tensor_list(r.p->inputs) << "  outputs=" << tensor_list(r.p->outputs)
+      << "\n";
+    if (!explain) continue;
+    // Per op of the partition: every pattern anchored there, in priority
+    // order, and what it answered (the last one that matched won).
+    for (const Op& op : r.p->ops) {
+      for (const PatternTrial& t : cg.pattern_trials()) {
+        if (t.op_id != op.id()) continue;
+        o << "    " << op.label() << ": " << t.pattern << ": "
+          << (t.result.ok() ? "matched" + (t.note.empty() ? "" : " (" + t.note + ")")
+                            : t.result.message())
+          << "\n";
       }
     }
   }
-  if (explain) {
-    // Per batch-norm data port, what fuse-elementwise did and which rule decided.
-    for (const std::string& line : explain_fusion(cg->lowered_graph()))
-      std::cout << "  fusion: " << line << "\n";
+  o << rows.size() << " partitions: " << rows.size() - unsupported << " supported, " << unsupported
+    << " unsupported\n";
+  *out = o.str();
+  return ok_status();
+}
+
+}  // namespace
+
+int partitions_command(const std::vector<std::string>& argv) {
+  CLI::App app(
+      "Lists the partitions of a graph (after the pass pipeline) with their ops, backend, "
+      "pattern, kernel and tensors.",
+      "normgrad partitions");
+  std::string path, backend = "auto";
+  bool as_json = false, explain = false, split = false;
+  app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
+  app.add_flag("--json", as_json, "print JSON");
+  app.add_flag("--explain", explain, "per op, every pattern tried there and why it did not match");
+  app.add_option("--backend", backend, "auto, jit, dnnl, mpi or ref");
+  app.add_flag("--split-input-file", split,
+               "the file holds cases separated by '// -----'; each is partitioned on its own");
+  if (int rc = parse_args(app, argv); rc >= 0) return rc;
+  auto text = read_text_file(path, JsonLimits{}.max_bytes);
+  if (!text.ok()) return fail("partitions", text.status());
+  std::vector<std::pair<int, std::string>> cases =
+      split ? split_text_cases(*text) : std::vector<std::pair<int, std::string>>{{1, *text}};
+  int rc = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string body =
+        std::string(static_cast<size_t>(cases[i].first - 1), '\n') + cases[i].second;
+    std::string out;
+    auto g = parse_graph(body);
+    Status s = g.ok() ? print_partitions(std::move(g).value(), backend, as_json, explain, &out)
+                      : g.status();
+    if (!s.ok()) {
+      std::cerr << "normgrad partitions: error: " << path << ": " << s.to_string() << "\n";
+      rc = 2;
+    }
+    std::cout << (i ? "// -----\n" : "") << out;
   }
-  std::cout << rows.size() << " partitions: " << rows.size() - unsupported << " supported, "
-            << unsupported << " unsupported\n";
-  return 0;
+  return rc;
 }
 
 int dot_command(const std::vector<std::string>& argv) {

@@ -87,6 +87,25 @@ class DnnlBackend final : public Backend {
  public:
   const char* name() const override { return "dnnl"; }
 
+  // oneDNN's int8 batch-norm chain and fuse_norm_relu, then one primitive per op.
+  std::vector<Pattern> patterns() const override {
+    Pattern int8;
+    int8.name = "int8_bn_chain";
+    int8.backend = "dnnl";
+    int8.anchors = {OpKind::kBatchNormInference};
+    int8.fused = true;
+    int8.match = match_int8_bn_chain;
+    Pattern relu = int8;
+    relu.name = "bn_inference_relu";
+    relu.match = match_bn_inference_relu;
+    return {int8, relu,
+            single_op_pattern("op", "dnnl",
+                              {OpKind::kBatchNormInference, OpKind::kBatchNormForwardTraining,
+                               OpKind::kBatchNormTrainingBackward, OpKind::kAdd, OpKind::kQuantize,
+                               OpKind::kDequantize, OpKind::kReLU, OpKind::kReLUBackward,
+                               OpKind::kTypeCast, OpKind::kStaticTranspose})};
+  }
+
   Status supports(const Partition& partition, const CompileContext&) const override {
     return build(partition).status();
   }
@@ -122,8 +141,7 @@ class DnnlBackend final : public Backend {
 
   // Plans are cached by signature, so supports() followed by compile() builds once.
   static StatusOr<std::shared_ptr<const Kernel>> build(const Partition& partition) {
-    if (partition.ops.size() > 2 && partition.ops.front().kind() == OpKind::kDequantize)
-      return build_chain(partition);
+    if (partition.pattern == "dnnl.int8_bn_chain") return build_chain(partition);
     const Op& op = partition.ops[0];
     if (op.kind() == OpKind::kBatchNormInference || op.kind() == OpKind::kBatchNormForwardTraining)
       return dnnl_impl::make_batch_norm_forward(partition);

@@ -260,19 +260,14 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
 }
 
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
+  // The pattern that took the partition (jit_backend.cpp) anchors it at the
+  // batch norm; every other op is a ReLUBackward/Add feeding src or diff_dst.
   const Op* bn = nullptr;
-  for (const Op& op : partition.ops) {
-    if (op.kind() == OpKind::kBatchNormTrainingBackward ||
-        op.kind() == OpKind::kBatchNormBackwardReduce ||
-        op.kind() == OpKind::kBatchNormBackwardApply) {
-      if (bn) return unimplemented("the JIT takes one batch-norm backward per partition");
-      bn = &op;
-    }
-  }
-  if (bn == nullptr) {
-    return unimplemented(std::string(op_kind_name(partition.ops[0].kind())) +
-                         " is not in the JIT (only batch-norm backward, with fused producers)");
-  }
+  for (const Op& op : partition.ops) bn = op.id() == partition.anchor ? &op : bn;
+  if (bn == nullptr || partition.backend != "jit")
+    return internal_error(
+        "the JIT compiles partitions its own patterns matched, not " +
+        (partition.pattern.empty() ? std::string("an unmatched one") : partition.pattern));
   NG_ASSIGN_OR_RETURN(BnConf c, make_conf(*bn, isa));
   auto index_of = [&](int64_t id) {
     for (size_t i = 0; i < partition.inputs.size(); ++i) {
@@ -311,24 +306,15 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   }
   for (const Op& op : partition.ops) {
     if (&op == bn) continue;
-    if (op.kind() != OpKind::kReLUBackward && op.kind() != OpKind::kAdd) {
-      return unimplemented(std::string(op_kind_name(op.kind())) +
-                           " does not fuse into the JIT's batch-norm backward");
-    }
-    const int64_t out = op.outputs()[0].id;
-    const int port = out == bn->inputs()[0].id ? 0 : out == bn->inputs()[1].id ? 1 : -1;
-    if (port < 0)
-      return unimplemented(op.label() + " does not feed the batch norm's src or diff_dst");
+    const int port = op.outputs()[0].id == bn->inputs()[0].id ? 0 : 1;
+    // The kernel reads a fused port's operands where they are: they must be dense.
     if ((port == 0 && !c.x_strides.empty()) || (port == 1 && !c.dy_strides.empty()))
       return unimplemented("the JIT takes dense fused inputs");
     for (const LogicalTensor& lt : op.inputs()) {
       if (lt.effective_strides() != dense_strides(lt.dims))
         return unimplemented("the JIT takes dense fused inputs");
-      if (lt.dims != op.outputs()[0].dims || lt.dtype != op.outputs()[0].dtype)
-        return unimplemented("the JIT fuses no broadcasting or mixed-dtype producers");
     }
     const int first = index_of(op.inputs()[0].id), second = index_of(op.inputs()[1].id);
-    if (first < 0 || second < 0) return unimplemented("fused producers must read partition inputs");
     const Fuse f = op.kind() == OpKind::kReLUBackward ? Fuse::kReluBackward : Fuse::kAdd;
     if (port == 0) {
       c.x_fuse = f, m.x = first, m.x_second = second;

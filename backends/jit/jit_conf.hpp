@@ -103,8 +103,9 @@ std::optional<StridedWalk> strided_walk(const BnConf& c, const Dims& strides, bo
 // Decides the conf, or the reason the JIT declines (empty tensors, strided
 // fused inputs); strided src/diff_dst/diff_src are repacked by the driver.
 StatusOr<BnConf> make_conf(const Op& op, Isa isa);
-// The same for a partition: one BatchNormTrainingBackward, optionally fed by a
-// ReLUBackward or Add on its src and/or diff_dst port.
+// The same for a partition one of the JIT's patterns matched (jit_backend.cpp):
+// the batch norm is its anchor, and any other op is the ReLUBackward or Add
+// the pattern found feeding its src or diff_dst.
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
 
 }  // namespace jit

@@ -53,6 +53,9 @@ class AllReduceKernel final : public Kernel {
 class MpiBackend final : public Backend {
  public:
   const char* name() const override { return "mpi"; }
+  std::vector<Pattern> patterns() const override {
+    return {single_op_pattern("allreduce", "mpi", {OpKind::kAllReduce})};
+  }
 
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
     return check(partition, ctx).status();

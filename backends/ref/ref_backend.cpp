@@ -48,6 +48,29 @@ class RefKernel final : public Kernel {
 class RefBackend final : public Backend {
  public:
   const char* name() const override { return "ref"; }
+
+  // Every op alone, and the fusions of the other backends as groups too, so a
+  // fused pattern that only ref can run keeps its partition count (what
+  // benchdnn's --expected-n-partitions checks); ref runs a group op by op
+  // with the intermediates in their own dtype, as unfused.
+  std::vector<Pattern> patterns() const override {
+    Pattern bwd;
+    bwd.name = "bn_bwd_producers";
+    bwd.backend = "ref";
+    bwd.anchors = {OpKind::kBatchNormTrainingBackward, OpKind::kBatchNormBackwardReduce,
+                   OpKind::kBatchNormBackwardApply};
+    bwd.fused = true;
+    bwd.match = match_bn_backward_producers;
+    Pattern int8 = bwd;
+    int8.name = "int8_bn_chain";
+    int8.anchors = {OpKind::kBatchNormInference};
+    int8.match = match_int8_bn_chain;
+    Pattern relu = int8;
+    relu.name = "bn_inference_relu";
+    relu.match = match_bn_inference_relu;
+    return {bwd, int8, relu, single_op_pattern("allreduce", "ref", {OpKind::kAllReduce}),
+            single_op_pattern("op", "ref", {})};
+  }
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
     if (partition.ops.empty()) return invalid_argument("empty partition");
     for (const Op& op : partition.ops) {

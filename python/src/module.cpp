@@ -69,7 +69,7 @@ Op make_op(const std::string& kind, const std::vector<LogicalTensor>& inputs,
 
 struct PartitionInfo {
   int64_t id;
-  std::string backend, kernel;
+  std::string backend, pattern, kernel;
   std::vector<std::string> ops;
   std::vector<int64_t> inputs, outputs;
 };
@@ -82,7 +82,8 @@ class Compiled {
   std::vector<PartitionInfo> partitions() const {
     std::vector<PartitionInfo> v;
     for (const auto& cp : cg_->partitions()) {
-      PartitionInfo p{cp->partition().id, cp->backend_name(), cp->kernel_name(), {}, {}, {}};
+      PartitionInfo p{cp->partition().id,      cp->backend_name(), cp->partition().pattern,
+                      cp->kernel_name(), {}, {}, {}};
       for (const Op& op : cp->partition().ops) p.ops.emplace_back(op_kind_name(op.kind()));
       for (const LogicalTensor& lt : cp->partition().inputs) p.inputs.push_back(lt.id);
       for (const LogicalTensor& lt : cp->partition().outputs) p.outputs.push_back(lt.id);
@@ -149,9 +150,10 @@ Compiled compile(const Graph& graph, const std::string& backend,
   CompileOptions options;
   options.backend = backend;
   options.optimize = optimize;
-  // An empty list is no pass at all (not the default pipeline): canonicalize only.
-  if (passes && passes->empty()) options.optimize = false;
-  if (passes) options.pipeline = *passes;
+  // An empty list is no pass at all (not the default pipeline): canonicalize
+  // only, which always runs. Fusion is the backends' patterns, not a pass:
+  // `optimize=False` turns it off.
+  if (passes) options.pipeline = passes->empty() ? std::vector<std::string>{"canonicalize"} : *passes;
   StatusOr<CompiledGraph> cg = invalid_argument("not compiled");
   {
     py::gil_scoped_release release;
@@ -240,6 +242,7 @@ PYBIND11_MODULE(_normgrad, m) {
   py::class_<PartitionInfo>(m, "Partition")
       .def_readonly("id", &PartitionInfo::id)
       .def_readonly("backend", &PartitionInfo::backend)
+      .def_readonly("pattern", &PartitionInfo::pattern)
       .def_readonly("kernel", &PartitionInfo::kernel)
       .def_readonly("ops", &PartitionInfo::ops)
       .def_readonly("inputs", &PartitionInfo::inputs)
@@ -248,7 +251,7 @@ PYBIND11_MODULE(_normgrad, m) {
         std::string ops;
         for (const std::string& o : p.ops) ops += (ops.empty() ? "" : "+") + o;
         return "Partition(" + std::to_string(p.id) + ", " + ops + ", backend=" + p.backend +
-               ", kernel=" + p.kernel + ")";
+               ", pattern=" + p.pattern + ", kernel=" + p.kernel + ")";
       });
 
   py::class_<Compiled>(m, "CompiledGraph")

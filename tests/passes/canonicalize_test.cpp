@@ -83,7 +83,7 @@ TEST(CanonicalizePass, PipelinePrintsAfterEachPass) {
   for (const PassInfo& p : registered_passes()) builtin += p.builtin ? 1 : 0;
   ASSERT_EQ(records.size(), builtin);
   EXPECT_EQ(records.front().name, "canonicalize");
-  EXPECT_EQ(records.back().name, "fuse-elementwise");
+  EXPECT_EQ(records.back().name, "split-sync-batch-norm");
   EXPECT_NE(os.str().find("// after canonicalize"), std::string::npos);
   EXPECT_NE(os.str().find("\"BatchNormTrainingBackward\""), std::string::npos);
   EXPECT_EQ(os.str().find("FusedBatchNormGradV3"), std::string::npos);

@@ -1,0 +1,109 @@
+// Pattern matchers: the structural, dtype and layout rules of each fusion.
+#include <normgrad/passes/pattern.hpp>
+
+#include <algorithm>
+
+#include <normgrad/passes/rewrite_util.hpp>
+
+namespace normgrad {
+namespace {
+
+bool is_bn_backward(OpKind k) {
+  return k == OpKind::kBatchNormTrainingBackward || k == OpKind::kBatchNormBackwardReduce ||
+         k == OpKind::kBatchNormBackwardApply;
+}
+
+// `t` is read by `reader` alone and is not an explicit graph output.
+Status only_reader(const Graph& graph, int64_t t, const Op& reader) {
+  const auto consumers = graph.consumers_of(t);
+  if (consumers.size() != 1 || graph.ops()[consumers[0]].id() != reader.id())
+    return unimplemented("tensor " + std::to_string(t) + " has another reader");
+  if (is_output_port(graph, t))
+    return unimplemented("tensor " + std::to_string(t) + " is a graph output");
+  return ok_status();
+}
+
+}  // namespace
+
+bool Pattern::anchored_at(OpKind kind) const {
+  return anchors.empty() || std::find(anchors.begin(), anchors.end(), kind) != anchors.end();
+}
+
+Pattern single_op_pattern(std::string name, std::string backend, std::vector<OpKind> kinds) {
+  Pattern p;
+  p.name = std::move(name);
+  p.backend = std::move(backend);
+  p.anchors = std::move(kinds);
+  p.match = [](const Graph&, const Op& anchor) -> StatusOr<PatternOps> {
+    return PatternOps{{anchor.id()}, ""};
+  };
+  return p;
+}
+
+Status bn_backward_producer_rule(const Graph& graph, const Op& bn, size_t port) {
+  const LogicalTensor& t = bn.inputs()[port];
+  const int64_t p = graph.producer_of(t.id);
+  if (p < 0) return unimplemented("tensor " + std::to_string(t.id) + " is a graph input");
+  const Op& producer = graph.ops()[static_cast<size_t>(p)];
+  if (producer.kind() != OpKind::kReLUBackward && producer.kind() != OpKind::kAdd)
+    return unimplemented(producer.label() + " is not ReLUBackward or Add");
+  NG_RETURN_IF_ERROR(only_reader(graph, t.id, bn));
+  if (bn.inputs()[1 - port].id == t.id)
+    return unimplemented("tensor " + std::to_string(t.id) + " feeds both data ports");
+  bool uniform = t.dtype == bn.inputs()[0].dtype;
+  for (const LogicalTensor& in : producer.inputs())  // no broadcast, no mixed dtypes
+    uniform = uniform && in.dtype == t.dtype && in.dims == t.dims;
+  if (!uniform) return unimplemented(producer.label() + " broadcasts or mixes dtypes");
+  return ok_status();
+}
+
+StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn) {
+  if (!is_bn_backward(bn.kind()))
+    return unimplemented(bn.label() + " is not a batch-norm backward");
+  NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
+  PatternOps m;
+  for (size_t port = 0; port < 2; ++port) {
+    const Status s = bn_backward_producer_rule(graph, bn, port);
+    if (s.ok()) {
+      m.ops.push_back(
+          graph.ops()[static_cast<size_t>(graph.producer_of(bn.inputs()[port].id))].id());
+    } else {
+      m.note += std::string(m.note.empty() ? "" : "; ") + (port == 0 ? "src: " : "diff_dst: ") +
+                s.message();
+    }
+  }
+  if (m.ops.empty()) return unimplemented("no producer to fuse (" + m.note + ")");
+  m.ops.push_back(bn.id());
+  return m;
+}
+
+StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn) {
+  if (bn.kind() != OpKind::kBatchNormInference)
+    return unimplemented(bn.label() + " is not BatchNormInference");
+  NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
+  const LogicalTensor& y = bn.outputs()[0];
+  const Op* relu = sole_consumer(graph, y.id);
+  if (relu == nullptr || relu->kind() != OpKind::kReLU)
+    return unimplemented("dst is not read by one ReLU alone");
+  NG_RETURN_IF_ERROR(only_reader(graph, y.id, *relu));
+  if (relu->outputs()[0].dtype != y.dtype)
+    return unimplemented(relu->label() + " changes the dtype");
+  return PatternOps{{bn.id(), relu->id()}, ""};
+}
+
+StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn) {
+  NG_ASSIGN_OR_RETURN(PatternOps ops, match_bn_inference_relu(graph, bn));
+  const int64_t deq = graph.producer_of(bn.inputs()[0].id);
+  if (deq < 0 || graph.ops()[static_cast<size_t>(deq)].kind() != OpKind::kDequantize)
+    return unimplemented("src is not produced by a Dequantize");
+  NG_RETURN_IF_ERROR(only_reader(graph, bn.inputs()[0].id, bn));
+  const Op& relu = graph.ops()[static_cast<size_t>(graph.index_of(ops.ops[1]))];
+  const Op* quant = sole_consumer(graph, relu.outputs()[0].id);
+  if (quant == nullptr || quant->kind() != OpKind::kQuantize)
+    return unimplemented("the ReLU's dst is not read by one Quantize alone");
+  NG_RETURN_IF_ERROR(only_reader(graph, relu.outputs()[0].id, *quant));
+  return PatternOps{{graph.ops()[static_cast<size_t>(deq)].id(), bn.id(), relu.id(), quant->id()},
+                    ""};
+}
+
+}  // namespace normgrad

@@ -1,0 +1,72 @@
+// Pattern: a group of ops one backend runs as one kernel, and the matchers
+// the backends build their patterns from.
+//
+// As in oneDNN Graph, fusion is not a rewrite of the graph: each backend
+// declares the patterns it has kernels for (Backend::patterns), and the
+// partitioner (partitioner.hpp) matches them, highest priority first, and
+// records on each partition the backend, pattern and anchor op that won. A
+// pattern is anchored at one op kind; its matcher starts from an op of that
+// kind and returns the ops it takes with it, or the rule that failed (the
+// text `normgrad partitions --explain` prints). The conditions a matcher
+// checks are structural and about dtypes and layouts; the backend's
+// supports() then judges the candidate partition's sizes and strides.
+//
+// The matchers below are the shapes of fusion normgrad has kernels for:
+//   - match_bn_backward_producers: ReLUBackward or Add feeding a batch-norm
+//     backward's src and/or diff_dst (the JIT masks or adds while it loads,
+//     so the intermediate is never written);
+//   - match_bn_inference_relu: BatchNormInference -> ReLU (oneDNN's
+//     fuse_norm_relu);
+//   - match_int8_bn_chain: Dequantize -> BatchNormInference -> ReLU ->
+//     Quantize (oneDNN's int8 batch-norm pattern).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <normgrad/graph/graph.hpp>
+
+namespace normgrad {
+
+// The ops a pattern takes, by id, the anchor included; `note` says what it
+// left out and why (for --explain), e.g. a port whose producer stays apart.
+struct PatternOps {
+  std::vector<int64_t> ops;
+  std::string note;
+};
+using PatternMatcher = std::function<StatusOr<PatternOps>(const Graph&, const Op& anchor)>;
+
+struct Pattern {
+  std::string name;             // "bn_bwd_producers", unique within its backend
+  std::string backend;          // the backend that declares it and runs its partitions
+  std::vector<OpKind> anchors;  // op kinds it starts from; empty: any kind
+  bool fused = false;           // takes more than one op (skipped when fusion is off)
+  PatternMatcher match;
+
+  bool anchored_at(OpKind kind) const;
+  // "jit.bn_bwd_producers"
+  std::string full_name() const { return backend + "." + name; }
+};
+
+// A pattern of one op of the given kinds (every kind when empty), for a
+// backend that runs them one by one.
+Pattern single_op_pattern(std::string name, std::string backend, std::vector<OpKind> kinds);
+
+// Batch-norm backward (BatchNormTrainingBackward, BatchNormBackwardReduce or
+// BatchNormBackwardApply) with its ReLUBackward/Add producers on src and/or
+// diff_dst. A producer joins when its output is read by this op only, on one
+// port, is not a graph output, and it neither broadcasts nor mixes dtypes
+// with the batch norm's data. Fails when no port has such a producer.
+StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn);
+// For --explain: why the producer of data port `port` of `bn` does or does not join.
+Status bn_backward_producer_rule(const Graph& graph, const Op& bn, size_t port);
+
+// BatchNormInference whose dst only a ReLU of the same dtype reads.
+StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn);
+// Dequantize -> BatchNormInference -> ReLU -> Quantize, each link the only
+// reader of the one before and no link a graph output.
+StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn);
+
+}  // namespace normgrad

@@ -1,0 +1,261 @@
+// Patterns and the partitioner: which producers join their batch norm, which
+// backend's pattern wins in priority order, what --explain records, that a
+// fused pattern declined by the fast backend falls to the next pattern (not a
+// split-back), that a pattern a test declines is one declaration, and that
+// fused partitions give the unfused graph's numbers.
+#include <normgrad/passes/partitioner.hpp>
+
+#include <normgrad/backends/compiler.hpp>
+#include "tests/backend_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::lt;
+
+// producer(kind) -> t (id 20) -> BN port `port`; producer inputs 30, 31.
+Graph chain(OpKind kind, int port, DataType dt = DataType::kF32, const std::string& fmt = "NXC",
+            bool finalize = true) {
+  const Dims shape = fmt == "NXC" ? Dims{2, 5, 5, 24} : Dims{2, 24, 5, 5};
+  Op pre(1, kind, "pre");
+  if (kind == OpKind::kReLUBackward) pre.set_attr("use_dst", true);
+  pre.add_input(lt(30, dt, shape)).add_input(lt(31, dt, shape)).add_output(lt(20, dt, shape));
+  Op bn = bn_bwd(shape, fmt, dt, DataType::kF32, true, 3);
+  bn.mutable_inputs()[port].id = 20;
+  Graph g;
+  EXPECT_TRUE(g.add_op(pre).ok());
+  EXPECT_TRUE(g.add_op(bn).ok());
+  if (finalize) {
+    EXPECT_TRUE(g.finalize().ok());
+  }
+  return g;
+}
+
+std::vector<Partition> parts_of(const Graph& g, const CompileOptions& o = {},
+                                std::vector<PatternTrial>* trials = nullptr) {
+  auto parts = partition_graph(g, o, trials);
+  EXPECT_TRUE(parts.ok()) << parts.status().to_string();
+  return parts.ok() ? *parts : std::vector<Partition>{};
+}
+
+// The answer of `pattern` at op `op_id`.
+std::string answer(const std::vector<PatternTrial>& trials, int64_t op_id,
+                   const std::string& pattern) {
+  for (const PatternTrial& t : trials) {
+    if (t.op_id == op_id && t.pattern == pattern)
+      return t.result.ok() ? "matched" : t.result.message();
+  }
+  return "not tried";
+}
+
+TEST(Partitioner, JitPatternTakesAProducerOnEitherPort) {
+  for (OpKind kind : {OpKind::kReLUBackward, OpKind::kAdd}) {
+    for (int port : {0, 1}) {
+      const auto parts = parts_of(chain(kind, port));
+      ASSERT_EQ(parts.size(), 1u);
+      const Partition& p = parts[0];
+      EXPECT_EQ(p.ops_string(), std::string(op_kind_name(kind)) + "+BatchNormTrainingBackward");
+      EXPECT_EQ(p.backend, "jit");
+      EXPECT_EQ(p.pattern, "jit.bn_bwd_producers");
+      EXPECT_EQ(p.anchor, 0);  // the batch norm (bn_bwd's op id)
+      std::vector<int64_t> in_ids, out_ids;
+      for (const auto& t : p.inputs) in_ids.push_back(t.id);
+      for (const auto& t : p.outputs) out_ids.push_back(t.id);
+      // The internal tensor 20 is neither an input nor an output of the partition.
+      EXPECT_EQ(std::count(in_ids.begin(), in_ids.end(), 20), 0);
+      EXPECT_EQ(out_ids, (std::vector<int64_t>{5, 6, 7}));
+      EXPECT_EQ(in_ids.size(), 6u);  // 30, 31 and the batch norm's other four inputs
+    }
+  }
+}
+
+TEST(Partitioner, RulesThatKeepAProducerApartAreExplained) {
+  // A second reader of the producer's output.
+  Graph g = chain(OpKind::kReLUBackward, 1, DataType::kF32, "NXC", false);
+  Op other(2, OpKind::kReLU, "other");
+  other.add_input(lt(20, DataType::kF32, {2, 5, 5, 24}))
+      .add_output(lt(40, DataType::kF32, {2, 5, 5, 24}));
+  ASSERT_TRUE(g.add_op(other).ok());
+  ASSERT_TRUE(g.finalize().ok());
+  std::vector<PatternTrial> trials;
+  auto parts = parts_of(g, {}, &trials);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(answer(trials, 0, "jit.bn_bwd_producers"),
+            "no producer to fuse (src: tensor 0 is a graph input; diff_dst: tensor 20 has "
+            "another reader)");
+  EXPECT_EQ(answer(trials, 0, "jit.bn_bwd"), "matched");
+  // A graph output.
+  Graph h = chain(OpKind::kAdd, 1);
+  h.set_output_ports({20, 5, 6, 7});
+  ASSERT_TRUE(h.finalize().ok());
+  trials.clear();
+  EXPECT_EQ(parts_of(h, {}, &trials).size(), 2u);
+  EXPECT_NE(answer(trials, 0, "jit.bn_bwd_producers").find("tensor 20 is a graph output"),
+            std::string::npos);
+  // A tensor feeding both data ports.
+  Graph both;
+  const Graph single = chain(OpKind::kReLUBackward, 1);
+  for (Op op : single.ops()) {
+    if (op.kind() == OpKind::kBatchNormTrainingBackward) op.mutable_inputs()[0].id = 20;
+    ASSERT_TRUE(both.add_op(op).ok());
+  }
+  ASSERT_TRUE(both.finalize().ok());
+  trials.clear();
+  EXPECT_EQ(parts_of(both, {}, &trials).size(), 2u);
+  EXPECT_NE(answer(trials, 0, "jit.bn_bwd_producers").find("feeds both data ports"),
+            std::string::npos)
+      << answer(trials, 0, "jit.bn_bwd_producers");
+  // A producer of another kind (TypeCast) is no ReLUBackward or Add.
+  Graph cast_g;
+  Op cast(1, OpKind::kTypeCast, "cast");
+  cast.add_input(lt(30, DataType::kBF16, {2, 24})).add_output(lt(20, DataType::kF32, {2, 24}));
+  Op bn = bn_bwd({2, 24}, "NXC", DataType::kF32, DataType::kF32, true, 3);
+  bn.mutable_inputs()[1].id = 20;
+  ASSERT_TRUE(cast_g.add_op(cast).ok());
+  ASSERT_TRUE(cast_g.add_op(bn).ok());
+  ASSERT_TRUE(cast_g.finalize().ok());
+  trials.clear();
+  EXPECT_EQ(parts_of(cast_g, {}, &trials).size(), 2u);
+  EXPECT_NE(answer(trials, 0, "jit.bn_bwd_producers").find("is not ReLUBackward or Add"),
+            std::string::npos);
+}
+
+TEST(Partitioner, AFusedPatternTheJitDeclinesFallsToTheNextPattern) {
+  // The producer reads a padded (strided) tensor: the JIT's kernel reads fused
+  // operands in place and needs them dense, so its fused pattern is declined
+  // by supports(); its single-op pattern takes the batch norm and the
+  // producer goes to the next backend with a pattern for it.
+  Graph g = chain(OpKind::kReLUBackward, 1, DataType::kF32, "NXC", false);
+  Graph h;
+  for (Op op : g.ops()) {
+    if (op.kind() == OpKind::kReLUBackward) op.mutable_inputs()[0].strides = {3000, 600, 120, 1};
+    ASSERT_TRUE(h.add_op(op).ok());
+  }
+  ASSERT_TRUE(h.finalize().ok());
+  std::vector<PatternTrial> trials;
+  const auto parts = parts_of(h, {}, &trials);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(answer(trials, 0, "jit.bn_bwd_producers"), "the JIT takes dense fused inputs");
+  EXPECT_EQ(parts[1].pattern, "jit.bn_bwd");
+  EXPECT_NE(parts[0].backend, "jit");
+  // Forced to ref, the group stays whole (ref runs it op by op).
+  const auto on_ref = parts_of(h, CompileOptions{"ref"});
+  ASSERT_EQ(on_ref.size(), 1u);
+  EXPECT_EQ(on_ref[0].pattern, "ref.bn_bwd_producers");
+  // Fusion off: one partition per op.
+  CompileOptions unfused;
+  unfused.optimize = false;
+  EXPECT_EQ(parts_of(chain(OpKind::kAdd, 0), unfused).size(), 2u);
+}
+
+TEST(Partitioner, AnOpNoPatternTakesIsUnsupportedWithEveryAnswer) {
+  // Forced to the JIT, a ReLU has no pattern: unsupported, saying so.
+  Graph g;
+  Op relu(1, OpKind::kReLU, "relu");
+  relu.add_input(lt(30, DataType::kF32, {24})).add_output(lt(2, DataType::kF32, {24}));
+  ASSERT_TRUE(g.add_op(relu).ok());
+  ASSERT_TRUE(g.finalize().ok());
+  const auto parts = parts_of(g, CompileOptions{"jit"});
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_FALSE(parts[0].is_supported());
+  EXPECT_EQ(parts[0].reason, "no pattern of backend 'jit' is anchored at ReLU");
+  EXPECT_TRUE(parts_of(g)[0].is_supported());
+}
+
+TEST(Partitioner, AddingAPatternIsOneDeclaration) {
+  // A pattern a test declares: two chained ReLUs as one partition of a
+  // backend "test", ahead of everything else; ReLU -> ReLU -> ReLU gives the
+  // first pair to it and the third ReLU to the next pattern.
+  Graph g;
+  for (int64_t k = 0; k < 3; ++k) {
+    Op relu(k, OpKind::kReLU, "relu");
+    relu.add_input(lt(10 + k, DataType::kF32, {8})).add_output(lt(11 + k, DataType::kF32, {8}));
+    ASSERT_TRUE(g.add_op(relu).ok());
+  }
+  ASSERT_TRUE(g.finalize().ok());
+  PartitionerOptions o;
+  Pattern pair;
+  pair.name = "relu_pair";
+  pair.backend = "test";
+  pair.anchors = {OpKind::kReLU};
+  pair.fused = true;
+  pair.match = [](const Graph& graph, const Op& first) -> StatusOr<PatternOps> {
+    const auto readers = graph.consumers_of(first.outputs()[0].id);
+    if (readers.size() != 1 || graph.ops()[readers[0]].kind() != OpKind::kReLU)
+      return unimplemented("no ReLU reads it");
+    return PatternOps{{first.id(), graph.ops()[readers[0]].id()}, ""};
+  };
+  o.patterns = {pair, single_op_pattern("op", "other", {OpKind::kReLU})};
+  auto parts = match_partitions(g, o);
+  ASSERT_TRUE(parts.ok());
+  ASSERT_EQ(parts->size(), 2u);
+  EXPECT_EQ((*parts)[0].pattern, "test.relu_pair");
+  EXPECT_EQ((*parts)[0].ops_string(), "ReLU+ReLU");
+  EXPECT_EQ((*parts)[0].outputs.size(), 1u);  // tensor 11 stays inside
+  EXPECT_EQ((*parts)[1].pattern, "other.op");
+  // With fusion off the pair is not tried.
+  o.fuse = false;
+  EXPECT_EQ(match_partitions(g, o)->size(), 3u);
+}
+
+TEST(Partitioner, AHandBuiltPartitionIsMatchedWhole) {
+  // compile_partition on ops put together by hand: the pattern that takes
+  // exactly them is found; ops no pattern takes together are refused.
+  Graph g = chain(OpKind::kAdd, 1);
+  Partition p;
+  p.ops = g.ops();
+  p.inputs = {lt(30, DataType::kF32, {2, 5, 5, 24}), lt(31, DataType::kF32, {2, 5, 5, 24})};
+  for (const LogicalTensor& t : g.ops()[1].inputs()) {
+    if (t.id != 20) p.inputs.push_back(t);
+  }
+  p.outputs = g.ops()[1].outputs();
+  auto cp = compile_partition(p, CompileOptions{});
+  ASSERT_TRUE(cp.ok()) << cp.status().to_string();
+  EXPECT_EQ((*cp)->partition().pattern, "jit.bn_bwd_producers");
+  EXPECT_EQ((*cp)->partition().inputs[0].id, 30);  // the caller's port order is kept
+  auto dnnl_only = compile_partition(p, CompileOptions{"dnnl"});
+  if (find_backend("dnnl") != nullptr) {
+    EXPECT_STATUS_HAS(dnnl_only.status(), "no pattern takes these ops as one partition");
+  }
+}
+
+// The numbers do not change with fusion: the fused graph on ref gives the
+// same bits as the unfused one (intermediates in their own dtype), and the
+// JIT's fused kernel is within bf16's threshold of it.
+TEST(Partitioner, FusedNumbersMatchTheUnfusedGraph) {
+  for (OpKind kind : {OpKind::kReLUBackward, OpKind::kAdd}) {
+    for (int port : {0, 1}) {
+      Graph g = chain(kind, port, DataType::kBF16, "NCX");
+      CompileOptions unfused{"ref"};
+      unfused.optimize = false;
+      auto plain = CompiledGraph::compile(g, unfused);
+      auto fused = CompiledGraph::compile(g, CompileOptions{"ref"});
+      ASSERT_TRUE(plain.ok() && fused.ok());
+      ASSERT_EQ(plain->partitions().size(), 2u);
+      ASSERT_EQ(fused->partitions().size(), 1u);
+      std::map<int64_t, std::string> sources;
+      auto inputs =
+          oracle::make_inputs(plain->graph(), plain->lowered_graph(), "", 7, &sources, 0.0);
+      ASSERT_TRUE(inputs.ok());
+      std::map<int64_t, const void*> in;
+      for (auto& [id, b] : *inputs) in[id] = b.data();
+      std::map<int64_t, oracle::Buffer> a, b;
+      std::map<int64_t, void*> a_p, b_p;
+      for (const LogicalTensor& t : plain->outputs()) {
+        a_p[t.id] = a.emplace(t.id, *oracle::allocate(t)).first->second.data();
+        b_p[t.id] = b.emplace(t.id, *oracle::allocate(t)).first->second.data();
+      }
+      ASSERT_TRUE(plain->execute(in, a_p).ok());
+      ASSERT_TRUE(fused->execute(in, b_p).ok());
+      for (const auto& [id, buf] : a) EXPECT_TRUE(buf.bytes == b.at(id).bytes) << id;
+      const auto r = testing_util::compare_with_ref(g, "jit", 4);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_NE(r.kernel.find(port == 0 ? "+src_" : "+diff_dst_"), std::string::npos) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
