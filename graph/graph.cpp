@@ -81,19 +81,25 @@ Status Graph::add_op(Op op) {
   return ok_status();
 }
 
+int64_t Graph::producer_index(int64_t id) const {
+  auto it = values_.find(id);
+  if (it == values_.end() || it->second.producer < 0) return -1;
+  return static_cast<int64_t>(index_.at(it->second.producer));
+}
+
 Status Graph::collect_tensors() {
-  tensors_.clear();
-  producer_.clear();
-  consumers_.clear();
+  values_.clear();
+  index_.clear();
   notes_.clear();
   for (size_t k = 0; k < ops_.size(); ++k) {
     const Op& op = ops_[k];
+    index_[op.id()] = k;
     for (size_t i = 0; i < op.outputs().size(); ++i) {
       const LogicalTensor& lt = op.outputs()[i];
-      auto [it, inserted] = producer_.emplace(lt.id, k);
+      auto [it, inserted] = values_.emplace(lt.id, Value{lt, op.id(), i, {}});
       if (!inserted) {
         return invalid_graph("tensor " + std::to_string(lt.id) + " is produced by both " +
-                             op_ref(ops_[it->second]) + " and " + op_ref(op));
+                             op_ref(ops_[index_.at(it->second.producer)]) + " and " + op_ref(op));
       }
     }
   }
@@ -106,9 +112,9 @@ Status Graph::collect_tensors() {
       const bool opaque = op_kind_is_opaque(op.kind());
       if (opaque != (phase == 1)) continue;
       auto visit = [&](const LogicalTensor& lt, const std::string& where) -> Status {
-        auto [it, inserted] = tensors_.emplace(lt.id, lt);
+        auto [it, inserted] = values_.emplace(lt.id, Value{lt, -1, 0, {}});
         if (inserted) return ok_status();
-        Status s = merge_metadata(it->second, lt, where);
+        Status s = merge_metadata(it->second.desc, lt, where);
         if (s.ok() || !opaque) return s;
         notes_.push_back(s.message() + "; " + op_ref(op) + " is not run by normgrad: ignored");
         return ok_status();
@@ -119,15 +125,13 @@ Status Graph::collect_tensors() {
         NG_RETURN_IF_ERROR(visit(op.outputs()[i], op_ref(op) + " output " + std::to_string(i)));
     }
   }
-  for (size_t k = 0; k < ops_.size(); ++k) {
-    const Op& op = ops_[k];
-    for (const LogicalTensor& lt : op.inputs()) {
-      auto& cons = consumers_[lt.id];
-      if (std::find(cons.begin(), cons.end(), k) == cons.end()) cons.push_back(k);
-      auto p = producer_.find(lt.id);
-      if (p != producer_.end() && p->second == k) {
+  for (const Op& op : ops_) {
+    for (size_t i = 0; i < op.inputs().size(); ++i) {
+      Value& v = values_.at(op.inputs()[i].id);
+      v.uses.push_back({op.id(), i});
+      if (v.producer == op.id()) {
         return invalid_graph("cycle: " + op_ref(op) + " consumes its own output tensor " +
-                             std::to_string(lt.id));
+                             std::to_string(v.desc.id));
       }
     }
   }
@@ -135,7 +139,7 @@ Status Graph::collect_tensors() {
     // oneDNN's dumps may list fewer input ports than the graph reads (a
     // constant weight, say): such tensors are graph inputs after the ports.
     for (int64_t id : *input_ports_) {
-      if (tensors_.count(id) == 0) {
+      if (values_.count(id) == 0) {
         // A port that a pass made unused stays a graph input (accepted at
         // execute and ignored). A port that never named a tensor describes no
         // buffer: noted and left out of graph_inputs().
@@ -145,18 +149,18 @@ Status Graph::collect_tensors() {
                            " names no tensor of the graph: ignored");
           continue;
         }
-        tensors_.emplace(id, kept->second);
+        values_.emplace(id, Value{kept->second, -1, 0, {}});
         continue;
       }
-      if (producer_.count(id) != 0) {
+      if (producer_index(id) >= 0) {
         return invalid_graph("input port " + std::to_string(id) + " is produced by " +
-                             op_ref(ops_[producer_[id]]));
+                             op_ref(ops_[static_cast<size_t>(producer_index(id))]));
       }
     }
   }
   if (output_ports_) {
     for (int64_t id : *output_ports_) {
-      if (producer_.count(id) == 0) {
+      if (producer_index(id) < 0) {
         notes_.push_back("output port " + std::to_string(id) +
                          " is not produced by any op: ignored");
       }
@@ -172,8 +176,8 @@ Status Graph::sort_topologically() {
   for (size_t k = 0; k < n; ++k) {
     std::set<size_t> preds;
     for (const LogicalTensor& lt : ops_[k].inputs()) {
-      auto p = producer_.find(lt.id);
-      if (p != producer_.end()) preds.insert(p->second);
+      const int64_t p = producer_index(lt.id);
+      if (p >= 0) preds.insert(static_cast<size_t>(p));
     }
     pending[k] = preds.size();
     for (size_t p : preds) successors[p].insert(k);
@@ -211,11 +215,11 @@ Status Graph::infer_shapes() {
     bool inputs_known = true;
     for (size_t i = 0; i < op.inputs().size(); ++i) {
       LogicalTensor& lt = op.mutable_inputs()[i];
-      lt = tensors_.at(lt.id);
+      lt = values_.at(lt.id).desc;
       inputs_known = inputs_known && lt.dims_known();
     }
     for (LogicalTensor& lt : op.mutable_outputs()) {
-      const LogicalTensor& known = tensors_.at(lt.id);
+      const LogicalTensor& known = values_.at(lt.id).desc;
       lt.dims = known.dims;
       lt.strides = known.strides;
       lt.rank_unknown = known.rank_unknown;
@@ -228,13 +232,13 @@ Status Graph::infer_shapes() {
     for (size_t i = 0; i < op.outputs().size(); ++i) {
       LogicalTensor& lt = op.mutable_outputs()[i];
       NG_RETURN_IF_ERROR(
-          merge_metadata(tensors_.at(lt.id), lt, op_ref(op) + " output " + std::to_string(i)));
-      lt = tensors_.at(lt.id);
+          merge_metadata(values_.at(lt.id).desc, lt, op_ref(op) + " output " + std::to_string(i)));
+      lt = values_.at(lt.id).desc;
     }
   }
   // Consumers declared before inference may still hold unknown dims: refresh them.
   for (Op& op : ops_) {
-    for (LogicalTensor& lt : op.mutable_inputs()) lt = tensors_.at(lt.id);
+    for (LogicalTensor& lt : op.mutable_inputs()) lt = values_.at(lt.id).desc;
   }
   return ok_status();
 }
@@ -243,13 +247,14 @@ Status Graph::unknown_shape_error(const Op& op) const {
   for (size_t i = 0; i < op.inputs().size(); ++i) {
     const LogicalTensor& lt = op.inputs()[i];
     if (lt.dims_known()) continue;
-    const bool is_input = producer_.count(lt.id) == 0;
+    const int64_t producer = producer_index(lt.id);
     return invalid_graph(
         op_ref(op) + " input " + std::to_string(i) + ": tensor " + std::to_string(lt.id) +
         " has unknown shape " +
         (lt.rank_unknown ? std::string("(unknown rank)") : dims_to_string(lt.dims)) +
-        (is_input ? "; graph inputs need concrete shapes"
-                  : "; its producer " + op_ref(ops_[producer_.at(lt.id)]) + " does not say it"));
+        (producer < 0 ? "; graph inputs need concrete shapes"
+                      : "; its producer " + op_ref(ops_[static_cast<size_t>(producer)]) +
+                            " does not say it"));
   }
   for (size_t i = 0; i < op.outputs().size(); ++i) {
     const LogicalTensor& lt = op.outputs()[i];
@@ -263,7 +268,8 @@ Status Graph::unknown_shape_error(const Op& op) const {
 Status Graph::check_sizes() const {
   const ResourceLimits& limits = resource_limits();
   int64_t total = 0;
-  for (const auto& [id, lt] : tensors_) {
+  for (const auto& [id, v] : values_) {
+    const LogicalTensor& lt = v.desc;
     if (!lt.dims_known()) continue;  // sized when compile learns the shape
     NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
     if (bytes > limits.max_tensor_bytes) {
@@ -340,16 +346,38 @@ Status Graph::finalize() {
   NG_RETURN_IF_ERROR(check_sizes());
   if (input_ports_) {
     for (int64_t id : *input_ports_) {
-      if (tensors_.count(id)) port_tensors_[id] = tensors_.at(id);
+      if (values_.count(id)) port_tensors_[id] = values_.at(id).desc;
     }
   }
   finalized_ = true;
   return ok_status();
 }
 
-// Between an edit (mutable_ops) and the next finalize the maps are stale:
-// the queries then scan the ops as they are, so they stay valid after any
-// rewrite (at linear cost until the graph is finalized again).
+// Between a raw edit (mutable_ops) and the next finalize the values are
+// stale: the queries then scan the ops as they are, so they stay valid after
+// any rewrite (at linear cost until the graph is finalized again).
+std::optional<Value> Graph::value(int64_t id) const {
+  if (finalized_) {
+    auto it = values_.find(id);
+    return it == values_.end() ? std::nullopt : std::optional<Value>(it->second);
+  }
+  std::optional<Value> v;
+  for (const Op& op : ops_) {
+    for (size_t i = 0; i < op.outputs().size(); ++i) {
+      if (op.outputs()[i].id != id) continue;
+      if (!v) v = Value{op.outputs()[i], -1, 0, {}};
+      v->producer = op.id();
+      v->producer_port = i;
+    }
+    for (size_t i = 0; i < op.inputs().size(); ++i) {
+      if (op.inputs()[i].id != id) continue;
+      if (!v) v = Value{op.inputs()[i], -1, 0, {}};
+      v->uses.push_back({op.id(), i});
+    }
+  }
+  return v;
+}
+
 const LogicalTensor* Graph::find_tensor(int64_t id) const {
   if (!finalized_) {
     for (const Op& op : ops_) {
@@ -361,8 +389,8 @@ const LogicalTensor* Graph::find_tensor(int64_t id) const {
     }
     return nullptr;
   }
-  auto it = tensors_.find(id);
-  return it == tensors_.end() ? nullptr : &it->second;
+  auto it = values_.find(id);
+  return it == values_.end() ? nullptr : &it->second.desc;
 }
 
 int64_t Graph::producer_of(int64_t tensor_id) const {
@@ -374,13 +402,12 @@ int64_t Graph::producer_of(int64_t tensor_id) const {
     }
     return -1;
   }
-  auto it = producer_.find(tensor_id);
-  return it == producer_.end() ? -1 : static_cast<int64_t>(it->second);
+  return producer_index(tensor_id);
 }
 
 std::vector<size_t> Graph::consumers_of(int64_t tensor_id) const {
+  std::vector<size_t> v;
   if (!finalized_) {
-    std::vector<size_t> v;
     for (size_t k = 0; k < ops_.size(); ++k) {
       for (const LogicalTensor& lt : ops_[k].inputs()) {
         if (lt.id == tensor_id) {
@@ -391,8 +418,13 @@ std::vector<size_t> Graph::consumers_of(int64_t tensor_id) const {
     }
     return v;
   }
-  auto it = consumers_.find(tensor_id);
-  return it == consumers_.end() ? std::vector<size_t>{} : it->second;
+  auto it = values_.find(tensor_id);
+  if (it == values_.end()) return v;
+  for (const Use& u : it->second.uses) {
+    const size_t k = index_.at(u.op_id);
+    if (v.empty() || v.back() != k) v.push_back(k);  // uses are in op order
+  }
+  return v;
 }
 
 std::vector<LogicalTensor> Graph::graph_inputs() const {
@@ -400,13 +432,13 @@ std::vector<LogicalTensor> Graph::graph_inputs() const {
   std::set<int64_t> seen;
   if (input_ports_) {
     for (int64_t id : *input_ports_) {
-      if (tensors_.count(id) && seen.insert(id).second) result.push_back(tensors_.at(id));
+      if (values_.count(id) && seen.insert(id).second) result.push_back(values_.at(id).desc);
     }
   }
   for (const Op& op : ops_) {
     for (const LogicalTensor& lt : op.inputs()) {
-      if (producer_.count(lt.id) == 0 && seen.insert(lt.id).second)
-        result.push_back(tensors_.at(lt.id));
+      if (producer_index(lt.id) < 0 && seen.insert(lt.id).second)
+        result.push_back(values_.at(lt.id).desc);
     }
   }
   return result;
@@ -416,7 +448,7 @@ std::vector<LogicalTensor> Graph::graph_outputs() const {
   std::vector<LogicalTensor> result;
   if (output_ports_) {
     for (int64_t id : *output_ports_) {
-      if (producer_.count(id)) result.push_back(tensors_.at(id));
+      if (producer_index(id) >= 0) result.push_back(values_.at(id).desc);
     }
     return result;
   }
@@ -424,7 +456,7 @@ std::vector<LogicalTensor> Graph::graph_outputs() const {
     for (const LogicalTensor& lt : op.outputs()) {
       bool consumed = false;
       for (size_t c : consumers_of(lt.id)) consumed = consumed || ops_[c].kind() != OpKind::kEnd;
-      if (!consumed) result.push_back(tensors_.at(lt.id));
+      if (!consumed) result.push_back(values_.at(lt.id).desc);
     }
   }
   return result;

@@ -4,7 +4,9 @@
 // and shapes where they are known). finalize joins producers and consumers by
 // tensor id, rejects duplicate producers, conflicting metadata for one id,
 // cycles and dangling inputs, orders the ops topologically and infers every
-// shape. After finalize the ops carry complete, consistent tensor metadata.
+// shape. After finalize every tensor is one Value (its metadata, producer and
+// uses with their ports), and the ops' port tensors carry the same complete,
+// consistent metadata.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,22 @@
 #include <normgrad/graph/status.hpp>
 
 namespace normgrad {
+
+// A read of a value: op `op_id` takes it on input port `port`.
+struct Use {
+  int64_t op_id = -1;
+  size_t port = 0;
+};
+
+// One tensor of a finalized graph, as one object: its metadata (merged from
+// every port that names it and completed by shape inference), the op and
+// output port that produce it (-1: a graph input), and every use in op order.
+struct Value {
+  LogicalTensor desc;
+  int64_t producer = -1;
+  size_t producer_port = 0;
+  std::vector<Use> uses;
+};
 
 class Graph {
  public:
@@ -78,9 +96,11 @@ class Graph {
   // tools to print. Empty for a clean graph.
   const std::vector<std::string>& notes() const { return notes_; }
 
-  // Every tensor's metadata, producers and consumers: from maps built by
-  // finalize, or, after an edit and before the next finalize, by scanning
-  // the ops as they are (never stale indices).
+  // Every tensor's value, producer and uses: kept by finalize and by every
+  // rewriter edit, or, after a raw mutable_ops() edit and before the next
+  // finalize, found by scanning the ops as they are (never stale indices).
+  // nullopt for an id no op names.
+  std::optional<Value> value(int64_t id) const;
   const LogicalTensor* find_tensor(int64_t id) const;
   // Index into ops() of the producer, or -1 for a graph input.
   int64_t producer_of(int64_t tensor_id) const;
@@ -108,13 +128,14 @@ class Graph {
   bool finalized_ = false;
   std::optional<std::vector<int64_t>> input_ports_;
   std::optional<std::vector<int64_t>> output_ports_;
-  std::map<int64_t, LogicalTensor> tensors_;
+  std::map<int64_t, Value> values_;
+  std::map<int64_t, size_t> index_;  // op id -> its index in ops_
   // Metadata of every input port as last seen with a consumer, so a port that a
   // pass leaves unused still describes the buffer the caller passes.
   std::map<int64_t, LogicalTensor> port_tensors_;
   std::vector<std::string> notes_;
-  std::map<int64_t, size_t> producer_;
-  std::map<int64_t, std::vector<size_t>> consumers_;
+  // The index in ops_ of the producer of tensor `id`, or -1 (from values_).
+  int64_t producer_index(int64_t id) const;
   int64_t next_op_id_ = 0, next_tensor_id_ = 0;  // one past every id seen
   void see_ids();
   // After an edit: the maps again, and the order checked (finalized graphs only).

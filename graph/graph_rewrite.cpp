@@ -14,6 +14,10 @@
 namespace normgrad {
 
 int64_t Graph::index_of(int64_t op_id) const {
+  if (finalized_) {
+    auto it = index_.find(op_id);
+    return it == index_.end() ? -1 : static_cast<int64_t>(it->second);
+  }
   for (size_t k = 0; k < ops_.size(); ++k) {
     if (ops_[k].id() == op_id) return static_cast<int64_t>(k);
   }
@@ -27,11 +31,11 @@ Status Graph::reindex(const std::string& edit) {
   if (!s.ok()) return s.with_context(edit);
   for (size_t k = 0; k < ops_.size(); ++k) {
     for (const LogicalTensor& lt : ops_[k].inputs()) {
-      auto p = producer_.find(lt.id);
-      if (p != producer_.end() && p->second >= k) {
+      const int64_t p = producer_index(lt.id);
+      if (p >= static_cast<int64_t>(k)) {
         return invalid_graph(edit + ": " + ops_[k].label() + " would read tensor " +
-                             std::to_string(lt.id) + " before " + ops_[p->second].label() +
-                             " writes it");
+                             std::to_string(lt.id) + " before " +
+                             ops_[static_cast<size_t>(p)].label() + " writes it");
       }
     }
     if (!unknown_shape_error(ops_[k]).ok()) {

@@ -13,11 +13,16 @@ bool is_bn_backward(OpKind k) {
          k == OpKind::kBatchNormBackwardApply;
 }
 
-// `t` is read by `reader` alone and is not an explicit graph output.
+// `t` is read by `reader` alone, on one port, and is not an explicit graph output.
 Status only_reader(const Graph& graph, int64_t t, const Op& reader) {
-  const auto consumers = graph.consumers_of(t);
-  if (consumers.size() != 1 || graph.ops()[consumers[0]].id() != reader.id())
-    return unimplemented("tensor " + std::to_string(t) + " has another reader");
+  const std::vector<Use> uses = graph.value(t)->uses;
+  for (const Use& u : uses) {
+    if (u.op_id != reader.id())
+      return unimplemented("tensor " + std::to_string(t) + " has another reader");
+  }
+  if (uses.size() != 1)
+    return unimplemented("tensor " + std::to_string(t) + " feeds " + std::to_string(uses.size()) +
+                         " ports of " + reader.label());
   if (is_output_port(graph, t))
     return unimplemented("tensor " + std::to_string(t) + " is a graph output");
   return ok_status();
@@ -48,8 +53,6 @@ Status bn_backward_producer_rule(const Graph& graph, const Op& bn, size_t port) 
   if (producer.kind() != OpKind::kReLUBackward && producer.kind() != OpKind::kAdd)
     return unimplemented(producer.label() + " is not ReLUBackward or Add");
   NG_RETURN_IF_ERROR(only_reader(graph, t.id, bn));
-  if (bn.inputs()[1 - port].id == t.id)
-    return unimplemented("tensor " + std::to_string(t.id) + " feeds both data ports");
   bool uniform = t.dtype == bn.inputs()[0].dtype;
   for (const LogicalTensor& in : producer.inputs())  // no broadcast, no mixed dtypes
     uniform = uniform && in.dtype == t.dtype && in.dims == t.dims;

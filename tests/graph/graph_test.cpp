@@ -178,6 +178,7 @@ TEST(Graph, QueriesStayValidAfterAnEdit) {
   ASSERT_TRUE(g.add_op(relu2).ok());
   ASSERT_TRUE(g.finalize().ok());
   EXPECT_EQ(g.producer_of(2), 1);
+  EXPECT_EQ(g.value(1)->producer, 1);
   std::vector<Op>& ops = g.mutable_ops();
   ops.erase(ops.begin());  // the first ReLU goes: tensor 1 has no producer now
   EXPECT_EQ(g.producer_of(1), -1);
@@ -185,6 +186,40 @@ TEST(Graph, QueriesStayValidAfterAnEdit) {
   EXPECT_EQ(g.consumers_of(1), std::vector<size_t>{0});
   ASSERT_NE(g.find_tensor(2), nullptr);
   EXPECT_EQ(g.find_tensor(0), nullptr);
+  // The value of tensor 1 as the ops now say: no producer, read by ReLU#2 on port 0.
+  const auto v = g.value(1);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->producer, -1);
+  ASSERT_EQ(v->uses.size(), 1u);
+  EXPECT_EQ(v->uses[0].op_id, 2);
+  EXPECT_FALSE(g.value(0).has_value());
+}
+
+// A value is one object per tensor: its producer and output port, and every
+// use with its port (an op reading it twice is two uses).
+TEST(Graph, ValuesHaveTheirProducerAndUses) {
+  Graph g;
+  Op relu(1, OpKind::kReLU, "r");
+  relu.add_input(LogicalTensor(0, DataType::kF32, {4}))
+      .add_output(LogicalTensor(1, DataType::kF32, {4}));
+  Op add(2, OpKind::kAdd, "twice");
+  add.add_input(LogicalTensor(1, DataType::kF32, {4}))
+      .add_input(LogicalTensor(1, DataType::kF32, {4}))
+      .add_output(LogicalTensor(2, DataType::kF32, {kUnknownDim}));
+  ASSERT_TRUE(g.add_op(add).ok());
+  ASSERT_TRUE(g.add_op(relu).ok());
+  ASSERT_TRUE(g.finalize().ok());
+  const auto v = g.value(1);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->producer, 1);
+  EXPECT_EQ(v->producer_port, 0u);
+  ASSERT_EQ(v->uses.size(), 2u);
+  EXPECT_EQ(v->uses[0].op_id, 2);
+  EXPECT_EQ(v->uses[0].port, 0u);
+  EXPECT_EQ(v->uses[1].port, 1u);
+  EXPECT_EQ(g.consumers_of(1), std::vector<size_t>{1});  // one op, after the sort
+  EXPECT_EQ(g.value(2)->desc.dims, (Dims{4}));           // inferred into the value
+  EXPECT_EQ(g.value(0)->producer, -1);
 }
 
 }  // namespace
@@ -222,6 +257,9 @@ TEST(GraphRewriter, EditsKeepQueriesCurrentAndRefuseBrokenOrders) {
   EXPECT_EQ(g.consumers_of(0).size(), 2u);
   ASSERT_TRUE(g.replace_all_uses_with(1, LogicalTensor(3, DataType::kF32, {4})).ok());
   EXPECT_TRUE(g.consumers_of(1).empty());
+  EXPECT_TRUE(g.value(1)->uses.empty());  // the use moved to %3's value, with its port
+  ASSERT_EQ(g.value(3)->uses.size(), 1u);
+  EXPECT_EQ(g.value(3)->uses[0].op_id, 2);
   ASSERT_TRUE(g.erase_op(1).ok());  // a is dead now
   EXPECT_EQ(g.index_of(1), -1);
   EXPECT_EQ(g.producer_of(2), 1);
