@@ -2,6 +2,7 @@
 // of a graph, as mlir-opt and friends give it.
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -43,6 +44,31 @@ StatusOr<Graph> load_finalized(const std::string& path) {
   Status s = g->finalize();
   if (!s.ok()) return s.with_context(path);
   return g;
+}
+
+// Runs `one` on each case of `path` (the whole file, or with `split` each
+// `// -----` case), joining the outputs with the separator; errors name the
+// file's line (blank lines in front keep the reader's line numbers the
+// file's). Returns 2 when a case failed.
+int for_each_case(const char* cmd, const std::string& path, bool split,
+                  const std::function<Status(const std::string&, std::string*)>& one,
+                  std::string* all) {
+  auto text = read_text_file(path, JsonLimits{}.max_bytes);
+  if (!text.ok()) return fail(cmd, text.status());
+  const std::vector<std::pair<int, std::string>> cases =
+      split ? split_text_cases(*text) : std::vector<std::pair<int, std::string>>{{1, *text}};
+  int rc = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::string out;
+    Status s =
+        one(std::string(static_cast<size_t>(cases[i].first - 1), '\n') + cases[i].second, &out);
+    if (!s.ok()) {
+      std::cerr << "normgrad " << cmd << ": error: " << path << ": " << s.to_string() << "\n";
+      rc = 2;
+    }
+    *all += (i ? "// -----\n" : "") + out;
+  }
+  return rc;
 }
 
 std::string tensor_list(const std::vector<LogicalTensor>& ts) {
@@ -140,24 +166,13 @@ int opt_command(const std::vector<std::string>& raw_argv) {
   app.add_option("-o", out_path, "write to this file instead of stdout");
   app.add_option("--load-pass-plugin", "load passes from a shared library (repeatable)");
   if (int rc = parse_args(app, *argv); rc >= 0) return rc;
-  auto text = read_text_file(path, JsonLimits{}.max_bytes);
-  if (!text.ok()) return fail("opt", text.status());
-  std::vector<std::pair<int, std::string>> cases =
-      split ? split_text_cases(*text) : std::vector<std::pair<int, std::string>>{{1, *text}};
   std::string all;
-  int rc = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    // Blank lines in front keep the reader's line numbers those of the file.
-    const std::string body =
-        std::string(static_cast<size_t>(cases[i].first - 1), '\n') + cases[i].second;
-    std::string out;
-    Status s = opt_one(body, passes, passes_opt->count() > 0, print_after_all, as_text, &out);
-    if (!s.ok()) {
-      std::cerr << "normgrad opt: error: " << path << ": " << s.to_string() << "\n";
-      rc = 2;
-    }
-    all += (i ? "// -----\n" : "") + out;
-  }
+  const int rc = for_each_case(
+      "opt", path, split,
+      [&](const std::string& body, std::string* out) {
+        return opt_one(body, passes, passes_opt->count() > 0, print_after_all, as_text, out);
+      },
+      &all);
   if (!out_path.empty()) {
     std::ofstream out(out_path);
     if (!(out << all)) return fail("opt", not_found(out_path + ": cannot write"));
@@ -264,24 +279,15 @@ int partitions_command(const std::vector<std::string>& argv) {
   app.add_flag("--split-input-file", split,
                "the file holds cases separated by '// -----'; each is partitioned on its own");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
-  auto text = read_text_file(path, JsonLimits{}.max_bytes);
-  if (!text.ok()) return fail("partitions", text.status());
-  std::vector<std::pair<int, std::string>> cases =
-      split ? split_text_cases(*text) : std::vector<std::pair<int, std::string>>{{1, *text}};
-  int rc = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string body =
-        std::string(static_cast<size_t>(cases[i].first - 1), '\n') + cases[i].second;
-    std::string out;
-    auto g = parse_graph(body);
-    Status s = g.ok() ? print_partitions(std::move(g).value(), backend, as_json, explain, &out)
-                      : g.status();
-    if (!s.ok()) {
-      std::cerr << "normgrad partitions: error: " << path << ": " << s.to_string() << "\n";
-      rc = 2;
-    }
-    std::cout << (i ? "// -----\n" : "") << out;
-  }
+  std::string all;
+  const int rc = for_each_case(
+      "partitions", path, split,
+      [&](const std::string& body, std::string* out) {
+        NG_ASSIGN_OR_RETURN(Graph g, parse_graph(body));
+        return print_partitions(std::move(g), backend, as_json, explain, out);
+      },
+      &all);
+  std::cout << all;
   return rc;
 }
 

@@ -4,11 +4,9 @@
 // oneDNN cannot run exactly.
 #include <dlfcn.h>
 
-#include <algorithm>
-#include <set>
-
 #include <normgrad/backends/backend_registry.hpp>
 #include <normgrad/backends/dnnl/dnnl_kernels.hpp>
+#include <normgrad/passes/partitioner.hpp>
 
 namespace normgrad {
 namespace {
@@ -55,31 +53,18 @@ class ChainKernel final : public Kernel {
   std::vector<Segment> segments_;
 };
 
-// The ops of `part` from `first` to `last` as a partition of their own.
-Partition sub_partition(const Partition& part, size_t first, size_t last) {
-  Partition sub;
+// The ops of `part` from `first` to `last` as a partition of their own (its
+// boundary tensors within `part`, as the partitioner cuts them).
+StatusOr<Partition> sub_partition(const Partition& part, size_t first, size_t last) {
+  Graph g;
+  std::vector<int64_t> outputs, ids;
+  for (const Op& op : part.ops) NG_RETURN_IF_ERROR(g.add_op(op));
+  for (const LogicalTensor& lt : part.outputs) outputs.push_back(lt.id);
+  g.set_output_ports(outputs);
+  NG_RETURN_IF_ERROR(g.finalize());
+  for (size_t k = first; k <= last; ++k) ids.push_back(part.ops[k].id());
+  Partition sub = make_partition(g, ids);
   sub.id = part.id;
-  std::set<int64_t> produced, seen;
-  for (size_t k = first; k <= last; ++k) {
-    sub.ops.push_back(part.ops[k]);
-    for (const LogicalTensor& lt : part.ops[k].outputs()) produced.insert(lt.id);
-  }
-  for (const Op& op : sub.ops) {
-    for (const LogicalTensor& lt : op.inputs()) {
-      if (!produced.count(lt.id) && seen.insert(lt.id).second) sub.inputs.push_back(lt);
-    }
-  }
-  for (const Op& op : sub.ops) {
-    for (const LogicalTensor& lt : op.outputs()) {
-      bool outside = std::any_of(part.outputs.begin(), part.outputs.end(),
-                                 [&](const LogicalTensor& o) { return o.id == lt.id; });
-      for (size_t k = 0; k < part.ops.size() && !outside; ++k) {
-        if (k >= first && k <= last) continue;
-        for (const LogicalTensor& in : part.ops[k].inputs()) outside = outside || in.id == lt.id;
-      }
-      if (outside) sub.outputs.push_back(lt);
-    }
-  }
   return sub;
 }
 
@@ -130,7 +115,7 @@ class DnnlBackend final : public Backend {
       if (kind == OpKind::kBatchNormInference && k + 1 < partition.ops.size() &&
           partition.ops[k + 1].kind() == OpKind::kReLU)
         last = k + 1;
-      Partition sub = sub_partition(partition, k, last);
+      NG_ASSIGN_OR_RETURN(Partition sub, sub_partition(partition, k, last));
       NG_ASSIGN_OR_RETURN(auto kernel, build(sub));
       segments.push_back({std::move(sub), std::move(kernel)});
       k = last;
