@@ -246,8 +246,12 @@ Status print_partitions(Graph g, const std::string& backend, bool as_json, bool 
       << "\n";
     if (!explain) continue;
     // Per op of the partition: every pattern anchored there, in priority
-    // order, and what it answered (the last one that matched won).
+    // order, and what it answered (the last one that matched won); an op a
+    // pattern anchored elsewhere took says so.
     for (const Op& op : r.p->ops) {
+      if (op.id() != r.p->anchor && r.p->anchor >= 0)
+        o << "    " << op.label() << ": taken by " << r.p->pattern << " (anchored at op "
+          << r.p->anchor << ")\n";
       for (const PatternTrial& t : cg.pattern_trials()) {
         if (t.op_id != op.id()) continue;
         o << "    " << op.label() << ": " << t.pattern << ": "
