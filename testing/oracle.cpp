@@ -100,6 +100,8 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
                                                 const std::string& dir, uint64_t seed,
                                                 std::map<int64_t, std::string>* sources,
                                                 double data_offset) {
+  std::map<int64_t, std::string> unused;
+  if (sources == nullptr) sources = &unused;  // the caller does not want them
   std::map<int64_t, Buffer> inputs;
   Rng rng{seed};
   if (!dir.empty()) {

@@ -53,7 +53,7 @@ StatusOr<Buffer> allocate(const LogicalTensor& desc);
 // the true (biased) batch statistics of its src, computed in float64 on the
 // rounded data (1/sqrt(var + eps) in the inverse-std convention); a zero
 // variance becomes 1 so the inputs stay valid.
-// `sources` receives "file", "random" or "batch-stats" per tensor id.
+// `sources`, when not null, receives "file", "random" or "batch-stats" per tensor id.
 // `data_offset` shifts the data of every batch-norm src (e.g. 1e4) to expose
 // cancellation in one-pass statistics.
 StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered,

@@ -235,9 +235,8 @@ TEST(Partitioner, FusedNumbersMatchTheUnfusedGraph) {
       ASSERT_TRUE(plain.ok() && fused.ok());
       ASSERT_EQ(plain->partitions().size(), 2u);
       ASSERT_EQ(fused->partitions().size(), 1u);
-      std::map<int64_t, std::string> sources;
       auto inputs =
-          oracle::make_inputs(plain->graph(), plain->lowered_graph(), "", 7, &sources, 0.0);
+          oracle::make_inputs(plain->graph(), plain->lowered_graph(), "", 7, nullptr);
       ASSERT_TRUE(inputs.ok());
       std::map<int64_t, const void*> in;
       for (auto& [id, b] : *inputs) in[id] = b.data();
