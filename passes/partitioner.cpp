@@ -6,6 +6,7 @@
 #include <set>
 
 #include <normgrad/graph/op_checks.hpp>
+#include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
 namespace {
@@ -31,8 +32,6 @@ bool shapes_known(const Graph& graph, const Partition& p) {
 }  // namespace
 
 Partition make_partition(const Graph& graph, const std::vector<int64_t>& op_ids) {
-  std::set<int64_t> graph_out;
-  for (const LogicalTensor& lt : graph.graph_outputs()) graph_out.insert(lt.id);
   Partition p;
   std::set<int64_t> inside_ops, produced, seen_in;
   for (int64_t id : op_ids) {
@@ -48,9 +47,11 @@ Partition make_partition(const Graph& graph, const std::vector<int64_t>& op_ids)
   }
   for (const Op& op : p.ops) {
     for (const LogicalTensor& lt : op.outputs()) {
-      // Internal tensors stay inside; anything read outside, or a graph output, leaves.
+      // Internal tensors stay inside; anything read outside (End included),
+      // read by nobody, or an output port leaves. Linear in the partition,
+      // so matching stays linear in the graph.
       const auto consumers = graph.consumers_of(lt.id);
-      bool outside = graph_out.count(lt.id) != 0 || consumers.empty() || p.ops.size() == 1;
+      bool outside = is_output_port(graph, lt.id) || consumers.empty() || p.ops.size() == 1;
       for (size_t c : consumers) outside = outside || !inside_ops.count(graph.ops()[c].id());
       if (outside) p.outputs.push_back(lt);
     }

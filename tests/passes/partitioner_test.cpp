@@ -235,8 +235,7 @@ TEST(Partitioner, FusedNumbersMatchTheUnfusedGraph) {
       ASSERT_TRUE(plain.ok() && fused.ok());
       ASSERT_EQ(plain->partitions().size(), 2u);
       ASSERT_EQ(fused->partitions().size(), 1u);
-      auto inputs =
-          oracle::make_inputs(plain->graph(), plain->lowered_graph(), "", 7, nullptr);
+      auto inputs = oracle::make_inputs(plain->graph(), plain->lowered_graph(), "", 7, nullptr);
       ASSERT_TRUE(inputs.ok());
       std::map<int64_t, const void*> in;
       for (auto& [id, b] : *inputs) in[id] = b.data();
