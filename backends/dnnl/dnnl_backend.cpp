@@ -131,7 +131,7 @@ class DnnlBackend final : public Backend {
     if (op.kind() == OpKind::kBatchNormInference || op.kind() == OpKind::kBatchNormForwardTraining)
       return dnnl_impl::make_batch_norm_forward(partition);
     if (partition.ops.size() != 1)
-      return unimplemented("only the BatchNormInference+ReLU group is lowered fused to oneDNN");
+      return internal_error("oneDNN: " + partition.ops_string() + " is not one of its patterns");
     switch (op.kind()) {
       case OpKind::kBatchNormTrainingBackward:
         return dnnl_impl::make_batch_norm_backward(op);
