@@ -134,20 +134,30 @@ StatusOr<PartitionerOptions> partitioner_options(const CompileOptions& options,
   return po;
 }
 
+// The pattern trials by op id, so a partition finds its own in time linear in them.
+using TrialsByOp = std::map<int64_t, std::vector<const PatternTrial*>>;
+TrialsByOp by_op(const std::vector<PatternTrial>& trials) {
+  TrialsByOp index;
+  for (const PatternTrial& t : trials) index[t.op_id].push_back(&t);
+  return index;
+}
+
 // Why the faster backends did not take the ops of `p` (for a partition on ref).
-std::string declined_by_others(const Partition& p, const std::vector<PatternTrial>& trials) {
+std::string declined_by_others(const Partition& p, const TrialsByOp& trials) {
   std::string why;
   for (const Backend* b : available_backends()) {
     const std::string name = b->name();
     if (name == "ref") continue;
     std::string said;
     std::set<std::string> seen;  // two patterns often fail on the same rule
-    for (const PatternTrial& t : trials) {
-      const bool ours =
-          std::any_of(p.ops.begin(), p.ops.end(), [&](const Op& op) { return op.id() == t.op_id; });
-      if (ours && !t.result.ok() && t.pattern.rfind(name + ".", 0) == 0 &&
-          seen.insert(t.result.message()).second)
-        said += std::string(said.empty() ? "" : "; ") + t.pattern + ": " + t.result.message();
+    for (const Op& op : p.ops) {
+      auto it = trials.find(op.id());
+      if (it == trials.end()) continue;
+      for (const PatternTrial* t : it->second) {
+        if (!t->result.ok() && t->pattern.rfind(name + ".", 0) == 0 &&
+            seen.insert(t->result.message()).second)
+          said += std::string(said.empty() ? "" : "; ") + t->pattern + ": " + t->result.message();
+      }
     }
     if (said.empty()) said = name + ": no pattern anchored at " + p.ops_string();
     why += std::string(why.empty() ? "" : "; ") + said;
@@ -156,13 +166,16 @@ std::string declined_by_others(const Partition& p, const std::vector<PatternTria
 }
 
 // Compiles `p` on the backend its pattern names.
-StatusOr<std::shared_ptr<const CompiledPartition>> compile_matched(
-    const Partition& p, const CompileOptions& options, const CompileContext& ctx,
-    const std::vector<PatternTrial>& trials) {
+StatusOr<std::shared_ptr<const CompiledPartition>> compile_matched(const Partition& p,
+                                                                   const CompileOptions& options,
+                                                                   const CompileContext& ctx,
+                                                                   const TrialsByOp& trials) {
   const std::string who = "partition " + std::to_string(p.id) + " (" + p.ops_string() + ")";
   const Backend* b = find_backend(p.backend);
   if (b == nullptr) return internal_error(who + ": backend '" + p.backend + "' is not built in");
-  if (std::string(b->name()) == "ref" && options.backend == "auto") {
+  // Only an error or a verbose line needs the reasons.
+  if (std::string(b->name()) == "ref" && options.backend == "auto" &&
+      (!options.allow_reference || verbose_level() >= 1)) {
     // Falling back to the oracle is a 10-100x slowdown: never silent.
     const std::string why = declined_by_others(p, trials);
     if (!options.allow_reference)
@@ -235,7 +248,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     p.pattern = whole->pattern;
     p.anchor = whole->anchor;
   }
-  return compile_matched(p, options, ctx, trials);
+  return compile_matched(p, options, ctx, by_op(trials));
 }
 
 StatusOr<std::vector<Partition>> partition_graph(const Graph& graph, const CompileOptions& options,
@@ -274,6 +287,7 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
   NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, match_partitions(cg.lowered_, po, &cg.trials_));
   print_declines(cg.trials_);
+  const TrialsByOp trials = by_op(cg.trials_);
   // A whole-graph executable cannot hand partitions back: unless the caller
   // only wants the plan, say which ops it cannot run.
   std::string unsupported;
@@ -301,7 +315,7 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
       cg.pending_.push_back(std::move(p));
       continue;
     }
-    auto cp = compile_matched(p, options, ctx, cg.trials_);
+    auto cp = compile_matched(p, options, ctx, trials);
     if (!cp.ok() && cp.status().code() == StatusCode::kUnimplemented && options.allow_unsupported) {
       p.supported = false;  // no backend runs it: hand it back, as oneDNN Graph does
       p.reason = cp.status().message();

@@ -9,8 +9,19 @@ namespace normgrad {
 namespace {
 
 bool is_bn_backward(OpKind k) {
-  return k == OpKind::kBatchNormTrainingBackward || k == OpKind::kBatchNormBackwardReduce ||
-         k == OpKind::kBatchNormBackwardApply;
+  const auto& kinds = bn_backward_kinds();
+  return std::find(kinds.begin(), kinds.end(), k) != kinds.end();
+}
+
+Pattern fused_pattern(std::string name, std::string backend, std::vector<OpKind> anchors,
+                      PatternMatcher match) {
+  Pattern p;
+  p.name = std::move(name);
+  p.backend = std::move(backend);
+  p.anchors = std::move(anchors);
+  p.fused = true;
+  p.match = std::move(match);
+  return p;
 }
 
 // `t` is read by `reader` alone, on one port, and is not an explicit graph output.
@@ -28,23 +39,7 @@ Status only_reader(const Graph& graph, int64_t t, const Op& reader) {
   return ok_status();
 }
 
-}  // namespace
-
-bool Pattern::anchored_at(OpKind kind) const {
-  return anchors.empty() || std::find(anchors.begin(), anchors.end(), kind) != anchors.end();
-}
-
-Pattern single_op_pattern(std::string name, std::string backend, std::vector<OpKind> kinds) {
-  Pattern p;
-  p.name = std::move(name);
-  p.backend = std::move(backend);
-  p.anchors = std::move(kinds);
-  p.match = [](const Graph&, const Op& anchor) -> StatusOr<PatternOps> {
-    return PatternOps{{anchor.id()}, ""};
-  };
-  return p;
-}
-
+// Why the producer of data port `port` of `bn` does or does not join it.
 Status bn_backward_producer_rule(const Graph& graph, const Op& bn, size_t port) {
   const LogicalTensor& t = bn.inputs()[port];
   const int64_t p = graph.producer_of(t.id);
@@ -58,6 +53,45 @@ Status bn_backward_producer_rule(const Graph& graph, const Op& bn, size_t port) 
     uniform = uniform && in.dtype == t.dtype && in.dims == t.dims;
   if (!uniform) return unimplemented(producer.label() + " broadcasts or mixes dtypes");
   return ok_status();
+}
+
+}  // namespace
+
+bool Pattern::anchored_at(OpKind kind) const {
+  return anchors.empty() || std::find(anchors.begin(), anchors.end(), kind) != anchors.end();
+}
+
+const std::vector<OpKind>& bn_backward_kinds() {
+  static const std::vector<OpKind> kinds = {OpKind::kBatchNormTrainingBackward,
+                                            OpKind::kBatchNormBackwardReduce,
+                                            OpKind::kBatchNormBackwardApply};
+  return kinds;
+}
+
+Pattern bn_backward_producers_pattern(std::string backend) {
+  return fused_pattern("bn_bwd_producers", std::move(backend), bn_backward_kinds(),
+                       match_bn_backward_producers);
+}
+
+Pattern bn_inference_relu_pattern(std::string backend) {
+  return fused_pattern("bn_inference_relu", std::move(backend), {OpKind::kBatchNormInference},
+                       match_bn_inference_relu);
+}
+
+Pattern int8_bn_chain_pattern(std::string backend) {
+  return fused_pattern("int8_bn_chain", std::move(backend), {OpKind::kBatchNormInference},
+                       match_int8_bn_chain);
+}
+
+Pattern single_op_pattern(std::string name, std::string backend, std::vector<OpKind> kinds) {
+  Pattern p;
+  p.name = std::move(name);
+  p.backend = std::move(backend);
+  p.anchors = std::move(kinds);
+  p.match = [](const Graph&, const Op& anchor) -> StatusOr<PatternOps> {
+    return PatternOps{{anchor.id()}, ""};
+  };
+  return p;
 }
 
 StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn) {

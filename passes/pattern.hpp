@@ -54,14 +54,20 @@ struct Pattern {
 // backend that runs them one by one.
 Pattern single_op_pattern(std::string name, std::string backend, std::vector<OpKind> kinds);
 
+// The batch-norm backward kinds: BatchNormTrainingBackward and its Reduce/Apply halves.
+const std::vector<OpKind>& bn_backward_kinds();
+// The fusion patterns below under `backend`'s name ("bn_bwd_producers",
+// "bn_inference_relu", "int8_bn_chain"), for a backend with kernels for them.
+Pattern bn_backward_producers_pattern(std::string backend);
+Pattern bn_inference_relu_pattern(std::string backend);
+Pattern int8_bn_chain_pattern(std::string backend);
+
 // Batch-norm backward (BatchNormTrainingBackward, BatchNormBackwardReduce or
 // BatchNormBackwardApply) with its ReLUBackward/Add producers on src and/or
 // diff_dst. A producer joins when its output is read by this op only, on one
 // port, is not a graph output, and it neither broadcasts nor mixes dtypes
 // with the batch norm's data. Fails when no port has such a producer.
 StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn);
-// For --explain: why the producer of data port `port` of `bn` does or does not join.
-Status bn_backward_producer_rule(const Graph& graph, const Op& bn, size_t port);
 
 // BatchNormInference whose dst only a ReLU of the same dtype reads.
 StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn);

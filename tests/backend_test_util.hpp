@@ -27,6 +27,21 @@ inline Graph one_op(const Op& op) {
   return g;
 }
 
+// Runs `cg` on `inputs` (from oracle::make_inputs) into fresh buffers: its outputs by id.
+inline StatusOr<std::map<int64_t, oracle::Buffer>> run_outputs(
+    const CompiledGraph& cg, const std::map<int64_t, oracle::Buffer>& inputs) {
+  std::map<int64_t, const void*> in;
+  for (const auto& [id, b] : inputs) in[id] = b.data();
+  std::map<int64_t, oracle::Buffer> out;
+  std::map<int64_t, void*> ptrs;
+  for (const LogicalTensor& lt : cg.outputs()) {
+    NG_ASSIGN_OR_RETURN(oracle::Buffer b, oracle::allocate(lt));
+    ptrs[lt.id] = out.emplace(lt.id, std::move(b)).first->second.data();
+  }
+  NG_RETURN_IF_ERROR(cg.execute(in, ptrs));
+  return out;
+}
+
 inline Comparison compare_with_ref(const Graph& graph, const std::string& backend,
                                    uint64_t seed = 1, double data_offset = 0.0) {
   Comparison c;
@@ -39,23 +54,17 @@ inline Comparison compare_with_ref(const Graph& graph, const std::string& backen
     c.kernel += (c.kernel.empty() ? "" : "+") + p->kernel_name();
   auto ref = CompiledGraph::compile(graph, CompileOptions{"ref"});
   EXPECT_TRUE(ref.ok()) << ref.status().to_string();
-  std::map<int64_t, std::string> sources;
   auto inputs =
-      oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, &sources, data_offset);
+      oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, nullptr, data_offset);
   EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
-  std::map<int64_t, const void*> in;
-  for (auto& [id, b] : *inputs) in[id] = b.data();
-  std::map<int64_t, oracle::Buffer> got, want;
-  std::map<int64_t, void*> got_p, want_p;
-  for (const LogicalTensor& lt : cg->outputs()) {
-    got_p[lt.id] = got.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
-    want_p[lt.id] = want.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
-  }
-  c.status = cg->execute(in, got_p);
+  auto got = run_outputs(*cg, *inputs);
+  c.status = got.status();
   if (!c.status.ok()) return c;
-  EXPECT_TRUE(ref->execute(in, want_p).ok());
-  for (const auto& [id, w] : want) {
-    auto v = oracle::check_output(cg->lowered_graph(), *inputs, id, got.at(id), w);
+  auto want = run_outputs(*ref, *inputs);
+  EXPECT_TRUE(want.ok()) << want.status().to_string();
+  if (!want.ok()) return c;
+  for (const auto& [id, w] : *want) {
+    auto v = oracle::check_output(cg->lowered_graph(), *inputs, id, got->at(id), w);
     EXPECT_TRUE(v.ok()) << v.status().to_string();
     const oracle::ErrorStats& e = v->error;
     // <= 1 passes: the plain relative limit, or (sums) the condition-aware one.

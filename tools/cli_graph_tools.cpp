@@ -5,6 +5,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -229,6 +230,8 @@ Status print_partitions(Graph g, const std::string& backend, bool as_json, bool 
     *out = arr.dump(2) + "\n";
     return ok_status();
   }
+  std::multimap<int64_t, const PatternTrial*> trials;  // by op, in the order tried
+  for (const PatternTrial& t : cg.pattern_trials()) trials.emplace(t.op_id, &t);
   size_t unsupported = 0;
   for (const Row& r : rows) {
     o << "partition " << r.p->id << ": " << r.p->ops_string() << "  "
@@ -252,8 +255,9 @@ Status print_partitions(Graph g, const std::string& backend, bool as_json, bool 
       if (op.id() != r.p->anchor && r.p->anchor >= 0)
         o << "    " << op.label() << ": taken by " << r.p->pattern << " (anchored at op "
           << r.p->anchor << ")\n";
-      for (const PatternTrial& t : cg.pattern_trials()) {
-        if (t.op_id != op.id()) continue;
+      auto [first, last] = trials.equal_range(op.id());
+      for (auto it = first; it != last; ++it) {
+        const PatternTrial& t = *it->second;
         o << "    " << op.label() << ": " << t.pattern << ": "
           << (t.result.ok() ? "matched" + (t.note.empty() ? "" : " (" + t.note + ")")
                             : t.result.message())

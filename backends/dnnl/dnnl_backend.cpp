@@ -74,16 +74,7 @@ class DnnlBackend final : public Backend {
 
   // oneDNN's int8 batch-norm chain and fuse_norm_relu, then one primitive per op.
   std::vector<Pattern> patterns() const override {
-    Pattern int8;
-    int8.name = "int8_bn_chain";
-    int8.backend = "dnnl";
-    int8.anchors = {OpKind::kBatchNormInference};
-    int8.fused = true;
-    int8.match = match_int8_bn_chain;
-    Pattern relu = int8;
-    relu.name = "bn_inference_relu";
-    relu.match = match_bn_inference_relu;
-    return {int8, relu,
+    return {int8_bn_chain_pattern("dnnl"), bn_inference_relu_pattern("dnnl"),
             single_op_pattern("op", "dnnl",
                               {OpKind::kBatchNormInference, OpKind::kBatchNormForwardTraining,
                                OpKind::kBatchNormTrainingBackward, OpKind::kAdd, OpKind::kQuantize,

@@ -60,16 +60,8 @@ class JitBackend final : public Backend {
   // Batch-norm backward, with the ReLUBackward/Add producers its generated
   // code computes while it loads src and diff_dst (jit_conf.hpp, Fuse).
   std::vector<Pattern> patterns() const override {
-    const std::vector<OpKind> bn = {OpKind::kBatchNormTrainingBackward,
-                                    OpKind::kBatchNormBackwardReduce,
-                                    OpKind::kBatchNormBackwardApply};
-    Pattern fused;
-    fused.name = "bn_bwd_producers";
-    fused.backend = "jit";
-    fused.anchors = bn;
-    fused.fused = true;
-    fused.match = match_bn_backward_producers;
-    return {fused, single_op_pattern("bn_bwd", "jit", bn)};
+    return {bn_backward_producers_pattern("jit"),
+            single_op_pattern("bn_bwd", "jit", bn_backward_kinds())};
   }
 
   Status supports(const Partition& partition, const CompileContext&) const override {

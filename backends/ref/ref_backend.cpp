@@ -54,21 +54,9 @@ class RefBackend final : public Backend {
   // benchdnn's --expected-n-partitions checks); ref runs a group op by op
   // with the intermediates in their own dtype, as unfused.
   std::vector<Pattern> patterns() const override {
-    Pattern bwd;
-    bwd.name = "bn_bwd_producers";
-    bwd.backend = "ref";
-    bwd.anchors = {OpKind::kBatchNormTrainingBackward, OpKind::kBatchNormBackwardReduce,
-                   OpKind::kBatchNormBackwardApply};
-    bwd.fused = true;
-    bwd.match = match_bn_backward_producers;
-    Pattern int8 = bwd;
-    int8.name = "int8_bn_chain";
-    int8.anchors = {OpKind::kBatchNormInference};
-    int8.match = match_int8_bn_chain;
-    Pattern relu = int8;
-    relu.name = "bn_inference_relu";
-    relu.match = match_bn_inference_relu;
-    return {bwd, int8, relu, single_op_pattern("allreduce", "ref", {OpKind::kAllReduce}),
+    return {bn_backward_producers_pattern("ref"), int8_bn_chain_pattern("ref"),
+            bn_inference_relu_pattern("ref"),
+            single_op_pattern("allreduce", "ref", {OpKind::kAllReduce}),
             single_op_pattern("op", "ref", {})};
   }
   Status supports(const Partition& partition, const CompileContext& ctx) const override {

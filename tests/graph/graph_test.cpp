@@ -165,18 +165,23 @@ TEST(Graph, ShapeRulesFireAfterPropagation) {
 namespace normgrad {
 namespace {
 
+Graph relu_chain() {  // %0 -> ReLU#1 -> %1 -> ReLU#2 -> %2
+  Graph g;
+  Op a(1, OpKind::kReLU, "a");
+  a.add_input(LogicalTensor(0, DataType::kF32, {4}))
+      .add_output(LogicalTensor(1, DataType::kF32, {4}));
+  Op b(2, OpKind::kReLU, "b");
+  b.add_input(LogicalTensor(1, DataType::kF32, {4}))
+      .add_output(LogicalTensor(2, DataType::kF32, {4}));
+  EXPECT_TRUE(g.add_op(a).ok());
+  EXPECT_TRUE(g.add_op(b).ok());
+  EXPECT_TRUE(g.finalize().ok());
+  return g;
+}
+
 // After an edit the queries answer for the ops as they are, not from stale maps.
 TEST(Graph, QueriesStayValidAfterAnEdit) {
-  Graph g;
-  Op relu(1, OpKind::kReLU, "r");
-  relu.add_input(LogicalTensor(0, DataType::kF32, {4}))
-      .add_output(LogicalTensor(1, DataType::kF32, {4}));
-  Op relu2(2, OpKind::kReLU, "r2");
-  relu2.add_input(LogicalTensor(1, DataType::kF32, {4}))
-      .add_output(LogicalTensor(2, DataType::kF32, {4}));
-  ASSERT_TRUE(g.add_op(relu).ok());
-  ASSERT_TRUE(g.add_op(relu2).ok());
-  ASSERT_TRUE(g.finalize().ok());
+  Graph g = relu_chain();
   EXPECT_EQ(g.producer_of(2), 1);
   EXPECT_EQ(g.value(1)->producer, 1);
   std::vector<Op>& ops = g.mutable_ops();
@@ -220,26 +225,6 @@ TEST(Graph, ValuesHaveTheirProducerAndUses) {
   EXPECT_EQ(g.consumers_of(1), std::vector<size_t>{1});  // one op, after the sort
   EXPECT_EQ(g.value(2)->desc.dims, (Dims{4}));           // inferred into the value
   EXPECT_EQ(g.value(0)->producer, -1);
-}
-
-}  // namespace
-}  // namespace normgrad
-
-namespace normgrad {
-namespace {
-
-Graph relu_chain() {  // %0 -> ReLU#1 -> %1 -> ReLU#2 -> %2
-  Graph g;
-  Op a(1, OpKind::kReLU, "a");
-  a.add_input(LogicalTensor(0, DataType::kF32, {4}))
-      .add_output(LogicalTensor(1, DataType::kF32, {4}));
-  Op b(2, OpKind::kReLU, "b");
-  b.add_input(LogicalTensor(1, DataType::kF32, {4}))
-      .add_output(LogicalTensor(2, DataType::kF32, {4}));
-  EXPECT_TRUE(g.add_op(a).ok());
-  EXPECT_TRUE(g.add_op(b).ok());
-  EXPECT_TRUE(g.finalize().ok());
-  return g;
 }
 
 // The rewriter keeps the graph finalized and its queries current, and refuses

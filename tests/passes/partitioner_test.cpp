@@ -237,17 +237,10 @@ TEST(Partitioner, FusedNumbersMatchTheUnfusedGraph) {
       ASSERT_EQ(fused->partitions().size(), 1u);
       auto inputs = oracle::make_inputs(plain->graph(), plain->lowered_graph(), "", 7, nullptr);
       ASSERT_TRUE(inputs.ok());
-      std::map<int64_t, const void*> in;
-      for (auto& [id, b] : *inputs) in[id] = b.data();
-      std::map<int64_t, oracle::Buffer> a, b;
-      std::map<int64_t, void*> a_p, b_p;
-      for (const LogicalTensor& t : plain->outputs()) {
-        a_p[t.id] = a.emplace(t.id, *oracle::allocate(t)).first->second.data();
-        b_p[t.id] = b.emplace(t.id, *oracle::allocate(t)).first->second.data();
-      }
-      ASSERT_TRUE(plain->execute(in, a_p).ok());
-      ASSERT_TRUE(fused->execute(in, b_p).ok());
-      for (const auto& [id, buf] : a) EXPECT_TRUE(buf.bytes == b.at(id).bytes) << id;
+      auto a = testing_util::run_outputs(*plain, *inputs);
+      auto b = testing_util::run_outputs(*fused, *inputs);
+      ASSERT_TRUE(a.ok() && b.ok());
+      for (const auto& [id, buf] : *a) EXPECT_TRUE(buf.bytes == b->at(id).bytes) << id;
       const auto r = testing_util::compare_with_ref(g, "jit", 4);
       ASSERT_TRUE(r.status.ok()) << r.status.to_string();
       EXPECT_NE(r.kernel.find(port == 0 ? "+src_" : "+diff_dst_"), std::string::npos) << r.kernel;

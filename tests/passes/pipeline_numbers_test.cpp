@@ -49,21 +49,14 @@ TEST(PipelineNumbers, DefaultPipelineKeepsTheNumbersOnEveryGraph) {
     auto after = CompiledGraph::compile(*loaded, CompileOptions{"ref"});
     ASSERT_TRUE(before.ok()) << before.status().to_string();
     ASSERT_TRUE(after.ok()) << after.status().to_string();
-    std::map<int64_t, std::string> sources;
-    auto inputs = oracle::make_inputs(before->graph(), before->lowered_graph(), "", 9, &sources);
+    auto inputs = oracle::make_inputs(before->graph(), before->lowered_graph(), "", 9, nullptr);
     ASSERT_TRUE(inputs.ok()) << inputs.status().to_string();
-    std::map<int64_t, const void*> in;
-    for (auto& [id, b] : *inputs) in[id] = b.data();
-    std::map<int64_t, oracle::Buffer> a, b;
-    std::map<int64_t, void*> pa, pb;
-    for (const LogicalTensor& lt : before->outputs()) {
-      pa[lt.id] = a.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
-      pb[lt.id] = b.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
-    }
-    ASSERT_TRUE(before->execute(in, pa).ok());
-    ASSERT_TRUE(after->execute(in, pb).ok());
-    for (const auto& [id, want] : a) {
-      const oracle::ErrorStats e = oracle::compare(b.at(id), want);
+    auto a = testing_util::run_outputs(*before, *inputs);
+    auto b = testing_util::run_outputs(*after, *inputs);
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    for (const auto& [id, want] : *a) {
+      const oracle::ErrorStats e = oracle::compare(b->at(id), want);
       // The same maths, rounded in a different place at most (a folded cast rounds once).
       EXPECT_EQ(e.nan_mismatch, 0) << "tensor " << id;
       EXPECT_LE(e.rel_l2, oracle::threshold_for(want.desc.dtype, 0)) << "tensor " << id;
