@@ -102,7 +102,10 @@ const char* fuse_name(Fuse f) {
 
 std::string BnConf::kernel_name() const {
   std::string n = std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
-                  dtype_name(d.stats_dt) + ":" + (walk == Walk::kRows ? "rows" : "pixels");
+                  dtype_name(d.stats_dt) + ":" +
+                  (walk == Walk::kRows ? "rows"
+                   : pixel_group > 0   ? "pixels_blocked"
+                                       : "pixels");
   if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
   if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+staged";
@@ -251,6 +254,12 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // there are many chunks to share out. Depends on the shape only.
   const int64_t bytes_per_row = 2 * c.cols * dtype_size(d.data_dt);
   c.chunk_rows = std::max<int64_t>(16, (int64_t{1024} << 10) / std::max<int64_t>(1, bytes_per_row));
+  // f32 rows wider than the registers (C > 64 on AVX-512) take the
+  // channel-blocked pixel kernels, groups of 8 pixels: measured 1.5-2x faster
+  // on such rows than per-pixel sums through L1 (docs/performance.md). 16-bit
+  // data measured no faster blocked, so it keeps the per-pixel kernels.
+  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && d.data_dt == DataType::kF32 && c.cols > 64)
+    c.pixel_group = kPixelGroup;
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off only when dx would not stay in the cache anyway;
   // the AVX-512 path has them (the AVX2 path keeps ordinary stores).

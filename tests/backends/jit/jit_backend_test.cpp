@@ -32,6 +32,13 @@ struct IsaScope {
   ~IsaScope() { unsetenv("NORMGRAD_JIT"); }
 };
 
+// Forms 3-5 of make_case: frozen statistics, training with diff_src only, inverse std.
+void apply_form(Op& op, int form) {
+  if (form == 3) op.set_attr("is_training", false);
+  if (form == 4) op.set_attr("is_training", true);
+  if (form == 5) op.set_attr("is_training", true).set_attr("variance_is_inv_std", true);
+}
+
 Op make_case(DataType dt, DataType sdt, const std::string& fmt, int rank, int64_t c,
              int64_t spatial_scale, int form) {
   Dims shape = {rank == 2 ? 8 : 2};
@@ -42,9 +49,7 @@ Op make_case(DataType dt, DataType sdt, const std::string& fmt, int rank, int64_
   const bool gamma = form != 1;
   const int outputs = form == 2 || form == 4 ? 1 : 3;
   Op op = bn_bwd(shape, fmt, dt, sdt, gamma, outputs, 1e-3f);
-  if (form == 3) op.set_attr("is_training", false);
-  if (form == 4) op.set_attr("is_training", true);
-  if (form == 5) op.set_attr("is_training", true).set_attr("variance_is_inv_std", true);
+  apply_form(op, form);
   return op;
 }
 
@@ -192,6 +197,68 @@ TEST(JitBackend, StreamingStoresOnLargeOutputs) {
     const auto r = compare_with_ref(one_op(op), "jit", 3);
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
     EXPECT_LE(r.worst_ratio, 1.0) << dims_to_string(c.shape) << " " << r.report;
+  }
+}
+
+// The channel-blocked pixel kernels (f32 channels-last rows wider than the
+// registers, AVX-512): whole channel blocks, leftover vectors, channel tails,
+// groups of pixels and the single pixels after them, every output form, fused
+// producers, padded rows, streaming stores, and the same bits for any thread count.
+TEST(JitBackend, ChannelBlockedPixelKernels) {
+  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the blocked kernels are AVX-512";
+  int ran = 0;
+  auto check = [&](const Graph& g, const std::string& what, const char* feature) {
+    SCOPED_TRACE(what);
+    const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran++));
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_NE(r.kernel.find("pixels_blocked"), std::string::npos) << r.kernel;
+    EXPECT_NE(r.kernel.find(feature), std::string::npos) << r.kernel;
+    EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+  };
+  // C = 65: apply blocked, one vector and a tail; 129: reduce blocked too;
+  // 320: two reduce blocks and 4 vectors left, no tail; 1000: 7 blocks and a tail.
+  // Pixels: 7 (single pixels only), 30 (3 groups and 6 singles), 128.
+  for (int64_t c : {65, 129, 320, 1000}) {
+    for (const Dims& px : {Dims{1, 1, 7}, Dims{2, 3, 5}, Dims{2, 8, 8}}) {
+      Op op = bn_bwd({px[0], px[1], px[2], c}, "NXC", DataType::kF32, DataType::kF32, ran % 6 != 1,
+                     ran % 6 == 2 || ran % 6 == 4 ? 1 : 3, 1e-3f);
+      apply_form(op, ran % 6);
+      check(one_op(op), "C " + std::to_string(c) + " " + dims_to_string(px), ":pixels");
+    }
+  }
+  // Fused producers on either port.
+  for (int port : {0, 1}) {
+    const Dims shape = {3, 5, 7, 200};
+    Op pre(1, port == 0 ? OpKind::kReLUBackward : OpKind::kAdd, "pre");
+    pre.add_input(testing_util::lt(30, DataType::kF32, shape))
+        .add_input(testing_util::lt(31, DataType::kF32, shape));
+    pre.add_output(testing_util::lt(20, DataType::kF32, shape));
+    Op bn = bn_bwd(shape, "NXC", DataType::kF32, DataType::kF32, true, 3);
+    bn.mutable_inputs()[port].id = 20;
+    Graph g;
+    ASSERT_TRUE(g.add_op(pre).ok());
+    ASSERT_TRUE(g.add_op(bn).ok());
+    check(g, "fused on port " + std::to_string(port), port == 0 ? "+src_" : "+diff_dst_");
+  }
+  // Rows padded from 150 to 160 channels in src and diff_dst, to 176 in diff_src.
+  Op padded = bn_bwd({2, 5, 7, 150}, "NXC", DataType::kF32, DataType::kF32, true, 3);
+  padded.mutable_inputs()[0].strides = {5 * 7 * 160, 7 * 160, 160, 1};
+  padded.mutable_inputs()[1].strides = {5 * 7 * 160, 7 * 160, 160, 1};
+  padded.mutable_outputs()[0].strides = {5 * 7 * 176, 7 * 176, 176, 1};
+  check(one_op(padded), "padded rows", "+strided");
+  // diff_src larger than half the L3: streaming stores.
+  Op big = bn_bwd({8, 50, 50, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3);
+  auto conf = jit::make_conf(big, jit::Isa::kAvx512);
+  ASSERT_TRUE(conf.ok());
+  EXPECT_EQ(conf->streaming_stores, conf->total_elements * 4 > jit::cache_sizes().l3_bytes / 2);
+  check(one_op(big), "8x50x50x320", ":pixels");
+  // The groups and blocks are fixed by the shape: same bits for 1, 2 and 4 threads.
+  Graph g = one_op(bn_bwd({16, 14, 14, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3));
+  const auto one = run_with_threads(g, 1);
+  const auto two = run_with_threads(g, 2), four = run_with_threads(g, 4);
+  for (const auto& [id, b] : one) {
+    EXPECT_EQ(b, two.at(id)) << "tensor " << id;
+    EXPECT_EQ(b, four.at(id)) << "tensor " << id;
   }
 }
 

@@ -1,0 +1,94 @@
+// The Xbyak code generator of the JIT batch-norm backward kernels (private).
+//
+// One BnGenerator emits one kernel (reduce or apply) for one conf. The shared
+// pieces (prologue, loads and stores with dtype conversion, fused producers,
+// the rows walk) are in jit_generator.cpp; the pixels walk, including the
+// channel-blocked kernels for rows wider than the registers, in
+// jit_generator_pixels.cpp. Everything the loops depend on is a
+// generation-time constant: dtype, walk, row length, strides, tail length.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include <xbyak/xbyak.h>
+
+#include <normgrad/backends/jit/jit_kernels.hpp>
+
+namespace normgrad {
+namespace jit {
+
+class BnGenerator : public Xbyak::CodeGenerator {
+ public:
+  enum class Kind { kReduce, kApply };
+
+  // Generates the kernel; Xbyak reports failures by throwing Xbyak::Error
+  // (generate_kernels turns it into a Status).
+  BnGenerator(const BnConf& c, Kind kind);
+
+  using KernelFn = void (*)(const KernelArgs*);
+  KernelFn fn() const { return getCode<KernelFn>(); }
+
+ private:
+  using Xmm = Xbyak::Xmm;
+  using Reg64 = Xbyak::Reg64;
+  using Address = Xbyak::Address;
+
+  Xmm vmm(int i) const { return avx512_ ? Xmm(Xbyak::Zmm(i)) : Xmm(Xbyak::Ymm(i)); }
+  // The half-width register holding 16-bit data of a full vector.
+  Xmm half(int i) const { return avx512_ ? Xmm(Xbyak::Ymm(i)) : Xmm(i); }
+
+  Address data(const Reg64& base, int64_t off) { return ptr[base + r11 * es_ + off * es_]; }
+  Address f32_at(const Reg64& base, int64_t off) { return ptr[base + r11 * 4 + off * 4]; }
+
+  bool fused() const { return c_.x_fuse != Fuse::kNone || c_.dy_fuse != Fuse::kNone; }
+
+  // Vectors per pixel row, the last one partial when there is a tail.
+  int64_t row_vectors() const { return (c_.cols + lanes_ - 1) / lanes_; }
+
+  // jit_generator.cpp: shared pieces and the rows walk.
+  void prologue();
+  void prefetch_next_row();
+  void next_row(bool with_dx);
+  void epilogue();
+  void round_to_data_dtype(int v, int tmp);
+  void load_port(int port, int dst, int tmp, int64_t off, bool tail);
+  void load(int dst, const Reg64& base, int64_t off, bool tail);
+  void store(const Reg64& base, int64_t off, int src, bool tail, bool nt = false);
+  void cols_loop(const std::function<void(int, int64_t, bool)>& step);
+  void hsum(int v, int s);
+  void rows_reduce();
+  void apply_rows(const std::function<void(bool)>& body);
+  void rows_apply();
+  void emit_constants();
+
+  // jit_generator_pixels.cpp: the pixels walk.
+  void each_vector(const std::function<void(int, int64_t, bool)>& step);
+  void advance_rows(int64_t n, bool with_dx);
+  void pixel_groups(bool with_dx, const std::function<void(int)>& body);
+  void channel_blocks(int b, const std::function<void(int, bool)>& block);
+  void zero_sums(int nv);
+  void sum_vector(int v, int64_t off, int64_t mean_off, bool tail);
+  void add_sums_to_memory(int nv);
+  void load_coefs(int nv);
+  void apply_vector(int v, int64_t off, int64_t dx_off, bool tail, bool nt);
+  void pixels_reduce_blocked();
+  void pixels_apply_blocked();
+  void pixels_reduce();
+  void pixels_apply();
+
+  // Fixed roles: v10 scratch for hsum in reduce kernels; v8..v10 for store conversion in
+  // apply kernels (which keep data in v0..v7); v11 holds the AVX2 f32 tail mask.
+  static constexpr int kScratch0 = 8, kScratch1 = 9, kScratch2 = 10, kMask = 11;
+
+  BnConf c_;
+  bool avx512_;
+  int lanes_;
+  int es_;
+  int64_t cp_;
+  int tail_;
+  Xbyak::Label c_zero_, c_hi16_, c_one_, c_7fff_, c_0040_, tail_mask_;
+};
+
+}  // namespace jit
+}  // namespace normgrad

@@ -1,0 +1,250 @@
+// Xbyak generator, the pixels walk: P pixels of C contiguous channels (NXC,
+// or NCX with spatial 1), with per-channel sums and coefficients as vectors.
+//
+// Rows that fit the registers (up to 8 vectors for the reduction, 4 for the
+// apply on AVX-512) keep sums or coefficients in zmm16..31 for the whole call.
+// Wider f32 rows on AVX-512 take the channel-blocked kernels: pixels in groups
+// of conf.pixel_group, each group walked one block of channels at a time with
+// the block's sums or coefficients in registers, so memory operands are paid
+// once per group instead of once per pixel (1.5-2x on C = 256..2048, measured
+// in docs/performance.md). The rest use memory operands per vector.
+#include <normgrad/backends/jit/jit_generator.hpp>
+
+namespace normgrad {
+namespace jit {
+
+using namespace Xbyak;
+
+// Per-vector walk over one pixel row, fully unrolled (short rows only).
+void BnGenerator::each_vector(const std::function<void(int, int64_t, bool)>& step) {
+  xor_(r11, r11);
+  for (int64_t v = 0; v < row_vectors(); ++v) {
+    step(static_cast<int>(v), v * lanes_, tail_ != 0 && v == row_vectors() - 1);
+  }
+}
+
+// Moves the data pointers `n` pixel rows on.
+void BnGenerator::advance_rows(int64_t n, bool with_dx) {
+  mov(rax, n * c_.row_stride * es_);
+  add(rsi, rax);
+  add(rdx, rax);
+  if (c_.x_fuse != Fuse::kNone) add(r12, rax);
+  if (c_.dy_fuse != Fuse::kNone) add(r13, rax);
+  if (with_dx) {
+    mov(rax, n * c_.dx_row_stride * es_);
+    add(rcx, rax);
+  }
+}
+
+// The pixel loop of the channel-blocked kernels: body(g) for whole groups of
+// g pixels, then body(1) for the pixels left over (`rows` is a runtime count).
+void BnGenerator::pixel_groups(bool with_dx, const std::function<void(int)>& body) {
+  const int g = c_.pixel_group;
+  Label group, rest, single, done;
+  L(group);
+  cmp(r10, g);
+  jl(rest, T_NEAR);
+  body(g);
+  advance_rows(g, with_dx);
+  sub(r10, g);
+  jmp(group, T_NEAR);
+  L(rest);
+  test(r10, r10);
+  jz(done, T_NEAR);
+  L(single);
+  body(1);
+  advance_rows(1, with_dx);
+  dec(r10);
+  jnz(single, T_NEAR);
+  L(done);
+}
+
+// The channel blocks of one pixel group: whole blocks of `b` vectors in a
+// runtime loop (r11 = the block's first channel), then the vectors left
+// over, the tail last. block(nv, tail) emits one block of nv vectors.
+void BnGenerator::channel_blocks(int b, const std::function<void(int, bool)>& block) {
+  const int64_t whole = c_.cols / lanes_;
+  const int64_t nblocks = whole / b;
+  const int left = static_cast<int>(whole % b) + (tail_ != 0 ? 1 : 0);
+  xor_(r11, r11);
+  if (nblocks > 0) {
+    Label blk;
+    L(blk);
+    block(b, false);
+    add(r11, b * lanes_);
+    cmp(r11, static_cast<uint32_t>(nblocks * b * lanes_));
+    jl(blk, T_NEAR);
+  }
+  if (left > 0) block(left, tail_ != 0);
+}
+
+// The sums of vectors 0..nv-1 of a block in zmm16..31 (sum dy, sum dy (x - mean)
+// interleaved): zeroed, one vector of data added, and added into the memory arrays.
+void BnGenerator::zero_sums(int nv) {
+  for (int v = 0; v < nv; ++v) {
+    vxorps(Xmm(16 + 2 * v), Xmm(16 + 2 * v), Xmm(16 + 2 * v));
+    vxorps(Xmm(17 + 2 * v), Xmm(17 + 2 * v), Xmm(17 + 2 * v));
+  }
+}
+
+void BnGenerator::sum_vector(int v, int64_t off, int64_t mean_off, bool tail) {
+  const int x = 2 * (v % 4), dy = x + 1;
+  load_port(0, x, 8, off, tail);
+  load_port(1, dy, 8, off, tail);
+  vaddps(Zmm(16 + 2 * v), Zmm(16 + 2 * v), vmm(dy));
+  vsubps(vmm(x), vmm(x), f32_at(r8, mean_off));
+  vfmadd231ps(Zmm(17 + 2 * v), vmm(dy), vmm(x));
+}
+
+void BnGenerator::add_sums_to_memory(int nv) {
+  for (int v = 0; v < nv; ++v) {
+    vaddps(Zmm(16 + 2 * v), Zmm(16 + 2 * v), f32_at(r9, v * lanes_));
+    vmovups(f32_at(r9, v * lanes_), Zmm(16 + 2 * v));
+    vaddps(Zmm(17 + 2 * v), Zmm(17 + 2 * v), f32_at(r9, cp_ + v * lanes_));
+    vmovups(f32_at(r9, cp_ + v * lanes_), Zmm(17 + 2 * v));
+  }
+}
+
+// The coefficients a, b, c, mean of vectors 0..nv-1 of a block in zmm16..31,
+// and one vector of diff_src computed from them.
+void BnGenerator::load_coefs(int nv) {
+  for (int v = 0; v < nv; ++v) {
+    for (int k = 0; k < 4; ++k) vmovups(Zmm(16 + 4 * v + k), f32_at(r8, k * cp_ + v * lanes_));
+  }
+}
+
+void BnGenerator::apply_vector(int v, int64_t off, int64_t dx_off, bool tail, bool nt) {
+  const int x = 2 * (v % 4), dy = x + 1;
+  load_port(0, x, 8, off, tail);
+  load_port(1, dy, 8, off, tail);
+  vsubps(vmm(x), vmm(x), Zmm(16 + 4 * v + 3));
+  vfmadd213ps(vmm(dy), Zmm(16 + 4 * v), Zmm(16 + 4 * v + 2));  // dy a + c
+  vfmadd231ps(vmm(dy), vmm(x), Zmm(16 + 4 * v + 1));           // + (x - mean) b
+  store(rcx, dx_off, dy, tail, nt);
+}
+
+// pixels_reduce for rows longer than the registers (AVX-512): blocks of 8
+// vectors keep both sums in zmm16..31 over a group of pixels, then add them
+// into the memory arrays once per group instead of once per pixel.
+void BnGenerator::pixels_reduce_blocked() {
+  pixel_groups(false, [&](int g) {
+    channel_blocks(8, [&](int nv, bool tail_last) {
+      zero_sums(nv);
+      for (int p = 0; p < g; ++p) {
+        for (int v = 0; v < nv; ++v)
+          sum_vector(v, p * c_.row_stride + v * lanes_, v * lanes_, tail_last && v == nv - 1);
+      }
+      add_sums_to_memory(nv);
+    });
+  });
+}
+
+// pixels_apply for rows longer than the registers (AVX-512): blocks of 4
+// vectors hold a, b, c and mean in zmm16..31 over a group of pixels.
+void BnGenerator::pixels_apply_blocked() {
+  auto groups = [&](bool nt) {
+    pixel_groups(true, [&](int g) {
+      channel_blocks(4, [&](int nv, bool tail_last) {
+        load_coefs(nv);
+        for (int p = 0; p < g; ++p) {
+          for (int v = 0; v < nv; ++v) {
+            apply_vector(v, p * c_.row_stride + v * lanes_, p * c_.dx_row_stride + v * lanes_,
+                         tail_last && v == nv - 1, nt);
+          }
+        }
+      });
+    });
+  };
+  // Streaming stores need every vector aligned: the call's first diff_src
+  // row, and a row stride of whole vectors.
+  Label plain, done;
+  if (c_.streaming_stores && (c_.dx_row_stride % lanes_) == 0) {
+    test(rcx, lanes_ * es_ - 1);
+    jnz(plain, T_NEAR);
+    groups(true);
+    sfence();
+    jmp(done, T_NEAR);
+  }
+  L(plain);
+  groups(false);
+  L(done);
+}
+
+// pixels_reduce: acc[c] += dy and acc[Cp + c] += dy (x - mean[c]). On AVX-512,
+// rows of up to 8 vectors keep both sums in zmm16..31 across all pixels of
+// the call; longer rows take the channel-blocked kernel (f32) or add into the
+// memory arrays (L1-resident) per pixel.
+void BnGenerator::pixels_reduce() {
+  prologue();
+  const bool in_regs = avx512_ && row_vectors() <= 8;
+  if (!in_regs && c_.pixel_group > 0) {
+    pixels_reduce_blocked();
+    epilogue();
+    return;
+  }
+  Label row, done;
+  if (in_regs) zero_sums(static_cast<int>(row_vectors()));
+  test(r10, r10);
+  jz(done, T_NEAR);
+  L(row);
+  if (in_regs) {
+    each_vector([&](int v, int64_t off, bool tail) { sum_vector(v, off, off, tail); });
+  } else {
+    cols_loop([&](int j, int64_t off, bool tail) {
+      const int x = 2 * j, dy = 2 * j + 1;  // v0..v7
+      load_port(0, x, 8, off, tail);
+      load_port(1, dy, 8, off, tail);
+      vsubps(vmm(x), vmm(x), f32_at(r8, off));
+      vmulps(vmm(x), vmm(x), vmm(dy));
+      vaddps(vmm(dy), vmm(dy), f32_at(r9, off));
+      vmovups(f32_at(r9, off), vmm(dy));
+      vaddps(vmm(x), vmm(x), f32_at(r9, cp_ + off));
+      vmovups(f32_at(r9, cp_ + off), vmm(x));
+    });
+  }
+  next_row(false);
+  dec(r10);
+  jnz(row, T_NEAR);
+  L(done);
+  if (in_regs) {
+    xor_(r11, r11);
+    add_sums_to_memory(static_cast<int>(row_vectors()));
+  }
+  epilogue();
+}
+
+// pixels_apply: coef = a | b | c | mean, each Cp floats. On AVX-512, rows of
+// up to 4 vectors hold their coefficients in zmm16..31; longer rows take the
+// channel-blocked kernel (f32) or read them as memory operands.
+void BnGenerator::pixels_apply() {
+  prologue();
+  const bool in_regs = avx512_ && row_vectors() <= 4;
+  if (!in_regs && c_.pixel_group > 0) {
+    pixels_apply_blocked();
+    epilogue();
+    return;
+  }
+  if (in_regs) {
+    xor_(r11, r11);
+    load_coefs(static_cast<int>(row_vectors()));
+  }
+  apply_rows([&](bool nt) {
+    if (in_regs) {
+      each_vector([&](int v, int64_t off, bool tail) { apply_vector(v, off, off, tail, nt); });
+      return;
+    }
+    cols_loop([&](int j, int64_t off, bool tail) {
+      const int x = 2 * (j % 4), dy = x + 1;
+      load_port(0, x, 8, off, tail);
+      load_port(1, dy, 8, off, tail);
+      vsubps(vmm(x), vmm(x), f32_at(r8, 3 * cp_ + off));
+      vmulps(vmm(dy), vmm(dy), f32_at(r8, off));
+      vaddps(vmm(dy), vmm(dy), f32_at(r8, 2 * cp_ + off));
+      vfmadd231ps(vmm(dy), vmm(x), f32_at(r8, cp_ + off));
+      store(rcx, off, dy, tail, nt);
+    });
+  });
+  epilogue();
+}
+}  // namespace jit
+}  // namespace normgrad
