@@ -103,7 +103,7 @@ const char* fuse_name(Fuse f) {
 std::string BnConf::kernel_name() const {
   std::string n = std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
                   dtype_name(d.stats_dt) + ":" +
-                  (walk == Walk::kRows ? "rows"
+                  (walk == Walk::kRows ? (channel_group > 0 ? "rows_grouped" : "rows")
                    : pixel_group > 0   ? "pixels_blocked"
                                        : "pixels");
   if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
@@ -119,7 +119,8 @@ std::string BnConf::key() const {
   // The generated code depends on the ISA, dtypes, walk, the inner length and strides.
   return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + (streaming_stores ? "+nt" : "") +
          ":cols=" + std::to_string(cols) + ":rs=" + std::to_string(row_stride) +
-         ":cs=" + std::to_string(channel_stride) + ":dxrs=" + std::to_string(dx_row_stride);
+         ":cs=" + std::to_string(channel_stride) + ":dxrs=" + std::to_string(dx_row_stride) +
+         ":dxcs=" + std::to_string(dx_channel_stride) + ":cg=" + std::to_string(channel_group);
 }
 
 // How the walk chosen in `c` covers a tensor with strides `st`, when it can.
@@ -260,6 +261,15 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // data measured no faster blocked, so it keeps the per-pixel kernels.
   if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && d.data_dt == DataType::kF32 && c.cols > 64)
     c.pixel_group = kPixelGroup;
+  // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
+  // grouped rows kernels: each image's rows of a channel group are one
+  // contiguous block (docs/performance.md measures it).
+  const bool dense_rows = c.x_strides.empty() && c.dy_strides.empty() && c.dx_strides.empty() &&
+                          c.batch_calls == 0 && c.channel_stride == c.cols &&
+                          c.dx_channel_stride == c.cols;
+  if (c.walk == Walk::kRows && isa != Isa::kPortable && dense_rows && d.channels > 1 &&
+      c.cols * dtype_size(d.data_dt) <= kShortRowBytes)
+    c.channel_group = isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off only when dx would not stay in the cache anyway;
   // the AVX-512 path has them (the AVX2 path keeps ordinary stores).

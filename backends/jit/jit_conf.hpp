@@ -60,6 +60,18 @@ const CacheSizes& cache_sizes();
 // 6 and 16 on C = 256..2048, f32).
 constexpr int kPixelGroup = 8;
 
+// Channels per call of the grouped rows kernels (short NCX rows): as many as
+// keep both sums in registers (zmm16..31 on AVX-512, ymm0..7 on AVX2).
+constexpr int kRowGroupAvx512 = 8;
+constexpr int kRowGroupAvx2 = 4;
+static_assert(kRowGroupAvx2 <= kRowGroupAvx512, "the driver sizes its arrays for the larger group");
+// Rows up to this many bytes are short: one image's rows of a channel group
+// are read as one contiguous block instead of a row per channel.
+constexpr int64_t kShortRowBytes = 1024;
+// Images per grouped reduce call: bounds how many rows the f32 vector sums
+// take before they are added into the f64 totals (fixed by the shape only).
+constexpr int64_t kRowsPerGroupedReduce = 256;
+
 struct BnConf {
   BatchNormDesc d;
   Isa isa = Isa::kPortable;
@@ -74,6 +86,10 @@ struct BnConf {
   // kPixels, rows wider than the registers: pixels per group of the
   // channel-blocked kernels (0: the per-pixel kernels with memory operands).
   int pixel_group = 0;
+  // kRows, short rows whose channels are adjacent (channel_stride == cols):
+  // channels per kernel call, each image's rows of the group one contiguous
+  // block (0: one channel per call).
+  int channel_group = 0;
   bool needs_reduction = false;
   bool single_thread = false;     // small problems skip the task overhead
   bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache

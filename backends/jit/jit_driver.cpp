@@ -1,10 +1,10 @@
 // JIT driver: the two walks on oneTBB with a thread-independent reduction.
 //
-// Reductions are partitioned by the data alone: per channel (rows walk) or per
-// fixed chunk of pixels (pixels walk), each partial computed by one task in a
-// fixed order, and partials combined in f64 in index order. Any thread count
-// therefore gives the same bits. In the rows walk a channel's reduction and its
-// diff_src pass run back to back in one task, so its src and diff_dst are read
+// Reductions are partitioned by the data alone: per channel (rows walk; short
+// rows a group of adjacent channels per task) or per fixed chunk of pixels
+// (pixels walk), each partial computed by one task in a fixed order, and partials combined in f64
+// in index order. Any thread count therefore gives the same bits. In the rows walk a channel's
+// reduction and its diff_src pass run back to back in one task, so its src and diff_dst are read
 // from cache the second time when the channel fits (1 to 4 channels of a
 // 112x112 batch-32 layer fit the L3).
 #include <algorithm>
@@ -316,6 +316,44 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
                    &diff_beta[c]);
       kernels.apply(KernelArgs{bx, bdy, bdx, coef, nullptr, conf.rows, nullptr, nullptr});
       scatter_dense(bdx, dx + c * stage->dx_strides[axis] * es, dxs_sub, sub_dims, es);
+    });
+  } else if (conf.walk == Walk::kRows && conf.channel_group > 0) {
+    // Short rows: one task per group of adjacent channels, the kernels walking
+    // the group image by image. Each channel's sums are in a fixed order (its
+    // rows in order, the reduce calls in blocks of images fixed by the shape),
+    // whichever group or thread computes them.
+    const int64_t group = conf.channel_group;
+    const int64_t ngroups = (nc + group - 1) / group;
+    for_range(conf.single_thread, ngroups, [&](int64_t gi) {
+      const int64_t c0 = gi * group, cnt = std::min(group, nc - c0);
+      const int64_t base = c0 * conf.channel_stride * es;
+      const int64_t dx_base = c0 * conf.dx_channel_stride * es;
+      float coef[4 * kRowGroupAvx512] = {};
+      double sums[2 * kRowGroupAvx512] = {};
+      for (int64_t g = 0; g < cnt; ++g) {
+        coef[4 * g + 3] = static_cast<float>(ch[c0 + g].mean);
+        if (given_sums)
+          sums[2 * g] = given(pm.sum_dy, c0 + g), sums[2 * g + 1] = given(pm.sum_dy_xm, c0 + g);
+      }
+      for (int64_t r0 = 0; r0 < conf.rows && conf.needs_reduction; r0 += kRowsPerGroupedReduce) {
+        KernelArgs a = args(base + r0 * conf.row_stride * es, false, coef, sums,
+                            std::min(kRowsPerGroupedReduce, conf.rows - r0));
+        a.channels = cnt;
+        kernels.reduce(a);
+      }
+      for (int64_t g = 0; g < cnt; ++g) {
+        const int64_t cg = c0 + g;
+        if (reduce_only) {
+          red0[cg] = sums[2 * g], red1[cg] = sums[2 * g + 1];
+          continue;
+        }
+        coefficients(conf, m, ch[cg], sums[2 * g], sums[2 * g + 1], &coef[4 * g], &coef[4 * g + 1],
+                     &coef[4 * g + 2], &diff_gamma[cg], &diff_beta[cg]);
+      }
+      if (reduce_only) return;
+      KernelArgs a = args2(base, dx_base, true, coef, nullptr, conf.rows);
+      a.channels = cnt;
+      kernels.apply(a);
     });
   } else if (conf.walk == Walk::kRows) {
     // One call per channel, or per (channel, image) over padded rows; the

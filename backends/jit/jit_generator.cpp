@@ -1,5 +1,5 @@
 // Xbyak generator of the batch-norm backward kernels (AVX-512 and AVX2+F16C):
-// the shared pieces, the rows walk, and generate_kernels.
+// the shared pieces and generate_kernels.
 //
 // Everything the loops depend on is a generation-time constant: dtype, walk,
 // row length (S or C), row stride, tail length. Main loops run U = 4 vectors
@@ -24,8 +24,6 @@ using namespace Xbyak;
 namespace {
 
 constexpr int kUnroll = 4;
-constexpr int64_t kPerRowSumCols = 256;      // rows this long get a horizontal sum each
-constexpr int64_t kPrefetchRowBytes = 1024;  // rows up to this long get the next one prefetched
 constexpr size_t kCodeBytes = 64 * 1024;
 
 }  // namespace
@@ -38,7 +36,9 @@ BnGenerator::BnGenerator(const BnConf& c, Kind kind)
       es_(static_cast<int>(dtype_size(c.d.data_dt))),
       cp_(padded_channels(c.d.channels)),
       tail_(c.cols % lanes_) {
-  if (c.walk == Walk::kRows) {
+  if (c.walk == Walk::kRows && c.channel_group > 0) {
+    kind == Kind::kReduce ? rows_reduce_grouped() : rows_apply_grouped();
+  } else if (c.walk == Walk::kRows) {
     kind == Kind::kReduce ? rows_reduce() : rows_apply();
   } else {
     kind == Kind::kReduce ? pixels_reduce() : pixels_apply();
@@ -62,27 +62,16 @@ void BnGenerator::prologue() {
     mov(r12, ptr[rdi + offsetof(KernelArgs, x2)]);
     mov(r13, ptr[rdi + offsetof(KernelArgs, dy2)]);
   }
+  // The grouped rows kernels keep the call's channel count in rdi (the
+  // arguments are all loaded by now).
+  if (c_.walk == Walk::kRows && c_.channel_group > 0)
+    mov(rdi, ptr[rdi + offsetof(KernelArgs, channels)]);
   if (tail_ == 0) return;
   if (avx512_) {
     mov(eax, (1u << tail_) - 1);
     kmovw(k1, eax);
   } else if (c_.d.data_dt == DataType::kF32) {
     vmovups(vmm(kMask), ptr[rip + tail_mask_]);
-  }
-}
-
-// Short rows far apart (NCX with small spatial: a row every C*S elements) miss
-// the TLB and the hardware prefetchers on every row; touch the next row of the
-// inputs while this one is computed.
-void BnGenerator::prefetch_next_row() {
-  const int64_t row_bytes = c_.cols * es_;
-  if (c_.walk != Walk::kRows || row_bytes > kPrefetchRowBytes) return;
-  mov(rax, c_.row_stride * es_);
-  for (int64_t off = 0; off < row_bytes; off += 64) {
-    prefetcht0(ptr[rsi + rax + off]);
-    prefetcht0(ptr[rdx + rax + off]);
-    if (c_.x_fuse != Fuse::kNone) prefetcht0(ptr[r12 + rax + off]);
-    if (c_.dy_fuse != Fuse::kNone) prefetcht0(ptr[r13 + rax + off]);
   }
 }
 
@@ -289,104 +278,6 @@ void BnGenerator::hsum(int v, int s) {
   vaddps(Xmm(v), Xmm(v), Xmm(s));
   vmovshdup(Xmm(s), Xmm(v));
   vaddss(Xmm(v), Xmm(v), Xmm(s));
-}
-
-// rows_reduce: a_j = v0..3 (sum dy), b_j = v4..7 (sum dy (x - mean)), x/dy temps v8/v9,
-// mean v12, f64 totals xmm13/xmm14.
-void BnGenerator::rows_reduce() {
-  // Short rows keep their vector sums across rows (a horizontal sum per row
-  // would cost more than the row); long rows are summed per row and
-  // accumulated in f64. Both orders are fixed, so results do not depend on threads.
-  const bool per_row = c_.cols >= kPerRowSumCols;
-  prologue();
-  vbroadcastss(vmm(12), ptr[r8 + 12]);
-  vxorpd(Xmm(13), Xmm(13), Xmm(13));
-  vxorpd(Xmm(14), Xmm(14), Xmm(14));
-  Label row, done;
-  auto zero_sums = [&] {
-    for (int j = 0; j < 8; ++j)
-      vxorps(Xmm(j), Xmm(j), Xmm(j));  // VEX zeroing clears the full register
-  };
-  auto fold_sums = [&] {
-    vaddps(vmm(0), vmm(0), vmm(1));
-    vaddps(vmm(2), vmm(2), vmm(3));
-    vaddps(vmm(0), vmm(0), vmm(2));
-    vaddps(vmm(4), vmm(4), vmm(5));
-    vaddps(vmm(6), vmm(6), vmm(7));
-    vaddps(vmm(4), vmm(4), vmm(6));
-    hsum(0, 10);
-    hsum(4, 10);
-    vcvtss2sd(Xmm(15), Xmm(15), Xmm(0));
-    vaddsd(Xmm(13), Xmm(13), Xmm(15));
-    vcvtss2sd(Xmm(15), Xmm(15), Xmm(4));
-    vaddsd(Xmm(14), Xmm(14), Xmm(15));
-  };
-  if (!per_row) zero_sums();
-  test(r10, r10);
-  jz(done, T_NEAR);
-  L(row);
-  prefetch_next_row();
-  if (per_row) zero_sums();
-  cols_loop([&](int j, int64_t off, bool tail) {
-    load_port(0, 8, 10, off, tail);
-    load_port(1, 9, 10, off, tail);
-    vaddps(vmm(j), vmm(j), vmm(9));
-    vsubps(vmm(8), vmm(8), vmm(12));
-    vfmadd231ps(vmm(4 + j), vmm(9), vmm(8));
-  });
-  if (per_row) fold_sums();
-  next_row(false);
-  dec(r10);
-  jnz(row, T_NEAR);
-  L(done);
-  if (!per_row) fold_sums();
-  vaddsd(Xmm(13), Xmm(13), ptr[r9]);
-  vmovsd(ptr[r9], Xmm(13));
-  vaddsd(Xmm(14), Xmm(14), ptr[r9 + 8]);
-  vmovsd(ptr[r9 + 8], Xmm(14));
-  epilogue();
-}
-
-// The row loop of both apply kernels. With streaming stores, a row whose dx
-// start is vector-aligned takes the non-temporal copy of the body; others (and
-// tails) use ordinary stores.
-void BnGenerator::apply_rows(const std::function<void(bool)>& body) {
-  Label row, plain, row_end, done;
-  test(r10, r10);
-  jz(done, T_NEAR);
-  L(row);
-  prefetch_next_row();
-  if (c_.streaming_stores) {
-    test(rcx, lanes_ * es_ - 1);
-    jnz(plain, T_NEAR);
-    body(true);
-    jmp(row_end, T_NEAR);
-  }
-  L(plain);
-  body(false);
-  L(row_end);
-  next_row(true);
-  dec(r10);
-  jnz(row, T_NEAR);
-  if (c_.streaming_stores) sfence();
-  L(done);
-}
-
-// rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
-void BnGenerator::rows_apply() {
-  prologue();
-  for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 4 * k]);
-  apply_rows([&](bool nt) {
-    cols_loop([&](int j, int64_t off, bool tail) {
-      load_port(0, j, 8, off, tail);
-      load_port(1, 4 + j, 8, off, tail);
-      vsubps(vmm(j), vmm(j), vmm(15));
-      vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
-      vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
-      store(rcx, off, 4 + j, tail, nt);
-    });
-  });
-  epilogue();
 }
 
 void BnGenerator::emit_constants() {

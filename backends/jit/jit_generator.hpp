@@ -1,8 +1,9 @@
 // The Xbyak code generator of the JIT batch-norm backward kernels (private).
 //
 // One BnGenerator emits one kernel (reduce or apply) for one conf. The shared
-// pieces (prologue, loads and stores with dtype conversion, fused producers,
-// the rows walk) are in jit_generator.cpp; the pixels walk, including the
+// pieces (prologue, loads and stores with dtype conversion, fused producers)
+// are in jit_generator.cpp; the rows walk, including the grouped kernels for
+// short rows, in jit_generator_rows.cpp; the pixels walk, including the
 // channel-blocked kernels for rows wider than the registers, in
 // jit_generator_pixels.cpp. Everything the loops depend on is a
 // generation-time constant: dtype, walk, row length, strides, tail length.
@@ -46,9 +47,8 @@ class BnGenerator : public Xbyak::CodeGenerator {
   // Vectors per pixel row, the last one partial when there is a tail.
   int64_t row_vectors() const { return (c_.cols + lanes_ - 1) / lanes_; }
 
-  // jit_generator.cpp: shared pieces and the rows walk.
+  // jit_generator.cpp: shared pieces.
   void prologue();
-  void prefetch_next_row();
   void next_row(bool with_dx);
   void epilogue();
   void round_to_data_dtype(int v, int tmp);
@@ -57,10 +57,18 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void store(const Reg64& base, int64_t off, int src, bool tail, bool nt = false);
   void cols_loop(const std::function<void(int, int64_t, bool)>& step);
   void hsum(int v, int s);
-  void rows_reduce();
-  void apply_rows(const std::function<void(bool)>& body);
-  void rows_apply();
   void emit_constants();
+
+  // jit_generator_rows.cpp: the rows walk.
+  void prefetch_next_row();
+  void rows_reduce();
+  // The row loop of the apply kernels; streaming stores only if allow_nt.
+  void apply_rows(bool allow_nt, const std::function<void(bool)>& body);
+  void rows_apply();
+  void each_group_channel(const std::function<void(int)>& body);
+  int group_sum(int g, int which) const;
+  void rows_reduce_grouped();
+  void rows_apply_grouped();
 
   // jit_generator_pixels.cpp: the pixels walk.
   void each_vector(const std::function<void(int, int64_t, bool)>& step);

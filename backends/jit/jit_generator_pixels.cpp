@@ -228,7 +228,7 @@ void BnGenerator::pixels_apply() {
     xor_(r11, r11);
     load_coefs(static_cast<int>(row_vectors()));
   }
-  apply_rows([&](bool nt) {
+  apply_rows(true, [&](bool nt) {
     if (in_regs) {
       each_vector([&](int v, int64_t off, bool tail) { apply_vector(v, off, off, tail, nt); });
       return;

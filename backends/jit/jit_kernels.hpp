@@ -2,10 +2,13 @@
 //
 // Both the Xbyak generator and the portable C++ path implement these, with the
 // same contracts, so the driver does not care which one runs:
-//   rows_reduce   out[0] += sum dy, out[1] += sum dy (x - mean) over `rows` rows
-//                 of `cols` elements (row stride from the conf); per-row sums in
-//                 f32, accumulated across rows in f64
-//   rows_apply    dx = a dy + b (x - mean) + c for one channel (coef = {a, b, c, mean})
+//   rows_reduce   out[2g] += sum dy, out[2g+1] += sum dy (x - mean) over `rows` rows
+//                 of `cols` elements (row stride from the conf) for each of the
+//                 `channels` channels g of the call (channel_stride apart); sums
+//                 in f32 (per row for long rows, per call for short ones), added
+//                 into the f64 totals
+//   rows_apply    dx = a dy + b (x - mean) + c for each channel g of the call
+//                 (coef[4g..4g+3] = {a, b, c, mean})
 //   pixels_reduce acc[0:C] += dy, acc[Cp:Cp+C] += dy (x - mean[c]) per channel, f32,
 //                 over `rows` pixels (Cp = C rounded up to 16; arrays padded)
 //   pixels_apply  dx = a[c] dy + b[c] (x - mean[c]) + c[c]; coef = a|b|c|mean, each Cp long
@@ -23,12 +26,16 @@ namespace jit {
 struct KernelArgs {
   const void* x;
   const void* dy;
-  void* dx;           // apply only
-  const float* coef;  // rows: {a, b, c, mean}; pixels: mean (reduce) or a|b|c|mean (apply)
-  void* acc;          // rows_reduce: double[2]; pixels_reduce: float[2 * Cp]
+  void* dx;  // apply only
+  const float*
+      coef;   // rows: {a, b, c, mean} per channel; pixels: mean (reduce) or a|b|c|mean (apply)
+  void* acc;  // rows_reduce: double[2 * channels]; pixels_reduce: float[2 * Cp]
   int64_t rows;
   const void* x2;   // fused src: the producer's second input (x is its first)
   const void* dy2;  // fused diff_dst: likewise
+  // Rows walk: channels in this call, 1..conf.channel_group (1 when the conf
+  // has no channel group).
+  int64_t channels = 1;
 };
 
 // Padded per-channel array length.

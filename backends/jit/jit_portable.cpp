@@ -56,21 +56,24 @@ class PortableKernels final : public KernelSet {
 
   void reduce(const KernelArgs& a) const override {
     if (c_.walk == Walk::kRows) {
-      const float mean = a.coef[3];  // coef = {a, b, c, mean}
-      double* out = static_cast<double*>(a.acc);
-      for (int64_t r = 0; r < a.rows; ++r) {
-        // Eight partial sums per row, as a vector unit would keep them.
-        float s0[8] = {}, s1[8] = {};
-        for (int64_t i = 0; i < c_.cols; ++i) {
-          const float dy = value(a, 1, r * c_.row_stride + i);
-          const float xm = value(a, 0, r * c_.row_stride + i) - mean;
-          s0[i % 8] += dy;
-          s1[i % 8] += dy * xm;
+      for (int64_t g = 0; g < a.channels; ++g) {
+        const float mean = a.coef[4 * g + 3];  // coef = {a, b, c, mean} per channel
+        double* out = static_cast<double*>(a.acc) + 2 * g;
+        const int64_t base = g * c_.channel_stride;
+        for (int64_t r = 0; r < a.rows; ++r) {
+          // Eight partial sums per row, as a vector unit would keep them.
+          float s0[8] = {}, s1[8] = {};
+          for (int64_t i = 0; i < c_.cols; ++i) {
+            const float dy = value(a, 1, base + r * c_.row_stride + i);
+            const float xm = value(a, 0, base + r * c_.row_stride + i) - mean;
+            s0[i % 8] += dy;
+            s1[i % 8] += dy * xm;
+          }
+          float t0 = 0.f, t1 = 0.f;
+          for (int k = 0; k < 8; ++k) t0 += s0[k], t1 += s1[k];
+          out[0] += t0;
+          out[1] += t1;
         }
-        float t0 = 0.f, t1 = 0.f;
-        for (int k = 0; k < 8; ++k) t0 += s0[k], t1 += s1[k];
-        out[0] += t0;
-        out[1] += t1;
       }
       return;
     }
@@ -86,16 +89,25 @@ class PortableKernels final : public KernelSet {
 
   void apply(const KernelArgs& a) const override {
     const DataType dt = c_.d.data_dt;
+    if (c_.walk == Walk::kRows) {
+      for (int64_t g = 0; g < a.channels; ++g) {
+        const float* k = a.coef + 4 * g;  // {a, b, c, mean}
+        for (int64_t r = 0; r < a.rows; ++r) {
+          for (int64_t i = 0; i < c_.cols; ++i) {
+            const int64_t e = g * c_.channel_stride + r * c_.row_stride + i;
+            store(a.dx, g * c_.dx_channel_stride + r * c_.dx_row_stride + i, dt,
+                  k[0] * value(a, 1, e) + (k[1] * (value(a, 0, e) - k[3]) + k[2]));
+          }
+        }
+      }
+      return;
+    }
     for (int64_t r = 0; r < a.rows; ++r) {
       for (int64_t i = 0; i < c_.cols; ++i) {
         const int64_t e = r * c_.row_stride + i;
-        const bool rows = c_.walk == Walk::kRows;
-        const float ca = rows ? a.coef[0] : a.coef[i];
-        const float cb = rows ? a.coef[1] : a.coef[cp_ + i];
-        const float cc = rows ? a.coef[2] : a.coef[2 * cp_ + i];
-        const float cm = rows ? a.coef[3] : a.coef[3 * cp_ + i];
         store(a.dx, r * c_.dx_row_stride + i, dt,
-              ca * value(a, 1, e) + (cb * (value(a, 0, e) - cm) + cc));
+              a.coef[i] * value(a, 1, e) +
+                  (a.coef[cp_ + i] * (value(a, 0, e) - a.coef[3 * cp_ + i]) + a.coef[2 * cp_ + i]));
       }
     }
   }

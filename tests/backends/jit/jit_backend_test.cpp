@@ -200,6 +200,30 @@ TEST(JitBackend, StreamingStoresOnLargeOutputs) {
   }
 }
 
+void expect_same_bits_for_1_2_4_threads(const Graph& g) {
+  const auto one = run_with_threads(g, 1);
+  const auto two = run_with_threads(g, 2), four = run_with_threads(g, 4);
+  for (const auto& [id, b] : one) {
+    EXPECT_EQ(b, two.at(id)) << "tensor " << id;
+    EXPECT_EQ(b, four.at(id)) << "tensor " << id;
+  }
+}
+
+// A ReLUBackward (port 0: src) or an Add (port 1: diff_dst) feeding an f32
+// batch-norm backward.
+Graph fused_on_port(const Dims& shape, const char* fmt, int port) {
+  Op pre(1, port == 0 ? OpKind::kReLUBackward : OpKind::kAdd, "pre");
+  pre.add_input(testing_util::lt(30, DataType::kF32, shape))
+      .add_input(testing_util::lt(31, DataType::kF32, shape));
+  pre.add_output(testing_util::lt(20, DataType::kF32, shape));
+  Op bn = bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, true, 3);
+  bn.mutable_inputs()[port].id = 20;
+  Graph g;
+  EXPECT_TRUE(g.add_op(pre).ok());
+  EXPECT_TRUE(g.add_op(bn).ok());
+  return g;
+}
+
 // The channel-blocked pixel kernels (f32 channels-last rows wider than the
 // registers, AVX-512): whole channel blocks, leftover vectors, channel tails,
 // groups of pixels and the single pixels after them, every output form, fused
@@ -228,17 +252,8 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
   }
   // Fused producers on either port.
   for (int port : {0, 1}) {
-    const Dims shape = {3, 5, 7, 200};
-    Op pre(1, port == 0 ? OpKind::kReLUBackward : OpKind::kAdd, "pre");
-    pre.add_input(testing_util::lt(30, DataType::kF32, shape))
-        .add_input(testing_util::lt(31, DataType::kF32, shape));
-    pre.add_output(testing_util::lt(20, DataType::kF32, shape));
-    Op bn = bn_bwd(shape, "NXC", DataType::kF32, DataType::kF32, true, 3);
-    bn.mutable_inputs()[port].id = 20;
-    Graph g;
-    ASSERT_TRUE(g.add_op(pre).ok());
-    ASSERT_TRUE(g.add_op(bn).ok());
-    check(g, "fused on port " + std::to_string(port), port == 0 ? "+src_" : "+diff_dst_");
+    check(fused_on_port({3, 5, 7, 200}, "NXC", port), "fused on port " + std::to_string(port),
+          port == 0 ? "+src_" : "+diff_dst_");
   }
   // Rows padded from 150 to 160 channels in src and diff_dst, to 176 in diff_src.
   Op padded = bn_bwd({2, 5, 7, 150}, "NXC", DataType::kF32, DataType::kF32, true, 3);
@@ -253,12 +268,75 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
   EXPECT_EQ(conf->streaming_stores, conf->total_elements * 4 > jit::cache_sizes().l3_bytes / 2);
   check(one_op(big), "8x50x50x320", ":pixels");
   // The groups and blocks are fixed by the shape: same bits for 1, 2 and 4 threads.
-  Graph g = one_op(bn_bwd({16, 14, 14, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3));
-  const auto one = run_with_threads(g, 1);
-  const auto two = run_with_threads(g, 2), four = run_with_threads(g, 4);
-  for (const auto& [id, b] : one) {
-    EXPECT_EQ(b, two.at(id)) << "tensor " << id;
-    EXPECT_EQ(b, four.at(id)) << "tensor " << id;
+  expect_same_bits_for_1_2_4_threads(
+      one_op(bn_bwd({16, 14, 14, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3)));
+}
+
+// The grouped rows kernels (short NCX rows of adjacent channels, AVX-512 and
+// AVX2): groups whole and partial, rows on the short-row boundary and just
+// past it, every output form, fused producers, padded batch strides, more
+// images than one reduce call takes, streaming stores, and the same bits for
+// any thread count.
+TEST(JitBackend, GroupedRowsKernels) {
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    if (isa == "portable") continue;
+    IsaScope scope(isa);
+    auto check = [&](const Graph& g, const std::string& what, bool grouped) {
+      SCOPED_TRACE(isa + " " + what);
+      const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran++));
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_EQ(r.kernel.find("rows_grouped") != std::string::npos, grouped) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    };
+    // 19 channels: 2 whole groups of 8 and 3 left (AVX-512), 4 of 4 and 3 (AVX2);
+    // 8: whole groups only; 3: fewer channels than a group. 16x16 f32 and
+    // 16x32 bf16 rows are 1 KiB, the longest short rows; 17x17 f32 is past it.
+    struct Case {
+      Dims shape;
+      DataType dt;
+      bool grouped;
+    } cases[] = {{{4, 19, 7, 7}, DataType::kF32, true},    {{2, 8, 14, 14}, DataType::kF32, true},
+                 {{5, 3, 3, 5}, DataType::kBF16, true},    {{2, 9, 16, 16}, DataType::kF32, true},
+                 {{2, 9, 16, 32}, DataType::kBF16, true},  {{2, 9, 17, 17}, DataType::kF32, false},
+                 {{3, 21, 7, 7}, DataType::kF16, true},    {{2, 11, 5}, DataType::kF32, true},
+                 {{2, 11, 2, 3, 5}, DataType::kBF16, true}};
+    for (const Case& k : cases) {
+      for (int form = 0; form < 6; ++form) {
+        Op op = bn_bwd(k.shape, "NCX", k.dt, DataType::kF32, form != 1,
+                       form == 2 || form == 4 ? 1 : 3, 1e-3f);
+        apply_form(op, form);
+        check(one_op(op),
+              dims_to_string(k.shape) + " " + dtype_name(k.dt) + " form " + std::to_string(form),
+              k.grouped);
+      }
+    }
+    // Fused producers on either port.
+    for (int port : {0, 1}) {
+      check(fused_on_port({3, 13, 7, 7}, "NCX", port), "fused on port " + std::to_string(port),
+            true);
+    }
+    // Images padded apart (channels still adjacent): 10x5x5 per image padded to
+    // 300 elements in src and diff_dst and to 260 in diff_src.
+    Op padded = bn_bwd({3, 10, 5, 5}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+    padded.mutable_inputs()[0].strides = {300, 25, 5, 1};
+    padded.mutable_inputs()[1].strides = {300, 25, 5, 1};
+    padded.mutable_outputs()[0].strides = {260, 25, 5, 1};
+    check(one_op(padded), "padded images", true);
+    // 300 images: two reduce calls per group.
+    check(one_op(bn_bwd({300, 10, 2, 3}, "NCX", DataType::kF32, DataType::kF32, true, 3)),
+          "300 images", true);
+    // diff_src larger than half the L3 with rows of whole vectors: streaming stores.
+    Op big = bn_bwd({33, 512, 16, 16}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+    auto conf = jit::make_conf(big, jit::detect_isa());
+    ASSERT_TRUE(conf.ok());
+    EXPECT_GT(conf->channel_group, 0);
+    EXPECT_EQ(conf->streaming_stores,
+              isa == "avx512" && conf->total_elements * 4 > jit::cache_sizes().l3_bytes / 2);
+    check(one_op(big), "33x512x16x16", true);
+    // The groups and reduce calls are fixed by the shape: same bits for 1, 2 and 4 threads.
+    expect_same_bits_for_1_2_4_threads(
+        one_op(bn_bwd({16, 203, 7, 7}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
   }
 }
 

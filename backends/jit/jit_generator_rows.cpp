@@ -1,0 +1,229 @@
+// Xbyak generator, the rows walk: NCX with spatial > 1, channel c being N
+// rows of S contiguous elements, a row every C*S elements.
+//
+// Long rows take one channel per call (rows_reduce / rows_apply). Short rows
+// (up to kShortRowBytes, e.g. 7x7 and 14x14 f32) of adjacent channels take
+// the grouped kernels: up to conf.channel_group channels per call, walked
+// image by image, so each image's rows of the group are one contiguous block
+// (8 x 49 f32 = 1.5 KiB) instead of one 196-byte row per channel 400 KiB
+// from the next -- the pattern that defeated the hardware prefetchers and the
+// TLB -- and the per-call and masked-tail costs are shared by the group.
+#include <algorithm>
+
+#include <normgrad/backends/jit/jit_generator.hpp>
+
+namespace normgrad {
+namespace jit {
+
+using namespace Xbyak;
+
+namespace {
+
+constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum each
+
+}  // namespace
+
+// Short rows far apart (NCX with small spatial: a row every C*S elements) miss
+// the TLB and the hardware prefetchers on every row; touch the next row of the
+// inputs while this one is computed.
+void BnGenerator::prefetch_next_row() {
+  // A group's rows of one image are one block: the next image's block (two or
+  // four images ahead measured no faster, no prefetch slower: docs/performance.md).
+  const int64_t row_bytes = c_.cols * es_ * std::max(1, c_.channel_group);
+  if (c_.walk != Walk::kRows || c_.cols * es_ > kShortRowBytes) return;
+  mov(rax, c_.row_stride * es_);
+  for (int64_t off = 0; off < row_bytes; off += 64) {
+    prefetcht0(ptr[rsi + rax + off]);
+    prefetcht0(ptr[rdx + rax + off]);
+    if (c_.x_fuse != Fuse::kNone) prefetcht0(ptr[r12 + rax + off]);
+    if (c_.dy_fuse != Fuse::kNone) prefetcht0(ptr[r13 + rax + off]);
+  }
+}
+
+// rows_reduce: a_j = v0..3 (sum dy), b_j = v4..7 (sum dy (x - mean)), x/dy temps v8/v9,
+// mean v12, f64 totals xmm13/xmm14.
+void BnGenerator::rows_reduce() {
+  // Short rows keep their vector sums across rows (a horizontal sum per row
+  // would cost more than the row); long rows are summed per row and
+  // accumulated in f64. Both orders are fixed, so results do not depend on threads.
+  const bool per_row = c_.cols >= kPerRowSumCols;
+  prologue();
+  vbroadcastss(vmm(12), ptr[r8 + 12]);
+  vxorpd(Xmm(13), Xmm(13), Xmm(13));
+  vxorpd(Xmm(14), Xmm(14), Xmm(14));
+  Label row, done;
+  auto zero_sums = [&] {
+    for (int j = 0; j < 8; ++j)
+      vxorps(Xmm(j), Xmm(j), Xmm(j));  // VEX zeroing clears the full register
+  };
+  auto fold_sums = [&] {
+    vaddps(vmm(0), vmm(0), vmm(1));
+    vaddps(vmm(2), vmm(2), vmm(3));
+    vaddps(vmm(0), vmm(0), vmm(2));
+    vaddps(vmm(4), vmm(4), vmm(5));
+    vaddps(vmm(6), vmm(6), vmm(7));
+    vaddps(vmm(4), vmm(4), vmm(6));
+    hsum(0, 10);
+    hsum(4, 10);
+    vcvtss2sd(Xmm(15), Xmm(15), Xmm(0));
+    vaddsd(Xmm(13), Xmm(13), Xmm(15));
+    vcvtss2sd(Xmm(15), Xmm(15), Xmm(4));
+    vaddsd(Xmm(14), Xmm(14), Xmm(15));
+  };
+  if (!per_row) zero_sums();
+  test(r10, r10);
+  jz(done, T_NEAR);
+  L(row);
+  prefetch_next_row();
+  if (per_row) zero_sums();
+  cols_loop([&](int j, int64_t off, bool tail) {
+    load_port(0, 8, 10, off, tail);
+    load_port(1, 9, 10, off, tail);
+    vaddps(vmm(j), vmm(j), vmm(9));
+    vsubps(vmm(8), vmm(8), vmm(12));
+    vfmadd231ps(vmm(4 + j), vmm(9), vmm(8));
+  });
+  if (per_row) fold_sums();
+  next_row(false);
+  dec(r10);
+  jnz(row, T_NEAR);
+  L(done);
+  if (!per_row) fold_sums();
+  vaddsd(Xmm(13), Xmm(13), ptr[r9]);
+  vmovsd(ptr[r9], Xmm(13));
+  vaddsd(Xmm(14), Xmm(14), ptr[r9 + 8]);
+  vmovsd(ptr[r9 + 8], Xmm(14));
+  epilogue();
+}
+
+// The row loop of both apply kernels. With streaming stores, a row whose dx
+// start is vector-aligned takes the non-temporal copy of the body; others (and
+// tails) use ordinary stores.
+void BnGenerator::apply_rows(bool allow_nt, const std::function<void(bool)>& body) {
+  const bool nt = c_.streaming_stores && allow_nt;
+  Label row, plain, row_end, done;
+  test(r10, r10);
+  jz(done, T_NEAR);
+  L(row);
+  prefetch_next_row();
+  if (nt) {
+    test(rcx, lanes_ * es_ - 1);
+    jnz(plain, T_NEAR);
+    body(true);
+    jmp(row_end, T_NEAR);
+  }
+  L(plain);
+  body(false);
+  L(row_end);
+  next_row(true);
+  dec(r10);
+  jnz(row, T_NEAR);
+  if (nt) sfence();
+  L(done);
+}
+
+// rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
+void BnGenerator::rows_apply() {
+  prologue();
+  for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 4 * k]);
+  apply_rows(true, [&](bool nt) {
+    cols_loop([&](int j, int64_t off, bool tail) {
+      load_port(0, j, 8, off, tail);
+      load_port(1, 4 + j, 8, off, tail);
+      vsubps(vmm(j), vmm(j), vmm(15));
+      vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
+      vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
+      store(rcx, off, 4 + j, tail, nt);
+    });
+  });
+  epilogue();
+}
+
+// body(g) for each channel g of a grouped call: the first always (a call has
+// at least one), the others only while g < the call's channel count (rdi).
+void BnGenerator::each_group_channel(const std::function<void(int)>& body) {
+  Label end;
+  for (int g = 0; g < c_.channel_group; ++g) {
+    if (g > 0) {
+      cmp(rdi, g);
+      jle(end, T_NEAR);
+    }
+    body(g);
+  }
+  L(end);
+}
+
+// The sum registers of channel g of a group: zmm16..23 / zmm24..31 on AVX-512
+// (groups of 8), ymm0..3 / ymm4..7 on AVX2 (groups of 4).
+int BnGenerator::group_sum(int g, int which) const {
+  return avx512_ ? 16 + which * c_.channel_group + g : which * c_.channel_group + g;
+}
+
+// rows_reduce over a channel group: both sums of each channel in registers for
+// the whole call, one vector each (the group supplies the independent chains
+// the single-channel kernel gets from unrolling); x/dy temps v8/v9, scratch
+// v10, mean v12, f64 conversion xmm15.
+void BnGenerator::rows_reduce_grouped() {
+  prologue();
+  for (int g = 0; g < c_.channel_group; ++g) {
+    for (int which = 0; which < 2; ++which) {
+      const int r = group_sum(g, which);
+      vxorps(Xmm(r), Xmm(r), Xmm(r));
+    }
+  }
+  Label row, done;
+  test(r10, r10);
+  jz(done, T_NEAR);
+  L(row);
+  prefetch_next_row();
+  each_group_channel([&](int g) {
+    vbroadcastss(vmm(12), ptr[r8 + 16 * g + 12]);
+    cols_loop([&](int, int64_t off, bool tail) {
+      const int64_t o = off + g * c_.channel_stride;
+      load_port(0, 8, 10, o, tail);
+      load_port(1, 9, 10, o, tail);
+      vaddps(vmm(group_sum(g, 0)), vmm(group_sum(g, 0)), vmm(9));
+      vsubps(vmm(8), vmm(8), vmm(12));
+      vfmadd231ps(vmm(group_sum(g, 1)), vmm(9), vmm(8));
+    });
+  });
+  next_row(false);
+  dec(r10);
+  jnz(row, T_NEAR);
+  L(done);
+  each_group_channel([&](int g) {
+    for (int which = 0; which < 2; ++which) {
+      vmovaps(vmm(8), vmm(group_sum(g, which)));
+      hsum(8, 10);
+      vcvtss2sd(Xmm(15), Xmm(15), Xmm(8));
+      vaddsd(Xmm(15), Xmm(15), ptr[r9 + 16 * g + 8 * which]);
+      vmovsd(ptr[r9 + 16 * g + 8 * which], Xmm(15));
+    }
+  });
+  epilogue();
+}
+
+// rows_apply over a channel group: per image, each channel's a, b, c, mean
+// broadcast into v12..v15 and its row computed as in rows_apply. Streaming
+// stores only when every channel's row starts on a vector (S whole vectors).
+void BnGenerator::rows_apply_grouped() {
+  prologue();
+  apply_rows(c_.cols % lanes_ == 0, [&](bool nt) {
+    each_group_channel([&](int g) {
+      for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 16 * g + 4 * k]);
+      cols_loop([&](int j, int64_t off, bool tail) {
+        const int64_t o = off + g * c_.channel_stride;
+        load_port(0, j, 8, o, tail);
+        load_port(1, 4 + j, 8, o, tail);
+        vsubps(vmm(j), vmm(j), vmm(15));
+        vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
+        vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
+        store(rcx, off + g * c_.dx_channel_stride, 4 + j, tail, nt);
+      });
+    });
+  });
+  epilogue();
+}
+
+}  // namespace jit
+}  // namespace normgrad
