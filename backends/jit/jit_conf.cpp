@@ -267,7 +267,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   const bool dense_rows = c.x_strides.empty() && c.dy_strides.empty() && c.dx_strides.empty() &&
                           c.batch_calls == 0 && c.channel_stride == c.cols &&
                           c.dx_channel_stride == c.cols;
-  if (c.walk == Walk::kRows && isa != Isa::kPortable && dense_rows && d.channels > 1 &&
+  if (c.walk == Walk::kRows && dense_rows && d.channels > 1 &&
       c.cols * dtype_size(d.data_dt) <= kShortRowBytes)
     c.channel_group = isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
   c.single_thread = c.total_elements < 100000;

@@ -61,7 +61,8 @@ const CacheSizes& cache_sizes();
 constexpr int kPixelGroup = 8;
 
 // Channels per call of the grouped rows kernels (short NCX rows): as many as
-// keep both sums in registers (zmm16..31 on AVX-512, ymm0..7 on AVX2).
+// keep both sums in registers (zmm16..31 on AVX-512, ymm0..7 on AVX2; the
+// portable path takes the AVX2 group, so the driver has one rows walk per shape).
 constexpr int kRowGroupAvx512 = 8;
 constexpr int kRowGroupAvx2 = 4;
 static_assert(kRowGroupAvx2 <= kRowGroupAvx512, "the driver sizes its arrays for the larger group");

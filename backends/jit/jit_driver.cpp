@@ -2,11 +2,11 @@
 //
 // Reductions are partitioned by the data alone: per channel (rows walk; short
 // rows a group of adjacent channels per task) or per fixed chunk of pixels
-// (pixels walk), each partial computed by one task in a fixed order, and partials combined in f64
-// in index order. Any thread count therefore gives the same bits. In the rows walk a channel's
-// reduction and its diff_src pass run back to back in one task, so its src and diff_dst are read
-// from cache the second time when the channel fits (1 to 4 channels of a
-// 112x112 batch-32 layer fit the L3).
+// (pixels walk), each partial computed by one task in a fixed order, and
+// partials combined in f64 in index order. Any thread count therefore gives
+// the same bits. In the rows walk a channel's reduction and its diff_src pass
+// run back to back in one task, so its src and diff_dst are read from cache the second time when
+// the channel fits (1 to 4 channels of a 112x112 batch-32 layer fit the L3).
 #include <algorithm>
 #include <cmath>
 #include <thread>

@@ -29,8 +29,8 @@ constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum 
 void BnGenerator::prefetch_next_row() {
   // A group's rows of one image are one block: the next image's block (two or
   // four images ahead measured no faster, no prefetch slower: docs/performance.md).
-  const int64_t row_bytes = c_.cols * es_ * std::max(1, c_.channel_group);
   if (c_.walk != Walk::kRows || c_.cols * es_ > kShortRowBytes) return;
+  const int64_t row_bytes = c_.cols * es_ * std::max(1, c_.channel_group);
   mov(rax, c_.row_stride * es_);
   for (int64_t off = 0; off < row_bytes; off += 64) {
     prefetcht0(ptr[rsi + rax + off]);

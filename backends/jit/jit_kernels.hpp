@@ -5,8 +5,8 @@
 //   rows_reduce   out[2g] += sum dy, out[2g+1] += sum dy (x - mean) over `rows` rows
 //                 of `cols` elements (row stride from the conf) for each of the
 //                 `channels` channels g of the call (channel_stride apart); sums
-//                 in f32 (per row for long rows, per call for short ones), added
-//                 into the f64 totals
+//                 in f32 per row (the generated code: per call for short rows),
+//                 added into the f64 totals
 //   rows_apply    dx = a dy + b (x - mean) + c for each channel g of the call
 //                 (coef[4g..4g+3] = {a, b, c, mean})
 //   pixels_reduce acc[0:C] += dy, acc[Cp:Cp+C] += dy (x - mean[c]) per channel, f32,
@@ -27,8 +27,8 @@ struct KernelArgs {
   const void* x;
   const void* dy;
   void* dx;  // apply only
-  const float*
-      coef;   // rows: {a, b, c, mean} per channel; pixels: mean (reduce) or a|b|c|mean (apply)
+  // rows: {a, b, c, mean} per channel; pixels: mean (reduce) or a|b|c|mean (apply)
+  const float* coef;
   void* acc;  // rows_reduce: double[2 * channels]; pixels_reduce: float[2 * Cp]
   int64_t rows;
   const void* x2;   // fused src: the producer's second input (x is its first)

@@ -272,15 +272,14 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
       one_op(bn_bwd({16, 14, 14, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3)));
 }
 
-// The grouped rows kernels (short NCX rows of adjacent channels, AVX-512 and
-// AVX2): groups whole and partial, rows on the short-row boundary and just
+// The grouped rows kernels (short NCX rows of adjacent channels) on every
+// path (AVX-512, AVX2, portable): groups whole and partial, rows on the short-row boundary and just
 // past it, every output form, fused producers, padded batch strides, more
 // images than one reduce call takes, streaming stores, and the same bits for
 // any thread count.
 TEST(JitBackend, GroupedRowsKernels) {
   int ran = 0;
   for (const std::string& isa : isas()) {
-    if (isa == "portable") continue;
     IsaScope scope(isa);
     auto check = [&](const Graph& g, const std::string& what, bool grouped) {
       SCOPED_TRACE(isa + " " + what);
