@@ -20,6 +20,10 @@ std::string npy_descr(DataType dt) {
       return "|u1";
     case DataType::kS32:
       return "<i4";
+    case DataType::kS64:
+      return "<i8";
+    case DataType::kF64:
+      return "<f8";
     default:
       return "<f4";
   }
@@ -120,7 +124,7 @@ Status parse_header_dict(const std::string& h, NpyArray& out, bool& fortran) {
 int64_t descr_size(const std::string& d) {
   if (d == "<f4") return 4;
   if (d == "<f2" || d == "<u2") return 2;
-  if (d == "<f8") return 8;
+  if (d == "<f8" || d == "<i8") return 8;
   if (d == "|i1" || d == "|u1") return 1;
   if (d == "<i4") return 4;
   return 0;
@@ -155,7 +159,7 @@ StatusOr<NpyArray> parse_npy(const std::string& bytes, int64_t max_payload_bytes
   const int64_t esize = descr_size(arr.descr);
   if (esize == 0)
     return invalid_argument("npy: dtype '" + arr.descr +
-                            "' is not supported (<f4, <f2, <u2, <f8, |i1, |u1, <i4)");
+                            "' is not supported (<f4, <f2, <u2, <f8, |i1, |u1, <i4, <i8)");
   NG_ASSIGN_OR_RETURN(int64_t count, checked_product(arr.shape, "npy shape"));
   NG_ASSIGN_OR_RETURN(int64_t payload, checked_mul(count, esize, "npy payload"));
   if (payload > max_payload_bytes)
@@ -222,6 +226,8 @@ Status read_npy_into(const std::string& path, const LogicalTensor& expected, voi
     case DataType::kS8:
     case DataType::kU8:
     case DataType::kS32:
+    case DataType::kS64:
+    case DataType::kF64:
       if (arr.descr != npy_descr(expected.dtype)) return mismatch();
       std::memcpy(buffer, src, static_cast<size_t>(count * dtype_size(expected.dtype)));
       return ok_status();

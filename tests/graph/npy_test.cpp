@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include "tests/test_util.hpp"
 
@@ -38,6 +39,33 @@ TEST(Npy, RoundTripsEveryDtype) {
     ASSERT_TRUE(read_npy_into(path, t, back.data()).ok());
     EXPECT_EQ(buf, back);
   }
+}
+
+// The split backward's count (s64) and f64 sums: written as NumPy's own
+// '<i8' / '<f8' (they were once labelled '<f4' over 8-byte data), read back.
+TEST(Npy, EightByteDtypesUseTheirOwnDescr) {
+  for (DataType dt : {DataType::kS64, DataType::kF64}) {
+    LogicalTensor t(6, dt, {3});
+    const double values[3] = {100352.0, -7.0, 0.0};
+    std::vector<char> buf(24);
+    for (int i = 0; i < 3; ++i) store_from_double(buf.data(), i, dt, values[i]);
+    const std::string path = tmp(dtype_name(dt));
+    ASSERT_TRUE(write_npy(path, t, buf.data()).ok());
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string descr = dt == DataType::kS64 ? "'<i8'" : "'<f8'";
+    EXPECT_NE(bytes.find(descr), std::string::npos) << dtype_name(dt);
+    EXPECT_EQ(bytes.size() % 64, 24u) << "header padded to 64 bytes, then 3 x 8 bytes";
+    std::vector<char> back(24);
+    ASSERT_TRUE(read_npy_into(path, t, back.data()).ok());
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(load_as_double(back.data(), i, dt), values[i]);
+  }
+  LogicalTensor count(6, DataType::kS64, {1});
+  const float f = 1.f;
+  write_bytes(tmp("count_f4"), header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }") +
+                                   std::string(reinterpret_cast<const char*>(&f), 4));
+  EXPECT_STATUS_HAS(read_npy_into(tmp("count_f4"), count, nullptr),
+                    "dtype '<f4' cannot hold tensor 6 of dtype s64 (use <i8)");
 }
 
 TEST(Npy, Bf16FromRawBitsAndRoundedF32) {
