@@ -165,6 +165,22 @@ std::optional<StridedWalk> strided_walk(const BnConf& c, const Dims& st, bool sp
   return w;
 }
 
+int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel) {
+  const int64_t max_rows =
+      std::max<int64_t>(kMinChunkRows, kChunkBytes / std::max<int64_t>(1, bytes_per_pixel));
+  int64_t chunks = (pixels + max_rows - 1) / max_rows;
+  // Few chunks: as many as a multiple of kChunkMultiple, all of one size
+  // (the last short by less than one pixel per chunk), so that 2, 4 or 8 threads get equal
+  // shares. 1 MiB chunks alone gave 4x512x14x14 f32 chunks of 256, 256, 256
+  // and 16 pixels, and its bf16 twin one chunk: one thread for the whole
+  // reduction (docs/performance.md).
+  if (chunks < kManyChunks) {
+    chunks = (chunks + kChunkMultiple - 1) / kChunkMultiple * kChunkMultiple;
+    chunks = std::max<int64_t>(1, std::min(chunks, pixels / kMinChunkRows));
+  }
+  return std::max<int64_t>(1, (pixels + chunks - 1) / chunks);
+}
+
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
   if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
@@ -250,16 +266,17 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   c.needs_reduction = d.phase == BackwardPhase::kReduce ||
                       (d.phase == BackwardPhase::kWhole &&
                        (d.mode == BackwardMode::kTraining || d.diff_scale_shift));
-  // Pixels per reduction partial: about 1 MiB of src + diff_dst (at least 16
-  // pixels), so a chunk stays in L2, partial sums stay few next to the data, and
-  // there are many chunks to share out. Depends on the shape only.
-  const int64_t bytes_per_row = 2 * c.cols * dtype_size(d.data_dt);
-  c.chunk_rows = std::max<int64_t>(16, (int64_t{1024} << 10) / std::max<int64_t>(1, bytes_per_row));
-  // f32 rows wider than the registers (C > 64 on AVX-512) take the
-  // channel-blocked pixel kernels, groups of 8 pixels: measured 1.5-2x faster
-  // on such rows than per-pixel sums through L1 (docs/performance.md). 16-bit
-  // data measured no faster blocked, so it keeps the per-pixel kernels.
-  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && d.data_dt == DataType::kF32 && c.cols > 64)
+  c.chunk_rows = pixel_chunk_rows(c.rows, 2 * c.cols * dtype_size(d.data_dt));
+  // Rows wider than the registers (C > 64 on AVX-512) take the channel-blocked
+  // pixel kernels, groups of 8 pixels: f32 always (measured 1.5-2x faster than
+  // per-pixel sums through L1); 16-bit data only when src and diff_dst fit in
+  // half the L3, where the kernel is bound by instructions (blocked 1.2-1.3x on
+  // the cached cases), while streamed from DRAM the per-pixel walk measured
+  // 1.2-1.5x faster (docs/performance.md).
+  const int64_t input_bytes = 2 * c.total_elements * dtype_size(d.data_dt);
+  const bool cache_resident = input_bytes <= cache_sizes().l3_bytes / 2;
+  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && c.cols > 64 &&
+      (d.data_dt == DataType::kF32 || cache_resident))
     c.pixel_group = kPixelGroup;
   // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
   // grouped rows kernels: each image's rows of a channel group are one

@@ -73,6 +73,17 @@ constexpr int64_t kShortRowBytes = 1024;
 // take before they are added into the f64 totals (fixed by the shape only).
 constexpr int64_t kRowsPerGroupedReduce = 256;
 
+// Pixels per reduction partial of the pixels walk, from the shape alone (so
+// the sums' order, and so their bits, do not depend on the thread count): at
+// most about kChunkBytes of src + diff_dst (a chunk stays in L2 and partials
+// stay few next to the data), at least kMinChunkRows pixels; when that gives
+// fewer than kManyChunks chunks, equal chunks in a multiple of kChunkMultiple.
+constexpr int64_t kChunkBytes = int64_t{1} << 20;
+constexpr int64_t kMinChunkRows = 16;
+constexpr int64_t kManyChunks = 64;
+constexpr int64_t kChunkMultiple = 8;
+int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel);
+
 struct BnConf {
   BatchNormDesc d;
   Isa isa = Isa::kPortable;

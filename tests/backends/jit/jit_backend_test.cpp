@@ -224,9 +224,10 @@ Graph fused_on_port(const Dims& shape, const char* fmt, int port) {
   return g;
 }
 
-// The channel-blocked pixel kernels (f32 channels-last rows wider than the
-// registers, AVX-512): whole channel blocks, leftover vectors, channel tails,
-// groups of pixels and the single pixels after them, every output form, fused
+// The channel-blocked pixel kernels (channels-last rows wider than the
+// registers, AVX-512; f32 always, bf16/f16 when src and diff_dst fit in half
+// the L3): whole channel blocks, leftover vectors, channel tails, groups of
+// pixels and the single pixels after them, every output form and dtype, fused
 // producers, padded rows, streaming stores, and the same bits for any thread count.
 TEST(JitBackend, ChannelBlockedPixelKernels) {
   if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the blocked kernels are AVX-512";
@@ -242,13 +243,30 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
   // C = 65: apply blocked, one vector and a tail; 129: reduce blocked too;
   // 320: two reduce blocks and 4 vectors left, no tail; 1000: 7 blocks and a tail.
   // Pixels: 7 (single pixels only), 30 (3 groups and 6 singles), 128.
-  for (int64_t c : {65, 129, 320, 1000}) {
-    for (const Dims& px : {Dims{1, 1, 7}, Dims{2, 3, 5}, Dims{2, 8, 8}}) {
-      Op op = bn_bwd({px[0], px[1], px[2], c}, "NXC", DataType::kF32, DataType::kF32, ran % 6 != 1,
-                     ran % 6 == 2 || ran % 6 == 4 ? 1 : 3, 1e-3f);
-      apply_form(op, ran % 6);
-      check(one_op(op), "C " + std::to_string(c) + " " + dims_to_string(px), ":pixels");
+  for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+    for (int64_t c : {65, 129, 320, 1000}) {
+      for (const Dims& px : {Dims{1, 1, 7}, Dims{2, 3, 5}, Dims{2, 8, 8}}) {
+        Op op = bn_bwd({px[0], px[1], px[2], c}, "NXC", dt, DataType::kF32, ran % 6 != 1,
+                       ran % 6 == 2 || ran % 6 == 4 ? 1 : 3, 1e-3f);
+        apply_form(op, ran % 6);
+        check(one_op(op),
+              std::string(dtype_name(dt)) + " C " + std::to_string(c) + " " + dims_to_string(px),
+              ":pixels");
+      }
     }
+  }
+  // 16-bit data streamed from DRAM keeps the per-pixel kernels (faster there).
+  for (DataType dt : {DataType::kBF16, DataType::kF16}) {
+    const Op dram = bn_bwd({32, 56, 56, 256}, "NXC", dt, DataType::kF32, true, 3);
+    auto dram_conf = jit::make_conf(dram, jit::Isa::kAvx512);
+    ASSERT_TRUE(dram_conf.ok());
+    EXPECT_EQ(dram_conf->pixel_group, 0) << dtype_name(dt);
+    const Op cached = bn_bwd({4, 14, 14, 512}, "NXC", dt, DataType::kF32, true, 3);
+    auto cached_conf = jit::make_conf(cached, jit::Isa::kAvx512);
+    ASSERT_TRUE(cached_conf.ok());
+    EXPECT_EQ(cached_conf->pixel_group,
+              4 * 14 * 14 * 512 * 2 * 2 <= jit::cache_sizes().l3_bytes / 2 ? jit::kPixelGroup : 0)
+        << dtype_name(dt);
   }
   // Fused producers on either port.
   for (int port : {0, 1}) {
@@ -270,6 +288,39 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
   // The groups and blocks are fixed by the shape: same bits for 1, 2 and 4 threads.
   expect_same_bits_for_1_2_4_threads(
       one_op(bn_bwd({16, 14, 14, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3)));
+  expect_same_bits_for_1_2_4_threads(
+      one_op(bn_bwd({4, 14, 14, 520}, "NXC", DataType::kBF16, DataType::kF32, true, 3)));
+}
+
+// The pixels walk's reduction partition: a function of the shape alone, chunks
+// of at most ~1 MiB of src + diff_dst, and when there are few, a multiple of 8
+// chunks of one size, so that 2, 4 or 8 threads share them evenly.
+TEST(JitBackend, PixelChunksAreEvenAndFixedByShape) {
+  struct Case {
+    int64_t pixels, bytes_per_pixel;
+  } cases[] = {{784, 4096},    {784, 2048}, {784, 1024}, {6272, 8192},   {1568, 16384},
+               {100352, 2048}, {17, 4096},  {5, 64},     {1000003, 512}, {1 << 20, 1 << 20}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::to_string(k.pixels) + " pixels of " + std::to_string(k.bytes_per_pixel));
+    const int64_t rows = jit::pixel_chunk_rows(k.pixels, k.bytes_per_pixel);
+    ASSERT_GE(rows, 1);
+    const int64_t chunks = (k.pixels + rows - 1) / rows;
+    const int64_t max_rows =
+        std::max<int64_t>(jit::kMinChunkRows, jit::kChunkBytes / k.bytes_per_pixel);
+    if (chunks >= jit::kManyChunks) {
+      EXPECT_LE(rows, max_rows);
+      continue;
+    }
+    // Every chunk but the last is full; the last is short by less than one
+    // pixel per chunk, so an even share of 8 chunks stays even.
+    EXPECT_LT(chunks * rows - k.pixels, chunks) << chunks << " x " << rows;
+    if (k.pixels >= jit::kChunkMultiple * jit::kMinChunkRows) {
+      EXPECT_EQ(chunks % jit::kChunkMultiple, 0) << chunks << " x " << rows;
+    }
+  }
+  // The 4x512x14x14 cases of --shapes=cached, which had 4 and 2 uneven chunks.
+  EXPECT_EQ(jit::pixel_chunk_rows(784, 4096), 98);  // 8 chunks of 98
+  EXPECT_EQ(jit::pixel_chunk_rows(784, 2048), 98);
 }
 
 // The grouped rows kernels (short NCX rows of adjacent channels) on every
