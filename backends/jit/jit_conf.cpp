@@ -273,8 +273,9 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // half the L3, where the kernel is bound by instructions (blocked 1.2-1.3x on
   // the cached cases), while streamed from DRAM the per-pixel walk measured
   // 1.2-1.5x faster (docs/performance.md).
-  const int64_t input_bytes = 2 * c.total_elements * dtype_size(d.data_dt);
-  const bool cache_resident = input_bytes <= cache_sizes().l3_bytes / 2;
+  const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
+  const int64_t half_l3 = cache_sizes().l3_bytes / 2;
+  const bool cache_resident = 2 * data_bytes <= half_l3;
   if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && c.cols > 64 &&
       (d.data_dt == DataType::kF32 || cache_resident))
     c.pixel_group = kPixelGroup;
@@ -290,8 +291,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off only when dx would not stay in the cache anyway;
   // the AVX-512 path has them (the AVX2 path keeps ordinary stores).
-  const int64_t dx_bytes = c.total_elements * dtype_size(d.data_dt);
-  c.streaming_stores = isa == Isa::kAvx512 && dx_bytes > cache_sizes().l3_bytes / 2;
+  c.streaming_stores = isa == Isa::kAvx512 && data_bytes > half_l3;
   return c;
 }
 

@@ -29,7 +29,8 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 }
 
 TEST(Npy, RoundTripsEveryDtype) {
-  for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+  for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kS8, DataType::kU8,
+                      DataType::kS32, DataType::kS64, DataType::kF64}) {
     LogicalTensor t(3, dt, {2, 3});
     std::vector<char> buf(static_cast<size_t>(*t.buffer_bytes()));
     for (int i = 0; i < 6; ++i) store_from_double(buf.data(), i, dt, 0.25 * i - 0.5);
@@ -41,24 +42,18 @@ TEST(Npy, RoundTripsEveryDtype) {
   }
 }
 
-// The split backward's count (s64) and f64 sums: written as NumPy's own
-// '<i8' / '<f8' (they were once labelled '<f4' over 8-byte data), read back.
+// The split backward's count (s64) and f64 sums are written as NumPy's own
+// '<i8' / '<f8' (they were once labelled '<f4' over 8-byte data, which the
+// round trip above catches by the payload size), and '<f4' is refused for them.
 TEST(Npy, EightByteDtypesUseTheirOwnDescr) {
   for (DataType dt : {DataType::kS64, DataType::kF64}) {
-    LogicalTensor t(6, dt, {3});
-    const double values[3] = {100352.0, -7.0, 0.0};
-    std::vector<char> buf(24);
-    for (int i = 0; i < 3; ++i) store_from_double(buf.data(), i, dt, values[i]);
-    const std::string path = tmp(dtype_name(dt));
-    ASSERT_TRUE(write_npy(path, t, buf.data()).ok());
+    const LogicalTensor t(6, dt, {1});
+    const int64_t value = 100352;
+    const std::string path = tmp(std::string("descr_") + dtype_name(dt));
+    ASSERT_TRUE(write_npy(path, t, &value).ok());
     std::ifstream in(path, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const std::string descr = dt == DataType::kS64 ? "'<i8'" : "'<f8'";
-    EXPECT_NE(bytes.find(descr), std::string::npos) << dtype_name(dt);
-    EXPECT_EQ(bytes.size() % 64, 24u) << "header padded to 64 bytes, then 3 x 8 bytes";
-    std::vector<char> back(24);
-    ASSERT_TRUE(read_npy_into(path, t, back.data()).ok());
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(load_as_double(back.data(), i, dt), values[i]);
+    EXPECT_NE(bytes.find(dt == DataType::kS64 ? "'<i8'" : "'<f8'"), std::string::npos);
   }
   LogicalTensor count(6, DataType::kS64, {1});
   const float f = 1.f;
