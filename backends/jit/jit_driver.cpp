@@ -351,7 +351,9 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
                      &coef[4 * g + 2], &diff_gamma[cg], &diff_beta[cg]);
       }
       if (reduce_only) return;
-      KernelArgs a = args2(base, dx_base, true, coef, nullptr, conf.rows);
+      // The bounce block of the streaming grouped apply (jit_generator_rows.cpp).
+      void* bounce = stage_buffer(0, static_cast<size_t>(group * conf.cols * es));
+      KernelArgs a = args2(base, dx_base, true, coef, bounce, conf.rows);
       a.channels = cnt;
       kernels.apply(a);
     });

@@ -55,6 +55,7 @@ void BnGenerator::prologue() {
   mov(r8, ptr[rdi + offsetof(KernelArgs, coef)]);
   mov(r9, ptr[rdi + offsetof(KernelArgs, acc)]);
   mov(r10, ptr[rdi + offsetof(KernelArgs, rows)]);
+  if (bounce_stores()) push(rbx);  // callee-saved: the streaming copy's mask
   if (fused()) {
     // Callee-saved registers for the fused producers' second inputs.
     push(r12);
@@ -92,6 +93,7 @@ void BnGenerator::epilogue() {
     pop(r13);
     pop(r12);
   }
+  if (bounce_stores()) pop(rbx);
   vzeroupper();
   ret();
 }

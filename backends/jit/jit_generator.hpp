@@ -69,6 +69,8 @@ class BnGenerator : public Xbyak::CodeGenerator {
   int group_sum(int g, int which) const;
   void rows_reduce_grouped();
   void rows_apply_grouped();
+  bool bounce_stores() const;
+  void stream_block();
 
   // jit_generator_pixels.cpp: the pixels walk.
   void each_vector(const std::function<void(int, int64_t, bool)>& step);

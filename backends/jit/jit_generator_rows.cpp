@@ -8,6 +8,8 @@
 // (8 x 49 f32 = 1.5 KiB) instead of one 196-byte row per channel 400 KiB
 // from the next -- the pattern that defeated the hardware prefetchers and the
 // TLB -- and the per-call and masked-tail costs are shared by the group.
+// Their diff_src rows do not start on vectors (S = 49, 196), so when diff_src
+// streams, a group's block per image goes out through an aligned bounce block.
 #include <algorithm>
 
 #include <normgrad/backends/jit/jit_generator.hpp>
@@ -205,10 +207,11 @@ void BnGenerator::rows_reduce_grouped() {
 
 // rows_apply over a channel group: per image, each channel's a, b, c, mean
 // broadcast into v12..v15 and its row computed as in rows_apply. Streaming
-// stores only when every channel's row starts on a vector (S whole vectors).
+// stores go straight to diff_src when every channel's row starts on a vector
+// (S whole vectors); otherwise (14x14, 7x7) through the bounce block.
 void BnGenerator::rows_apply_grouped() {
   prologue();
-  apply_rows(c_.cols % lanes_ == 0, [&](bool nt) {
+  auto group_rows = [&](const Reg64& out, bool nt) {
     each_group_channel([&](int g) {
       for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 16 * g + 4 * k]);
       cols_loop([&](int j, int64_t off, bool tail) {
@@ -218,11 +221,72 @@ void BnGenerator::rows_apply_grouped() {
         vsubps(vmm(j), vmm(j), vmm(15));
         vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
         vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
-        store(rcx, off + g * c_.dx_channel_stride, 4 + j, tail, nt);
+        store(out, off + g * c_.dx_channel_stride, 4 + j, tail, nt);
       });
     });
-  });
+  };
+  if (bounce_stores()) {
+    Label row, done;
+    test(r10, r10);
+    jz(done, T_NEAR);
+    L(row);
+    prefetch_next_row();
+    group_rows(r9, false);
+    stream_block();
+    next_row(true);
+    dec(r10);
+    jnz(row, T_NEAR);
+    sfence();
+    L(done);
+  } else {
+    apply_rows(c_.cols % lanes_ == 0, [&](bool nt) { group_rows(rcx, nt); });
+  }
   epilogue();
+}
+
+// Grouped short rows that do not start on a vector (S*es not a multiple of the
+// vector: 14x14, 7x7) could not take streaming stores, so diff_src paid a read
+// for ownership of every line. When the conf streams, each image's rows of the
+// group are computed into a 64-byte-aligned block in L1 (KernelArgs::acc) and
+// copied out: whole lines with non-temporal stores, the partial lines at the
+// block's two ends with masked ordinary stores (their other parts belong to
+// the neighbouring groups).
+bool BnGenerator::bounce_stores() const {
+  return avx512_ && c_.walk == Walk::kRows && c_.channel_group > 0 && c_.streaming_stores &&
+         c_.cols % lanes_ != 0;
+}
+
+// Copies the bounce block (r9: rdi rows of S elements) to diff_src (rcx);
+// clobbers rax, rbx, r11, k4 and v8.
+void BnGenerator::stream_block() {
+  const Zmm t(kScratch0);
+  Label lines, lines_done;
+  imul(rax, rdi, static_cast<int>(c_.cols * es_));  // block bytes
+  mov(r11, rcx);
+  neg(r11);
+  and_(r11, 63);  // bytes up to the first line boundary
+  cmp(r11, rax);
+  cmova(r11, rax);
+  sub(rax, r11);  // bytes from that boundary on
+  mov(rbx, -1);
+  bzhi(rbx, rbx, r11);
+  kmovq(k4, rbx);
+  vmovdqu8(t | k4 | T_z, ptr[r9]);
+  vmovdqu8(ptr[rcx] | k4, t);
+  L(lines);
+  cmp(rax, 64);
+  jb(lines_done, T_NEAR);
+  vmovdqu8(t, ptr[r9 + r11]);
+  vmovntdq(ptr[rcx + r11], t);
+  add(r11, 64);
+  sub(rax, 64);
+  jmp(lines, T_NEAR);
+  L(lines_done);
+  mov(rbx, -1);
+  bzhi(rbx, rbx, rax);
+  kmovq(k4, rbx);
+  vmovdqu8(t | k4 | T_z, ptr[r9 + r11]);
+  vmovdqu8(ptr[rcx + r11] | k4, t);
 }
 
 }  // namespace jit

@@ -8,7 +8,8 @@
 //                 in f32 per row (the generated code: per call for short rows),
 //                 added into the f64 totals
 //   rows_apply    dx = a dy + b (x - mean) + c for each channel g of the call
-//                 (coef[4g..4g+3] = {a, b, c, mean})
+//                 (coef[4g..4g+3] = {a, b, c, mean}); grouped calls get in acc a
+//                 64-byte-aligned block of channel_group * cols elements (scratch)
 //   pixels_reduce acc[0:C] += dy, acc[Cp:Cp+C] += dy (x - mean[c]) per channel, f32,
 //                 over `rows` pixels (Cp = C rounded up to 16; arrays padded)
 //   pixels_apply  dx = a[c] dy + b[c] (x - mean[c]) + c[c]; coef = a|b|c|mean, each Cp long
@@ -29,7 +30,9 @@ struct KernelArgs {
   void* dx;  // apply only
   // rows: {a, b, c, mean} per channel; pixels: mean (reduce) or a|b|c|mean (apply)
   const float* coef;
-  void* acc;  // rows_reduce: double[2 * channels]; pixels_reduce: float[2 * Cp]
+  // rows_reduce: double[2 * channels]; pixels_reduce: float[2 * Cp]; grouped
+  // rows_apply: the bounce block (see above)
+  void* acc;
   int64_t rows;
   const void* x2;   // fused src: the producer's second input (x is its first)
   const void* dy2;  // fused diff_dst: likewise
