@@ -396,8 +396,8 @@ TEST(JitBackend, GroupedRowsKernels) {
 // diff_src through a 64-byte-aligned bounce block when it is larger than half
 // the L3 (AVX-512): blocks whose ends fall inside lines (1568 bytes per group
 // of 8 7x7 f32 channels), images that start off a line (203 channels), a last
-// group of 3 channels, and blocks of whole lines (16 channels of 14x14 f32).
-// Batches are sized from the L3 this host reports.
+// group of 3 channels, blocks of whole lines (16 channels of 14x14 f32), and
+// a fused producer. Batches are sized from the L3 this host reports.
 TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
   if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "streaming stores are AVX-512";
   const int64_t half_l3 = jit::cache_sizes().l3_bytes / 2;
@@ -424,6 +424,12 @@ TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
     EXPECT_NE(r.kernel.find("rows_grouped"), std::string::npos) << r.kernel;
     EXPECT_LE(r.worst_ratio, 1.0) << what << " " << r.report;
   }
+  // A fused ReLUBackward on src: the kernel saves r12/r13 next to rbx.
+  const int64_t n = half_l3 / (203 * 49 * 4) + 1;
+  const auto r = compare_with_ref(fused_on_port({n, 203, 7, 7}, "NCX", 0), "jit", 99);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_NE(r.kernel.find("rows_grouped+src_"), std::string::npos) << r.kernel;
+  EXPECT_LE(r.worst_ratio, 1.0) << "fused " << r.report;
 }
 
 TEST(JitBackend, DeclinesWithReasons) {
