@@ -352,7 +352,9 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       }
       if (reduce_only) return;
       // The bounce block of the streaming grouped apply (jit_generator_rows.cpp).
-      void* bounce = stage_buffer(0, static_cast<size_t>(group * conf.cols * es));
+      void* bounce = conf.streaming_stores
+                         ? stage_buffer(0, static_cast<size_t>(group * conf.cols * es))
+                         : nullptr;
       KernelArgs a = args2(base, dx_base, true, coef, bounce, conf.rows);
       a.channels = cnt;
       kernels.apply(a);

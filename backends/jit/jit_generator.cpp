@@ -31,6 +31,7 @@ constexpr size_t kCodeBytes = 64 * 1024;
 BnGenerator::BnGenerator(const BnConf& c, Kind kind)
     : CodeGenerator(kCodeBytes, DontSetProtectRWE),
       c_(c),
+      kind_(kind),
       avx512_(c.isa == Isa::kAvx512),
       lanes_(avx512_ ? 16 : 8),
       es_(static_cast<int>(dtype_size(c.d.data_dt))),

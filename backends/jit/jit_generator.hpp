@@ -92,6 +92,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   static constexpr int kScratch0 = 8, kScratch1 = 9, kScratch2 = 10, kMask = 11;
 
   BnConf c_;
+  Kind kind_;
   bool avx512_;
   int lanes_;
   int es_;

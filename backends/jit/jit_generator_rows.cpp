@@ -252,8 +252,8 @@ void BnGenerator::rows_apply_grouped() {
 // block's two ends with masked ordinary stores (their other parts belong to
 // the neighbouring groups).
 bool BnGenerator::bounce_stores() const {
-  return avx512_ && c_.walk == Walk::kRows && c_.channel_group > 0 && c_.streaming_stores &&
-         c_.cols % lanes_ != 0;
+  return kind_ == Kind::kApply && avx512_ && c_.walk == Walk::kRows && c_.channel_group > 0 &&
+         c_.streaming_stores && c_.cols % lanes_ != 0;
 }
 
 // Copies the bounce block (r9: rdi rows of S elements) to diff_src (rcx);
