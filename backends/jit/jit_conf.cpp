@@ -120,7 +120,8 @@ std::string BnConf::key() const {
   return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + (streaming_stores ? "+nt" : "") +
          ":cols=" + std::to_string(cols) + ":rs=" + std::to_string(row_stride) +
          ":cs=" + std::to_string(channel_stride) + ":dxrs=" + std::to_string(dx_row_stride) +
-         ":dxcs=" + std::to_string(dx_channel_stride) + ":cg=" + std::to_string(channel_group);
+         ":dxcs=" + std::to_string(dx_channel_stride) + ":cg=" + std::to_string(channel_group) +
+         (apply_prefetch ? "" : ":nopf");
 }
 
 // How the walk chosen in `c` covers a tensor with strides `st`, when it can.
@@ -180,6 +181,21 @@ int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel) {
   }
   return std::max<int64_t>(1, (pixels + chunks - 1) / chunks);
 }
+
+namespace {
+
+// kRows: whether the apply prefetches (see BnConf::apply_prefetch). A task's
+// inputs are its channels' rows over the batch: src and diff_dst, or the two
+// operands of each fused producer.
+void set_apply_prefetch(BnConf* c) {
+  if (c->walk != Walk::kRows) return;
+  const int tensors = (c->x_fuse != Fuse::kNone ? 2 : 1) + (c->dy_fuse != Fuse::kNone ? 2 : 1);
+  const int64_t task_bytes =
+      std::max(1, c->channel_group) * c->cols * c->rows * dtype_size(c->d.data_dt) * tensors;
+  c->apply_prefetch = task_bytes > cache_sizes().l2_bytes / 2;
+}
+
+}  // namespace
 
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
@@ -288,6 +304,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   if (c.walk == Walk::kRows && dense_rows && d.channels > 1 &&
       c.cols * dtype_size(d.data_dt) <= kShortRowBytes)
     c.channel_group = isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
+  set_apply_prefetch(&c);
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off only when dx would not stay in the cache anyway;
   // the AVX-512 path has them (the AVX2 path keeps ordinary stores).
@@ -360,6 +377,7 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   }
   if (m.x < 0 || m.dy < 0)
     return unimplemented("the JIT needs src and diff_dst from partition inputs");
+  set_apply_prefetch(&c);  // fused producers read more per task
   return c;
 }
 

@@ -102,6 +102,10 @@ struct BnConf {
   // channels per kernel call, each image's rows of the group one contiguous
   // block (0: one channel per call).
   int channel_group = 0;
+  // kRows, short rows: the apply kernel prefetches the next image's rows too.
+  // Off when a task's inputs fit in half the L2: the apply then reads what the
+  // reduce has just read, and the prefetches only cost instructions.
+  bool apply_prefetch = true;
   bool needs_reduction = false;
   bool single_thread = false;     // small problems skip the task overhead
   bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache

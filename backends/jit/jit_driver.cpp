@@ -91,6 +91,20 @@ void for_range(bool serial, int64_t n, const Body& body) {
 #endif
 }
 
+// Per-channel statistics: f32 (the usual case) read directly, any other
+// dtype through the generic conversion.
+inline double stat_value(const void* base, int64_t c, DataType dt) {
+  return dt == DataType::kF32 ? static_cast<double>(static_cast<const float*>(base)[c])
+                              : load_as_double(base, c, dt);
+}
+inline void store_stat(void* base, int64_t c, DataType dt, double v) {
+  if (dt == DataType::kF32) {
+    static_cast<float*>(base)[c] = static_cast<float>(v);
+  } else {
+    store_from_double(base, c, dt, v);
+  }
+}
+
 struct Channel {
   double mean = 0.0, s = 0.0, gamma = 1.0;
 };
@@ -247,15 +261,24 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
   const DataType sdt = d.stats_dt;
   const PortMap& pm = conf.ports;
   auto input = [&](int index) { return index < 0 ? nullptr : static_cast<const char*>(in[index]); };
-  // Statistics in f64 (bf16 statistics and the inverse-std convention handled here).
+  // Statistics in f64 (bf16 statistics and the inverse-std convention handled
+  // here). The rows walks load each channel's in the task that owns the
+  // channel, so this per-channel scalar work (a square root and a division)
+  // runs in parallel, and store its diff_gamma/diff_beta there too; the
+  // pixels walk needs every channel's at once. With thousands of channels
+  // and few elements each (7x7, small batches) the serial loops were a
+  // measured share of the time (docs/performance.md).
   std::vector<Channel> ch(static_cast<size_t>(nc));
-  for (int64_t c = 0; c < nc; ++c) {
-    ch[c].mean = load_as_double(in[pm.mean], c, sdt);
-    if (pm.variance < 0) continue;  // Reduce: the sums need the mean only
-    const double v = load_as_double(in[pm.variance], c, sdt);
-    ch[c].s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
-    ch[c].gamma = d.use_gamma ? load_as_double(in[pm.gamma], c, sdt) : 1.0;
-  }
+  auto load_channel = [&](int64_t c) {
+    Channel& h = ch[c];
+    h.mean = stat_value(in[pm.mean], c, sdt);
+    if (pm.variance < 0) return;  // Reduce: the sums need the mean only
+    const double v = stat_value(in[pm.variance], c, sdt);
+    h.s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
+    h.gamma = d.use_gamma ? stat_value(in[pm.gamma], c, sdt) : 1.0;
+  };
+  const bool per_task_stats = conf.walk == Walk::kRows;
+  for (int64_t c = 0; c < nc && !per_task_stats; ++c) load_channel(c);
   // Reduce: the per-channel sums out; Apply: the global sums and count in.
   const bool reduce_only = d.phase == BackwardPhase::kReduce;
   const bool given_sums = d.phase == BackwardPhase::kApply;
@@ -264,10 +287,15 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
     m = load_as_double(in[pm.count], 0, DataType::kS64);
     NG_RETURN_IF_ERROR(check_global_count("BatchNormBackwardApply", d, m));
   }
-  auto given = [&](int port, int64_t c) { return load_as_double(in[port], c, DataType::kF32); };
+  auto given = [&](int port, int64_t c) { return stat_value(in[port], c, DataType::kF32); };
   std::vector<double> red0(reduce_only ? static_cast<size_t>(nc) : 0);
   std::vector<double> red1(reduce_only ? static_cast<size_t>(nc) : 0);
   std::vector<double> diff_gamma(static_cast<size_t>(nc)), diff_beta(static_cast<size_t>(nc));
+  auto store_diffs = [&](int64_t c) {
+    if (!d.diff_scale_shift) return;
+    store_stat(out[1], c, sdt, diff_gamma[c]);
+    store_stat(out[2], c, sdt, diff_beta[c]);
+  };
   const char* x = input(pm.x);
   const char* x2 = input(pm.x_second);
   const char* dy = input(pm.dy);
@@ -301,6 +329,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       const int axis = d.channel_axis;
       gather_dense(x + c * stage->x_strides[axis] * es, xs_sub, sub_dims, es, bx);
       gather_dense(dy + c * stage->dy_strides[axis] * es, dys_sub, sub_dims, es, bdy);
+      load_channel(c);
       float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(ch[c].mean)};
       double sums[2] = {0.0, 0.0};
       if (given_sums) {
@@ -314,6 +343,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       }
       coefficients(conf, m, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
                    &diff_beta[c]);
+      store_diffs(c);
       kernels.apply(KernelArgs{bx, bdy, bdx, coef, nullptr, conf.rows, nullptr, nullptr});
       scatter_dense(bdx, dx + c * stage->dx_strides[axis] * es, dxs_sub, sub_dims, es);
     });
@@ -331,6 +361,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       float coef[4 * kRowGroupAvx512] = {};
       double sums[2 * kRowGroupAvx512] = {};
       for (int64_t g = 0; g < cnt; ++g) {
+        load_channel(c0 + g);
         coef[4 * g + 3] = static_cast<float>(ch[c0 + g].mean);
         if (given_sums)
           sums[2 * g] = given(pm.sum_dy, c0 + g), sums[2 * g + 1] = given(pm.sum_dy_xm, c0 + g);
@@ -349,6 +380,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
         }
         coefficients(conf, m, ch[cg], sums[2 * g], sums[2 * g + 1], &coef[4 * g], &coef[4 * g + 1],
                      &coef[4 * g + 2], &diff_gamma[cg], &diff_beta[cg]);
+        store_diffs(cg);
       }
       if (reduce_only) return;
       // The bounce block of the streaming grouped apply (jit_generator_rows.cpp).
@@ -367,6 +399,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
     for_range(conf.single_thread, nc, [&](int64_t c) {
       const int64_t base = c * conf.channel_stride * es;
       const int64_t dx_base = c * conf.dx_channel_stride * es;
+      load_channel(c);
       float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(ch[c].mean)};
       double sums[2] = {0.0, 0.0};
       if (given_sums) sums[0] = given(pm.sum_dy, c), sums[1] = given(pm.sum_dy_xm, c);
@@ -378,6 +411,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       }
       coefficients(conf, m, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
                    &diff_beta[c]);
+      store_diffs(c);
       for (int64_t b = 0; b < calls; ++b)
         kernels.apply(args2(base + b * conf.batch_stride * es,
                             dx_base + b * conf.dx_batch_stride * es, true, coef, nullptr,
@@ -459,12 +493,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
     store_from_double(out[2], 0, DataType::kS64, static_cast<double>(d.reduce_size));
     return ok_status();
   }
-  if (d.diff_scale_shift) {
-    for (int64_t c = 0; c < nc; ++c) {
-      store_from_double(out[1], c, sdt, diff_gamma[c]);
-      store_from_double(out[2], c, sdt, diff_beta[c]);
-    }
-  }
+  for (int64_t c = 0; c < nc && !per_task_stats; ++c) store_diffs(c);
   return ok_status();
 }
 

@@ -7,10 +7,17 @@
 // AVX-512 and vmaskmovps / vpinsrw / vpextrw on AVX2. Code is generated into
 // a read-write buffer and then made read+execute (never writable and
 // executable at once).
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <mutex>
+#include <string>
 
 #include <xbyak/xbyak.h>
 
@@ -307,12 +314,35 @@ class GeneratedKernels final : public KernelSet {
         apply_gen_(std::make_unique<BnGenerator>(c, BnGenerator::Kind::kApply)) {}
   void reduce(const KernelArgs& a) const override { reduce_gen_->fn()(&a); }
   void apply(const KernelArgs& a) const override { apply_gen_->fn()(&a); }
+  const BnGenerator& reduce_generator() const { return *reduce_gen_; }
+  const BnGenerator& apply_generator() const { return *apply_gen_; }
 
  private:
   std::unique_ptr<BnGenerator> reduce_gen_, apply_gen_;
 };
 
 std::atomic<int64_t> g_generated{0};
+
+// NORMGRAD_JIT_PROFILE=1: name each generated kernel in /tmp/perf-<pid>.map,
+// the file `perf report` reads for code it has no symbols for, so profiles
+// split the time between the reduce and apply kernels of each conf (what
+// DNNL_JIT_PROFILE=1 does for oneDNN's kernels).
+void register_with_perf(const BnGenerator& gen, const BnConf& conf, const char* kind) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("NORMGRAD_JIT_PROFILE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  if (!enabled) return;
+  static std::mutex mu;
+  const std::lock_guard<std::mutex> lock(mu);
+  const std::string path = "/tmp/perf-" + std::to_string(getpid()) + ".map";
+  if (FILE* f = std::fopen(path.c_str(), "a")) {
+    std::fprintf(f, "%llx %zx normgrad_%s_%s\n",
+                 static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(gen.getCode())),
+                 gen.getSize(), kind, conf.key().c_str());
+    std::fclose(f);
+  }
+}
 
 }  // namespace
 
@@ -325,6 +355,8 @@ StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf) 
   const auto t0 = std::chrono::steady_clock::now();
   try {
     auto k = std::make_shared<GeneratedKernels>(conf);
+    register_with_perf(k->reduce_generator(), conf, "reduce");
+    register_with_perf(k->apply_generator(), conf, "apply");
     g_generated.fetch_add(1);
     k->generate_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

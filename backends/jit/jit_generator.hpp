@@ -67,6 +67,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void rows_apply();
   void each_group_channel(const std::function<void(int)>& body);
   int group_sum(int g, int which) const;
+  void group_sums_avx512();
   void rows_reduce_grouped();
   void rows_apply_grouped();
   bool bounce_stores() const;

@@ -33,6 +33,7 @@ void BnGenerator::prefetch_next_row() {
   // four images ahead measured no faster, no prefetch slower: docs/performance.md).
   if (c_.walk != Walk::kRows || c_.cols * es_ > kShortRowBytes) return;
   const int64_t row_bytes = c_.cols * es_ * std::max(1, c_.channel_group);
+  if (kind_ == Kind::kApply && !c_.apply_prefetch) return;
   mov(rax, c_.row_stride * es_);
   for (int64_t off = 0; off < row_bytes; off += 64) {
     prefetcht0(ptr[rsi + rax + off]);
@@ -193,16 +194,67 @@ void BnGenerator::rows_reduce_grouped() {
   dec(r10);
   jnz(row, T_NEAR);
   L(done);
-  each_group_channel([&](int g) {
-    for (int which = 0; which < 2; ++which) {
-      vmovaps(vmm(8), vmm(group_sum(g, which)));
-      hsum(8, 10);
-      vcvtss2sd(Xmm(15), Xmm(15), Xmm(8));
-      vaddsd(Xmm(15), Xmm(15), ptr[r9 + 16 * g + 8 * which]);
-      vmovsd(ptr[r9 + 16 * g + 8 * which], Xmm(15));
-    }
-  });
+  if (avx512_) {
+    group_sums_avx512();
+  } else {
+    each_group_channel([&](int g) {
+      for (int which = 0; which < 2; ++which) {
+        vmovaps(vmm(8), vmm(group_sum(g, which)));
+        hsum(8, 10);
+        vcvtss2sd(Xmm(15), Xmm(15), Xmm(8));
+        vaddsd(Xmm(15), Xmm(15), ptr[r9 + 16 * g + 8 * which]);
+        vmovsd(ptr[r9 + 16 * g + 8 * which], Xmm(15));
+      }
+    });
+  }
   epilogue();
+}
+
+// The grouped reduce's 16 sum vectors (8 channels x 2 sums) summed across
+// their lanes at once: a transpose tree of 15 adds in place of 16 separate
+// horizontal sums (8 instructions each), then two f64 adds into the totals.
+// Every lane sum takes the additions hsum() does, in the same tree (lanes
+// i + i+8, then i + i+4, i + i+2, i + i+1), so the bits are the same. The
+// inputs go into the tree in the order that puts channel g's sums in lanes
+// 2g and 2g+1, the layout of the f64 totals. Unused channels of a short last
+// group have zero sums, and their totals are the driver's spare slots.
+void BnGenerator::group_sums_avx512() {
+  static_assert(kRowGroupAvx512 == 8, "the tree sums exactly 16 vectors");
+  const Zmm x(8), y(9);
+  // Level 1, 256-bit halves: v[j] = [A lo + A hi | B lo + B hi].
+  for (int j = 0; j < 8; ++j) {
+    // Tree slot i ends in lane 4 (i % 4) + i / 4; it takes total 4 (i % 4) + i / 4.
+    auto slot = [&](int i) {
+      const int total = 4 * (i % 4) + i / 4;
+      return Zmm(group_sum(total / 2, total % 2));
+    };
+    vshuff64x2(x, slot(2 * j), slot(2 * j + 1), 0x44);
+    vshuff64x2(y, slot(2 * j), slot(2 * j + 1), 0xee);
+    vaddps(Zmm(j), x, y);
+  }
+  // Level 2, 128-bit blocks: four sources per vector, one per block.
+  for (int k = 0; k < 4; ++k) {
+    vshuff64x2(x, Zmm(2 * k), Zmm(2 * k + 1), 0x88);
+    vshuff64x2(y, Zmm(2 * k), Zmm(2 * k + 1), 0xdd);
+    vaddps(Zmm(k), x, y);
+  }
+  // Level 3, lane pairs within each block: lanes 0,1 + lanes 2,3.
+  for (int m = 0; m < 2; ++m) {
+    vshufps(x, Zmm(2 * m), Zmm(2 * m + 1), 0x44);
+    vshufps(y, Zmm(2 * m), Zmm(2 * m + 1), 0xee);
+    vaddps(Zmm(m), x, y);
+  }
+  // Level 4: lane 0 + lane 1 of each pair; lane 4b + q is tree slot 4q + b.
+  vshufps(x, Zmm(0), Zmm(1), 0x88);
+  vshufps(y, Zmm(0), Zmm(1), 0xdd);
+  vaddps(Zmm(0), x, y);
+  vextractf32x8(Ymm(1), Zmm(0), 1);
+  vcvtps2pd(Zmm(2), Ymm(0));
+  vcvtps2pd(Zmm(3), Ymm(1));
+  vaddpd(Zmm(2), Zmm(2), ptr[r9]);
+  vaddpd(Zmm(3), Zmm(3), ptr[r9 + 64]);
+  vmovupd(ptr[r9], Zmm(2));
+  vmovupd(ptr[r9 + 64], Zmm(3));
 }
 
 // rows_apply over a channel group: per image, each channel's a, b, c, mean
