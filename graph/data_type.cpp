@@ -182,7 +182,7 @@ double round_to_dtype(double v, DataType dt) {
   }
 }
 
-double load_as_double(const void* base, int64_t index, DataType dt) {
+double load_any_as_double(const void* base, int64_t index, DataType dt) {
   switch (dt) {
     case DataType::kF32:
       return static_cast<const float*>(base)[index];
@@ -207,7 +207,7 @@ double load_as_double(const void* base, int64_t index, DataType dt) {
   return 0.0;
 }
 
-void store_from_double(void* base, int64_t index, DataType dt, double v) {
+void store_any_from_double(void* base, int64_t index, DataType dt, double v) {
   switch (dt) {
     case DataType::kF32:
       static_cast<float*>(base)[index] = static_cast<float>(v);

@@ -55,8 +55,21 @@ float f16_bits_to_f32(uint16_t bits);
 // the correctly rounded value of the float64 result.
 double round_to_dtype(double v, DataType dt);
 
-// Element access on raw buffers, for the reference backend and the tools.
-double load_as_double(const void* base, int64_t index, DataType dt);
-void store_from_double(void* base, int64_t index, DataType dt, double v);
+// Element access on raw buffers, for the backends and the tools. f32, the
+// common case, is inline: per-channel loops over thousands of channels
+// measured the out-of-line call (docs/performance.md, eighth #14 session).
+double load_any_as_double(const void* base, int64_t index, DataType dt);
+void store_any_from_double(void* base, int64_t index, DataType dt, double v);
+inline double load_as_double(const void* base, int64_t index, DataType dt) {
+  if (dt == DataType::kF32) return static_cast<const float*>(base)[index];
+  return load_any_as_double(base, index, dt);
+}
+inline void store_from_double(void* base, int64_t index, DataType dt, double v) {
+  if (dt == DataType::kF32) {
+    static_cast<float*>(base)[index] = static_cast<float>(v);
+  } else {
+    store_any_from_double(base, index, dt, v);
+  }
+}
 
 }  // namespace normgrad

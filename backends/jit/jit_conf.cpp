@@ -182,6 +182,14 @@ int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel) {
   return std::max<int64_t>(1, (pixels + chunks - 1) / chunks);
 }
 
+int64_t bounce_block_bytes(const BnConf& c) {
+  constexpr int64_t kAvx512Lanes = 16;
+  if (c.isa != Isa::kAvx512 || c.walk != Walk::kRows || c.channel_group == 0 ||
+      !c.streaming_stores || c.cols % kAvx512Lanes == 0)
+    return 0;
+  return c.channel_group * c.cols * dtype_size(c.d.data_dt);
+}
+
 namespace {
 
 // kRows: whether the apply prefetches (see BnConf::apply_prefetch). A task's

@@ -131,6 +131,12 @@ struct BnConf {
   std::string key() const;
 };
 
+// Bytes of the 64-byte-aligned scratch block (KernelArgs::acc) through which
+// the grouped rows apply streams diff_src rows that do not start on a vector
+// (jit_generator_rows.cpp); 0 when it stores directly. The generator and the
+// driver both ask here, so the kernel never runs without its block.
+int64_t bounce_block_bytes(const BnConf& c);
+
 // How a walk covers one strided tensor (see make_conf).
 struct StridedWalk {
   int64_t rows = 0, cols = 0, row_stride = 0, channel_stride = 0, batch_stride = 0, batch_calls = 0;

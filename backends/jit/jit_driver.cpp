@@ -91,20 +91,6 @@ void for_range(bool serial, int64_t n, const Body& body) {
 #endif
 }
 
-// Per-channel statistics: f32 (the usual case) read directly, any other
-// dtype through the generic conversion.
-inline double stat_value(const void* base, int64_t c, DataType dt) {
-  return dt == DataType::kF32 ? static_cast<double>(static_cast<const float*>(base)[c])
-                              : load_as_double(base, c, dt);
-}
-inline void store_stat(void* base, int64_t c, DataType dt, double v) {
-  if (dt == DataType::kF32) {
-    static_cast<float*>(base)[c] = static_cast<float>(v);
-  } else {
-    store_from_double(base, c, dt, v);
-  }
-}
-
 struct Channel {
   double mean = 0.0, s = 0.0, gamma = 1.0;
 };
@@ -271,11 +257,11 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
   std::vector<Channel> ch(static_cast<size_t>(nc));
   auto load_channel = [&](int64_t c) {
     Channel& h = ch[c];
-    h.mean = stat_value(in[pm.mean], c, sdt);
+    h.mean = load_as_double(in[pm.mean], c, sdt);
     if (pm.variance < 0) return;  // Reduce: the sums need the mean only
-    const double v = stat_value(in[pm.variance], c, sdt);
+    const double v = load_as_double(in[pm.variance], c, sdt);
     h.s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
-    h.gamma = d.use_gamma ? stat_value(in[pm.gamma], c, sdt) : 1.0;
+    h.gamma = d.use_gamma ? load_as_double(in[pm.gamma], c, sdt) : 1.0;
   };
   const bool per_task_stats = conf.walk == Walk::kRows;
   for (int64_t c = 0; c < nc && !per_task_stats; ++c) load_channel(c);
@@ -287,14 +273,14 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
     m = load_as_double(in[pm.count], 0, DataType::kS64);
     NG_RETURN_IF_ERROR(check_global_count("BatchNormBackwardApply", d, m));
   }
-  auto given = [&](int port, int64_t c) { return stat_value(in[port], c, DataType::kF32); };
+  auto given = [&](int port, int64_t c) { return load_as_double(in[port], c, DataType::kF32); };
   std::vector<double> red0(reduce_only ? static_cast<size_t>(nc) : 0);
   std::vector<double> red1(reduce_only ? static_cast<size_t>(nc) : 0);
   std::vector<double> diff_gamma(static_cast<size_t>(nc)), diff_beta(static_cast<size_t>(nc));
   auto store_diffs = [&](int64_t c) {
     if (!d.diff_scale_shift) return;
-    store_stat(out[1], c, sdt, diff_gamma[c]);
-    store_stat(out[2], c, sdt, diff_beta[c]);
+    store_from_double(out[1], c, sdt, diff_gamma[c]);
+    store_from_double(out[2], c, sdt, diff_beta[c]);
   };
   const char* x = input(pm.x);
   const char* x2 = input(pm.x_second);
@@ -353,6 +339,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
     // rows in order, the reduce calls in blocks of images fixed by the shape),
     // whichever group or thread computes them.
     const int64_t group = conf.channel_group;
+    const auto bounce_bytes = static_cast<size_t>(bounce_block_bytes(conf));
     const int64_t ngroups = (nc + group - 1) / group;
     for_range(conf.single_thread, ngroups, [&](int64_t gi) {
       const int64_t c0 = gi * group, cnt = std::min(group, nc - c0);
@@ -383,10 +370,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
         store_diffs(cg);
       }
       if (reduce_only) return;
-      // The bounce block of the streaming grouped apply (jit_generator_rows.cpp).
-      void* bounce = conf.streaming_stores
-                         ? stage_buffer(0, static_cast<size_t>(group * conf.cols * es))
-                         : nullptr;
+      void* bounce = bounce_bytes > 0 ? stage_buffer(0, bounce_bytes) : nullptr;
       KernelArgs a = args2(base, dx_base, true, coef, bounce, conf.rows);
       a.channels = cnt;
       kernels.apply(a);

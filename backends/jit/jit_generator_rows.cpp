@@ -32,8 +32,8 @@ void BnGenerator::prefetch_next_row() {
   // A group's rows of one image are one block: the next image's block (two or
   // four images ahead measured no faster, no prefetch slower: docs/performance.md).
   if (c_.walk != Walk::kRows || c_.cols * es_ > kShortRowBytes) return;
-  const int64_t row_bytes = c_.cols * es_ * std::max(1, c_.channel_group);
   if (kind_ == Kind::kApply && !c_.apply_prefetch) return;
+  const int64_t row_bytes = c_.cols * es_ * std::max(1, c_.channel_group);
   mov(rax, c_.row_stride * es_);
   for (int64_t off = 0; off < row_bytes; off += 64) {
     prefetcht0(ptr[rsi + rax + off]);
@@ -221,13 +221,13 @@ void BnGenerator::rows_reduce_grouped() {
 void BnGenerator::group_sums_avx512() {
   static_assert(kRowGroupAvx512 == 8, "the tree sums exactly 16 vectors");
   const Zmm x(8), y(9);
+  // Tree slot i ends in lane 4 (i % 4) + i / 4, so it takes that total.
+  auto slot = [&](int i) {
+    const int total = 4 * (i % 4) + i / 4;
+    return Zmm(group_sum(total / 2, total % 2));
+  };
   // Level 1, 256-bit halves: v[j] = [A lo + A hi | B lo + B hi].
   for (int j = 0; j < 8; ++j) {
-    // Tree slot i ends in lane 4 (i % 4) + i / 4; it takes total 4 (i % 4) + i / 4.
-    auto slot = [&](int i) {
-      const int total = 4 * (i % 4) + i / 4;
-      return Zmm(group_sum(total / 2, total % 2));
-    };
     vshuff64x2(x, slot(2 * j), slot(2 * j + 1), 0x44);
     vshuff64x2(y, slot(2 * j), slot(2 * j + 1), 0xee);
     vaddps(Zmm(j), x, y);
@@ -304,8 +304,7 @@ void BnGenerator::rows_apply_grouped() {
 // block's two ends with masked ordinary stores (their other parts belong to
 // the neighbouring groups).
 bool BnGenerator::bounce_stores() const {
-  return kind_ == Kind::kApply && avx512_ && c_.walk == Walk::kRows && c_.channel_group > 0 &&
-         c_.streaming_stores && c_.cols % lanes_ != 0;
+  return kind_ == Kind::kApply && bounce_block_bytes(c_) > 0;
 }
 
 // Copies the bounce block (r9: rdi rows of S elements) to diff_src (rcx);

@@ -9,7 +9,7 @@
 //                 added into the f64 totals
 //   rows_apply    dx = a dy + b (x - mean) + c for each channel g of the call
 //                 (coef[4g..4g+3] = {a, b, c, mean}); grouped calls get in acc a
-//                 64-byte-aligned block of channel_group * cols elements (scratch)
+//                 64-byte-aligned scratch block of bounce_block_bytes(conf)
 //   pixels_reduce acc[0:C] += dy, acc[Cp:Cp+C] += dy (x - mean[c]) per channel, f32,
 //                 over `rows` pixels (Cp = C rounded up to 16; arrays padded)
 //   pixels_apply  dx = a[c] dy + b[c] (x - mean[c]) + c[c]; coef = a|b|c|mean, each Cp long

@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
 
 #include <normgrad/graph/npy.hpp>
 #include "tests/cli_test_util.hpp"
@@ -155,6 +158,50 @@ TEST(CliRun, VerboseLinesAreStable) {
                       "alone; dnnl.op: oneDNN 2.6 has no f16 batch normalization on CPU"),
             std::string::npos)
       << out1;
+}
+
+// Runs the CLI in the background under `env`, and returns its pid and output.
+std::pair<std::string, std::string> run_with_pid(const std::string& env, const std::string& args) {
+  const std::string out_file = ::testing::TempDir() + "/ng_cli_profile_out.txt";
+  const std::string cmd =
+      env + " " + kCli + " " + args + " >" + out_file + " 2>&1 & p=$!; wait $p; echo $p";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {};
+  char buf[64] = {};
+  const size_t n = fread(buf, 1, sizeof buf - 1, p);
+  pclose(p);
+  std::string pid(buf, n);
+  while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+  std::ifstream in(out_file);
+  return {pid, std::string(std::istreambuf_iterator<char>(in), {})};
+}
+
+TEST(CliRun, JitProfileNamesKernelsForPerf) {
+  const std::string graph = kExamples + "/bn_training_backward_f32_nxc.json";
+  const std::string args = "run " + graph + " --backend jit";
+  const auto [pid, out] = run_with_pid("NORMGRAD_VERBOSE=1 NORMGRAD_JIT_PROFILE=1", args);
+  ASSERT_FALSE(pid.empty()) << out;
+  const std::string map = "/tmp/perf-" + pid + ".map";
+  std::ifstream in(map);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::filesystem::remove(map);
+  if (out.find("jit:portable") != std::string::npos)
+    GTEST_SKIP() << "no generated code on this CPU (the portable path ran)";
+  // One line per generated kernel: start, size (hex), and the kernel's conf key.
+  for (const char* kind : {"reduce", "apply"}) {
+    const std::string name = std::string(" normgrad_") + kind + "_jit:";
+    const size_t at = text.find(name);
+    ASSERT_NE(at, std::string::npos) << map << ":\n" << text << "\n" << out;
+    const size_t line = text.rfind('\n', at) == std::string::npos ? 0 : text.rfind('\n', at) + 1;
+    unsigned long long start = 0, size = 0;
+    ASSERT_EQ(std::sscanf(text.c_str() + line, "%llx %llx", &start, &size), 2) << text;
+    EXPECT_NE(start, 0u) << text;
+    EXPECT_GT(size, 0u) << text;
+  }
+  // Without the variable nothing is written.
+  const auto [pid2, out2] = run_with_pid("", args);
+  ASSERT_FALSE(pid2.empty()) << out2;
+  EXPECT_FALSE(std::filesystem::exists("/tmp/perf-" + pid2 + ".map")) << out2;
 }
 
 TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {
