@@ -3,6 +3,7 @@
 
 #include <optional>
 
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 
@@ -121,7 +122,7 @@ std::string BnConf::key() const {
          ":cols=" + std::to_string(cols) + ":rs=" + std::to_string(row_stride) +
          ":cs=" + std::to_string(channel_stride) + ":dxrs=" + std::to_string(dx_row_stride) +
          ":dxcs=" + std::to_string(dx_channel_stride) + ":cg=" + std::to_string(channel_group) +
-         (apply_prefetch ? "" : ":nopf");
+         (apply_prefetch ? "" : ":nopf") + (reduce_prefetch_rows ? ":rpf" : "");
 }
 
 // How the walk chosen in `c` covers a tensor with strides `st`, when it can.
@@ -313,6 +314,13 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
       c.cols * dtype_size(d.data_dt) <= kShortRowBytes)
     c.channel_group = isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
   set_apply_prefetch(&c);
+  // The prefetches' displacement (the row offset plus a line's) is a 32-bit immediate.
+  const int64_t prefetch_ahead =
+      (kReducePrefetchRows * c.row_stride + c.cols) * dtype_size(d.data_dt);
+  c.reduce_prefetch_rows = c.walk == Walk::kRows && c.channel_group == 0 &&
+                           dtype_size(d.data_dt) == 2 &&
+                           c.cols * dtype_size(d.data_dt) > kShortRowBytes &&
+                           c.row_stride != c.cols && prefetch_ahead <= INT32_MAX;
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off only when dx would not stay in the cache anyway;
   // the AVX-512 path has them (the AVX2 path keeps ordinary stores).

@@ -69,6 +69,9 @@ static_assert(kRowGroupAvx2 <= kRowGroupAvx512, "the driver sizes its arrays for
 // Rows up to this many bytes are short: one image's rows of a channel group
 // are read as one contiguous block instead of a row per channel.
 constexpr int64_t kShortRowBytes = 1024;
+// kRows, long 16-bit rows far apart: the reduce prefetches the rows this many
+// rows ahead (BnConf::reduce_prefetch_rows).
+constexpr int64_t kReducePrefetchRows = 2;
 // Images per grouped reduce call: bounds how many rows the f32 vector sums
 // take before they are added into the f64 totals (fixed by the shape only).
 constexpr int64_t kRowsPerGroupedReduce = 256;
@@ -106,6 +109,12 @@ struct BnConf {
   // Off when a task's inputs fit in half the L2: the apply then reads what the
   // reduce has just read, and the prefetches only cost instructions.
   bool apply_prefetch = true;
+  // kRows, long rows (one channel per call) of 16-bit data, rows far apart:
+  // the reduce prefetches, line by line, the row kReducePrefetchRows ahead.
+  // Every row is a new stream for the hardware prefetchers, and a 16-bit row
+  // (6 KiB at 56x56) ends before they run far enough ahead; f32 rows are twice
+  // as long per element and measured no faster with it (docs/performance.md).
+  bool reduce_prefetch_rows = false;
   bool needs_reduction = false;
   bool single_thread = false;     // small problems skip the task overhead
   bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache

@@ -211,12 +211,11 @@ void expect_same_bits_for_1_2_4_threads(const Graph& g) {
 
 // A ReLUBackward (port 0: src) or an Add (port 1: diff_dst) feeding an f32
 // batch-norm backward.
-Graph fused_on_port(const Dims& shape, const char* fmt, int port) {
+Graph fused_on_port(const Dims& shape, const char* fmt, int port, DataType dt = DataType::kF32) {
   Op pre(1, port == 0 ? OpKind::kReLUBackward : OpKind::kAdd, "pre");
-  pre.add_input(testing_util::lt(30, DataType::kF32, shape))
-      .add_input(testing_util::lt(31, DataType::kF32, shape));
-  pre.add_output(testing_util::lt(20, DataType::kF32, shape));
-  Op bn = bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, true, 3);
+  pre.add_input(testing_util::lt(30, dt, shape)).add_input(testing_util::lt(31, dt, shape));
+  pre.add_output(testing_util::lt(20, dt, shape));
+  Op bn = bn_bwd(shape, fmt, dt, DataType::kF32, true, 3);
   bn.mutable_inputs()[port].id = 20;
   Graph g;
   EXPECT_TRUE(g.add_op(pre).ok());
@@ -389,6 +388,69 @@ TEST(JitBackend, GroupedRowsKernels) {
     // The groups and reduce calls are fixed by the shape: same bits for 1, 2 and 4 threads.
     expect_same_bits_for_1_2_4_threads(
         one_op(bn_bwd({16, 203, 7, 7}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
+  }
+}
+
+// Long NCX rows of 16-bit data, rows far apart: the reduce prefetches the rows
+// kReducePrefetchRows ahead in all but the last rows of a call. Batches of 1
+// to 5 (no prefetching rows, then some), padded rows (one call per image),
+// fused producers (their operands prefetched too), and the cases that keep
+// the plain reduce: f32, one channel (the rows are one stream), short rows.
+TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    const jit::Isa jit_isa = jit::detect_isa();
+    auto check = [&](const Graph& g, const std::string& what, const std::string& want = "") {
+      SCOPED_TRACE(isa + " " + what);
+      const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran++));
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_EQ(r.kernel.find("jit:" + isa + ":"), 0u) << r.kernel;
+      EXPECT_NE(r.kernel.find(want), std::string::npos) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    };
+    auto prefetches = [&](const Op& op) {
+      auto conf = jit::make_conf(op, jit_isa);
+      EXPECT_TRUE(conf.ok()) << conf.status().to_string();
+      return conf.ok() && conf->reduce_prefetch_rows;
+    };
+    for (DataType dt : {DataType::kBF16, DataType::kF16}) {
+      for (int64_t n : {1, 2, 3, 5}) {
+        for (int form = 0; form < 6; form += 2) {
+          // 24x24 16-bit rows are 1152 bytes, past kShortRowBytes; 3 channels.
+          Op op = bn_bwd({n, 3, 24, 24}, "NCX", dt, DataType::kF32, form != 1,
+                         form == 2 || form == 4 ? 1 : 3, 1e-3f);
+          apply_form(op, form);
+          EXPECT_TRUE(prefetches(op));
+          check(one_op(op), dims_to_string(op.inputs()[0].dims) + " " + dtype_name(dt) + " form " +
+                                std::to_string(form));
+        }
+      }
+      for (int port : {0, 1}) {
+        check(fused_on_port({4, 5, 23, 29}, "NCX", port, dt),
+              std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt),
+              port == 0 ? ":rows+src_" : ":rows+diff_dst_");
+      }
+    }
+    // Rows padded from 40 to 48 elements: one reduce call per (channel, image)
+    // over its 30 rows, each call prefetching within its image.
+    Op padded = bn_bwd({3, 4, 30, 40}, "NCX", DataType::kBF16, DataType::kF32, true, 3);
+    padded.mutable_inputs()[0].strides = {4 * 30 * 48, 30 * 48, 48, 1};
+    padded.mutable_inputs()[1].strides = {4 * 30 * 48, 30 * 48, 48, 1};
+    EXPECT_FALSE(prefetches(padded));  // 80-byte rows: short
+    Op padded_long = bn_bwd({3, 4, 6, 600}, "NCX", DataType::kBF16, DataType::kF32, true, 3);
+    padded_long.mutable_inputs()[0].strides = {4 * 6 * 608, 6 * 608, 608, 1};
+    padded_long.mutable_inputs()[1].strides = {4 * 6 * 608, 6 * 608, 608, 1};
+    EXPECT_TRUE(prefetches(padded_long));
+    check(one_op(padded_long), "padded long rows");
+    EXPECT_FALSE(
+        prefetches(bn_bwd({5, 3, 24, 24}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
+    EXPECT_FALSE(
+        prefetches(bn_bwd({5, 1, 24, 24}, "NCX", DataType::kBF16, DataType::kF32, true, 3)));
+    EXPECT_FALSE(
+        prefetches(bn_bwd({5, 3, 16, 32}, "NCX", DataType::kBF16, DataType::kF32, true, 3)));
+    expect_same_bits_for_1_2_4_threads(
+        one_op(bn_bwd({6, 40, 28, 28}, "NCX", DataType::kBF16, DataType::kF32, true, 3)));
   }
 }
 
