@@ -191,6 +191,16 @@ int64_t bounce_block_bytes(const BnConf& c) {
   return c.channel_group * c.cols * dtype_size(c.d.data_dt);
 }
 
+bool grouped_linear_blocks(const BnConf& c) {
+  constexpr int64_t kMaxLinearVectors = 256;
+  if (bounce_block_bytes(c) == 0) return false;
+  const int64_t es = dtype_size(c.d.data_dt), vector_bytes = 16 * es;
+  const int64_t block_bytes = c.channel_group * c.cols * es;
+  return block_bytes % 64 == 0 && block_bytes / vector_bytes <= kMaxLinearVectors &&
+         (c.dx_row_stride * es) % 64 == 0 && c.dx_channel_stride == c.cols &&
+         c.channel_stride == c.cols;
+}
+
 namespace {
 
 // kRows: whether the apply prefetches (see BnConf::apply_prefetch). A task's

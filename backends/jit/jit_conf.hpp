@@ -145,6 +145,13 @@ struct BnConf {
 // (jit_generator_rows.cpp); 0 when it stores directly. The generator and the
 // driver both ask here, so the kernel never runs without its block.
 int64_t bounce_block_bytes(const BnConf& c);
+// Whether the grouped rows apply also computes each image's block of a group
+// as one run of whole vectors streamed straight to diff_src, without the
+// bounce block: when a full group's block is whole lines (8 x 14x14 f32 is 98),
+// diff_src's image stride is whole lines and channels are adjacent. The
+// kernel still takes the bounce block when a call's diff_src is off a line.
+// Fully unrolled, so bounded in vectors.
+bool grouped_linear_blocks(const BnConf& c);
 
 // How a walk covers one strided tensor (see make_conf).
 struct StridedWalk {

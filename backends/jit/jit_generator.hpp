@@ -72,6 +72,8 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void rows_reduce_grouped();
   void rows_apply_grouped();
   bool bounce_stores() const;
+  bool linear_block_stores() const;
+  void linear_block();
   void stream_block();
 
   // jit_generator_pixels.cpp: the pixels walk.

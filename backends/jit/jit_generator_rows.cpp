@@ -308,6 +308,19 @@ void BnGenerator::rows_apply_grouped() {
     Label row, done;
     test(r10, r10);
     jz(done, T_NEAR);
+    if (linear_block_stores()) {
+      // diff_src's block on a line: every image's is (the image stride is whole lines).
+      Label linear_row;
+      test(rcx, 63);
+      jnz(row, T_NEAR);
+      L(linear_row);
+      linear_block();
+      next_row(true);
+      dec(r10);
+      jnz(linear_row, T_NEAR);
+      sfence();
+      jmp(done, T_NEAR);
+    }
     L(row);
     prefetch_next_row();
     group_rows(r9, false);
@@ -332,6 +345,78 @@ void BnGenerator::rows_apply_grouped() {
 // the neighbouring groups).
 bool BnGenerator::bounce_stores() const {
   return kind_ == Kind::kApply && bounce_block_bytes(c_) > 0;
+}
+
+bool BnGenerator::linear_block_stores() const {
+  return kind_ == Kind::kApply && grouped_linear_blocks(c_);
+}
+
+// One image's block of the group (rdi channels of S elements, from rsi/rdx
+// to rcx, which is on a line) vector by vector. A vector whose lanes span
+// channels g0..g1 takes per-lane coefficients: channel g0's, blended (k5)
+// with each later channel's from its first lane on. When the group has fewer
+// channels than the conf's (the last group), the block ends at the first
+// missing channel: on a vector boundary, or inside a vector, whose lanes up
+// to there are stored with a masked ordinary store. Registers: v0/v4 data,
+// v8..v10 store scratch, v12..15 the current channel's a, b, c, mean,
+// v16..19 the next channel's, v20..23 blended.
+void BnGenerator::linear_block() {
+  const int64_t s = c_.cols;
+  const int64_t nvec = c_.channel_group * s / lanes_;
+  auto coefs = [&](int first, int64_t g) {
+    for (int k = 0; k < 4; ++k) vbroadcastss(vmm(first + k), ptr[r8 + 16 * g + 4 * k]);
+  };
+  auto compute = [&](int cf, int64_t off, bool masked) {
+    load_port(0, 0, 8, off, masked);
+    load_port(1, 4, 8, off, masked);
+    vsubps(vmm(0), vmm(0), vmm(cf + 3));
+    vfmadd213ps(vmm(4), vmm(cf), vmm(cf + 2));  // dy a + c
+    vfmadd231ps(vmm(4), vmm(0), vmm(cf + 1));   // + (x - mean) b
+    store(rcx, off, 4, masked, !masked);
+  };
+  Label end;
+  xor_(r11, r11);
+  coefs(12, 0);
+  int64_t cur = 0;
+  for (int64_t k = 0; k < nvec; ++k) {
+    const int64_t e0 = k * lanes_;
+    const int64_t g0 = e0 / s, g1 = (e0 + lanes_ - 1) / s;
+    if (g0 != cur) {  // channel g0 starts on this vector
+      cmp(rdi, static_cast<int>(g0));
+      jle(end, T_NEAR);
+      coefs(12, g0);
+      cur = g0;
+    }
+    if (g1 == g0) {
+      compute(12, e0, false);
+      continue;
+    }
+    for (int i = 0; i < 4; ++i) vmovaps(vmm(20 + i), vmm(12 + i));
+    for (int64_t h = g0 + 1; h <= g1; ++h) {
+      const int64_t first_lane = h * s - e0;
+      const uint32_t before = (1u << first_lane) - 1;
+      Label present;
+      cmp(rdi, static_cast<int>(h));
+      jg(present, T_NEAR);
+      mov(eax, before);  // the block ends before channel h
+      kmovw(k1, eax);
+      compute(20, e0, true);
+      jmp(end, T_NEAR);
+      L(present);
+      coefs(16, h);
+      mov(eax, ~before & 0xffffu);
+      kmovw(k5, eax);
+      for (int i = 0; i < 4; ++i) vblendmps(vmm(20 + i) | k5, vmm(20 + i), vmm(16 + i));
+    }
+    compute(20, e0, false);
+    for (int i = 0; i < 4; ++i) vmovaps(vmm(12 + i), vmm(16 + i));
+    cur = g1;
+  }
+  L(end);
+  if (tail_ > 0) {  // k1 back to the row tail's mask
+    mov(eax, (1u << tail_) - 1);
+    kmovw(k1, eax);
+  }
 }
 
 // Copies the bounce block (r9: rdi rows of S elements) to diff_src (rcx);

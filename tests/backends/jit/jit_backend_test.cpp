@@ -494,6 +494,124 @@ TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
   EXPECT_LE(r.worst_ratio, 1.0) << "fused " << r.report;
 }
 
+// Runs an f32 NCX N x C x 14 x 14 batch norm backward on the JIT into output
+// buffers filled with 0x7f bytes, diff_src `shift` bytes past a line, its
+// images `dx_image_stride` elements apart (0: dense); returns each output's
+// bytes from its start to the end of the allocation, 64 - shift bytes past the
+// buffer the strides address (diff_src's id in *dx_id).
+std::map<int64_t, std::vector<char>> run_jit_into(int64_t n, int64_t c, int64_t dx_image_stride,
+                                                  int shift, int64_t* dx_id = nullptr) {
+  Op op = bn_bwd({n, c, 14, 14}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  if (dx_image_stride > 0) op.mutable_outputs()[0].strides = {dx_image_stride, 196, 14, 1};
+  auto cg = CompiledGraph::compile(one_op(op), CompileOptions{"jit"});
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  if (!cg.ok()) return {};
+  std::map<int64_t, std::string> sources;
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, &sources);
+  EXPECT_TRUE(inputs.ok());
+  if (!inputs.ok()) return {};
+  std::map<int64_t, const void*> in;
+  for (auto& [id, b] : *inputs) in[id] = b.data();
+  std::map<int64_t, std::vector<char, oracle::AlignedAllocator<char>>> storage;
+  std::map<int64_t, std::pair<void*, size_t>> p;
+  std::map<int64_t, void*> out;
+  for (const LogicalTensor& lt : cg->outputs()) {
+    const auto bytes = static_cast<size_t>(*lt.buffer_bytes());
+    auto& b = storage[lt.id];
+    b.assign(bytes + 64, static_cast<char>(0x7f));
+    const size_t off = lt.dims.size() == 4 ? static_cast<size_t>(shift) : 0;
+    p[lt.id] = {b.data() + off, bytes + 64 - off};
+    out[lt.id] = b.data() + off;
+  }
+  const LogicalTensor& dx = cg->outputs()[0];
+  EXPECT_EQ(dx.dims.size(), 4u);
+  if (dx_id != nullptr) *dx_id = dx.id;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(out[dx.id]) % 64, static_cast<uintptr_t>(shift));
+  EXPECT_TRUE(cg->execute(in, out).ok());
+  std::map<int64_t, std::vector<char>> result;
+  for (auto& [id, q] : p) {
+    const char* d = static_cast<const char*>(q.first);
+    result[id].assign(d, d + q.second);
+  }
+  return result;
+}
+
+// The grouped apply's linear blocks (jit::grouped_linear_blocks): each
+// image's block of a group computed as one run of vectors, lanes of adjacent
+// channels blended, streamed straight to diff_src. Cases: whole groups of
+// 14x14 f32 and bf16; a last group of 4 14x14 f32 channels (its block ends on
+// a vector); 2x2 rows, 4 channels to a vector. With diff_src's images padded
+// to whole lines, last groups of 3 channels, whose block ends inside a vector
+// (lanes of up to 4 channels, some missing): f32, bf16, f16, 2x2 f32. Then a
+// fused producer, and diff_src 4 bytes off a line, which takes the bounce
+// block instead: the same bits.
+TEST(JitBackend, GroupedRowsLinearBlocks) {
+  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "streaming stores are AVX-512";
+  const int64_t half_l3 = jit::cache_sizes().l3_bytes / 2;
+  const struct {
+    int64_t c, h, w;
+    DataType dt;
+    int64_t dx_image_stride;  // 0: dense
+  } cases[] = {{16, 14, 14, DataType::kF32, 0},    {20, 14, 14, DataType::kF32, 0},
+               {200, 14, 14, DataType::kBF16, 0},  {204, 2, 2, DataType::kF32, 0},
+               {19, 14, 14, DataType::kF32, 3728}, {203, 14, 14, DataType::kBF16, 39808},
+               {19, 14, 14, DataType::kF16, 3744}, {203, 2, 2, DataType::kF32, 816}};
+  int ran = 0;
+  auto batch_for = [&](int64_t image_bytes) { return half_l3 / image_bytes + 1; };
+  for (const auto& k : cases) {
+    const Dims shape = {batch_for(k.c * k.h * k.w * dtype_size(k.dt)), k.c, k.h, k.w};
+    Op op = bn_bwd(shape, "NCX", k.dt, DataType::kF32, true, 3, 1e-3f);
+    if (k.dx_image_stride > 0)
+      op.mutable_outputs()[0].strides = {k.dx_image_stride, k.h * k.w, k.w, 1};
+    const std::string what = dims_to_string(shape) + " " + dtype_name(k.dt) + " diff_src images " +
+                             std::to_string(k.dx_image_stride);
+    auto conf = jit::make_conf(op, jit::Isa::kAvx512);
+    ASSERT_TRUE(conf.ok());
+    EXPECT_GT(conf->channel_group, 0) << what;
+    EXPECT_TRUE(jit::grouped_linear_blocks(*conf)) << what;
+    const auto r = compare_with_ref(one_op(op), "jit", static_cast<uint64_t>(ran++));
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_NE(r.kernel.find("rows_grouped"), std::string::npos) << r.kernel;
+    EXPECT_LE(r.worst_ratio, 1.0) << what << " " << r.report;
+  }
+  // Not linear: 7x7 f32 blocks are 24.5 lines; 19 dense channels put images off lines.
+  for (const Dims& shape :
+       {Dims{batch_for(16 * 196), 16, 7, 7}, Dims{batch_for(19 * 784), 19, 14, 14}}) {
+    auto conf = jit::make_conf(bn_bwd(shape, "NCX", DataType::kF32, DataType::kF32, true, 3),
+                               jit::Isa::kAvx512);
+    ASSERT_TRUE(conf.ok());
+    EXPECT_GT(jit::bounce_block_bytes(*conf), 0) << dims_to_string(shape);
+    EXPECT_FALSE(jit::grouped_linear_blocks(*conf)) << dims_to_string(shape);
+  }
+  const Dims fused_shape = {batch_for(20 * 196 * 4), 20, 14, 14};
+  const auto r = compare_with_ref(fused_on_port(fused_shape, "NCX", 1), "jit", 98);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_NE(r.kernel.find("rows_grouped+diff_dst_"), std::string::npos) << r.kernel;
+  EXPECT_LE(r.worst_ratio, 1.0) << "fused " << r.report;
+
+  // diff_src 4 bytes past a line: every group's block is off a line; and the
+  // padding between padded diff_src images left as it was (0x7f bytes).
+  const int64_t dense_n = batch_for(20 * 196 * 4), padded_n = batch_for(19 * 196 * 4);
+  const auto on_line = run_jit_into(dense_n, 20, 0, 0), off_line = run_jit_into(dense_n, 20, 0, 4);
+  ASSERT_FALSE(on_line.empty());
+  for (const auto& [id, bytes] : on_line) {
+    const std::vector<char>& other = off_line.at(id);
+    const size_t size = bytes.size() - 64;  // the buffer, without the slack past it
+    ASSERT_GE(other.size(), size);
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + size, other.begin())) << "tensor " << id;
+  }
+  int64_t dx_id = -1;
+  const auto padded = run_jit_into(padded_n, 19, 3728, 0, &dx_id);
+  ASSERT_FALSE(padded.empty());
+  const std::vector<char>& dx = padded.at(dx_id);
+  const int64_t image = 3728 * 4, rows = 19 * 196 * 4;  // bytes
+  ASSERT_EQ(dx.size(), static_cast<size_t>((padded_n - 1) * image + rows + 64));
+  int64_t touched = 0;
+  for (int64_t b = rows; b < static_cast<int64_t>(dx.size()); ++b)
+    touched += b % image >= rows && dx[static_cast<size_t>(b)] != 0x7f;
+  EXPECT_EQ(touched, 0) << "bytes of padding written";
+}
+
 TEST(JitBackend, DeclinesWithReasons) {
   auto reason = [](const Op& op) { return compare_with_ref(one_op(op), "jit").status; };
   Op strided_stats = bn_bwd({2, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
