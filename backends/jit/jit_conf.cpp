@@ -1,6 +1,7 @@
 // JIT conf: ISA detection, cache sizes from sysfs, and the walk and chunking.
 #include <normgrad/backends/jit/jit_conf.hpp>
 
+#include <numeric>
 #include <optional>
 
 #include <cstdint>
@@ -191,12 +192,26 @@ int64_t bounce_block_bytes(const BnConf& c) {
   return c.channel_group * c.cols * dtype_size(c.d.data_dt);
 }
 
+std::vector<int64_t> grouped_linear_phases(const BnConf& c) {
+  // Groups start c0 * S elements in, c0 a multiple of the group, so in a
+  // tensor on a line their blocks start at multiples of gcd(group bytes, 64).
+  const int64_t es = dtype_size(c.d.data_dt), group_bytes = c.channel_group * c.cols * es;
+  const int64_t step = std::gcd(group_bytes, int64_t{64});
+  std::vector<int64_t> phases;
+  for (int64_t p = 0; p < 64; p += step) phases.push_back(p);
+  return phases;
+}
+
 bool grouped_linear_blocks(const BnConf& c) {
   constexpr int64_t kMaxLinearVectors = 256;
-  if (bounce_block_bytes(c) == 0) return false;
-  const int64_t es = dtype_size(c.d.data_dt), vector_bytes = 16 * es;
+  constexpr int64_t kAvx512Lanes = 16;
+  if (c.isa != Isa::kAvx512 || c.walk != Walk::kRows || c.channel_group == 0 ||
+      c.cols % kAvx512Lanes == 0)
+    return false;
+  const int64_t es = dtype_size(c.d.data_dt), vector_bytes = kAvx512Lanes * es;
   const int64_t block_bytes = c.channel_group * c.cols * es;
-  return block_bytes % 64 == 0 && block_bytes / vector_bytes <= kMaxLinearVectors &&
+  const auto phases = static_cast<int64_t>(grouped_linear_phases(c).size());
+  return phases * (block_bytes / vector_bytes + 2) <= kMaxLinearVectors &&
          (c.dx_row_stride * es) % 64 == 0 && c.dx_channel_stride == c.cols &&
          c.channel_stride == c.cols;
 }

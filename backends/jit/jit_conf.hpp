@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <normgrad/graph/op.hpp>
 #include <normgrad/graph/partition.hpp>
@@ -145,12 +146,17 @@ struct BnConf {
 // (jit_generator_rows.cpp); 0 when it stores directly. The generator and the
 // driver both ask here, so the kernel never runs without its block.
 int64_t bounce_block_bytes(const BnConf& c);
-// Whether the grouped rows apply also computes each image's block of a group
-// as one run of whole vectors streamed straight to diff_src, without the
-// bounce block: when a full group's block is whole lines (8 x 14x14 f32 is 98),
-// diff_src's image stride is whole lines and channels are adjacent. The
-// kernel still takes the bounce block when a call's diff_src is off a line.
-// Fully unrolled, so bounded in vectors.
+// Whether the grouped rows apply (AVX-512, rows that are not whole vectors:
+// 14x14, 7x7) computes each image's block of a group as one run of vectors
+// over diff_src's lines, instead of each channel's row with a masked tail
+// vector: lanes of adjacent channels take blended coefficients, and with
+// streaming stores the lines inside the block stream directly (no bounce
+// block). Needs diff_src's images whole lines apart (so a group's block
+// starts at the same place in a line in every image) and its channels
+// adjacent. Generated for each start in a line that a group can have in a
+// tensor on a line (grouped_linear_phases, in bytes); the kernel takes the
+// per-channel rows for any other. Fully unrolled, so bounded in vectors.
+std::vector<int64_t> grouped_linear_phases(const BnConf& c);
 bool grouped_linear_blocks(const BnConf& c);
 
 // How a walk covers one strided tensor (see make_conf).

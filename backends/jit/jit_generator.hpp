@@ -73,7 +73,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void rows_apply_grouped();
   bool bounce_stores() const;
   bool linear_block_stores() const;
-  void linear_block();
+  void linear_block(int64_t lead);
   void stream_block();
 
   // jit_generator_pixels.cpp: the pixels walk.

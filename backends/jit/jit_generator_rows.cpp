@@ -8,8 +8,10 @@
 // (8 x 49 f32 = 1.5 KiB) instead of one 196-byte row per channel 400 KiB
 // from the next -- the pattern that defeated the hardware prefetchers and the
 // TLB -- and the per-call and masked-tail costs are shared by the group.
-// Their diff_src rows do not start on vectors (S = 49, 196), so when diff_src
-// streams, a group's block per image goes out through an aligned bounce block.
+// Their rows do not start on vectors (S = 49, 196): the apply computes a
+// group's block per image as one run of vectors over diff_src's lines
+// (linear_block), or, when diff_src's layout does not allow that, row by row,
+// streaming through an aligned bounce block.
 #include <algorithm>
 
 #include <normgrad/backends/jit/jit_generator.hpp>
@@ -284,7 +286,9 @@ void BnGenerator::group_sums_avx512() {
   vmovupd(ptr[r9 + 64], Zmm(3));
 }
 
-// rows_apply over a channel group: per image, each channel's a, b, c, mean
+// rows_apply over a channel group: per image, the group's block as one run
+// of vectors (linear_block, when grouped_linear_blocks and diff_src's block
+// starts at one of grouped_linear_phases), else each channel's a, b, c, mean
 // broadcast into v12..v15 and its row computed as in rows_apply. Streaming
 // stores go straight to diff_src when every channel's row starts on a vector
 // (S whole vectors); otherwise (14x14, 7x7) through the bounce block.
@@ -304,23 +308,34 @@ void BnGenerator::rows_apply_grouped() {
       });
     });
   };
-  if (bounce_stores()) {
-    Label row, done;
+  Label done;
+  if (linear_block_stores()) {
+    // Where diff_src's block starts within a line: the same for every image
+    // (the image stride is whole lines), one of the phases a group's block
+    // can have in a tensor that starts on a line; any other falls through.
     test(r10, r10);
     jz(done, T_NEAR);
-    if (linear_block_stores()) {
-      // diff_src's block on a line: every image's is (the image stride is whole lines).
-      Label linear_row;
-      test(rcx, 63);
-      jnz(row, T_NEAR);
+    mov(rax, rcx);
+    and_(eax, 63);
+    for (int64_t phase : grouped_linear_phases(c_)) {
+      Label other, linear_row;
+      cmp(eax, static_cast<int>(phase));
+      jne(other, T_NEAR);
       L(linear_row);
-      linear_block();
+      prefetch_next_row();
+      linear_block(phase / es_);
       next_row(true);
       dec(r10);
       jnz(linear_row, T_NEAR);
-      sfence();
+      if (c_.streaming_stores) sfence();
       jmp(done, T_NEAR);
+      L(other);
     }
+  }
+  if (bounce_stores()) {
+    Label row;
+    test(r10, r10);
+    jz(done, T_NEAR);
     L(row);
     prefetch_next_row();
     group_rows(r9, false);
@@ -329,10 +344,10 @@ void BnGenerator::rows_apply_grouped() {
     dec(r10);
     jnz(row, T_NEAR);
     sfence();
-    L(done);
   } else {
     apply_rows(c_.cols % lanes_ == 0, [&](bool nt) { group_rows(rcx, nt); });
   }
+  L(done);
   epilogue();
 }
 
@@ -352,63 +367,75 @@ bool BnGenerator::linear_block_stores() const {
 }
 
 // One image's block of the group (rdi channels of S elements, from rsi/rdx
-// to rcx, which is on a line) vector by vector. A vector whose lanes span
-// channels g0..g1 takes per-lane coefficients: channel g0's, blended (k5)
-// with each later channel's from its first lane on. When the group has fewer
-// channels than the conf's (the last group), the block ends at the first
-// missing channel: on a vector boundary, or inside a vector, whose lanes up
-// to there are stored with a masked ordinary store. Registers: v0/v4 data,
-// v8..v10 store scratch, v12..15 the current channel's a, b, c, mean,
-// v16..19 the next channel's, v20..23 blended.
-void BnGenerator::linear_block() {
-  const int64_t s = c_.cols;
-  const int64_t nvec = c_.channel_group * s / lanes_;
+// to rcx), starting `lead` elements into a line: vector by vector, each over
+// one line of diff_src. Lanes before the block or past its end (the first and
+// last vectors, when the block does not start or end on a line, and the
+// vector where a short last group ends) are masked: those vectors load with
+// k1 (no access to the lanes outside) and store with an ordinary masked
+// store, as their lines are shared with the neighbouring blocks; the others
+// stream. A vector whose lanes span channels g0..g1 takes per-lane
+// coefficients: channel g0's, blended (k5) with each later channel's from its
+// first lane on. Registers: v0/v4 data, v8..v10 store scratch, v12..15 the
+// current channel's a, b, c, mean, v16..19 the next channel's, v20..23 blended.
+void BnGenerator::linear_block(int64_t lead) {
+  const int64_t s = c_.cols, full = c_.channel_group * s;
+  const int64_t nvec = (lead + full + lanes_ - 1) / lanes_;
   auto coefs = [&](int first, int64_t g) {
     for (int k = 0; k < 4; ++k) vbroadcastss(vmm(first + k), ptr[r8 + 16 * g + 4 * k]);
   };
-  auto compute = [&](int cf, int64_t off, bool masked) {
+  // Lanes [lo, hi) of the vector at element `off`; masked unless all 16, and
+  // streamed only when the whole line is the block's (a 16-bit vector is half
+  // a line).
+  const int64_t line = 64 / es_;
+  auto compute = [&](int cf, int64_t off, int64_t lo, int64_t hi) {
+    const bool masked = lo > 0 || hi < lanes_;
+    const int64_t line_start = (off + lead) / line * line - lead;
+    const bool nt = c_.streaming_stores && !masked && line_start >= 0 && line_start + line <= full;
+    if (masked) {
+      mov(eax, static_cast<uint32_t>(((1u << hi) - 1) & ~((1u << lo) - 1)));
+      kmovw(k1, eax);
+    }
     load_port(0, 0, 8, off, masked);
     load_port(1, 4, 8, off, masked);
     vsubps(vmm(0), vmm(0), vmm(cf + 3));
     vfmadd213ps(vmm(4), vmm(cf), vmm(cf + 2));  // dy a + c
     vfmadd231ps(vmm(4), vmm(0), vmm(cf + 1));   // + (x - mean) b
-    store(rcx, off, 4, masked, !masked);
+    store(rcx, off, 4, masked, nt);
   };
   Label end;
   xor_(r11, r11);
   coefs(12, 0);
   int64_t cur = 0;
-  for (int64_t k = 0; k < nvec; ++k) {
-    const int64_t e0 = k * lanes_;
-    const int64_t g0 = e0 / s, g1 = (e0 + lanes_ - 1) / s;
+  for (int64_t v = 0; v < nvec; ++v) {
+    const int64_t e0 = v * lanes_ - lead;  // the block's element in lane 0
+    const int64_t first = std::max<int64_t>(e0, 0), last = std::min(e0 + lanes_, full) - 1;
+    const int64_t g0 = first / s, g1 = last / s;
     if (g0 != cur) {  // channel g0 starts on this vector
       cmp(rdi, static_cast<int>(g0));
       jle(end, T_NEAR);
       coefs(12, g0);
       cur = g0;
     }
+    const int64_t lo = first - e0, hi = last + 1 - e0;
     if (g1 == g0) {
-      compute(12, e0, false);
+      compute(12, e0, lo, hi);
       continue;
     }
     for (int i = 0; i < 4; ++i) vmovaps(vmm(20 + i), vmm(12 + i));
     for (int64_t h = g0 + 1; h <= g1; ++h) {
-      const int64_t first_lane = h * s - e0;
-      const uint32_t before = (1u << first_lane) - 1;
+      const int64_t h_lane = h * s - e0;  // channel h's first lane
       Label present;
       cmp(rdi, static_cast<int>(h));
       jg(present, T_NEAR);
-      mov(eax, before);  // the block ends before channel h
-      kmovw(k1, eax);
-      compute(20, e0, true);
+      compute(20, e0, lo, h_lane);  // the block ends before channel h
       jmp(end, T_NEAR);
       L(present);
       coefs(16, h);
-      mov(eax, ~before & 0xffffu);
+      mov(eax, ~((1u << h_lane) - 1) & 0xffffu);
       kmovw(k5, eax);
       for (int i = 0; i < 4; ++i) vblendmps(vmm(20 + i) | k5, vmm(20 + i), vmm(16 + i));
     }
-    compute(20, e0, false);
+    compute(20, e0, lo, hi);
     for (int i = 0; i < 4; ++i) vmovaps(vmm(12 + i), vmm(16 + i));
     cur = g1;
   }

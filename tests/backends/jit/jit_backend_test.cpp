@@ -494,15 +494,16 @@ TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
   EXPECT_LE(r.worst_ratio, 1.0) << "fused " << r.report;
 }
 
-// Runs an f32 NCX N x C x 14 x 14 batch norm backward on the JIT into output
+// Runs an f32 NCX batch norm backward of `shape` on the JIT into output
 // buffers filled with 0x7f bytes, diff_src `shift` bytes past a line, its
 // images `dx_image_stride` elements apart (0: dense); returns each output's
 // bytes from its start to the end of the allocation, 64 - shift bytes past the
 // buffer the strides address (diff_src's id in *dx_id).
-std::map<int64_t, std::vector<char>> run_jit_into(int64_t n, int64_t c, int64_t dx_image_stride,
+std::map<int64_t, std::vector<char>> run_jit_into(const Dims& shape, int64_t dx_image_stride,
                                                   int shift, int64_t* dx_id = nullptr) {
-  Op op = bn_bwd({n, c, 14, 14}, "NCX", DataType::kF32, DataType::kF32, true, 3);
-  if (dx_image_stride > 0) op.mutable_outputs()[0].strides = {dx_image_stride, 196, 14, 1};
+  Op op = bn_bwd(shape, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  if (dx_image_stride > 0)
+    op.mutable_outputs()[0].strides = {dx_image_stride, shape[2] * shape[3], shape[3], 1};
   auto cg = CompiledGraph::compile(one_op(op), CompileOptions{"jit"});
   EXPECT_TRUE(cg.ok()) << cg.status().to_string();
   if (!cg.ok()) return {};
@@ -537,79 +538,101 @@ std::map<int64_t, std::vector<char>> run_jit_into(int64_t n, int64_t c, int64_t 
 }
 
 // The grouped apply's linear blocks (jit::grouped_linear_blocks): each
-// image's block of a group computed as one run of vectors, lanes of adjacent
-// channels blended, streamed straight to diff_src. Cases: whole groups of
-// 14x14 f32 and bf16; a last group of 4 14x14 f32 channels (its block ends on
-// a vector); 2x2 rows, 4 channels to a vector. With diff_src's images padded
-// to whole lines, last groups of 3 channels, whose block ends inside a vector
-// (lanes of up to 4 channels, some missing): f32, bf16, f16, 2x2 f32. Then a
-// fused producer, and diff_src 4 bytes off a line, which takes the bounce
-// block instead: the same bits.
+// image's block of a group computed as one run of vectors over diff_src's
+// lines, lanes of adjacent channels blended; with streaming stores (batches
+// past half the L3) the lines inside a block stream. Cases: 14x14 f32 and
+// bf16 blocks of whole lines; 7x7 f32 blocks starting at 0 and 32 bytes into
+// a line, 7x7 bf16 at 0, 16, 32 and 48; a last group of 4 14x14 f32 channels
+// (its block ends on a vector); 2x2 rows, 4 channels to a vector, and 3x3
+// rows, up to 3, at 0 and 32 bytes. With
+// diff_src's images padded to whole lines, last groups of 3 channels, whose
+// block ends inside a vector (lanes of up to 4 channels, some missing). Each
+// case streaming and cached. Then a fused producer; diff_src 4 bytes off a
+// line (per-channel rows instead) and 32 bytes (the groups' phases swapped),
+// the same bits; and the padding between padded diff_src images untouched.
 TEST(JitBackend, GroupedRowsLinearBlocks) {
-  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "streaming stores are AVX-512";
+  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the linear blocks are AVX-512";
   const int64_t half_l3 = jit::cache_sizes().l3_bytes / 2;
   const struct {
     int64_t c, h, w;
     DataType dt;
     int64_t dx_image_stride;  // 0: dense
-  } cases[] = {{16, 14, 14, DataType::kF32, 0},    {20, 14, 14, DataType::kF32, 0},
-               {200, 14, 14, DataType::kBF16, 0},  {204, 2, 2, DataType::kF32, 0},
-               {19, 14, 14, DataType::kF32, 3728}, {203, 14, 14, DataType::kBF16, 39808},
-               {19, 14, 14, DataType::kF16, 3744}, {203, 2, 2, DataType::kF32, 816}};
+    size_t phases;
+  } cases[] = {{16, 14, 14, DataType::kF32, 0, 1},    {20, 14, 14, DataType::kF32, 0, 1},
+               {200, 14, 14, DataType::kBF16, 0, 1},  {16, 7, 7, DataType::kF32, 0, 2},
+               {32, 7, 7, DataType::kBF16, 0, 4},     {204, 2, 2, DataType::kF32, 0, 1},
+               {19, 14, 14, DataType::kF32, 3728, 1}, {203, 14, 14, DataType::kBF16, 39808, 1},
+               {19, 14, 14, DataType::kF16, 3744, 1}, {203, 2, 2, DataType::kF32, 816, 1},
+               {19, 7, 7, DataType::kF32, 944, 2},    {16, 3, 3, DataType::kF32, 0, 2}};
   int ran = 0;
   auto batch_for = [&](int64_t image_bytes) { return half_l3 / image_bytes + 1; };
   for (const auto& k : cases) {
-    const Dims shape = {batch_for(k.c * k.h * k.w * dtype_size(k.dt)), k.c, k.h, k.w};
-    Op op = bn_bwd(shape, "NCX", k.dt, DataType::kF32, true, 3, 1e-3f);
-    if (k.dx_image_stride > 0)
-      op.mutable_outputs()[0].strides = {k.dx_image_stride, k.h * k.w, k.w, 1};
-    const std::string what = dims_to_string(shape) + " " + dtype_name(k.dt) + " diff_src images " +
-                             std::to_string(k.dx_image_stride);
-    auto conf = jit::make_conf(op, jit::Isa::kAvx512);
-    ASSERT_TRUE(conf.ok());
-    EXPECT_GT(conf->channel_group, 0) << what;
-    EXPECT_TRUE(jit::grouped_linear_blocks(*conf)) << what;
-    const auto r = compare_with_ref(one_op(op), "jit", static_cast<uint64_t>(ran++));
-    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    EXPECT_NE(r.kernel.find("rows_grouped"), std::string::npos) << r.kernel;
-    EXPECT_LE(r.worst_ratio, 1.0) << what << " " << r.report;
+    for (bool streaming : {true, false}) {
+      const int64_t n = streaming ? batch_for(k.c * k.h * k.w * dtype_size(k.dt)) : 3;
+      const Dims shape = {n, k.c, k.h, k.w};
+      Op op = bn_bwd(shape, "NCX", k.dt, DataType::kF32, true, 3, 1e-3f);
+      if (k.dx_image_stride > 0)
+        op.mutable_outputs()[0].strides = {k.dx_image_stride, k.h * k.w, k.w, 1};
+      const std::string what = dims_to_string(shape) + " " + dtype_name(k.dt) +
+                               " diff_src images " + std::to_string(k.dx_image_stride);
+      auto conf = jit::make_conf(op, jit::Isa::kAvx512);
+      ASSERT_TRUE(conf.ok());
+      EXPECT_GT(conf->channel_group, 0) << what;
+      EXPECT_EQ(conf->streaming_stores, streaming) << what;
+      EXPECT_TRUE(jit::grouped_linear_blocks(*conf)) << what;
+      EXPECT_EQ(jit::grouped_linear_phases(*conf).size(), k.phases) << what;
+      const auto r = compare_with_ref(one_op(op), "jit", static_cast<uint64_t>(ran++));
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_NE(r.kernel.find("rows_grouped"), std::string::npos) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << what << " " << r.report;
+    }
   }
-  // Not linear: 7x7 f32 blocks are 24.5 lines; 19 dense channels put images off lines.
-  for (const Dims& shape :
-       {Dims{batch_for(16 * 196), 16, 7, 7}, Dims{batch_for(19 * 784), 19, 14, 14}}) {
+  // Not linear: rows of whole vectors (16x16 f32); 19 dense 14x14 f32
+  // channels put images off lines.
+  for (const Dims& shape : {Dims{3, 16, 16, 16}, Dims{3, 19, 14, 14}}) {
     auto conf = jit::make_conf(bn_bwd(shape, "NCX", DataType::kF32, DataType::kF32, true, 3),
                                jit::Isa::kAvx512);
     ASSERT_TRUE(conf.ok());
-    EXPECT_GT(jit::bounce_block_bytes(*conf), 0) << dims_to_string(shape);
+    EXPECT_GT(conf->channel_group, 0) << dims_to_string(shape);
     EXPECT_FALSE(jit::grouped_linear_blocks(*conf)) << dims_to_string(shape);
   }
-  const Dims fused_shape = {batch_for(20 * 196 * 4), 20, 14, 14};
-  const auto r = compare_with_ref(fused_on_port(fused_shape, "NCX", 1), "jit", 98);
-  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-  EXPECT_NE(r.kernel.find("rows_grouped+diff_dst_"), std::string::npos) << r.kernel;
-  EXPECT_LE(r.worst_ratio, 1.0) << "fused " << r.report;
-
-  // diff_src 4 bytes past a line: every group's block is off a line; and the
-  // padding between padded diff_src images left as it was (0x7f bytes).
-  const int64_t dense_n = batch_for(20 * 196 * 4), padded_n = batch_for(19 * 196 * 4);
-  const auto on_line = run_jit_into(dense_n, 20, 0, 0), off_line = run_jit_into(dense_n, 20, 0, 4);
-  ASSERT_FALSE(on_line.empty());
-  for (const auto& [id, bytes] : on_line) {
-    const std::vector<char>& other = off_line.at(id);
-    const size_t size = bytes.size() - 64;  // the buffer, without the slack past it
-    ASSERT_GE(other.size(), size);
-    EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + size, other.begin())) << "tensor " << id;
+  for (bool streaming : {true, false}) {
+    const Dims fused_shape = {streaming ? batch_for(20 * 196 * 4) : 3, 20, 14, 14};
+    const auto r = compare_with_ref(fused_on_port(fused_shape, "NCX", 1), "jit", 98);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_NE(r.kernel.find("rows_grouped+diff_dst_"), std::string::npos) << r.kernel;
+    EXPECT_LE(r.worst_ratio, 1.0) << "fused " << r.report;
   }
-  int64_t dx_id = -1;
-  const auto padded = run_jit_into(padded_n, 19, 3728, 0, &dx_id);
-  ASSERT_FALSE(padded.empty());
-  const std::vector<char>& dx = padded.at(dx_id);
-  const int64_t image = 3728 * 4, rows = 19 * 196 * 4;  // bytes
-  ASSERT_EQ(dx.size(), static_cast<size_t>((padded_n - 1) * image + rows + 64));
-  int64_t touched = 0;
-  for (int64_t b = rows; b < static_cast<int64_t>(dx.size()); ++b)
-    touched += b % image >= rows && dx[static_cast<size_t>(b)] != 0x7f;
-  EXPECT_EQ(touched, 0) << "bytes of padding written";
+
+  // diff_src 4 or 32 bytes past a line, streaming and cached.
+  for (const Dims& shape : {Dims{batch_for(20 * 196 * 4), 20, 14, 14}, Dims{3, 20, 14, 14},
+                            Dims{batch_for(16 * 49 * 4), 16, 7, 7}, Dims{3, 16, 7, 7}}) {
+    const auto on_line = run_jit_into(shape, 0, 0);
+    ASSERT_FALSE(on_line.empty());
+    for (int shift : {4, 32}) {
+      const auto off_line = run_jit_into(shape, 0, shift);
+      for (const auto& [id, bytes] : on_line) {
+        const std::vector<char>& other = off_line.at(id);
+        const size_t size = bytes.size() - 64;  // the buffer, without the slack past it
+        ASSERT_GE(other.size(), size);
+        EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + size, other.begin()))
+            << dims_to_string(shape) << " shift " << shift << " tensor " << id;
+      }
+    }
+  }
+  // The padding between padded diff_src images left as it was (0x7f bytes).
+  for (const Dims& shape : {Dims{batch_for(19 * 196 * 4), 19, 14, 14}, Dims{3, 19, 14, 14}}) {
+    int64_t dx_id = -1;
+    const auto padded = run_jit_into(shape, 3728, 0, &dx_id);
+    ASSERT_FALSE(padded.empty());
+    const std::vector<char>& dx = padded.at(dx_id);
+    const int64_t image = 3728 * 4, rows = 19 * 196 * 4;  // bytes
+    ASSERT_EQ(dx.size(), static_cast<size_t>((shape[0] - 1) * image + rows + 64));
+    int64_t touched = 0;
+    for (int64_t b = rows; b < static_cast<int64_t>(dx.size()); ++b)
+      touched += b % image >= rows && dx[static_cast<size_t>(b)] != 0x7f;
+    EXPECT_EQ(touched, 0) << dims_to_string(shape) << ": bytes of padding written";
+  }
 }
 
 TEST(JitBackend, DeclinesWithReasons) {
