@@ -347,9 +347,14 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
                            c.cols * dtype_size(d.data_dt) > kShortRowBytes &&
                            c.row_stride != c.cols && prefetch_ahead <= INT32_MAX;
   c.single_thread = c.total_elements < 100000;
-  // Streaming stores pay off only when dx would not stay in the cache anyway;
-  // the AVX-512 path has them (the AVX2 path keeps ordinary stores).
-  c.streaming_stores = isa == Isa::kAvx512 && data_bytes > half_l3;
+  // Streaming stores pay off only when dx would not stay in the cache anyway:
+  // when it is more than half the L3, or when src, diff_dst and diff_src
+  // together exceed the L3, so that cached dx stores (and their reads for
+  // ownership) would evict the inputs the apply is about to re-read
+  // (32x2048x7x7 f32: 12.8 MB each; docs/performance.md measures it). The
+  // AVX-512 path has them (the AVX2 path keeps ordinary stores).
+  c.streaming_stores =
+      isa == Isa::kAvx512 && (data_bytes > half_l3 || 3 * data_bytes > cache_sizes().l3_bytes);
   return c;
 }
 

@@ -174,25 +174,40 @@ TEST(JitBackend, SetNumThreadsCapsTheJit) {
   EXPECT_EQ(num_threads(), 0);
 }
 
+// Whether the AVX-512 JIT streams diff_src of `tensor_bytes`: past half the
+// L3, or when src, diff_dst and diff_src together exceed the L3.
+bool streams(int64_t tensor_bytes) {
+  const int64_t l3 = jit::cache_sizes().l3_bytes;
+  return tensor_bytes > l3 / 2 || 3 * tensor_bytes > l3;
+}
+
 TEST(JitBackend, StreamingStoresOnLargeOutputs) {
   // dx larger than half the L3 takes the non-temporal store path (AVX-512); rows
-  // of 99x99 f32 alternate between aligned (streaming) and unaligned (plain) starts.
+  // of 99x99 f32 alternate between aligned (streaming) and unaligned (plain)
+  // starts. Then tensors of about 0.4x the L3 (batch sized from this host's
+  // L3): under half of it, but the three together exceed it, so they stream too.
   const jit::Isa isa = jit::detect_isa();
+  const int64_t l3 = jit::cache_sizes().l3_bytes;
+  const int64_t n7 = l3 * 2 / 5 / (64 * 49 * 4), n14 = l3 * 2 / 5 / (64 * 196 * 2);
   const struct {
     Dims shape;
     const char* fmt;
     DataType dt;
-  } cases[] = {{{8, 64, 99, 99}, "NCX", DataType::kF32},
-               {{8, 99, 99, 64}, "NXC", DataType::kF32},
-               {{8, 64, 128, 128}, "NCX", DataType::kBF16},
-               {{8, 128, 128, 64}, "NXC", DataType::kF16}};
+  } cases[] = {
+      {{8, 64, 99, 99}, "NCX", DataType::kF32},    {{8, 99, 99, 64}, "NXC", DataType::kF32},
+      {{8, 64, 128, 128}, "NCX", DataType::kBF16}, {{8, 128, 128, 64}, "NXC", DataType::kF16},
+      {{n7, 64, 7, 7}, "NCX", DataType::kF32},     {{n7, 7, 7, 64}, "NXC", DataType::kF32},
+      {{n14, 14, 14, 64}, "NXC", DataType::kBF16}};
   for (const auto& c : cases) {
     Op op = bn_bwd(c.shape, c.fmt, c.dt, DataType::kF32, true, 3);
     auto conf = jit::make_conf(op, isa);
     ASSERT_TRUE(conf.ok());
-    if (isa == jit::Isa::kAvx512 &&
-        conf->total_elements * dtype_size(c.dt) > jit::cache_sizes().l3_bytes / 2) {
-      EXPECT_TRUE(conf->streaming_stores) << dims_to_string(c.shape);
+    const int64_t bytes = conf->total_elements * dtype_size(c.dt);
+    EXPECT_EQ(conf->streaming_stores, isa == jit::Isa::kAvx512 && streams(bytes))
+        << dims_to_string(c.shape);
+    if (c.shape[0] == n7 || c.shape[0] == n14) {  // the second rule alone
+      EXPECT_LE(bytes, l3 / 2) << dims_to_string(c.shape);
+      EXPECT_EQ(conf->streaming_stores, isa == jit::Isa::kAvx512) << dims_to_string(c.shape);
     }
     const auto r = compare_with_ref(one_op(op), "jit", 3);
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
@@ -280,11 +295,11 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
   padded.mutable_inputs()[1].strides = {5 * 7 * 160, 7 * 160, 160, 1};
   padded.mutable_outputs()[0].strides = {5 * 7 * 176, 7 * 176, 176, 1};
   check(one_op(padded), "padded rows", "+strided");
-  // diff_src larger than half the L3: streaming stores.
+  // diff_src larger than half the L3 (on a 32 MiB L3): streaming stores.
   Op big = bn_bwd({8, 50, 50, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3);
   auto conf = jit::make_conf(big, jit::Isa::kAvx512);
   ASSERT_TRUE(conf.ok());
-  EXPECT_EQ(conf->streaming_stores, conf->total_elements * 4 > jit::cache_sizes().l3_bytes / 2);
+  EXPECT_EQ(conf->streaming_stores, streams(conf->total_elements * 4));
   check(one_op(big), "8x50x50x320", ":pixels");
   // The groups and blocks are fixed by the shape: same bits for 1, 2 and 4 threads.
   expect_same_bits_for_1_2_4_threads(
@@ -382,8 +397,7 @@ TEST(JitBackend, GroupedRowsKernels) {
     auto conf = jit::make_conf(big, jit::detect_isa());
     ASSERT_TRUE(conf.ok());
     EXPECT_GT(conf->channel_group, 0);
-    EXPECT_EQ(conf->streaming_stores,
-              isa == "avx512" && conf->total_elements * 4 > jit::cache_sizes().l3_bytes / 2);
+    EXPECT_EQ(conf->streaming_stores, isa == "avx512" && streams(conf->total_elements * 4));
     check(one_op(big), "33x512x16x16", true);
     // The groups and reduce calls are fixed by the shape: same bits for 1, 2 and 4 threads.
     expect_same_bits_for_1_2_4_threads(
