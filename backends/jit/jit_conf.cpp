@@ -184,8 +184,11 @@ int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel) {
   return std::max<int64_t>(1, (pixels + chunks - 1) / chunks);
 }
 
+// f32 lanes of an AVX-512 vector: the grouped rows' bounce block and linear
+// blocks are AVX-512 only.
+constexpr int64_t kAvx512Lanes = 16;
+
 int64_t bounce_block_bytes(const BnConf& c) {
-  constexpr int64_t kAvx512Lanes = 16;
   if (c.isa != Isa::kAvx512 || c.walk != Walk::kRows || c.channel_group == 0 ||
       !c.streaming_stores || c.cols % kAvx512Lanes == 0)
     return 0;
@@ -204,7 +207,6 @@ std::vector<int64_t> grouped_linear_phases(const BnConf& c) {
 
 bool grouped_linear_blocks(const BnConf& c) {
   constexpr int64_t kMaxLinearVectors = 256;
-  constexpr int64_t kAvx512Lanes = 16;
   if (c.isa != Isa::kAvx512 || c.walk != Walk::kRows || c.channel_group == 0 ||
       c.cols % kAvx512Lanes == 0)
     return false;

@@ -65,6 +65,9 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void rows_reduce();
   // The row loop of the apply kernels; streaming stores only if allow_nt.
   void apply_rows(bool allow_nt, const std::function<void(bool)>& body);
+  void broadcast_coefs(int first, int64_t g);
+  void rows_apply_vector(int x, int cf, int64_t off, const Reg64& out, int64_t dx_off, bool tail,
+                         bool nt);
   void rows_apply();
   void each_group_channel(const std::function<void(int)>& body);
   int group_sum(int g, int which) const;

@@ -154,19 +154,31 @@ void BnGenerator::apply_rows(bool allow_nt, const std::function<void(bool)>& bod
   L(done);
 }
 
+// Channel g's a, b, c, mean (coef[4g..4g+3]) broadcast into v[first..first+3].
+void BnGenerator::broadcast_coefs(int first, int64_t g) {
+  for (int k = 0; k < 4; ++k) vbroadcastss(vmm(first + k), ptr[r8 + 16 * g + 4 * k]);
+}
+
+// dx = a dy + b (x - mean) + c for the vector at element `off` of the inputs,
+// stored to `out` at `dx_off`, with the coefficients in v[cf..cf+3]; x in
+// v[x], dy (then dx) in v[x + 4].
+void BnGenerator::rows_apply_vector(int x, int cf, int64_t off, const Reg64& out, int64_t dx_off,
+                                    bool tail, bool nt) {
+  load_port(0, x, 8, off, tail);
+  load_port(1, x + 4, 8, off, tail);
+  vsubps(vmm(x), vmm(x), vmm(cf + 3));
+  vfmadd213ps(vmm(x + 4), vmm(cf), vmm(cf + 2));  // dy a + c
+  vfmadd231ps(vmm(x + 4), vmm(x), vmm(cf + 1));   // + (x - mean) b
+  store(out, dx_off, x + 4, tail, nt);
+}
+
 // rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
 void BnGenerator::rows_apply() {
   prologue();
-  for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 4 * k]);
+  broadcast_coefs(12, 0);
   apply_rows(true, [&](bool nt) {
-    cols_loop([&](int j, int64_t off, bool tail) {
-      load_port(0, j, 8, off, tail);
-      load_port(1, 4 + j, 8, off, tail);
-      vsubps(vmm(j), vmm(j), vmm(15));
-      vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
-      vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
-      store(rcx, off, 4 + j, tail, nt);
-    });
+    cols_loop(
+        [&](int j, int64_t off, bool tail) { rows_apply_vector(j, 12, off, rcx, off, tail, nt); });
   });
   epilogue();
 }
@@ -296,15 +308,10 @@ void BnGenerator::rows_apply_grouped() {
   prologue();
   auto group_rows = [&](const Reg64& out, bool nt) {
     each_group_channel([&](int g) {
-      for (int k = 0; k < 4; ++k) vbroadcastss(vmm(12 + k), ptr[r8 + 16 * g + 4 * k]);
+      broadcast_coefs(12, g);
       cols_loop([&](int j, int64_t off, bool tail) {
-        const int64_t o = off + g * c_.channel_stride;
-        load_port(0, j, 8, o, tail);
-        load_port(1, 4 + j, 8, o, tail);
-        vsubps(vmm(j), vmm(j), vmm(15));
-        vfmadd213ps(vmm(4 + j), vmm(12), vmm(14));  // dy a + c
-        vfmadd231ps(vmm(4 + j), vmm(j), vmm(13));   // + (x - mean) b
-        store(out, off + g * c_.dx_channel_stride, 4 + j, tail, nt);
+        rows_apply_vector(j, 12, off + g * c_.channel_stride, out, off + g * c_.dx_channel_stride,
+                          tail, nt);
       });
     });
   };
@@ -380,9 +387,6 @@ bool BnGenerator::linear_block_stores() const {
 void BnGenerator::linear_block(int64_t lead) {
   const int64_t s = c_.cols, full = c_.channel_group * s;
   const int64_t nvec = (lead + full + lanes_ - 1) / lanes_;
-  auto coefs = [&](int first, int64_t g) {
-    for (int k = 0; k < 4; ++k) vbroadcastss(vmm(first + k), ptr[r8 + 16 * g + 4 * k]);
-  };
   // Lanes [lo, hi) of the vector at element `off`; masked unless all 16, and
   // streamed only when the whole line is the block's (a 16-bit vector is half
   // a line).
@@ -395,16 +399,11 @@ void BnGenerator::linear_block(int64_t lead) {
       mov(eax, static_cast<uint32_t>(((1u << hi) - 1) & ~((1u << lo) - 1)));
       kmovw(k1, eax);
     }
-    load_port(0, 0, 8, off, masked);
-    load_port(1, 4, 8, off, masked);
-    vsubps(vmm(0), vmm(0), vmm(cf + 3));
-    vfmadd213ps(vmm(4), vmm(cf), vmm(cf + 2));  // dy a + c
-    vfmadd231ps(vmm(4), vmm(0), vmm(cf + 1));   // + (x - mean) b
-    store(rcx, off, 4, masked, nt);
+    rows_apply_vector(0, cf, off, rcx, off, masked, nt);
   };
   Label end;
   xor_(r11, r11);
-  coefs(12, 0);
+  broadcast_coefs(12, 0);
   int64_t cur = 0;
   for (int64_t v = 0; v < nvec; ++v) {
     const int64_t e0 = v * lanes_ - lead;  // the block's element in lane 0
@@ -413,7 +412,7 @@ void BnGenerator::linear_block(int64_t lead) {
     if (g0 != cur) {  // channel g0 starts on this vector
       cmp(rdi, static_cast<int>(g0));
       jle(end, T_NEAR);
-      coefs(12, g0);
+      broadcast_coefs(12, g0);
       cur = g0;
     }
     const int64_t lo = first - e0, hi = last + 1 - e0;
@@ -430,7 +429,7 @@ void BnGenerator::linear_block(int64_t lead) {
       compute(20, e0, lo, h_lane);  // the block ends before channel h
       jmp(end, T_NEAR);
       L(present);
-      coefs(16, h);
+      broadcast_coefs(16, h);
       mov(eax, ~((1u << h_lane) - 1) & 0xffffu);
       kmovw(k5, eax);
       for (int i = 0; i < 4; ++i) vblendmps(vmm(20 + i) | k5, vmm(20 + i), vmm(16 + i));

@@ -148,31 +148,38 @@ TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
 
 // Grouped short rows that do not start on a vector (7x7, 14x14) stream
 // diff_src through a 64-byte-aligned bounce block when it is larger than half
-// the L3 (AVX-512): blocks whose ends fall inside lines (1568 bytes per group
-// of 8 7x7 f32 channels), images that start off a line (203 channels), a last
-// group of 3 channels, blocks of whole lines (16 channels of 14x14 f32), and
-// a fused producer. Batches are sized from the L3 this host reports.
+// the L3 (AVX-512) and the linear blocks cannot take it (diff_src's images
+// not whole lines apart): blocks whose ends fall inside lines (1568 bytes per
+// group of 8 7x7 f32 channels), images that start off a line (203 channels),
+// a last group of 3 channels, blocks of whole lines (16 channels of 14x14
+// f32) in images padded to 3140 elements, and a fused producer. Batches are
+// sized from the L3 this host reports.
 TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
   if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "streaming stores are AVX-512";
   const int64_t half_l3 = jit::cache_sizes().l3_bytes / 2;
   const struct {
     int64_t c, h, w;
     DataType dt;
-  } cases[] = {{203, 7, 7, DataType::kF32},
-               {16, 14, 14, DataType::kF32},
-               {203, 14, 14, DataType::kBF16},
-               {37, 5, 5, DataType::kF16}};
+    int64_t dx_image_stride;  // 0: dense
+  } cases[] = {{203, 7, 7, DataType::kF32, 0},
+               {16, 14, 14, DataType::kF32, 3140},
+               {203, 14, 14, DataType::kBF16, 0},
+               {37, 5, 5, DataType::kF16, 0}};
   int ran = 0;
   for (const auto& k : cases) {
     const int64_t image_bytes = k.c * k.h * k.w * dtype_size(k.dt);
     const int64_t n = half_l3 / image_bytes + 1;
     Op op = bn_bwd({n, k.c, k.h, k.w}, "NCX", k.dt, DataType::kF32, true, 3, 1e-3f);
+    if (k.dx_image_stride > 0)
+      op.mutable_outputs()[0].strides = {k.dx_image_stride, k.h * k.w, k.w, 1};
     const std::string what = dims_to_string({n, k.c, k.h, k.w}) + " " + dtype_name(k.dt);
     auto conf = jit::make_conf(op, jit::Isa::kAvx512);
     ASSERT_TRUE(conf.ok());
     EXPECT_GT(conf->channel_group, 0) << what;
     EXPECT_TRUE(conf->streaming_stores) << what;
     EXPECT_NE(conf->cols % 16, 0) << what;
+    EXPECT_GT(jit::bounce_block_bytes(*conf), 0) << what;
+    EXPECT_FALSE(jit::grouped_linear_blocks(*conf)) << what;
     const auto r = compare_with_ref(one_op(op), "jit", static_cast<uint64_t>(ran++));
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
     EXPECT_NE(r.kernel.find("rows_grouped"), std::string::npos) << r.kernel;
