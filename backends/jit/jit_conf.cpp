@@ -123,7 +123,8 @@ std::string BnConf::key() const {
          ":cols=" + std::to_string(cols) + ":rs=" + std::to_string(row_stride) +
          ":cs=" + std::to_string(channel_stride) + ":dxrs=" + std::to_string(dx_row_stride) +
          ":dxcs=" + std::to_string(dx_channel_stride) + ":cg=" + std::to_string(channel_group) +
-         (apply_prefetch ? "" : ":nopf") + (reduce_prefetch_rows ? ":rpf" : "");
+         (apply_prefetch ? "" : ":nopf") + (reduce_prefetch_rows ? ":rpf" : "") +
+         (apply_prefetch_next_channel ? ":pfc" : "");
 }
 
 // How the walk chosen in `c` covers a tensor with strides `st`, when it can.
@@ -220,15 +221,21 @@ bool grouped_linear_blocks(const BnConf& c) {
 
 namespace {
 
-// kRows: whether the apply prefetches (see BnConf::apply_prefetch). A task's
-// inputs are its channels' rows over the batch: src and diff_dst, or the two
-// operands of each fused producer.
+// kRows: what the apply prefetches (see BnConf::apply_prefetch and
+// apply_prefetch_next_channel). A task's inputs are its channels' rows over
+// the batch: src and diff_dst, or the two operands of each fused producer.
 void set_apply_prefetch(BnConf* c) {
   if (c->walk != Walk::kRows) return;
+  const int64_t es = dtype_size(c->d.data_dt);
   const int tensors = (c->x_fuse != Fuse::kNone ? 2 : 1) + (c->dy_fuse != Fuse::kNone ? 2 : 1);
-  const int64_t task_bytes =
-      std::max(1, c->channel_group) * c->cols * c->rows * dtype_size(c->d.data_dt) * tensors;
+  const int64_t task_bytes = std::max(1, c->channel_group) * c->cols * c->rows * es * tensors;
   c->apply_prefetch = task_bytes > cache_sizes().l2_bytes / 2;
+  // The next channel's line is a 32-bit displacement from the current one's;
+  // packed (staged) channels are not adjacent, per-image calls not one channel.
+  c->apply_prefetch_next_channel =
+      c->channel_group == 0 && c->batch_calls == 0 &&
+      c->cols * es >= kNextChannelPrefetchRowBytes && c->d.channels > 1 && c->x_strides.empty() &&
+      c->dy_strides.empty() && (c->channel_stride + c->cols) * es <= INT32_MAX;
 }
 
 }  // namespace

@@ -73,6 +73,11 @@ constexpr int64_t kShortRowBytes = 1024;
 // kRows, long 16-bit rows far apart: the reduce prefetches the rows this many
 // rows ahead (BnConf::reduce_prefetch_rows).
 constexpr int64_t kReducePrefetchRows = 2;
+// kRows: rows at least this long prefetch the next channel in the apply
+// (BnConf::apply_prefetch_next_channel). 40x40 to 112x112 f32 and 56x56 bf16
+// measured 5-14% faster with it; 28x28 f32 rows (3 KiB) 2-12% slower, for
+// reasons not found (docs/performance.md).
+constexpr int64_t kNextChannelPrefetchRowBytes = 4096;
 // Images per grouped reduce call: bounds how many rows the f32 vector sums
 // take before they are added into the f64 totals (fixed by the shape only).
 constexpr int64_t kRowsPerGroupedReduce = 256;
@@ -116,6 +121,12 @@ struct BnConf {
   // (6 KiB at 56x56) ends before they run far enough ahead; f32 rows are twice
   // as long per element and measured no faster with it (docs/performance.md).
   bool reduce_prefetch_rows = false;
+  // kRows, long rows, one call per channel: while the apply computes channel
+  // c it prefetches, line by line, channel c + 1's inputs into the L2, so that
+  // the next reduce's DRAM reads overlap this apply's stores instead of
+  // following them (the calls of a thread take adjacent channels). The
+  // driver says per call whether c + 1 exists (KernelArgs::prefetch_next).
+  bool apply_prefetch_next_channel = false;
   bool needs_reduction = false;
   bool single_thread = false;     // small problems skip the task overhead
   bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache

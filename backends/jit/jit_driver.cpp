@@ -396,10 +396,13 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       coefficients(conf, m, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
                    &diff_beta[c]);
       store_diffs(c);
-      for (int64_t b = 0; b < calls; ++b)
-        kernels.apply(args2(base + b * conf.batch_stride * es,
-                            dx_base + b * conf.dx_batch_stride * es, true, coef, nullptr,
-                            conf.rows));
+      for (int64_t b = 0; b < calls; ++b) {
+        KernelArgs a =
+            args2(base + b * conf.batch_stride * es, dx_base + b * conf.dx_batch_stride * es, true,
+                  coef, nullptr, conf.rows);
+        a.prefetch_next = c + 1 < nc ? 1 : 0;
+        kernels.apply(a);
+      }
     });
   } else {
     std::vector<float> coef(static_cast<size_t>(4 * cp), 0.f);
@@ -505,6 +508,7 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
 BnConf staged_conf(const BnConf& conf) {
   BnConf s = conf;
   s.streaming_stores = false;                        // diff_src goes to a cached staging buffer
+  s.apply_prefetch_next_channel = false;             // each channel is packed on its own
   if (s.walk == Walk::kRows) s.row_stride = s.cols;  // one channel's [N][S] rows
   s.dx_row_stride = s.row_stride;
   s.x_strides.clear();

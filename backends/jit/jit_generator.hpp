@@ -61,7 +61,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
 
   // jit_generator_rows.cpp: the rows walk.
   void prefetch_next_row();
-  void prefetch_rows_ahead(int64_t off);
+  void prefetch_inputs_l2(int64_t off, int64_t ahead);
   void rows_reduce();
   // The row loop of the apply kernels; streaming stores only if allow_nt.
   void apply_rows(bool allow_nt, const std::function<void(bool)>& body);

@@ -45,14 +45,15 @@ void BnGenerator::prefetch_next_row() {
   }
 }
 
-// The line at element `off` of the current row, kReducePrefetchRows rows on,
-// of every tensor the reduce reads, into the L2 (prefetcht0 measured no faster).
-void BnGenerator::prefetch_rows_ahead(int64_t off) {
-  const int64_t ahead = kReducePrefetchRows * c_.row_stride * es_ + off * es_;
-  prefetcht1(ptr[rsi + r11 * es_ + ahead]);
-  prefetcht1(ptr[rdx + r11 * es_ + ahead]);
-  if (c_.x_fuse != Fuse::kNone) prefetcht1(ptr[r12 + r11 * es_ + ahead]);
-  if (c_.dy_fuse != Fuse::kNone) prefetcht1(ptr[r13 + r11 * es_ + ahead]);
+// The line at element `off` of the current row, `ahead` elements on, of every
+// input tensor, into the L2 (prefetcht0 measured no faster for the reduce's
+// rows ahead, and no faster for the apply's next channel).
+void BnGenerator::prefetch_inputs_l2(int64_t off, int64_t ahead) {
+  const int64_t disp = (ahead + off) * es_;
+  prefetcht1(ptr[rsi + r11 * es_ + disp]);
+  prefetcht1(ptr[rdx + r11 * es_ + disp]);
+  if (c_.x_fuse != Fuse::kNone) prefetcht1(ptr[r12 + r11 * es_ + disp]);
+  if (c_.dy_fuse != Fuse::kNone) prefetcht1(ptr[r13 + r11 * es_ + disp]);
 }
 
 // rows_reduce: a_j = v0..3 (sum dy), b_j = v4..7 (sum dy (x - mean)), x/dy temps v8/v9,
@@ -91,7 +92,8 @@ void BnGenerator::rows_reduce() {
     prefetch_next_row();
     if (per_row) zero_sums();
     cols_loop([&](int j, int64_t off, bool tail) {
-      if (ahead && !tail && (off * es_) % 64 == 0) prefetch_rows_ahead(off);
+      if (ahead && !tail && (off * es_) % 64 == 0)
+        prefetch_inputs_l2(off, kReducePrefetchRows * c_.row_stride);
       load_port(0, 8, 10, off, tail);
       load_port(1, 9, 10, off, tail);
       vaddps(vmm(j), vmm(j), vmm(9));
@@ -173,13 +175,33 @@ void BnGenerator::rows_apply_vector(int x, int cf, int64_t off, const Reg64& out
 }
 
 // rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
+// With apply_prefetch_next_channel, a call whose next channel exists takes the
+// copy of the loop that also prefetches that channel's lines.
 void BnGenerator::rows_apply() {
   prologue();
+  Label last_channel, done;
+  if (c_.apply_prefetch_next_channel) {
+    cmp(qword[rdi + offsetof(KernelArgs, prefetch_next)], 0);
+    je(last_channel, T_NEAR);
+  }
   broadcast_coefs(12, 0);
-  apply_rows(true, [&](bool nt) {
-    cols_loop(
-        [&](int j, int64_t off, bool tail) { rows_apply_vector(j, 12, off, rcx, off, tail, nt); });
-  });
+  auto rows = [&](bool next_channel) {
+    apply_rows(true, [&](bool nt) {
+      cols_loop([&](int j, int64_t off, bool tail) {
+        if (next_channel && !tail && (off * es_) % 64 == 0)
+          prefetch_inputs_l2(off, c_.channel_stride);
+        rows_apply_vector(j, 12, off, rcx, off, tail, nt);
+      });
+    });
+  };
+  rows(c_.apply_prefetch_next_channel);
+  if (c_.apply_prefetch_next_channel) {
+    jmp(done, T_NEAR);
+    L(last_channel);
+    broadcast_coefs(12, 0);
+    rows(false);
+    L(done);
+  }
   epilogue();
 }
 

@@ -1,11 +1,13 @@
 // The JIT's rows walk on short and long NCX rows, against ref: the grouped
 // kernels (8 channels per call on AVX-512, image by image), the row-ahead
-// prefetch of long 16-bit rows, the bounce block that streams rows which do
-// not start on a vector, and the linear blocks of the grouped apply (their
-// phases within a line, masked ends, and padding left untouched).
+// prefetch of long 16-bit rows, the apply's prefetch of the next channel, the
+// bounce block that streams rows which do not start on a vector, and the
+// linear blocks of the grouped apply (their phases within a line, masked
+// ends, and padding left untouched).
 #include <algorithm>
 
 #include <normgrad/backends/jit/jit_conf.hpp>
+#include <normgrad/backends/jit/jit_driver.hpp>
 #include "tests/backend_test_util.hpp"
 #include "tests/backends/jit/jit_test_util.hpp"
 
@@ -143,6 +145,86 @@ TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
         prefetches(bn_bwd({5, 3, 16, 32}, "NCX", DataType::kBF16, DataType::kF32, true, 3)));
     expect_same_bits_for_1_2_4_threads(
         one_op(bn_bwd({6, 40, 28, 28}, "NCX", DataType::kBF16, DataType::kF32, true, 3)));
+  }
+}
+
+// Rows of at least kNextChannelPrefetchRowBytes, one channel per call: the
+// apply prefetches the next channel's rows, and the tensor's last channel
+// takes the copy of the loop without the prefetches. Three channels run
+// serially, so both copies compute: f32 and 16-bit rows, batches of 1 to 3,
+// the output forms, fused producers (their operands prefetched too), channels
+// padded apart (walked in place), and the cases that do without: shorter
+// rows, one channel, padded rows (a call per image) and staged tensors.
+TEST(JitBackend, ApplyPrefetchesNextChannel) {
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    const jit::Isa jit_isa = jit::detect_isa();
+    auto check = [&](const Graph& g, const std::string& what) {
+      SCOPED_TRACE(isa + " " + what);
+      const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(100 + ran++));
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_EQ(r.kernel.find("jit:" + isa + ":"), 0u) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    };
+    auto prefetches = [&](const Op& op) {
+      auto conf = jit::make_conf(op, jit_isa);
+      EXPECT_TRUE(conf.ok()) << conf.status().to_string();
+      return conf.ok() && conf->apply_prefetch_next_channel;
+    };
+    const struct {
+      Dims shape;
+      DataType dt;
+    } on[] = {{{1, 3, 32, 32}, DataType::kF32},
+              {{2, 3, 32, 33}, DataType::kF32},
+              {{3, 3, 40, 40}, DataType::kF32},
+              {{2, 3, 32, 64}, DataType::kBF16},
+              {{3, 3, 33, 64}, DataType::kF16}};
+    for (const auto& c : on) {
+      for (int form = 0; form < 6; ++form) {
+        Op op = bn_bwd(c.shape, "NCX", c.dt, DataType::kF32, form != 1,
+                       form == 2 || form == 4 ? 1 : 3, 1e-3f);
+        apply_form(op, form);
+        EXPECT_TRUE(prefetches(op));
+        check(one_op(op),
+              dims_to_string(c.shape) + " " + dtype_name(c.dt) + " form " + std::to_string(form));
+      }
+    }
+    for (int port : {0, 1}) {
+      for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+        check(fused_on_port({2, 3, 32, 64}, "NCX", port, dt),
+              std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt));
+      }
+    }
+    // Channels 1100 elements apart (1024 used): the next channel's rows are
+    // channel_stride on, not cols.
+    Op apart = bn_bwd({2, 3, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+    for (int port : {0, 1}) apart.mutable_inputs()[port].strides = {3 * 1100, 1100, 32, 1};
+    EXPECT_TRUE(prefetches(apart));
+    check(one_op(apart), "channels padded apart");
+    // Without: 28x28 f32 rows (3136 bytes), one channel, rows padded from 1024
+    // to 1040 elements (a call per image), channels padded within their rows
+    // (staged), and the staged kernels themselves.
+    EXPECT_FALSE(
+        prefetches(bn_bwd({5, 3, 28, 28}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
+    EXPECT_FALSE(
+        prefetches(bn_bwd({5, 1, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
+    Op padded = bn_bwd({2, 3, 2, 1024}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+    for (int port : {0, 1})
+      padded.mutable_inputs()[port].strides = {3 * 2 * 1040, 2 * 1040, 1040, 1};
+    EXPECT_FALSE(prefetches(padded));
+    check(one_op(padded), "padded rows");
+    Op staged = bn_bwd({2, 3, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+    staged.mutable_inputs()[0].strides = {3 * 32 * 40, 32 * 40, 40, 1};  // src only: staged
+    EXPECT_FALSE(prefetches(staged));
+    check(one_op(staged), "staged");
+    auto dense = jit::make_conf(
+        bn_bwd({2, 3, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3), jit_isa);
+    ASSERT_TRUE(dense.ok());
+    EXPECT_TRUE(dense->apply_prefetch_next_channel);
+    EXPECT_FALSE(jit::staged_conf(*dense).apply_prefetch_next_channel);
+    expect_same_bits_for_1_2_4_threads(
+        one_op(bn_bwd({6, 24, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
   }
 }
 
