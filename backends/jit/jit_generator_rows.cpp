@@ -179,12 +179,12 @@ void BnGenerator::rows_apply_vector(int x, int cf, int64_t off, const Reg64& out
 // copy of the loop that also prefetches that channel's lines.
 void BnGenerator::rows_apply() {
   prologue();
+  broadcast_coefs(12, 0);
   Label last_channel, done;
   if (c_.apply_prefetch_next_channel) {
     cmp(qword[rdi + offsetof(KernelArgs, prefetch_next)], 0);
     je(last_channel, T_NEAR);
   }
-  broadcast_coefs(12, 0);
   auto rows = [&](bool next_channel) {
     apply_rows(true, [&](bool nt) {
       cols_loop([&](int j, int64_t off, bool tail) {
@@ -198,7 +198,6 @@ void BnGenerator::rows_apply() {
   if (c_.apply_prefetch_next_channel) {
     jmp(done, T_NEAR);
     L(last_channel);
-    broadcast_coefs(12, 0);
     rows(false);
     L(done);
   }

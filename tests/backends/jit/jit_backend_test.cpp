@@ -17,6 +17,7 @@ namespace {
 
 using jit_test::apply_form;
 using jit_test::expect_same_bits_for_1_2_4_threads;
+using jit_test::fused_graph;
 using jit_test::fused_on_port;
 using jit_test::isas;
 using jit_test::IsaScope;
@@ -357,16 +358,9 @@ TEST(JitBackend, FusedReluBackwardAndAdd) {
         for (int variant = 0; variant < 3; ++variant) {  // relu use_dst, relu use_src, add
           for (int port : {0, 1}) {
             const Dims shape = std::string(fmt) == "NCX" ? Dims{3, 17, 5, 7} : Dims{3, 5, 7, 17};
-            Op pre(1, variant == 2 ? OpKind::kAdd : OpKind::kReLUBackward, "pre");
-            if (variant < 2) pre.set_attr("use_dst", variant == 0);
-            pre.add_input(testing_util::lt(30, dt, shape))
-                .add_input(testing_util::lt(31, dt, shape));
-            pre.add_output(testing_util::lt(20, dt, shape));
-            Op bn = bn_bwd(shape, fmt, dt, DataType::kF32, true, 3);
-            bn.mutable_inputs()[port].id = 20;
-            Graph g;
-            ASSERT_TRUE(g.add_op(pre).ok());
-            ASSERT_TRUE(g.add_op(bn).ok());
+            const Graph g =
+                fused_graph(shape, fmt, variant == 2 ? OpKind::kAdd : OpKind::kReLUBackward, port,
+                            dt, variant < 2 ? std::optional<bool>(variant == 0) : std::nullopt);
             SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + fmt + " variant " +
                          std::to_string(variant) + " port " + std::to_string(port));
             const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran++));

@@ -15,6 +15,8 @@ namespace normgrad {
 namespace {
 
 using jit_test::apply_form;
+using jit_test::conf_for;
+using jit_test::expect_jit_matches_ref;
 using jit_test::expect_same_bits_for_1_2_4_threads;
 using jit_test::fused_on_port;
 using jit_test::isas;
@@ -94,20 +96,11 @@ TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
   int ran = 0;
   for (const std::string& isa : isas()) {
     IsaScope scope(isa);
-    const jit::Isa jit_isa = jit::detect_isa();
     auto check = [&](const Graph& g, const std::string& what, const std::string& want = "") {
       SCOPED_TRACE(isa + " " + what);
-      const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran++));
-      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-      EXPECT_EQ(r.kernel.find("jit:" + isa + ":"), 0u) << r.kernel;
-      EXPECT_NE(r.kernel.find(want), std::string::npos) << r.kernel;
-      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+      expect_jit_matches_ref(g, static_cast<uint64_t>(ran++), isa, want);
     };
-    auto prefetches = [&](const Op& op) {
-      auto conf = jit::make_conf(op, jit_isa);
-      EXPECT_TRUE(conf.ok()) << conf.status().to_string();
-      return conf.ok() && conf->reduce_prefetch_rows;
-    };
+    auto prefetches = [](const Op& op) { return conf_for(op).reduce_prefetch_rows; };
     for (DataType dt : {DataType::kBF16, DataType::kF16}) {
       for (int64_t n : {1, 2, 3, 5}) {
         for (int form = 0; form < 6; form += 2) {
@@ -152,26 +145,19 @@ TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
 // apply prefetches the next channel's rows, and the tensor's last channel
 // takes the copy of the loop without the prefetches. Three channels run
 // serially, so both copies compute: f32 and 16-bit rows, batches of 1 to 3,
-// the output forms, fused producers (their operands prefetched too), channels
+// the output forms, fused producers (the fused kernels, whose operands are
+// prefetched too, against ref), channels
 // padded apart (walked in place), and the cases that do without: shorter
 // rows, one channel, padded rows (a call per image) and staged tensors.
 TEST(JitBackend, ApplyPrefetchesNextChannel) {
   int ran = 0;
   for (const std::string& isa : isas()) {
     IsaScope scope(isa);
-    const jit::Isa jit_isa = jit::detect_isa();
-    auto check = [&](const Graph& g, const std::string& what) {
+    auto check = [&](const Graph& g, const std::string& what, const std::string& want = "") {
       SCOPED_TRACE(isa + " " + what);
-      const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(100 + ran++));
-      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-      EXPECT_EQ(r.kernel.find("jit:" + isa + ":"), 0u) << r.kernel;
-      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+      expect_jit_matches_ref(g, static_cast<uint64_t>(100 + ran++), isa, want);
     };
-    auto prefetches = [&](const Op& op) {
-      auto conf = jit::make_conf(op, jit_isa);
-      EXPECT_TRUE(conf.ok()) << conf.status().to_string();
-      return conf.ok() && conf->apply_prefetch_next_channel;
-    };
+    auto prefetches = [](const Op& op) { return conf_for(op).apply_prefetch_next_channel; };
     const struct {
       Dims shape;
       DataType dt;
@@ -193,7 +179,8 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
     for (int port : {0, 1}) {
       for (DataType dt : {DataType::kF32, DataType::kBF16}) {
         check(fused_on_port({2, 3, 32, 64}, "NCX", port, dt),
-              std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt));
+              std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt),
+              port == 0 ? ":rows+src_" : ":rows+diff_dst_");
       }
     }
     // Channels 1100 elements apart (1024 used): the next channel's rows are
@@ -218,11 +205,10 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
     staged.mutable_inputs()[0].strides = {3 * 32 * 40, 32 * 40, 40, 1};  // src only: staged
     EXPECT_FALSE(prefetches(staged));
     check(one_op(staged), "staged");
-    auto dense = jit::make_conf(
-        bn_bwd({2, 3, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3), jit_isa);
-    ASSERT_TRUE(dense.ok());
-    EXPECT_TRUE(dense->apply_prefetch_next_channel);
-    EXPECT_FALSE(jit::staged_conf(*dense).apply_prefetch_next_channel);
+    const jit::BnConf dense =
+        conf_for(bn_bwd({2, 3, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3));
+    EXPECT_TRUE(dense.apply_prefetch_next_channel);
+    EXPECT_FALSE(jit::staged_conf(dense).apply_prefetch_next_channel);
     expect_same_bits_for_1_2_4_threads(
         one_op(bn_bwd({6, 24, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
   }

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,19 +49,17 @@ inline std::map<int64_t, std::vector<char>> run_with_threads(const Graph& g, int
       through_api ? tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism)
                   : static_cast<size_t>(threads));
   if (through_api) set_num_threads(threads);
+  std::map<int64_t, std::vector<char>> bytes;
   auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
   EXPECT_TRUE(cg.ok()) << cg.status().to_string();
-  std::map<int64_t, std::string> sources;
-  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, &sources);
-  std::map<int64_t, const void*> in;
-  for (auto& [id, b] : *inputs) in[id] = b.data();
-  std::map<int64_t, oracle::Buffer> outs;
-  std::map<int64_t, void*> p;
-  for (const LogicalTensor& lt : cg->outputs())
-    p[lt.id] = outs.emplace(lt.id, *oracle::allocate(lt)).first->second.data();
-  EXPECT_TRUE(cg->execute(in, p).ok());
-  std::map<int64_t, std::vector<char>> bytes;
-  for (auto& [id, b] : outs) bytes[id].assign(b.bytes.begin(), b.bytes.end());
+  if (!cg.ok()) return bytes;
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, nullptr);
+  EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
+  if (!inputs.ok()) return bytes;
+  auto outs = testing_util::run_outputs(*cg, *inputs);
+  EXPECT_TRUE(outs.ok()) << outs.status().to_string();
+  if (!outs.ok()) return bytes;
+  for (auto& [id, b] : *outs) bytes[id].assign(b.bytes.begin(), b.bytes.end());
   return bytes;
 }
 
@@ -73,11 +72,13 @@ inline void expect_same_bits_for_1_2_4_threads(const Graph& g) {
   }
 }
 
-// A ReLUBackward (port 0: src) or an Add (port 1: diff_dst) feeding an f32
-// batch-norm backward.
-inline Graph fused_on_port(const Dims& shape, const char* fmt, int port,
-                           DataType dt = DataType::kF32) {
-  Op pre(1, port == 0 ? OpKind::kReLUBackward : OpKind::kAdd, "pre");
+// A producer of `kind` (ReLUBackward, with use_dst when given, or Add)
+// feeding port `port` (0: src, 1: diff_dst) of a batch-norm backward with f32
+// statistics.
+inline Graph fused_graph(const Dims& shape, const char* fmt, OpKind kind, int port, DataType dt,
+                         std::optional<bool> use_dst = std::nullopt) {
+  Op pre(1, kind, "pre");
+  if (use_dst) pre.set_attr("use_dst", *use_dst);
   pre.add_input(testing_util::lt(30, dt, shape)).add_input(testing_util::lt(31, dt, shape));
   pre.add_output(testing_util::lt(20, dt, shape));
   Op bn = bn_bwd(shape, fmt, dt, DataType::kF32, true, 3);
@@ -86,6 +87,35 @@ inline Graph fused_on_port(const Dims& shape, const char* fmt, int port,
   EXPECT_TRUE(g.add_op(pre).ok());
   EXPECT_TRUE(g.add_op(bn).ok());
   return g;
+}
+
+// A ReLUBackward (port 0: src) or an Add (port 1: diff_dst) feeding an f32
+// batch-norm backward.
+inline Graph fused_on_port(const Dims& shape, const char* fmt, int port,
+                           DataType dt = DataType::kF32) {
+  return fused_graph(shape, fmt, port == 0 ? OpKind::kReLUBackward : OpKind::kAdd, port, dt);
+}
+
+// Runs `g` on the JIT against ref (inputs from `seed`): the JIT must take it,
+// on `isa`'s code when one is given, with `feature` in its kernel name, and
+// every output within its tolerance.
+inline void expect_jit_matches_ref(const Graph& g, uint64_t seed, const std::string& isa = "",
+                                   const std::string& feature = "") {
+  const auto r = testing_util::compare_with_ref(g, "jit", seed);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  if (!isa.empty()) {
+    EXPECT_EQ(r.kernel.find("jit:" + isa + ":"), 0u) << r.kernel;
+  }
+  EXPECT_NE(r.kernel.find(feature), std::string::npos) << r.kernel;
+  EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+}
+
+// The JIT's conf for `op` on the ISA that NORMGRAD_JIT selects; a conf that
+// fails is a test failure (and gives a default conf, every choice off).
+inline jit::BnConf conf_for(const Op& op) {
+  auto conf = jit::make_conf(op, jit::detect_isa());
+  EXPECT_TRUE(conf.ok()) << conf.status().to_string();
+  return conf.ok() ? *conf : jit::BnConf{};
 }
 
 // Whether the AVX-512 JIT streams diff_src of `tensor_bytes`: past half the
