@@ -108,19 +108,25 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
   return g;
 }
 
-// A timed unit: one backend's compiled graph on shared inputs, or the blocked column.
+// A timed unit: one backend's compiled graph, or the blocked column. Each has
+// its own copy of the inputs (the same values), as the blocked column has its
+// own blocked tensors: on shared inputs, a backend would find them in the L3
+// whenever the backend before it had just read them, and on layers that fit
+// the L3 that favours whichever backend follows another on the same buffers.
 struct Runner {
   BackendResult result;
   std::unique_ptr<CompiledGraph> graph;
   std::unique_ptr<BlockedRunner> blocked;
+  std::map<int64_t, Buffer> inputs;
+  std::map<int64_t, const void*> in_ptrs;
   std::map<int64_t, Buffer> outputs;
   std::map<int64_t, void*> out_ptrs;
 };
 
-double run_once(Runner& r, const std::map<int64_t, const void*>& in) {
+double run_once(Runner& r) {
   if (r.blocked) return r.blocked->run_once();
   const auto t0 = std::chrono::steady_clock::now();
-  Status s = r.graph->execute(in, r.out_ptrs);
+  Status s = r.graph->execute(r.in_ptrs, r.out_ptrs);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!s.ok()) r.result.reason = s.to_string();
@@ -272,12 +278,15 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, dou
   }
   NG_ASSIGN_OR_RETURN(auto inputs,
                       make_inputs(any->graph(), any->lowered_graph(), "", 1, &sources));
-  std::map<int64_t, const void*> in;
-  for (auto& [id, b] : inputs) in[id] = b.data();
+  for (Runner& r : runners) {
+    if (!r.graph) continue;
+    r.inputs = inputs;  // a copy per backend: see Runner
+    for (auto& [id, b] : r.inputs) r.in_ptrs[id] = b.data();
+  }
   auto active = [](const Runner& r) { return (r.graph || r.blocked) && r.result.reason.empty(); };
   for (int64_t w = 0; w < opt.warmup; ++w) {
     for (Runner& r : runners) {
-      if (active(r)) run_once(r, in);
+      if (active(r)) run_once(r);
     }
   }
   // Interleaved: A B C A B C ..., so drift hits every backend alike.
@@ -285,7 +294,7 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, dou
     for (Runner& r : runners) {
       if (!active(r)) continue;
       if (opt.cold) flush_caches();
-      r.result.ms.push_back(run_once(r, in));
+      r.result.ms.push_back(run_once(r));
     }
   }
   double dnnl_median = 0.0;
