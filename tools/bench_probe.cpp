@@ -1,12 +1,15 @@
-// Roofline probe, cache flush and the oneDNN blocked-layout column.
+// Host description, roofline probe, cache flush and the oneDNN blocked-layout column.
 #include "tools/bench_probe.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <thread>
 
 #include <tbb/parallel_for.h>
 
@@ -17,6 +20,49 @@
 namespace normgrad {
 namespace cli {
 namespace {
+
+int64_t sysfs_cache_bytes(int level, const char* type) {
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir =
+        "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream lv(dir + "level"), ty(dir + "type"), sz(dir + "size");
+    int l = 0;
+    std::string t, size;
+    if (!(lv >> l) || !(ty >> t) || !(sz >> size)) continue;
+    if (l != level || (t != type && t != "Unified")) continue;
+    int64_t v = std::atoll(size.c_str());
+    if (size.find('K') != std::string::npos) v <<= 10;
+    if (size.find('M') != std::string::npos) v <<= 20;
+    return v;
+  }
+  return 0;
+}
+
+// Cache sizes from CPUID (deterministic cache parameters: leaf 4 on Intel,
+// 0x8000001D on AMD) when sysfs has none, as in some VMs.
+int64_t cpuid_cache_bytes(int level, bool data) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __get_cpuid(0, &a, &b, &c, &d);
+  const bool amd = b == 0x68747541;  // "Auth"enticAMD
+  const unsigned leaf = amd ? 0x8000001D : 4;
+  for (unsigned sub = 0; sub < 8; ++sub) {
+    if (!__get_cpuid_count(leaf, sub, &a, &b, &c, &d)) return 0;
+    const unsigned type = a & 0x1f, lvl = (a >> 5) & 0x7;
+    if (type == 0) break;
+    if (static_cast<int>(lvl) != level || (data ? type == 2 : type != 3)) continue;
+    const int64_t ways = ((b >> 22) & 0x3ff) + 1, parts = ((b >> 12) & 0x3ff) + 1;
+    const int64_t line = (b & 0xfff) + 1, sets = static_cast<int64_t>(c) + 1;
+    return ways * parts * line * sets;
+  }
+  // AMD's legacy leaves: L1d in 0x80000005 ECX[31:24] KiB, L2 in 0x80000006
+  // ECX[31:16] KiB, L3 in 0x80000006 EDX[31:18] x 512 KiB.
+  if (level == 1 && __get_cpuid(0x80000005, &a, &b, &c, &d)) return int64_t{(c >> 24) & 0xff} << 10;
+  if (level == 2 && __get_cpuid(0x80000006, &a, &b, &c, &d))
+    return int64_t{(c >> 16) & 0xffff} << 10;
+  if (level == 3 && __get_cpuid(0x80000006, &a, &b, &c, &d))
+    return int64_t{(d >> 18) & 0x3fff} << 19;
+  return 0;
+}
 
 struct AlignedFree {
   void operator()(float* p) const { std::free(p); }
@@ -37,6 +83,35 @@ __attribute__((target("avx"))) void add_stream(const float* a, const float* b, f
 }
 
 }  // namespace
+
+HostInfo host_info() {
+  HostInfo h;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  bool avx512 = false, avx512_bf16 = false, avx512_fp16 = false, avx2 = false;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0 && h.cpu_model == "unknown") {
+      h.cpu_model = line.substr(line.find(':') + 2);
+    } else if (line.rfind("flags", 0) == 0) {
+      avx512 = avx512 || line.find(" avx512f") != std::string::npos;
+      avx512_bf16 = avx512_bf16 || line.find(" avx512_bf16") != std::string::npos;
+      avx512_fp16 = avx512_fp16 || line.find(" avx512_fp16") != std::string::npos;
+      avx2 = avx2 || line.find(" avx2") != std::string::npos;
+    }
+  }
+  h.logical_cpus = std::thread::hardware_concurrency();
+  h.l1d_bytes = sysfs_cache_bytes(1, "Data");
+  h.l2_bytes = sysfs_cache_bytes(2, "Unified");
+  h.l3_bytes = sysfs_cache_bytes(3, "Unified");
+  if (h.l1d_bytes == 0) h.l1d_bytes = cpuid_cache_bytes(1, true);
+  if (h.l2_bytes == 0) h.l2_bytes = cpuid_cache_bytes(2, false);
+  if (h.l3_bytes == 0) h.l3_bytes = cpuid_cache_bytes(3, false);
+  h.isa = avx512
+              ? std::string("avx512") + (avx512_bf16 ? "+bf16" : "") + (avx512_fp16 ? "+fp16" : "")
+          : avx2 ? "avx2"
+                 : "baseline";
+  return h;
+}
 
 double measure_stream_gbps(int64_t floats_per_array, int reps) {
   const int64_t n = floats_per_array / 1024 * 1024;
@@ -59,9 +134,15 @@ double measure_stream_gbps(int64_t floats_per_array, int reps) {
 }
 
 void flush_caches(int64_t bytes) {
+  // Written once, then only read: the lines it leaves in the caches are clean,
+  // so the timed run that follows evicts them without write-backs. (Writing it
+  // on every call left up to an L3 of dirty lines to be written back inside
+  // the next timed run.)
   static std::vector<char> junk;
-  junk.resize(static_cast<size_t>(bytes));
-  for (size_t i = 0; i < junk.size(); i += 64) junk[i] = static_cast<char>(junk[i] + 1);
+  if (junk.size() < static_cast<size_t>(bytes)) junk.assign(static_cast<size_t>(bytes), 1);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < static_cast<size_t>(bytes); i += 64) sum += static_cast<uint8_t>(junk[i]);
+  asm volatile("" : : "r"(sum));  // keep the reads
 }
 
 #ifdef NORMGRAD_WITH_DNNL

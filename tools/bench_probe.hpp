@@ -1,5 +1,6 @@
-// Helpers of `normgrad bench`: the in-run bandwidth roofline probe, cache
-// flushing for --cold, and oneDNN's blocked nChw16c reference column.
+// Helpers of `normgrad bench`: the host's description, the in-run bandwidth
+// roofline probe, cache flushing for --cold, and oneDNN's blocked nChw16c
+// reference column.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,18 @@
 
 namespace normgrad {
 namespace cli {
+
+// The machine a run was measured on, so runs on different hosts can be told apart.
+struct HostInfo {
+  std::string cpu_model = "unknown";
+  int64_t logical_cpus = 0;
+  int64_t l1d_bytes = 0, l2_bytes = 0,
+          l3_bytes = 0;  // as sysfs reports them (a VM may show the host's)
+  std::string isa;
+};
+
+// CPU model, logical CPUs, cache sizes (sysfs, else CPUID) and vector ISA.
+HostInfo host_info();
 
 // GB/s of a 2-read-1-write stream (c = a + b) with streaming stores, over
 // arrays far larger than the L3, on the current oneTBB thread limit; the best of

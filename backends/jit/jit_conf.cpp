@@ -356,14 +356,16 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
                            c.cols * dtype_size(d.data_dt) > kShortRowBytes &&
                            c.row_stride != c.cols && prefetch_ahead <= INT32_MAX;
   c.single_thread = c.total_elements < 100000;
-  // Streaming stores pay off only when dx would not stay in the cache anyway:
-  // when it is more than half the L3, or when src, diff_dst and diff_src
-  // together exceed the L3, so that cached dx stores (and their reads for
-  // ownership) would evict the inputs the apply is about to re-read
-  // (32x2048x7x7 f32: 12.8 MB each; docs/performance.md measures it). The
-  // AVX-512 path has them (the AVX2 path keeps ordinary stores).
-  c.streaming_stores =
-      isa == Isa::kAvx512 && (data_bytes > half_l3 || 3 * data_bytes > cache_sizes().l3_bytes);
+  // Streaming stores pay off unless all three tensors stay in the cache from
+  // one use to the next. Cached diff_src stores read each line for ownership
+  // first, a third more traffic when the lines come from DRAM, and they evict
+  // the inputs the apply is about to re-read. Measured on the interleaved
+  // bench (each backend's tensors evicted by the others' between its runs):
+  // 2x192x71x71 bf16 (11.6 MB for the three) gained 9% from streaming,
+  // 2x192x71x71 f32 (23 MB) 18%, and 4x512x14x14 f32 (4.8 MB) lost 15%;
+  // docs/performance.md. So: stream when the three take more than a quarter
+  // of the L3. The AVX-512 path has them (the AVX2 path keeps ordinary stores).
+  c.streaming_stores = isa == Isa::kAvx512 && 3 * data_bytes > cache_sizes().l3_bytes / 4;
   return c;
 }
 

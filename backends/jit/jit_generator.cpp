@@ -30,7 +30,6 @@ using namespace Xbyak;
 
 namespace {
 
-constexpr int kUnroll = 4;
 constexpr size_t kCodeBytes = 64 * 1024;
 
 }  // namespace

@@ -19,6 +19,10 @@
 namespace normgrad {
 namespace jit {
 
+// Vectors per iteration of the unrolled row loops (the independent chains of
+// the single-channel reduce).
+constexpr int kUnroll = 4;
+
 class BnGenerator : public Xbyak::CodeGenerator {
  public:
   enum class Kind { kReduce, kApply };
@@ -56,6 +60,8 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void load(int dst, const Reg64& base, int64_t off, bool tail);
   void store(const Reg64& base, int64_t off, int src, bool tail, bool nt = false);
   void cols_loop(const std::function<void(int, int64_t, bool)>& step);
+  void cols_loop_dx_aligned(const std::function<void(int, int64_t, bool, bool)>& step);
+  bool realigned_row_stores() const;
   void hsum(int v, int s);
   void emit_constants();
 

@@ -141,7 +141,8 @@ void BnGenerator::apply_rows(bool allow_nt, const std::function<void(bool)>& bod
   L(row);
   prefetch_next_row();
   if (nt) {
-    test(rcx, lanes_ * es_ - 1);
+    // Realigned rows need diff_src on elements only; the others on vectors.
+    test(rcx, realigned_row_stores() ? es_ - 1 : lanes_ * es_ - 1);
     jnz(plain, T_NEAR);
     body(true);
     jmp(row_end, T_NEAR);
@@ -154,6 +155,64 @@ void BnGenerator::apply_rows(bool allow_nt, const std::function<void(bool)>& bod
   jnz(row, T_NEAR);
   if (nt) sfence();
   L(done);
+}
+
+// Long rows whose diff_src does not start on a vector (S = 71x71, or any row
+// of a tensor off a line) stream too: the row is split where diff_src's
+// vectors start (cols_loop_dx_aligned). The apply is elementwise, so where
+// the row is split does not change a bit. AVX-512 only, as are the streaming
+// stores; grouped rows have their own linear blocks.
+bool BnGenerator::realigned_row_stores() const {
+  return avx512_ && kind_ == Kind::kApply && c_.streaming_stores && c_.walk == Walk::kRows &&
+         c_.channel_group == 0 && c_.cols >= 2 * lanes_;
+}
+
+// One row as step(j, off, tail, nt), with the vectors placed on diff_src's
+// (rcx, element-aligned): a head of up to lanes - 1 elements up to the first
+// vector boundary, whole vectors streamed from there, and the rest. The head
+// and the rest are masked with k1, set at run time and then put back to the
+// row tail's mask; r11 counts elements at run time. Clobbers rax and rdi.
+void BnGenerator::cols_loop_dx_aligned(const std::function<void(int, int64_t, bool, bool)>& step) {
+  Label head_done, unrolled, single, rest, row_done;
+  xor_(r11, r11);
+  mov(rdi, rcx);
+  shr(rdi, es_ == 4 ? 2 : 1);
+  neg(rdi);
+  and_(edi, static_cast<int>(lanes_ - 1));  // head elements
+  jz(head_done, T_NEAR);
+  mov(eax, -1);
+  bzhi(eax, eax, edi);
+  kmovw(k1, eax);
+  step(0, 0, true, false);
+  mov(r11, rdi);
+  L(head_done);
+  L(unrolled);
+  lea(rax, ptr[r11 + kUnroll * lanes_]);
+  cmp(rax, static_cast<int>(c_.cols));
+  jg(single, T_NEAR);
+  for (int j = 0; j < kUnroll; ++j) step(j, j * lanes_, false, true);
+  add(r11, static_cast<int>(kUnroll * lanes_));
+  jmp(unrolled, T_NEAR);
+  L(single);
+  lea(rax, ptr[r11 + lanes_]);
+  cmp(rax, static_cast<int>(c_.cols));
+  jg(rest, T_NEAR);
+  step(0, 0, false, true);
+  add(r11, static_cast<int>(lanes_));
+  jmp(single, T_NEAR);
+  L(rest);
+  mov(eax, static_cast<int>(c_.cols));
+  sub(eax, r11d);
+  jz(row_done, T_NEAR);
+  mov(edi, -1);
+  bzhi(edi, edi, eax);
+  kmovw(k1, edi);
+  step(0, 0, true, false);
+  L(row_done);
+  if (tail_ > 0) {
+    mov(eax, (1u << tail_) - 1);
+    kmovw(k1, eax);
+  }
 }
 
 // Channel g's a, b, c, mean (coef[4g..4g+3]) broadcast into v[first..first+3].
@@ -186,12 +245,17 @@ void BnGenerator::rows_apply() {
     je(last_channel, T_NEAR);
   }
   auto rows = [&](bool next_channel) {
+    auto step = [&](int j, int64_t off, bool tail, bool nt) {
+      if (next_channel && !tail && (off * es_) % 64 == 0)
+        prefetch_inputs_l2(off, c_.channel_stride);
+      rows_apply_vector(j, 12, off, rcx, off, tail, nt);
+    };
     apply_rows(true, [&](bool nt) {
-      cols_loop([&](int j, int64_t off, bool tail) {
-        if (next_channel && !tail && (off * es_) % 64 == 0)
-          prefetch_inputs_l2(off, c_.channel_stride);
-        rows_apply_vector(j, 12, off, rcx, off, tail, nt);
-      });
+      if (nt && realigned_row_stores()) {
+        cols_loop_dx_aligned(step);
+      } else {
+        cols_loop([&](int j, int64_t off, bool tail) { step(j, off, tail, nt); });
+      }
     });
   };
   rows(c_.apply_prefetch_next_channel);

@@ -402,5 +402,85 @@ TEST(JitBackend, GroupedRowsLinearBlocks) {
   }
 }
 
+// Long rows whose diff_src does not start on a vector stream with each row
+// split where diff_src's vectors start (AVX-512, when the three tensors take
+// more than a quarter of the L3). 71x71 f32 rows (S = 5041) start at all 16
+// phases of a vector; 23x29 16-bit rows at all 16 too. Against ref on every
+// ISA path: all six output forms, fused producers on either port, and the
+// tensor's last channel, which runs the loop without the next-channel
+// prefetch. Then, on AVX-512: diff_src 4 and 32 bytes past a line gives the
+// same bits, padded diff_src images keep their padding, and the bits are the
+// same for 1, 2 and 4 threads.
+TEST(JitBackend, LongRowsStreamRealigned) {
+  const int64_t quarter_l3 = jit::cache_sizes().l3_bytes / 4;
+  auto batch_for = [&](int64_t image_bytes) { return quarter_l3 / (3 * image_bytes) + 1; };
+  const struct {
+    int64_t c, h, w;
+    DataType dt;
+  } cases[] = {
+      {3, 71, 71, DataType::kF32}, {2, 23, 29, DataType::kBF16}, {3, 23, 29, DataType::kF16}};
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    auto check = [&](const Graph& g, const std::string& what, const std::string& want = "") {
+      SCOPED_TRACE(isa + " " + what);
+      expect_jit_matches_ref(g, static_cast<uint64_t>(300 + ran++), isa, want);
+    };
+    for (const auto& k : cases) {
+      const Dims shape = {batch_for(k.c * k.h * k.w * dtype_size(k.dt)), k.c, k.h, k.w};
+      for (int form = 0; form < 6; ++form) {
+        Op op = bn_bwd(shape, "NCX", k.dt, DataType::kF32, form != 1,
+                       form == 2 || form == 4 ? 1 : 3, 1e-3f);
+        apply_form(op, form);
+        const jit::BnConf conf = conf_for(op);
+        EXPECT_EQ(conf.streaming_stores, isa == "avx512");
+        EXPECT_EQ(conf.channel_group, 0);
+        EXPECT_NE(conf.cols % 16, 0);
+        check(one_op(op),
+              dims_to_string(shape) + " " + dtype_name(k.dt) + " form " + std::to_string(form));
+      }
+      for (int port : {0, 1}) {
+        check(fused_on_port(shape, "NCX", port, k.dt),
+              std::string("fused on port ") + std::to_string(port) + " " + dtype_name(k.dt),
+              port == 0 ? ":rows+src_" : ":rows+diff_dst_");
+      }
+    }
+  }
+  if (jit::detect_isa() != jit::Isa::kAvx512) return;
+  const Dims shape = {batch_for(3 * 71 * 71 * 4), 3, 71, 71};
+  const auto on_line = run_jit_into(shape, 0, 0);
+  ASSERT_FALSE(on_line.empty());
+  for (int shift : {4, 32}) {
+    const auto off_line = run_jit_into(shape, 0, shift);
+    for (const auto& [id, bytes] : on_line) {
+      const std::vector<char>& other = off_line.at(id);
+      const size_t size = bytes.size() - 64;  // the buffer, without the slack past it
+      ASSERT_GE(other.size(), size);
+      EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + size, other.begin()))
+          << "shift " << shift << " tensor " << id;
+    }
+  }
+  // diff_src's images 3 * 5041 + 5 elements apart: each row at its own phase.
+  int64_t dx_id = -1;
+  const int64_t image_elems = 3 * 5041 + 5;
+  const auto padded = run_jit_into(shape, image_elems, 0, &dx_id);
+  ASSERT_FALSE(padded.empty());
+  const std::vector<char>& dx = padded.at(dx_id);
+  const int64_t image = image_elems * 4, rows = 3 * 5041 * 4;  // bytes
+  int64_t touched = 0;
+  for (int64_t b = rows; b < static_cast<int64_t>(dx.size()); ++b)
+    touched += b % image >= rows && dx[static_cast<size_t>(b)] != 0x7f;
+  EXPECT_EQ(touched, 0) << "bytes of padding written";
+  const auto dense = on_line.at(dx_id);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < shape[0]; ++i) {
+    differ += !std::equal(dense.begin() + i * rows, dense.begin() + (i + 1) * rows,
+                          dx.begin() + i * image);
+  }
+  EXPECT_EQ(differ, 0) << "images of padded diff_src unlike the dense one's";
+  expect_same_bits_for_1_2_4_threads(
+      one_op(bn_bwd(shape, "NCX", DataType::kF32, DataType::kF32, true, 3)));
+}
+
 }  // namespace
 }  // namespace normgrad

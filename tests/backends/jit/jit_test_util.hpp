@@ -121,8 +121,7 @@ inline jit::BnConf conf_for(const Op& op) {
 // Whether the AVX-512 JIT streams diff_src of `tensor_bytes`: past half the
 // L3, or when src, diff_dst and diff_src together exceed the L3.
 inline bool streams(int64_t tensor_bytes) {
-  const int64_t l3 = jit::cache_sizes().l3_bytes;
-  return tensor_bytes > l3 / 2 || 3 * tensor_bytes > l3;
+  return 3 * tensor_bytes > jit::cache_sizes().l3_bytes / 4;
 }
 
 }  // namespace jit_test
