@@ -189,16 +189,20 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, dou
     for (Runner& r : runners) cr.results.push_back(r.result);
     return ok_status();
   }
-  std::map<int64_t, std::string> sources;
   const CompiledGraph* any = nullptr;
   for (Runner& r : runners) {
     if (r.graph && !any) any = r.graph.get();
   }
-  NG_ASSIGN_OR_RETURN(auto inputs,
-                      make_inputs(any->graph(), any->lowered_graph(), "", 1, &sources));
+  NG_ASSIGN_OR_RETURN(auto inputs, make_inputs(any->graph(), any->lowered_graph(), "", 1, nullptr));
+  // A copy per backend (see Runner); the last one takes the originals.
+  Runner* last = nullptr;
   for (Runner& r : runners) {
     if (!r.graph) continue;
-    r.inputs = inputs;  // a copy per backend: see Runner
+    if (last) last->inputs = inputs;
+    last = &r;
+  }
+  last->inputs = std::move(inputs);
+  for (Runner& r : runners) {
     for (auto& [id, b] : r.inputs) r.in_ptrs[id] = b.data();
   }
   auto active = [](const Runner& r) { return (r.graph || r.blocked) && r.result.reason.empty(); };

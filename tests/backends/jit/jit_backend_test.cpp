@@ -15,8 +15,8 @@
 namespace normgrad {
 namespace {
 
-using jit_test::apply_form;
 using jit_test::expect_same_bits_for_1_2_4_threads;
+using jit_test::form_op;
 using jit_test::fused_graph;
 using jit_test::fused_on_port;
 using jit_test::isas;
@@ -34,11 +34,7 @@ Op make_case(DataType dt, DataType sdt, const std::string& fmt, int rank, int64_
   if (fmt == "NCX") shape.push_back(c);
   for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
   if (fmt == "NXC") shape.push_back(c);
-  const bool gamma = form != 1;
-  const int outputs = form == 2 || form == 4 ? 1 : 3;
-  Op op = bn_bwd(shape, fmt, dt, sdt, gamma, outputs, 1e-3f);
-  apply_form(op, form);
-  return op;
+  return form_op(shape, fmt.c_str(), dt, form, sdt);
 }
 
 TEST(JitBackend, SweepOnEveryCodePath) {
@@ -192,9 +188,7 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
   for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
     for (int64_t c : {65, 129, 320, 1000}) {
       for (const Dims& px : {Dims{1, 1, 7}, Dims{2, 3, 5}, Dims{2, 8, 8}}) {
-        Op op = bn_bwd({px[0], px[1], px[2], c}, "NXC", dt, DataType::kF32, ran % 6 != 1,
-                       ran % 6 == 2 || ran % 6 == 4 ? 1 : 3, 1e-3f);
-        apply_form(op, ran % 6);
+        const Op op = form_op({px[0], px[1], px[2], c}, "NXC", dt, ran % 6);
         check(one_op(op),
               std::string(dtype_name(dt)) + " C " + std::to_string(c) + " " + dims_to_string(px),
               ":pixels");

@@ -14,11 +14,12 @@
 namespace normgrad {
 namespace {
 
-using jit_test::apply_form;
 using jit_test::conf_for;
 using jit_test::expect_jit_matches_ref;
 using jit_test::expect_same_bits_for_1_2_4_threads;
+using jit_test::form_op;
 using jit_test::fused_on_port;
+using jit_test::fused_rows_feature;
 using jit_test::isas;
 using jit_test::IsaScope;
 using jit_test::streams;
@@ -51,9 +52,7 @@ TEST(JitBackend, GroupedRowsKernels) {
                  {{2, 11, 2, 3, 5}, DataType::kBF16, true}};
     for (const Case& k : cases) {
       for (int form = 0; form < 6; ++form) {
-        Op op = bn_bwd(k.shape, "NCX", k.dt, DataType::kF32, form != 1,
-                       form == 2 || form == 4 ? 1 : 3, 1e-3f);
-        apply_form(op, form);
+        const Op op = form_op(k.shape, "NCX", k.dt, form);
         check(one_op(op),
               dims_to_string(k.shape) + " " + dtype_name(k.dt) + " form " + std::to_string(form),
               k.grouped);
@@ -105,9 +104,7 @@ TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
       for (int64_t n : {1, 2, 3, 5}) {
         for (int form = 0; form < 6; form += 2) {
           // 24x24 16-bit rows are 1152 bytes, past kShortRowBytes; 3 channels.
-          Op op = bn_bwd({n, 3, 24, 24}, "NCX", dt, DataType::kF32, form != 1,
-                         form == 2 || form == 4 ? 1 : 3, 1e-3f);
-          apply_form(op, form);
+          const Op op = form_op({n, 3, 24, 24}, "NCX", dt, form);
           EXPECT_TRUE(prefetches(op));
           check(one_op(op), dims_to_string(op.inputs()[0].dims) + " " + dtype_name(dt) + " form " +
                                 std::to_string(form));
@@ -116,7 +113,7 @@ TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
       for (int port : {0, 1}) {
         check(fused_on_port({4, 5, 23, 29}, "NCX", port, dt),
               std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt),
-              port == 0 ? ":rows+src_" : ":rows+diff_dst_");
+              fused_rows_feature(port));
       }
     }
     // Rows padded from 40 to 48 elements: one reduce call per (channel, image)
@@ -168,9 +165,7 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
               {{3, 3, 33, 64}, DataType::kF16}};
     for (const auto& c : on) {
       for (int form = 0; form < 6; ++form) {
-        Op op = bn_bwd(c.shape, "NCX", c.dt, DataType::kF32, form != 1,
-                       form == 2 || form == 4 ? 1 : 3, 1e-3f);
-        apply_form(op, form);
+        const Op op = form_op(c.shape, "NCX", c.dt, form);
         EXPECT_TRUE(prefetches(op));
         check(one_op(op),
               dims_to_string(c.shape) + " " + dtype_name(c.dt) + " form " + std::to_string(form));
@@ -180,7 +175,7 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
       for (DataType dt : {DataType::kF32, DataType::kBF16}) {
         check(fused_on_port({2, 3, 32, 64}, "NCX", port, dt),
               std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt),
-              port == 0 ? ":rows+src_" : ":rows+diff_dst_");
+              fused_rows_feature(port));
       }
     }
     // Channels 1100 elements apart (1024 used): the next channel's rows are
@@ -304,6 +299,46 @@ std::map<int64_t, std::vector<char>> run_jit_into(const Dims& shape, int64_t dx_
   return result;
 }
 
+// diff_src 4 and 32 bytes past a line: every output the same bytes as with
+// diff_src on a line (f32 NCX `shape`, dense). Returns the on-line outputs as
+// run_jit_into does (diff_src's id in *dx_id).
+std::map<int64_t, std::vector<char>> expect_same_bits_off_line(const Dims& shape,
+                                                               int64_t* dx_id = nullptr) {
+  const auto on_line = run_jit_into(shape, 0, 0, dx_id);
+  EXPECT_FALSE(on_line.empty());
+  for (int shift : {4, 32}) {
+    const auto off_line = run_jit_into(shape, 0, shift);
+    for (const auto& [id, bytes] : on_line) {
+      const std::vector<char>& other = off_line.at(id);
+      const size_t size = bytes.size() - 64;  // the buffer, without the slack past it
+      EXPECT_GE(other.size(), size);
+      if (other.size() < size) continue;
+      EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + size, other.begin()))
+          << dims_to_string(shape) << " shift " << shift << " tensor " << id;
+    }
+  }
+  return on_line;
+}
+
+// Runs f32 NCX `shape` with diff_src's images `image_elems` elements apart and
+// expects the padding between them left as it was (0x7f bytes); returns
+// diff_src's bytes and, in *used, each image's bytes.
+std::vector<char> expect_padding_kept(const Dims& shape, int64_t image_elems, int64_t* used) {
+  int64_t dx_id = -1;
+  const auto padded = run_jit_into(shape, image_elems, 0, &dx_id);
+  EXPECT_FALSE(padded.empty());
+  if (padded.empty()) return {};
+  const std::vector<char>& dx = padded.at(dx_id);
+  const int64_t image = image_elems * 4, rows = shape[1] * shape[2] * shape[3] * 4;  // bytes
+  EXPECT_EQ(dx.size(), static_cast<size_t>((shape[0] - 1) * image + rows + 64));
+  int64_t touched = 0;
+  for (int64_t b = rows; b < static_cast<int64_t>(dx.size()); ++b)
+    touched += b % image >= rows && dx[static_cast<size_t>(b)] != 0x7f;
+  EXPECT_EQ(touched, 0) << dims_to_string(shape) << ": bytes of padding written";
+  *used = rows;
+  return dx;
+}
+
 // The grouped apply's linear blocks (jit::grouped_linear_blocks): each
 // image's block of a group computed as one run of vectors over diff_src's
 // lines, lanes of adjacent channels blended; with streaming stores (batches
@@ -373,32 +408,12 @@ TEST(JitBackend, GroupedRowsLinearBlocks) {
 
   // diff_src 4 or 32 bytes past a line, streaming and cached.
   for (const Dims& shape : {Dims{batch_for(20 * 196 * 4), 20, 14, 14}, Dims{3, 20, 14, 14},
-                            Dims{batch_for(16 * 49 * 4), 16, 7, 7}, Dims{3, 16, 7, 7}}) {
-    const auto on_line = run_jit_into(shape, 0, 0);
-    ASSERT_FALSE(on_line.empty());
-    for (int shift : {4, 32}) {
-      const auto off_line = run_jit_into(shape, 0, shift);
-      for (const auto& [id, bytes] : on_line) {
-        const std::vector<char>& other = off_line.at(id);
-        const size_t size = bytes.size() - 64;  // the buffer, without the slack past it
-        ASSERT_GE(other.size(), size);
-        EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + size, other.begin()))
-            << dims_to_string(shape) << " shift " << shift << " tensor " << id;
-      }
-    }
-  }
-  // The padding between padded diff_src images left as it was (0x7f bytes).
+                            Dims{batch_for(16 * 49 * 4), 16, 7, 7}, Dims{3, 16, 7, 7}})
+    expect_same_bits_off_line(shape);
+  // The padding between padded diff_src images left as it was.
   for (const Dims& shape : {Dims{batch_for(19 * 196 * 4), 19, 14, 14}, Dims{3, 19, 14, 14}}) {
-    int64_t dx_id = -1;
-    const auto padded = run_jit_into(shape, 3728, 0, &dx_id);
-    ASSERT_FALSE(padded.empty());
-    const std::vector<char>& dx = padded.at(dx_id);
-    const int64_t image = 3728 * 4, rows = 19 * 196 * 4;  // bytes
-    ASSERT_EQ(dx.size(), static_cast<size_t>((shape[0] - 1) * image + rows + 64));
-    int64_t touched = 0;
-    for (int64_t b = rows; b < static_cast<int64_t>(dx.size()); ++b)
-      touched += b % image >= rows && dx[static_cast<size_t>(b)] != 0x7f;
-    EXPECT_EQ(touched, 0) << dims_to_string(shape) << ": bytes of padding written";
+    int64_t used = 0;
+    expect_padding_kept(shape, 3728, &used);
   }
 }
 
@@ -429,9 +444,7 @@ TEST(JitBackend, LongRowsStreamRealigned) {
     for (const auto& k : cases) {
       const Dims shape = {batch_for(k.c * k.h * k.w * dtype_size(k.dt)), k.c, k.h, k.w};
       for (int form = 0; form < 6; ++form) {
-        Op op = bn_bwd(shape, "NCX", k.dt, DataType::kF32, form != 1,
-                       form == 2 || form == 4 ? 1 : 3, 1e-3f);
-        apply_form(op, form);
+        const Op op = form_op(shape, "NCX", k.dt, form);
         const jit::BnConf conf = conf_for(op);
         EXPECT_EQ(conf.streaming_stores, isa == "avx512");
         EXPECT_EQ(conf.channel_group, 0);
@@ -442,40 +455,26 @@ TEST(JitBackend, LongRowsStreamRealigned) {
       for (int port : {0, 1}) {
         check(fused_on_port(shape, "NCX", port, k.dt),
               std::string("fused on port ") + std::to_string(port) + " " + dtype_name(k.dt),
-              port == 0 ? ":rows+src_" : ":rows+diff_dst_");
+              fused_rows_feature(port));
       }
     }
   }
   if (jit::detect_isa() != jit::Isa::kAvx512) return;
   const Dims shape = {batch_for(3 * 71 * 71 * 4), 3, 71, 71};
-  const auto on_line = run_jit_into(shape, 0, 0);
-  ASSERT_FALSE(on_line.empty());
-  for (int shift : {4, 32}) {
-    const auto off_line = run_jit_into(shape, 0, shift);
-    for (const auto& [id, bytes] : on_line) {
-      const std::vector<char>& other = off_line.at(id);
-      const size_t size = bytes.size() - 64;  // the buffer, without the slack past it
-      ASSERT_GE(other.size(), size);
-      EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + size, other.begin()))
-          << "shift " << shift << " tensor " << id;
-    }
-  }
-  // diff_src's images 3 * 5041 + 5 elements apart: each row at its own phase.
-  int64_t dx_id = -1;
+  int64_t dense_id = -1;
+  const auto dense_outputs = expect_same_bits_off_line(shape, &dense_id);
+  ASSERT_FALSE(dense_outputs.empty());
+  // diff_src's images 3 * 5041 + 5 elements apart: each row at its own phase,
+  // and each image the same bytes as the dense diff_src's.
   const int64_t image_elems = 3 * 5041 + 5;
-  const auto padded = run_jit_into(shape, image_elems, 0, &dx_id);
-  ASSERT_FALSE(padded.empty());
-  const std::vector<char>& dx = padded.at(dx_id);
-  const int64_t image = image_elems * 4, rows = 3 * 5041 * 4;  // bytes
-  int64_t touched = 0;
-  for (int64_t b = rows; b < static_cast<int64_t>(dx.size()); ++b)
-    touched += b % image >= rows && dx[static_cast<size_t>(b)] != 0x7f;
-  EXPECT_EQ(touched, 0) << "bytes of padding written";
-  const auto dense = on_line.at(dx_id);
+  int64_t rows = 0;
+  const std::vector<char> dx = expect_padding_kept(shape, image_elems, &rows);
+  ASSERT_FALSE(dx.empty());
+  const std::vector<char>& dense = dense_outputs.at(dense_id);
   int64_t differ = 0;
   for (int64_t i = 0; i < shape[0]; ++i) {
     differ += !std::equal(dense.begin() + i * rows, dense.begin() + (i + 1) * rows,
-                          dx.begin() + i * image);
+                          dx.begin() + i * image_elems * 4);
   }
   EXPECT_EQ(differ, 0) << "images of padded diff_src unlike the dense one's";
   expect_same_bits_for_1_2_4_threads(

@@ -39,6 +39,20 @@ inline void apply_form(Op& op, int form) {
   if (form == 5) op.set_attr("is_training", true).set_attr("variance_is_inv_std", true);
 }
 
+// A batch-norm backward of `shape` in output form `form` (0-5; epsilon 1e-3):
+// form 1 without gamma, forms 2 and 4 diff_src only, 3-5 as apply_form says.
+inline Op form_op(const Dims& shape, const char* fmt, DataType dt, int form,
+                  DataType sdt = DataType::kF32) {
+  Op op = bn_bwd(shape, fmt, dt, sdt, form != 1, form == 2 || form == 4 ? 1 : 3, 1e-3f);
+  apply_form(op, form);
+  return op;
+}
+
+// What the kernel name of a rows kernel fused on port 0 (src) or 1 (diff_dst) holds.
+inline const char* fused_rows_feature(int port) {
+  return port == 0 ? ":rows+src_" : ":rows+diff_dst_";
+}
+
 // Runs `g` on the JIT with `threads` threads, capped through oneTBB's
 // global_control or, with `through_api`, normgrad::set_num_threads; returns
 // every output's bytes.
