@@ -113,22 +113,31 @@ HostInfo host_info() {
   return h;
 }
 
-double measure_stream_gbps(int64_t floats_per_array, int reps) {
-  const int64_t n = floats_per_array / 1024 * 1024;
-  Array a = make_array(n), b = make_array(n), c = make_array(n);
-  tbb::parallel_for(int64_t{0}, n / 1024, [&](int64_t k) {
+void StreamProbe::Free::operator()(float* p) const {
+  std::free(p);
+}
+
+StreamProbe::StreamProbe(int64_t floats_per_array)
+    : n_(floats_per_array / 1024 * 1024),
+      a_(make_array(n_).release()),
+      b_(make_array(n_).release()),
+      c_(make_array(n_).release()) {
+  tbb::parallel_for(int64_t{0}, n_ / 1024, [&](int64_t k) {
     for (int64_t i = k * 1024; i < (k + 1) * 1024; ++i)
-      a.get()[i] = 1.f, b.get()[i] = 2.f, c.get()[i] = 0.f;
+      a_.get()[i] = 1.f, b_.get()[i] = 2.f, c_.get()[i] = 0.f;
   });
+}
+
+double StreamProbe::measure(int reps) {
   double best = 0.0;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    tbb::parallel_for(int64_t{0}, n / 1024, [&](int64_t k) {
-      add_stream(a.get(), b.get(), c.get(), k * 1024, (k + 1) * 1024);
+    tbb::parallel_for(int64_t{0}, n_ / 1024, [&](int64_t k) {
+      add_stream(a_.get(), b_.get(), c_.get(), k * 1024, (k + 1) * 1024);
     });
     _mm_sfence();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 3.0 * static_cast<double>(n) * 4.0 / s / 1e9);
+    best = std::max(best, 3.0 * static_cast<double>(n_) * 4.0 / s / 1e9);
   }
   return best;
 }

@@ -26,10 +26,23 @@ struct HostInfo {
 // CPU model, logical CPUs, cache sizes (sysfs, else CPUID) and vector ISA.
 HostInfo host_info();
 
-// GB/s of a 2-read-1-write stream (c = a + b) with streaming stores, over
-// arrays far larger than the L3, on the current oneTBB thread limit; the best of
-// `reps` passes.
-double measure_stream_gbps(int64_t floats_per_array, int reps);
+// The in-run roofline: GB/s of a 2-read-1-write stream (c = a + b) with
+// streaming stores, over arrays far larger than the L3, on the current oneTBB
+// thread limit; the best of `reps` passes. The arrays are kept, so the probe
+// can run next to every case: a shared host's bandwidth changes within a run
+// (one VM here alternated between about 55 and 100 GB/s).
+class StreamProbe {
+ public:
+  explicit StreamProbe(int64_t floats_per_array);
+  double measure(int reps);
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  int64_t n_;
+  std::unique_ptr<float, Free> a_, b_, c_;
+};
 
 // Touches `bytes` of memory so the next iteration starts with cold caches.
 void flush_caches(int64_t bytes = int64_t{96} << 20);

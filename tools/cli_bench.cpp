@@ -60,6 +60,9 @@ struct CaseResult {
   std::string name, layout, dtype, fused;
   Dims shape;
   double bytes = 0.0;
+  // The roofline probes just before and just after the case; its shares
+  // divide by the higher.
+  double probe_before = 0.0, probe_after = 0.0;
   std::vector<BackendResult> results;
 };
 
@@ -132,7 +135,7 @@ double run_once(Runner& r) {
   return ms;
 }
 
-Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, double roofline) {
+Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph) {
   std::vector<Runner> runners;
   const Graph* lowered = nullptr;
   // Fused cases also time the unfused sequence (passes off, each op on the
@@ -227,7 +230,6 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph, dou
       b.min = *std::min_element(b.ms.begin(), b.ms.end());
       b.max = *std::max_element(b.ms.begin(), b.ms.end());
       b.gbps = cr.bytes / (b.median * 1e-3) / 1e9;
-      b.pct = roofline > 0 ? 100.0 * b.gbps / roofline : 0.0;
       if (b.backend == "dnnl") dnnl_median = b.median;
     }
   }
@@ -430,7 +432,9 @@ int bench_command(const std::vector<std::string>& argv) {
   if (opt.shard_batch) return bench_sharded(opt, shapes, threads);
 
   constexpr int64_t kProbeFloats = int64_t{64} << 20;  // 256 MiB per array, far beyond the L3
-  const double roof_start = measure_stream_gbps(kProbeFloats, 4);
+  StreamProbe probe(kProbeFloats);
+  const double roof_start = probe.measure(4);
+  double last_probe = roof_start;
   {
     const HostInfo host = host_info();
     std::cout << "host: " << host.cpu_model << ", " << host.logical_cpus << " logical CPUs, L1d "
@@ -441,7 +445,9 @@ int bench_command(const std::vector<std::string>& argv) {
             << threads << " threads): " << roof_start << " GB/s at start\n";
   std::vector<CaseResult> cases;
   auto report = [&](const CaseResult& cr) {
-    std::cout << "\n" << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic)\n";
+    std::cout << "\n"
+              << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic; roofline "
+              << cr.probe_before << " GB/s before, " << cr.probe_after << " after)\n";
     for (const BackendResult& r : cr.results) {
       if (r.median <= 0) {
         std::cout << "  " << std::left << std::setw(13) << r.backend << "  declined: " << r.reason
@@ -450,10 +456,22 @@ int bench_command(const std::vector<std::string>& argv) {
       }
       std::cout << "  " << std::left << std::setw(13) << r.backend << std::right << std::setw(9)
                 << r.median << " ms  [" << r.min << ", " << r.max << "]  " << std::setw(7) << r.gbps
-                << " GB/s  " << std::setw(5) << r.pct << "% of roofline*  x" << r.ratio
+                << " GB/s  " << std::setw(5) << r.pct << "% of roofline  x" << r.ratio
                 << " vs dnnl  compile " << r.compile_ms << "/" << r.cached_compile_ms << " ms  "
                 << r.kernel << "\n";
     }
+  };
+  // Probes on both sides of every case: its shares divide by the higher of
+  // the two, the bandwidth the host gave while the case ran.
+  auto run_and_report = [&](CaseResult& cr, const Graph& g) -> Status {
+    cr.probe_before = last_probe;
+    NG_RETURN_IF_ERROR(run_case(opt, cr, g));
+    cr.probe_after = last_probe = probe.measure(2);
+    const double roof = std::max(cr.probe_before, cr.probe_after);
+    for (BackendResult& r : cr.results)
+      r.pct = roof > 0 && r.gbps > 0 ? 100.0 * r.gbps / roof : 0.0;
+    report(cr);
+    return ok_status();
   };
   if (!opt.graph_path.empty()) {
     // A user's graph: minimal traffic is every graph input and output read or written once.
@@ -479,11 +497,10 @@ int bench_command(const std::vector<std::string>& argv) {
       cr.bytes += static_cast<double>(*lt.buffer_bytes());
     for (const LogicalTensor& lt : g.graph_outputs())
       cr.bytes += static_cast<double>(*lt.buffer_bytes());
-    if (Status s = run_case(opt, cr, g, roof_start); !s.ok()) {
+    if (Status s = run_and_report(cr, g); !s.ok()) {
       std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
       return 2;
     }
-    report(cr);
     cases.push_back(std::move(cr));
     shapes.clear();
   }
@@ -502,29 +519,22 @@ int bench_command(const std::vector<std::string>& argv) {
           const double elems = static_cast<double>(nchw[0] * nchw[1] * nchw[2] * nchw[3]);
           cr.bytes = elems * static_cast<double>(dtype_size(*dt)) * (fused == "none" ? 3.0 : 4.0);
           Graph g = make_graph(nchw, layout, *dt, fused);
-          if (Status s = run_case(opt, cr, g, roof_start); !s.ok()) {
+          if (Status s = run_and_report(cr, g); !s.ok()) {
             std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
             return 2;
           }
-          report(cr);
           cases.push_back(std::move(cr));
         }
       }
     }
   }
-  const double roof_end = measure_stream_gbps(kProbeFloats, 4);
-  // The better of the two probes: the most the machine gave during this run,
-  // so roofline percentages err on the low side.
-  const double roofline = std::max(roof_start, roof_end);
-  for (CaseResult& c : cases) {
-    for (BackendResult& r : c.results)
-      r.pct = roofline > 0 && r.gbps > 0 ? 100.0 * r.gbps / roofline : 0.0;
-  }
-  std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start
-            << "); the JSON and the chart use the higher, " << roofline << " GB/s\n"
-            << "* per-case lines divide by the start probe, the only one known while they print;"
-               " over 100% means that probe ran low (the end probe or the JSON gives the right"
-               " share)\n";
+  const double roof_end = probe.measure(4);
+  // The chart's line: the most the machine gave during this run. Each case's
+  // share was taken against its own probes (run_and_report).
+  double roofline = std::max(roof_start, roof_end);
+  for (const CaseResult& c : cases) roofline = std::max({roofline, c.probe_before, c.probe_after});
+  std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start << ", highest "
+            << roofline << "); each case's share divides by the higher of its two probes\n";
   if (!opt.json_out.empty()) {
     nlohmann::ordered_json j;
     const HostInfo host = host_info();
@@ -545,6 +555,8 @@ int bench_command(const std::vector<std::string>& argv) {
       cj["layout"] = c.layout;
       cj["dtype"] = c.dtype;
       cj["fused"] = c.fused;
+      cj["roofline_before_gbps"] = c.probe_before;
+      cj["roofline_after_gbps"] = c.probe_after;
       cj["results"] = nlohmann::ordered_json::array();
       for (const BackendResult& r : c.results) {
         nlohmann::ordered_json rj;

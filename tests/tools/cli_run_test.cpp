@@ -2,6 +2,7 @@
 // graphs and options give a message and exit code 2, never a signal.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include <nlohmann/json.hpp>
 #include <normgrad/graph/npy.hpp>
 #include "tests/cli_test_util.hpp"
 #include "tests/test_util.hpp"
@@ -292,6 +294,22 @@ TEST(CliBench, WritesTheDocumentedJsonAndSvg) {
         "\"backend\": \"unfused\"", "\"unsupported\": \"the graph has unsupported partitions"}) {
     EXPECT_NE(text.find(key), std::string::npos) << key;
   }
+  // Every case carries the probes on its two sides, and its shares divide by the higher.
+  const auto doc = nlohmann::json::parse(text);
+  double highest = 0.0;
+  for (const auto& c : doc.at("cases")) {
+    const double before = c.at("roofline_before_gbps"), after = c.at("roofline_after_gbps");
+    ASSERT_GT(before, 0.0) << c.at("name");
+    ASSERT_GT(after, 0.0) << c.at("name");
+    highest = std::max({highest, before, after});
+    for (const auto& b : c.at("results")) {
+      if (b.contains("unsupported")) continue;
+      const double gbps = b.at("gbps"), pct = b.at("roofline_pct");
+      EXPECT_NEAR(pct, 100.0 * gbps / std::max(before, after), 1e-9 * (1.0 + pct))
+          << c.at("name") << " " << b.at("backend");
+    }
+  }
+  EXPECT_GE(doc.at("roofline_gbps").get<double>(), highest);
   std::ifstream sin(svg);
   const std::string chart((std::istreambuf_iterator<char>(sin)), std::istreambuf_iterator<char>());
   EXPECT_EQ(chart.rfind("<svg", 0), 0u);
