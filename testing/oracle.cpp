@@ -142,6 +142,20 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
     }
     inputs.emplace(lt.id, std::move(b));
   }
+  // A BatchNormBackwardApply's count must be at least this process's elements
+  // per channel: when random, it is exactly that (one process, the sums its own).
+  for (const Op& op : lowered.ops()) {
+    if (op.kind() != OpKind::kBatchNormBackwardApply || op.inputs().size() < 7) continue;
+    const int64_t id = op.inputs()[6].id;
+    auto it = inputs.find(id);
+    if (it == inputs.end() || (*sources)[id] != "random") continue;
+    auto elements = it->second.desc.element_count();
+    if (!elements.ok() || *elements != 1) continue;
+    NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+    store_from_double(it->second.data(), 0, it->second.desc.dtype,
+                      static_cast<double>(d.reduce_size));
+    (*sources)[id] = "local-count";
+  }
   // Walk the graph with ref so that a batch norm whose src is computed (a fused
   // producer) still gets the statistics of the values it will really see.
   // Only the ops before the last batch norm that needs statistics run; with

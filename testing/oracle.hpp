@@ -52,8 +52,10 @@ StatusOr<Buffer> allocate(const LogicalTensor& desc);
 // all ones. A BatchNormTrainingBackward's mean and variance, when random, are
 // the true (biased) batch statistics of its src, computed in float64 on the
 // rounded data (1/sqrt(var + eps) in the inverse-std convention); a zero
-// variance becomes 1 so the inputs stay valid.
-// `sources`, when not null, receives "file", "random" or "batch-stats" per tensor id.
+// variance becomes 1 so the inputs stay valid. A BatchNormBackwardApply's
+// count, when random, is its src's elements per channel (one process).
+// `sources`, when not null, receives "file", "random", "batch-stats" or
+// "local-count" per tensor id.
 // `data_offset` shifts the data of every batch-norm src (e.g. 1e4) to expose
 // cancellation in one-pass statistics.
 StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph& lowered,

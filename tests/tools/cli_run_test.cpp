@@ -44,6 +44,30 @@ TEST(CliRun, FixturesPassCheck) {
   }
 }
 
+// The split ops run on random inputs too: a BatchNormBackwardApply's random
+// count is its src's elements per channel, so the op's count rule holds and
+// the JIT's diff_src is checked against ref.
+TEST(CliRun, SplitApplyRunsOnRandomInputs) {
+  std::string ins, sep;
+  const char* dims[8] = {"[2, 4, 4, 24]", "[2, 4, 4, 24]", "[24]", "[24]",
+                         "[24]",          "[24]",          "[1]",  "[24]"};
+  for (int i = 0; i < 8; ++i) {
+    ins += sep + "{\"id\": " + std::to_string(i) + ", \"dtype\": \"" + (i == 6 ? "s64" : "f32") +
+           "\", \"shape\": " + dims[i] + "}";
+    sep = ", ";
+  }
+  const std::string graph = write_temp(
+      "apply.json", R"({"graph": [{"id": 0, "name": "a", "kind": "BatchNormBackwardApply",
+    "attrs": {"epsilon": {"type": "f32", "value": 0.001}, "data_format": {"type": "string", "value": "NXC"}},
+    "inputs": [)" + ins +
+                        R"(], "outputs": [{"id": 8, "dtype": "f32", "shape": [2, 4, 4, 24]}]}]})");
+  const Result r = run("run " + graph + " --check --seed 5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("6(local-count)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("PASSED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("backend=jit"), std::string::npos) << r.output;
+}
+
 TEST(CliRun, ExamplesPassAndWriteOutputs) {
   for (const auto& e : std::filesystem::directory_iterator(kExamples)) {
     if (!e.is_regular_file()) continue;  // sync/: run sharded by the MPI tests
