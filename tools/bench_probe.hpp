@@ -35,6 +35,10 @@ class StreamProbe {
  public:
   explicit StreamProbe(int64_t floats_per_array);
   double measure(int reps);
+  // GB/s of reading two of the arrays with nothing written: the pattern of a
+  // reduction pass (the NXC reduce reads src and diff_dst this way). A host
+  // may serve it below measure()'s rate (0.74-0.86 of it here).
+  double measure_read_only(int reps);
 
  private:
   struct Free {

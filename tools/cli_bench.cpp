@@ -434,6 +434,7 @@ int bench_command(const std::vector<std::string>& argv) {
   constexpr int64_t kProbeFloats = int64_t{64} << 20;  // 256 MiB per array, far beyond the L3
   StreamProbe probe(kProbeFloats);
   const double roof_start = probe.measure(4);
+  const double read_start = probe.measure_read_only(4);
   double last_probe = roof_start;
   {
     const HostInfo host = host_info();
@@ -442,7 +443,8 @@ int bench_command(const std::vector<std::string>& argv) {
               << host.l3_bytes / 1024 << " KiB, " << host.isa << "\n";
   }
   std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
-            << threads << " threads): " << roof_start << " GB/s at start\n";
+            << threads << " threads): " << roof_start << " GB/s at start; 2 reads alone "
+            << read_start << " GB/s (a reduction pass's pattern)\n";
   std::vector<CaseResult> cases;
   auto report = [&](const CaseResult& cr) {
     std::cout << "\n"
@@ -529,24 +531,30 @@ int bench_command(const std::vector<std::string>& argv) {
     }
   }
   const double roof_end = probe.measure(4);
+  const double read_end = probe.measure_read_only(4);
   // The chart's line: the most the machine gave during this run. Each case's
   // share was taken against its own probes (run_and_report).
   double roofline = std::max(roof_start, roof_end);
   for (const CaseResult& c : cases) roofline = std::max({roofline, c.probe_before, c.probe_after});
   std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start << ", highest "
-            << roofline << "); each case's share divides by the higher of its two probes\n";
+            << roofline
+            << "); each case's share divides by the higher of its two probes; 2 reads alone "
+            << read_end << " GB/s at end\n";
   if (!opt.json_out.empty()) {
     nlohmann::ordered_json j;
     const HostInfo host = host_info();
-    j["host"] = {{"cpu_model", host.cpu_model},       {"logical_cpus", host.logical_cpus},
-                 {"l1d_bytes", host.l1d_bytes},       {"l2_bytes", host.l2_bytes},
-                 {"l3_bytes", host.l3_bytes},         {"isa", host.isa},
-                 {"roofline_start_gbps", roof_start}, {"roofline_end_gbps", roof_end}};
+    j["host"] = {{"cpu_model", host.cpu_model},        {"logical_cpus", host.logical_cpus},
+                 {"l1d_bytes", host.l1d_bytes},        {"l2_bytes", host.l2_bytes},
+                 {"l3_bytes", host.l3_bytes},          {"isa", host.isa},
+                 {"roofline_start_gbps", roof_start},  {"roofline_end_gbps", roof_end},
+                 {"read_only_start_gbps", read_start}, {"read_only_end_gbps", read_end}};
     j["shapes"] = opt.shapes;
     j["threads"] = threads;
     j["roofline_gbps"] = roofline;
     j["roofline_start_gbps"] = roof_start;
     j["roofline_end_gbps"] = roof_end;
+    j["read_only_start_gbps"] = read_start;
+    j["read_only_end_gbps"] = read_end;
     j["cases"] = nlohmann::ordered_json::array();
     for (const CaseResult& c : cases) {
       nlohmann::ordered_json cj;
