@@ -3,6 +3,7 @@
 // channel and spatial tails, all forms, large offsets, and bitwise equality of
 // results across thread counts.
 #include <cstdlib>
+#include <thread>
 
 #include <tbb/global_control.h>
 
@@ -366,6 +367,62 @@ TEST(JitBackend, FusedReluBackwardAndAdd) {
       }
     }
   }
+}
+
+// The driver keeps its per-channel arrays per thread between calls. Calls
+// with other channel counts, phases and walks in between must not leave
+// anything behind: each result matches ref, and the first graph gives the same
+// bits again.
+TEST(JitBackend, DriverScratchIsReusedSafely) {
+  const Op wide = bn_bwd({1, 7, 7, 2048}, "NXC", DataType::kF32, DataType::kF32, true, 3);
+  const Op narrow = bn_bwd({4, 9, 9, 24}, "NXC", DataType::kBF16, DataType::kF32, true, 3);
+  const Op rows = bn_bwd({2, 40, 12, 12}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  Op reduce(0, OpKind::kBatchNormBackwardReduce, "r");
+  reduce.set_attr("data_format", std::string("NXC"));
+  reduce.add_input(testing_util::lt(0, DataType::kF32, {3, 5, 5, 520}))
+      .add_input(testing_util::lt(1, DataType::kF32, {3, 5, 5, 520}))
+      .add_input(testing_util::lt(2, DataType::kF32, {520}));
+  reduce.add_output(testing_util::lt(3, DataType::kF32, {520}))
+      .add_output(testing_util::lt(4, DataType::kF32, {520}))
+      .add_output(testing_util::lt(5, DataType::kS64, {1}));
+  const auto first = run_with_threads(one_op(wide), 1);
+  for (const Op* op : std::initializer_list<const Op*>{&narrow, &reduce, &rows, &wide}) {
+    SCOPED_TRACE(op->label());
+    jit_test::expect_jit_matches_ref(one_op(*op), 17);
+  }
+  const auto again = run_with_threads(one_op(wide), 1);
+  for (const auto& [id, b] : first) EXPECT_EQ(b, again.at(id)) << "tensor " << id;
+
+  // The arrays are the calling thread's: eight threads executing one compiled
+  // graph at once, each on its own inputs, get their serial results.
+  auto cg = CompiledGraph::compile(one_op(wide), CompileOptions{"jit"});
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  constexpr int kThreads = 8;
+  std::vector<std::map<int64_t, oracle::Buffer>> ins, serial;
+  for (int t = 0; t < kThreads; ++t) {
+    auto in = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 100 + t, nullptr);
+    ASSERT_TRUE(in.ok());
+    auto out = testing_util::run_outputs(*cg, *in);
+    ASSERT_TRUE(out.ok());
+    ins.push_back(std::move(in).value());
+    serial.push_back(std::move(out).value());
+  }
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 20; ++rep) {
+        auto out = testing_util::run_outputs(*cg, ins[t]);
+        if (!out.ok()) {
+          ++mismatches[t];
+          continue;
+        }
+        for (const auto& [id, b] : serial[t]) mismatches[t] += out->at(id).bytes != b.bytes;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(kThreads, 0));
 }
 
 }  // namespace
