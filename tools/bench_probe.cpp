@@ -64,14 +64,8 @@ int64_t cpuid_cache_bytes(int level, bool data) {
   return 0;
 }
 
-struct AlignedFree {
-  void operator()(float* p) const { std::free(p); }
-};
-using Array = std::unique_ptr<float, AlignedFree>;
-
-Array make_array(int64_t n) {
-  auto* p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * sizeof(float)));
-  return Array(p);
+float* aligned_floats(int64_t n) {
+  return static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * sizeof(float)));
 }
 
 // c = a + b over [begin, end) with non-temporal stores; 64-byte aligned chunks.
@@ -135,9 +129,10 @@ void StreamProbe::Free::operator()(float* p) const {
 
 StreamProbe::StreamProbe(int64_t floats_per_array)
     : n_(floats_per_array / 1024 * 1024),
-      a_(make_array(n_).release()),
-      b_(make_array(n_).release()),
-      c_(make_array(n_).release()) {
+      a_(aligned_floats(n_)),
+      b_(aligned_floats(n_)),
+      c_(aligned_floats(n_)) {
+  if (!a_ || !b_ || !c_) n_ = 0;  // no memory for the probe: it reports 0 GB/s
   tbb::parallel_for(int64_t{0}, n_ / 1024, [&](int64_t k) {
     for (int64_t i = k * 1024; i < (k + 1) * 1024; ++i)
       a_.get()[i] = 1.f, b_.get()[i] = 2.f, c_.get()[i] = 0.f;

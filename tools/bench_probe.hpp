@@ -30,7 +30,8 @@ HostInfo host_info();
 // streaming stores, over arrays far larger than the L3, on the current oneTBB
 // thread limit; the best of `reps` passes. The arrays are kept, so the probe
 // can run next to every case: a shared host's bandwidth changes within a run
-// (one VM here alternated between about 55 and 100 GB/s).
+// (one VM here alternated between about 55 and 100 GB/s). Without memory for
+// the arrays it reports 0 GB/s (shares then read 0).
 class StreamProbe {
  public:
   explicit StreamProbe(int64_t floats_per_array);

@@ -14,12 +14,12 @@
 namespace normgrad {
 namespace {
 
+using jit_test::check_fused_rows;
 using jit_test::conf_for;
 using jit_test::expect_jit_matches_ref;
 using jit_test::expect_same_bits_for_1_2_4_threads;
 using jit_test::form_op;
 using jit_test::fused_on_port;
-using jit_test::fused_rows_feature;
 using jit_test::isas;
 using jit_test::IsaScope;
 using jit_test::streams;
@@ -110,11 +110,7 @@ TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
                                 std::to_string(form));
         }
       }
-      for (int port : {0, 1}) {
-        check(fused_on_port({4, 5, 23, 29}, "NCX", port, dt),
-              std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt),
-              fused_rows_feature(port));
-      }
+      check_fused_rows(check, {4, 5, 23, 29}, dt);
     }
     // Rows padded from 40 to 48 elements: one reduce call per (channel, image)
     // over its 30 rows, each call prefetching within its image.
@@ -171,13 +167,8 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
               dims_to_string(c.shape) + " " + dtype_name(c.dt) + " form " + std::to_string(form));
       }
     }
-    for (int port : {0, 1}) {
-      for (DataType dt : {DataType::kF32, DataType::kBF16}) {
-        check(fused_on_port({2, 3, 32, 64}, "NCX", port, dt),
-              std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt),
-              fused_rows_feature(port));
-      }
-    }
+    for (DataType dt : {DataType::kF32, DataType::kBF16})
+      check_fused_rows(check, {2, 3, 32, 64}, dt);
     // Channels 1100 elements apart (1024 used): the next channel's rows are
     // channel_stride on, not cols.
     Op apart = bn_bwd({2, 3, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3);
@@ -452,11 +443,7 @@ TEST(JitBackend, LongRowsStreamRealigned) {
         check(one_op(op),
               dims_to_string(shape) + " " + dtype_name(k.dt) + " form " + std::to_string(form));
       }
-      for (int port : {0, 1}) {
-        check(fused_on_port(shape, "NCX", port, k.dt),
-              std::string("fused on port ") + std::to_string(port) + " " + dtype_name(k.dt),
-              fused_rows_feature(port));
-      }
+      check_fused_rows(check, shape, k.dt);
     }
   }
   if (jit::detect_isa() != jit::Isa::kAvx512) return;

@@ -110,6 +110,18 @@ inline Graph fused_on_port(const Dims& shape, const char* fmt, int port,
   return fused_graph(shape, fmt, port == 0 ? OpKind::kReLUBackward : OpKind::kAdd, port, dt);
 }
 
+// Both fused producers (a ReLUBackward on src, an Add on diff_dst) of an NCX
+// batch norm of `shape` in `dt`, each through check(graph, what, the fused
+// rows kernel's name part).
+template <typename Check>
+void check_fused_rows(const Check& check, const Dims& shape, DataType dt) {
+  for (int port : {0, 1}) {
+    check(fused_on_port(shape, "NCX", port, dt),
+          std::string("fused on port ") + std::to_string(port) + " " + dtype_name(dt),
+          fused_rows_feature(port));
+  }
+}
+
 // Runs `g` on the JIT against ref (inputs from `seed`): the JIT must take it,
 // on `isa`'s code when one is given, with `feature` in its kernel name, and
 // every output within its tolerance.
