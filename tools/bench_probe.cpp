@@ -177,6 +177,13 @@ void flush_caches(int64_t bytes) {
   asm volatile("" : : "r"(sum));  // keep the reads
 }
 
+void evict_lines(const void* p, size_t bytes) {
+  const auto begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + bytes;
+  for (uintptr_t a = begin; a < end; a += 64) _mm_clflush(reinterpret_cast<const void*>(a));
+  _mm_mfence();  // the flushes are ordered only by a fence
+}
+
 #ifdef NORMGRAD_WITH_DNNL
 namespace {
 
@@ -218,6 +225,9 @@ class DnnlBlockedRunner final : public BlockedRunner {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   std::string impl() const override { return impl_; }
+  void evict() const override {
+    for (const auto& [arg, m] : args_) evict_lines(m.get_data_handle(), m.get_desc().get_size());
+  }
 
  private:
   dnnl::engine eng_;

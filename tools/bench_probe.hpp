@@ -49,8 +49,16 @@ class StreamProbe {
   std::unique_ptr<float, Free> a_, b_, c_;
 };
 
-// Touches `bytes` of memory so the next iteration starts with cold caches.
+// Reads `bytes` of memory: the caches fill with clean lines of a junk buffer,
+// so a --cold run pays no write-backs of an earlier run's data.
 void flush_caches(int64_t bytes = int64_t{96} << 20);
+
+// Writes back and drops every cache line of [p, p + bytes) (clflush). --cold
+// also needs this: flush_caches alone left part of a 25.7 MB input pair in
+// this host's L3 (apparently kept as lines read twice, by the reduce and the
+// apply), and the "cold" reduce then read faster than the host's read-only
+// rate (docs/performance.md, fourteenth session).
+void evict_lines(const void* p, size_t bytes);
 
 // oneDNN 2.6 batch_normalization_backward on nChw16c with blocked inputs
 // prepared outside the timing: the best oneDNN does. run_once() times one call.
@@ -61,6 +69,8 @@ class BlockedRunner {
   virtual ~BlockedRunner() = default;
   virtual double run_once() = 0;  // ms
   virtual std::string impl() const = 0;
+  // evict_lines over every tensor of the call (for --cold).
+  virtual void evict() const = 0;
 };
 
 }  // namespace cli

@@ -10,11 +10,13 @@
 #include <iterator>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <normgrad/graph/npy.hpp>
 #include "tests/cli_test_util.hpp"
 #include "tests/test_util.hpp"
+#include "tools/bench_probe.hpp"
 
 namespace normgrad {
 namespace {
@@ -341,6 +343,34 @@ TEST(CliBench, WritesTheDocumentedJsonAndSvg) {
   EXPECT_EQ(chart.rfind("<svg", 0), 0u);
   EXPECT_NE(chart.find("roofline"), std::string::npos);
   EXPECT_NE(chart.find("1x32x28x28 NXC f32"), std::string::npos);
+}
+
+// --cold writes every tensor of the timed call back and out of the caches;
+// the data must survive, from any start and length, and every column runs.
+TEST(CliBench, ColdRunsEvictTheirOwnTensors) {
+  std::vector<unsigned char> bytes(10000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 1);
+  const std::vector<unsigned char> want = bytes;
+  cli::evict_lines(bytes.data() + 3, 9000);
+  cli::evict_lines(bytes.data() + 9003, 997);
+  EXPECT_EQ(bytes, want);
+  const std::string json = ::testing::TempDir() + "/ng_bench_cold.json";
+  const Result r = run(
+      "bench --shapes=small --dt=f32 --layouts=NCX,NXC --backends=jit,dnnl --iters 2 --warmup 0 "
+      "--threads 1 --cold --json " +
+      json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  const auto doc = nlohmann::json::parse(in);
+  int timed = 0;
+  for (const auto& c : doc.at("cases")) {
+    for (const auto& b : c.at("results")) {
+      if (b.contains("unsupported")) continue;
+      EXPECT_GT(b.at("median_ms").get<double>(), 0.0) << c.at("name") << " " << b.at("backend");
+      ++timed;
+    }
+  }
+  EXPECT_GE(timed, 6);  // jit, dnnl and dnnl-blocked on both layouts
 }
 
 TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
