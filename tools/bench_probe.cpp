@@ -189,7 +189,8 @@ namespace {
 
 class DnnlBlockedRunner final : public BlockedRunner {
  public:
-  DnnlBlockedRunner(int64_t n, int64_t c, int64_t h, int64_t w, DataType dt)
+  DnnlBlockedRunner(int64_t n, int64_t c, int64_t h, int64_t w, DataType dt,
+                    const std::string& plain_layout)
       : eng_(dnnl::engine::kind::cpu, 0), s_(eng_) {
     using namespace dnnl;
     const auto ddt = dt == DataType::kF32 ? memory::data_type::f32 : memory::data_type::bf16;
@@ -217,41 +218,65 @@ class DnnlBlockedRunner final : public BlockedRunner {
              {DNNL_ARG_SCALE, make(cmd, 1.f)},     {DNNL_ARG_SHIFT, make(cmd, 0.f)},
              {DNNL_ARG_DIFF_SRC, make(md, 0.f)},   {DNNL_ARG_DIFF_SCALE, make(cmd, 0.f)},
              {DNNL_ARG_DIFF_SHIFT, make(cmd, 0.f)}};
+    if (plain_layout.empty()) return;
+    const memory::desc plain(
+        {n, c, h, w}, ddt,
+        plain_layout == "NXC" ? memory::format_tag::nhwc : memory::format_tag::nchw);
+    plain_ = {make(plain, 0.5f), make(plain, 0.25f), make(plain, 0.f)};
+    const memory& src = args_.at(DNNL_ARG_SRC);
+    const memory& diff_dst = args_.at(DNNL_ARG_DIFF_DST);
+    const memory& diff_src = args_.at(DNNL_ARG_DIFF_SRC);
+    reorders_ = {{reorder(plain_[0], src), plain_[0], src},
+                 {reorder(plain_[1], diff_dst), plain_[1], diff_dst}};
+    back_ = {reorder(diff_src, plain_[2]), diff_src, plain_[2]};
   }
   double run_once() override {
     const auto t0 = std::chrono::steady_clock::now();
+    for (Reorder& r : reorders_) r.prim.execute(s_, r.from, r.to);
     prim_.execute(s_, args_);
+    if (!plain_.empty()) back_.prim.execute(s_, back_.from, back_.to);
     s_.wait();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   std::string impl() const override { return impl_; }
   void evict() const override {
     for (const auto& [arg, m] : args_) evict_lines(m.get_data_handle(), m.get_desc().get_size());
+    for (const dnnl::memory& m : plain_) evict_lines(m.get_data_handle(), m.get_desc().get_size());
   }
 
  private:
+  struct Reorder {
+    dnnl::reorder prim;
+    dnnl::memory from, to;
+  };
   dnnl::engine eng_;
   dnnl::stream s_;
   dnnl::batch_normalization_backward prim_;
   std::unordered_map<int, dnnl::memory> args_;
   std::string impl_;
+  // With a plain layout: src, diff_dst and diff_src in it, and the reorders.
+  std::vector<dnnl::memory> plain_;
+  std::vector<Reorder> reorders_;
+  Reorder back_;
 };
 
 }  // namespace
 #endif
 
 StatusOr<std::unique_ptr<BlockedRunner>> BlockedRunner::make(int64_t n, int64_t c, int64_t h,
-                                                             int64_t w, DataType dt) {
+                                                             int64_t w, DataType dt,
+                                                             const std::string& plain_layout) {
 #ifdef NORMGRAD_WITH_DNNL
   if (dt != DataType::kF32 && dt != DataType::kBF16)
     return unimplemented("oneDNN 2.6 has no f16 batch normalization on CPU");
   try {
-    return std::unique_ptr<BlockedRunner>(std::make_unique<DnnlBlockedRunner>(n, c, h, w, dt));
+    return std::unique_ptr<BlockedRunner>(
+        std::make_unique<DnnlBlockedRunner>(n, c, h, w, dt, plain_layout));
   } catch (const std::exception& e) {
     return unimplemented(std::string("oneDNN blocked: ") + e.what());
   }
 #else
-  (void)n, (void)c, (void)h, (void)w, (void)dt;
+  (void)n, (void)c, (void)h, (void)w, (void)dt, (void)plain_layout;
   return unimplemented("built without oneDNN");
 #endif
 }

@@ -62,10 +62,14 @@ void evict_lines(const void* p, size_t bytes);
 
 // oneDNN 2.6 batch_normalization_backward on nChw16c with blocked inputs
 // prepared outside the timing: the best oneDNN does. run_once() times one call.
+// With a plain layout ("NCX" or "NXC"), the call also reorders src and
+// diff_dst from that layout to nChw16c and diff_src back, all inside the
+// timing: what a user whose tensors are plain pays to use the blocked kernel.
 class BlockedRunner {
  public:
   static StatusOr<std::unique_ptr<BlockedRunner>> make(int64_t n, int64_t c, int64_t h, int64_t w,
-                                                       DataType dt);
+                                                       DataType dt,
+                                                       const std::string& plain_layout = "");
   virtual ~BlockedRunner() = default;
   virtual double run_once() = 0;  // ms
   virtual std::string impl() const = 0;

@@ -181,15 +181,21 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph) {
   const bool want_blocked =
       std::find(opt.backends.begin(), opt.backends.end(), "dnnl") != opt.backends.end() &&
       cr.fused == "none" && cr.shape.size() == 4 && cr.dtype != "f16";
-  if (want_blocked) {
+  // dnnl-blocked: the kernel alone on pre-blocked tensors; dnnl-reorder: the
+  // same with the reorders from and to the case's plain layout timed.
+  for (const bool reorders : {false, true}) {
+    if (!want_blocked) break;
     Runner r;
-    r.result.backend = "dnnl-blocked";
+    r.result.backend = reorders ? "dnnl-reorder" : "dnnl-blocked";
     const Dims& s = cr.shape;
     const Dims nchw = cr.layout == "NCX" ? s : Dims{s[0], s[3], s[1], s[2]};
-    auto blocked = BlockedRunner::make(nchw[0], nchw[1], nchw[2], nchw[3], *parse_dtype(cr.dtype));
+    auto blocked = BlockedRunner::make(nchw[0], nchw[1], nchw[2], nchw[3], *parse_dtype(cr.dtype),
+                                       reorders ? cr.layout : "");
     if (blocked.ok()) {
       r.blocked = std::move(blocked).value();
-      r.result.kernel = r.blocked->impl() + " (nChw16c)";
+      r.result.kernel =
+          r.blocked->impl() + (reorders ? " (" + cr.layout + " -> nChw16c -> " + cr.layout + ")"
+                                        : std::string(" (nChw16c)"));
     } else {
       r.result.reason = blocked.status().message();
     }

@@ -346,7 +346,8 @@ TEST(CliBench, WritesTheDocumentedJsonAndSvg) {
 }
 
 // --cold writes every tensor of the timed call back and out of the caches;
-// the data must survive, from any start and length, and every column runs.
+// the data must survive, from any start and length, and every column runs,
+// the blocked kernel with its reorders timed among them.
 TEST(CliBench, ColdRunsEvictTheirOwnTensors) {
   std::vector<unsigned char> bytes(10000);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 1);
@@ -362,15 +363,24 @@ TEST(CliBench, ColdRunsEvictTheirOwnTensors) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(json);
   const auto doc = nlohmann::json::parse(in);
-  int timed = 0;
+  int timed = 0, reorders = 0;
   for (const auto& c : doc.at("cases")) {
     for (const auto& b : c.at("results")) {
       if (b.contains("unsupported")) continue;
       EXPECT_GT(b.at("median_ms").get<double>(), 0.0) << c.at("name") << " " << b.at("backend");
       ++timed;
+      if (b.at("backend") == "dnnl-reorder") {
+        // The blocked kernel with the reorders from and to the case's layout.
+        const std::string layout = c.at("layout");
+        EXPECT_NE(b.at("kernel").get<std::string>().find(layout + " -> nChw16c -> " + layout),
+                  std::string::npos)
+            << b.at("kernel");
+        ++reorders;
+      }
     }
   }
-  EXPECT_GE(timed, 6);  // jit, dnnl and dnnl-blocked on both layouts
+  EXPECT_GE(timed, 8);  // jit, dnnl, dnnl-blocked and dnnl-reorder on both layouts
+  EXPECT_GE(reorders, 2);
 }
 
 TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
