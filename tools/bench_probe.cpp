@@ -1,4 +1,4 @@
-// Host description, roofline probe, cache flush and the oneDNN blocked-layout column.
+// Host description, roofline probe, cache flush and the oneDNN nChw16c columns.
 #include "tools/bench_probe.hpp"
 
 #include <cpuid.h>

@@ -1,6 +1,6 @@
 // Helpers of `normgrad bench`: the host's description, the in-run bandwidth
 // roofline probe, cache flushing for --cold, and oneDNN's blocked nChw16c
-// reference column.
+// reference columns (the kernel alone, and with its reorders).
 #pragma once
 
 #include <cstdint>

@@ -110,9 +110,9 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
   return g;
 }
 
-// A timed unit: one backend's compiled graph, or the blocked column. Each has
-// its own copy of the inputs (the same values), as the blocked column has its
-// own blocked tensors: on shared inputs, a backend would find them in the L3
+// A timed unit: one backend's compiled graph, or a blocked column. Each has
+// its own copy of the inputs (the same values), as the blocked columns have
+// their own tensors: on shared inputs, a backend would find them in the L3
 // whenever the backend before it had just read them, and on layers that fit
 // the L3 that favours whichever backend follows another on the same buffers.
 struct Runner {
