@@ -137,7 +137,10 @@ double run_once(Runner& r) {
 
 // --cold: the runner's own tensors out of every cache level.
 void evict(const Runner& r) {
-  if (r.blocked) return r.blocked->evict();
+  if (r.blocked) {
+    r.blocked->evict();
+    return;
+  }
   for (const auto& [id, b] : r.inputs) evict_lines(b.data(), b.bytes.size());
   for (const auto& [id, b] : r.outputs) evict_lines(b.data(), b.bytes.size());
 }
@@ -183,8 +186,7 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph) {
       cr.fused == "none" && cr.shape.size() == 4 && cr.dtype != "f16";
   // dnnl-blocked: the kernel alone on pre-blocked tensors; dnnl-reorder: the
   // same with the reorders from and to the case's plain layout timed.
-  for (const bool reorders : {false, true}) {
-    if (!want_blocked) break;
+  for (const bool reorders : want_blocked ? std::vector<bool>{false, true} : std::vector<bool>{}) {
     Runner r;
     r.result.backend = reorders ? "dnnl-reorder" : "dnnl-blocked";
     const Dims& s = cr.shape;
