@@ -165,6 +165,26 @@ double StreamProbe::measure_read_only(int reps) {
   return best;
 }
 
+TwoPassTraffic two_pass_traffic(const std::string& layout, int64_t n, int64_t c, int64_t spatial,
+                                int64_t elem_bytes, int64_t l3_bytes) {
+  if (n <= 0 || c <= 0 || spatial <= 0 || elem_bytes <= 0 || l3_bytes <= 0) return {};
+  const double tensor = static_cast<double>(n) * c * spatial * elem_bytes;
+  const double l3 = static_cast<double>(l3_bytes);
+  if (2.0 * tensor <= l3) return {};
+  // src + diff_dst of one unit. A subset of NXC channels keeps nothing
+  // cached at a power-of-two stride; with another stride the bound charges
+  // no re-read at all.
+  double unit_pair = 0.0;
+  if (layout == "NXC") {
+    unit_pair = (c & (c - 1)) == 0 ? 2.0 * tensor : 0.0;
+  } else {
+    const int64_t per_unit = std::min<int64_t>(c, layout == "nChw16c" ? 16 : 1);
+    unit_pair = 2.0 * tensor * static_cast<double>(per_unit) / static_cast<double>(c);
+  }
+  const double reread = unit_pair > l3 ? 2.0 * tensor * (1.0 - l3 / unit_pair) : 0.0;
+  return {3.0 * tensor + reread, 3.0 + reread / tensor};
+}
+
 void flush_caches(int64_t bytes) {
   // Written once, then only read: the lines it leaves in the caches are clean,
   // so the timed run that follows evicts them without write-backs. (Writing it

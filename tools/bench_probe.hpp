@@ -49,6 +49,30 @@ class StreamProbe {
   std::unique_ptr<float, Free> a_, b_, c_;
 };
 
+// The least DRAM traffic of a batch-norm backward on one layout, in bytes.
+// diff_src needs a unit's complete sums, so a unit is reduced before it is
+// applied: src, diff_dst and diff_src each pass once, and src and diff_dst
+// are read a second time except what of the unit stays in its share of the
+// L3 between the passes (the apply walking the reduce's order backwards).
+// The bound takes the best case, every thread on one unit with the whole L3:
+//   "NCX"      a unit is one channel.
+//   "nChw16c"  a unit is 16 channels (one channel alone pulls the same lines).
+//   "NXC"      a unit is every channel when C is a power of two: a channel
+//              subset then sits at a power-of-two row stride and maps to
+//              the same fraction of the cache's sets as of the row, so no
+//              walk keeps a subset cached between the passes
+//              (docs/performance-history.md, ninth session). Other C: no
+//              re-read is charged, as a slab walk might avoid it.
+// A lower bound on time is bytes over the host's streaming rate. Returns 0
+// when src and diff_dst fit the L3 together: a run may then find them
+// cached, and DRAM bounds nothing.
+struct TwoPassTraffic {
+  double bytes = 0.0;   // src + diff_dst + diff_src + the re-read
+  double passes = 0.0;  // bytes over one tensor's bytes: 3 to 5
+};
+TwoPassTraffic two_pass_traffic(const std::string& layout, int64_t n, int64_t c, int64_t spatial,
+                                int64_t elem_bytes, int64_t l3_bytes);
+
 // Reads `bytes` of memory: the caches fill with clean lines of a junk buffer,
 // so a --cold run pays no write-backs of an earlier run's data.
 void flush_caches(int64_t bytes = int64_t{96} << 20);

@@ -20,6 +20,7 @@
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/testing/oracle.hpp>
 #include "tools/bench_probe.hpp"
+#include "tools/bench_report.hpp"
 #include "tools/cli.hpp"
 #include "tools/cli_args.hpp"
 #include "tools/cli_knobs.hpp"
@@ -47,23 +48,6 @@ struct BenchOptions {
   int64_t threads = 0, iters = 10, warmup = 2;
   bool cold = false;
   std::string json_out, svg_out;
-};
-
-struct BackendResult {
-  std::string backend, kernel, reason;
-  std::vector<double> ms;
-  double compile_ms = 0.0, cached_compile_ms = 0.0;
-  double median = 0.0, min = 0.0, max = 0.0, gbps = 0.0, pct = 0.0, ratio = 0.0;
-};
-
-struct CaseResult {
-  std::string name, layout, dtype, fused;
-  Dims shape;
-  double bytes = 0.0;
-  // The roofline probes just before and just after the case; its shares
-  // divide by the higher.
-  double probe_before = 0.0, probe_after = 0.0;
-  std::vector<BackendResult> results;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -258,75 +242,6 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph) {
   return ok_status();
 }
 
-std::string svg_chart(const std::vector<CaseResult>& cases, double roofline, int64_t threads) {
-  std::vector<std::string> backends;
-  for (const auto& c : cases) {
-    for (const auto& r : c.results) {
-      if (std::find(backends.begin(), backends.end(), r.backend) == backends.end())
-        backends.push_back(r.backend);
-    }
-  }
-  const char* colors[] = {"#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"};
-  double top = roofline * 1.15;
-  for (const auto& c : cases) {
-    for (const auto& r : c.results) top = std::max(top, r.gbps * 1.1);
-  }
-  if (top <= 0) top = 1;
-  const double bar = 14, gap = 26, left = 60, plot_h = 320, top_pad = 50;
-  const double group = bar * static_cast<double>(backends.size()) + gap;
-  const double width = left + group * static_cast<double>(cases.size()) + 40;
-  const double height = top_pad + plot_h + 150;
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1);
-  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << width << "' height='" << height
-    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' "
-       "fill='white'/>\n";
-  s << "<text x='" << left
-    << "' y='20' font-size='14'>normgrad bench: batch-norm backward, GB/s of minimal traffic ("
-    << threads << " threads)</text>\n";
-  auto y_of = [&](double v) { return top_pad + plot_h - plot_h * v / top; };
-  for (int t = 0; t <= 5; ++t) {
-    const double v = top * t / 5.0;
-    s << "<line x1='" << left << "' x2='" << width - 20 << "' y1='" << y_of(v) << "' y2='"
-      << y_of(v) << "' stroke='#ddd'/>\n<text x='" << left - 6 << "' y='" << y_of(v) + 4
-      << "' text-anchor='end'>" << v << "</text>\n";
-  }
-  s << "<text x='14' y='" << top_pad + plot_h / 2 << "' transform='rotate(-90 14 "
-    << top_pad + plot_h / 2 << ")' text-anchor='middle'>GB/s</text>\n";
-  if (roofline > 0) {
-    s << "<line x1='" << left << "' x2='" << width - 20 << "' y1='" << y_of(roofline) << "' y2='"
-      << y_of(roofline) << "' stroke='black' stroke-dasharray='6,3'/>\n<text x='" << width - 22
-      << "' y='" << y_of(roofline) - 4 << "' text-anchor='end'>roofline " << roofline
-      << " GB/s</text>\n";
-  }
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    const double x0 = left + gap / 2 + group * static_cast<double>(ci);
-    for (const auto& r : cases[ci].results) {
-      const size_t bi = static_cast<size_t>(std::find(backends.begin(), backends.end(), r.backend) -
-                                            backends.begin());
-      const double x = x0 + bar * static_cast<double>(bi);
-      if (r.gbps > 0) {
-        s << "<rect x='" << x << "' y='" << y_of(r.gbps) << "' width='" << bar - 2 << "' height='"
-          << top_pad + plot_h - y_of(r.gbps) << "' fill='" << colors[bi % 6] << "'><title>"
-          << r.backend << ": " << r.gbps << " GB/s, " << r.median << " ms</title></rect>\n";
-      } else {
-        s << "<text x='" << x + 5 << "' y='" << top_pad + plot_h - 4
-          << "' font-size='9' fill='#999'>x</text>\n";
-      }
-    }
-    const double lx = x0 + bar * static_cast<double>(backends.size()) / 2;
-    s << "<text x='" << lx << "' y='" << top_pad + plot_h + 12 << "' transform='rotate(40 " << lx
-      << " " << top_pad + plot_h + 12 << ")' font-size='10'>" << cases[ci].name << "</text>\n";
-  }
-  for (size_t bi = 0; bi < backends.size(); ++bi) {
-    const double x = left + 120 * static_cast<double>(bi);
-    s << "<rect x='" << x << "' y='32' width='10' height='10' fill='" << colors[bi % 6]
-      << "'/><text x='" << x + 14 << "' y='41'>" << backends[bi] << "</text>\n";
-  }
-  s << "</svg>\n";
-  return s.str();
-}
-
 }  // namespace
 
 // `bench --shard-batch` (under mpirun): each layer's synchronized backward
@@ -454,8 +369,8 @@ int bench_command(const std::vector<std::string>& argv) {
   const double roof_start = probe.measure(4);
   const double read_start = probe.measure_read_only(4);
   double last_probe = roof_start;
+  const HostInfo host = host_info();
   {
-    const HostInfo host = host_info();
     std::cout << "host: " << host.cpu_model << ", " << host.logical_cpus << " logical CPUs, L1d "
               << host.l1d_bytes / 1024 << " KiB, L2 " << host.l2_bytes / 1024 << " KiB, L3 "
               << host.l3_bytes / 1024 << " KiB, " << host.isa << "\n";
@@ -468,6 +383,11 @@ int bench_command(const std::vector<std::string>& argv) {
     std::cout << "\n"
               << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic; roofline "
               << cr.probe_before << " GB/s before, " << cr.probe_after << " after)\n";
+    if (cr.plain_bound_ms > 0) {
+      std::cout << "  bound at the probe's rate: " << cr.layout << " " << cr.plain_bound_ms
+                << " ms (" << cr.plain_traffic.passes << " tensor passes), nChw16c "
+                << cr.blocked_bound_ms << " ms (" << cr.blocked_traffic.passes << ")\n";
+    }
     for (const BackendResult& r : cr.results) {
       if (r.median <= 0) {
         std::cout << "  " << std::left << std::setw(13) << r.backend << "  declined: " << r.reason
@@ -490,6 +410,10 @@ int bench_command(const std::vector<std::string>& argv) {
     const double roof = std::max(cr.probe_before, cr.probe_after);
     for (BackendResult& r : cr.results)
       r.pct = roof > 0 && r.gbps > 0 ? 100.0 * r.gbps / roof : 0.0;
+    if (roof > 0) {
+      cr.plain_bound_ms = cr.plain_traffic.bytes / roof / 1e6;
+      cr.blocked_bound_ms = cr.blocked_traffic.bytes / roof / 1e6;
+    }
     report(cr);
     return ok_status();
   };
@@ -538,6 +462,14 @@ int bench_command(const std::vector<std::string>& argv) {
           cr.name = name + " " + layout + " " + dts + (fused == "none" ? "" : " +" + fused);
           const double elems = static_cast<double>(nchw[0] * nchw[1] * nchw[2] * nchw[3]);
           cr.bytes = elems * static_cast<double>(dtype_size(*dt)) * (fused == "none" ? 3.0 : 4.0);
+          if (fused == "none") {
+            const int64_t esize = static_cast<int64_t>(dtype_size(*dt));
+            const int64_t spatial = nchw[2] * nchw[3];
+            cr.plain_traffic =
+                two_pass_traffic(layout, nchw[0], nchw[1], spatial, esize, host.l3_bytes);
+            cr.blocked_traffic =
+                two_pass_traffic("nChw16c", nchw[0], nchw[1], spatial, esize, host.l3_bytes);
+          }
           Graph g = make_graph(nchw, layout, *dt, fused);
           if (Status s = run_and_report(cr, g); !s.ok()) {
             std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
@@ -559,49 +491,9 @@ int bench_command(const std::vector<std::string>& argv) {
             << "); each case's share divides by the higher of its two probes; 2 reads alone "
             << read_end << " GB/s at end\n";
   if (!opt.json_out.empty()) {
-    nlohmann::ordered_json j;
-    const HostInfo host = host_info();
-    j["host"] = {{"cpu_model", host.cpu_model},        {"logical_cpus", host.logical_cpus},
-                 {"l1d_bytes", host.l1d_bytes},        {"l2_bytes", host.l2_bytes},
-                 {"l3_bytes", host.l3_bytes},          {"isa", host.isa},
-                 {"roofline_start_gbps", roof_start},  {"roofline_end_gbps", roof_end},
-                 {"read_only_start_gbps", read_start}, {"read_only_end_gbps", read_end}};
-    j["shapes"] = opt.shapes;
-    j["threads"] = threads;
-    j["roofline_gbps"] = roofline;
-    j["roofline_start_gbps"] = roof_start;
-    j["roofline_end_gbps"] = roof_end;
-    j["read_only_start_gbps"] = read_start;
-    j["read_only_end_gbps"] = read_end;
-    j["cases"] = nlohmann::ordered_json::array();
-    for (const CaseResult& c : cases) {
-      nlohmann::ordered_json cj;
-      cj["name"] = c.name;
-      cj["shape"] = c.shape;
-      cj["layout"] = c.layout;
-      cj["dtype"] = c.dtype;
-      cj["fused"] = c.fused;
-      cj["roofline_before_gbps"] = c.probe_before;
-      cj["roofline_after_gbps"] = c.probe_after;
-      cj["results"] = nlohmann::ordered_json::array();
-      for (const BackendResult& r : c.results) {
-        nlohmann::ordered_json rj;
-        rj["backend"] = r.backend;
-        rj["median_ms"] = r.median;
-        rj["min_ms"] = r.min;
-        rj["max_ms"] = r.max;
-        rj["gbps"] = r.gbps;
-        rj["roofline_pct"] = r.pct;
-        rj["compile_ms"] = r.compile_ms;
-        rj["cached_compile_ms"] = r.cached_compile_ms;
-        rj["ratio_vs_dnnl"] = r.ratio;
-        rj["kernel"] = r.kernel;
-        if (!r.reason.empty()) rj["unsupported"] = r.reason;
-        cj["results"].push_back(rj);
-      }
-      j["cases"].push_back(cj);
-    }
-    std::ofstream(opt.json_out) << j.dump(2) << "\n";
+    const RunProbes probes{roof_start, roof_end, read_start, read_end, roofline};
+    std::ofstream(opt.json_out) << bench_json(cases, host, opt.shapes, threads, probes).dump(2)
+                                << "\n";
     std::cout << "wrote " << opt.json_out << "\n";
   }
   if (!opt.svg_out.empty()) {

@@ -1,0 +1,122 @@
+// The bench's traffic bound (two_pass_traffic) against closed-form values, and
+// `normgrad bench` reporting it per case at the case's own probe.
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include "tests/cli_test_util.hpp"
+#include "tools/bench_probe.hpp"
+
+namespace normgrad {
+namespace {
+
+using cli::two_pass_traffic;
+
+constexpr int64_t kL3 = int64_t{32} << 20;
+
+// T: one tensor's bytes.
+double tensor_bytes(int64_t n, int64_t c, int64_t spatial, int64_t elem) {
+  return static_cast<double>(n) * static_cast<double>(c) * static_cast<double>(spatial) *
+         static_cast<double>(elem);
+}
+
+TEST(TwoPassTraffic, ChannelsThatFitTheL3AreReadOnce) {
+  // 32x64x112x112 f32 NCX: a channel's src + diff_dst is 3.2 MB: 3 passes.
+  const double t = tensor_bytes(32, 64, 112 * 112, 4);
+  const auto b = two_pass_traffic("NCX", 32, 64, 112 * 112, 4, kL3);
+  EXPECT_DOUBLE_EQ(b.bytes, 3.0 * t);
+  EXPECT_DOUBLE_EQ(b.passes, 3.0);
+}
+
+TEST(TwoPassTraffic, BlockedUnitsOverTheL3ReReadTheirExcess) {
+  // nChw16c: a unit of 16 of 64 channels holds 2T/4 = T/2 of src + diff_dst;
+  // the L3 keeps kL3 of it, the rest (T/2 - kL3) is read again.
+  const double t = tensor_bytes(32, 64, 112 * 112, 4);
+  const auto b = two_pass_traffic("nChw16c", 32, 64, 112 * 112, 4, kL3);
+  EXPECT_DOUBLE_EQ(b.bytes, 3.0 * t + 4.0 * (t / 2.0 - static_cast<double>(kL3)));
+  EXPECT_NEAR(b.passes, 5.0 - 4.0 * static_cast<double>(kL3) / t, 1e-12);
+  // Fewer than 16 channels: the unit is all of them.
+  const double t8 = tensor_bytes(64, 8, 112 * 112, 4);
+  const auto b8 = two_pass_traffic("nChw16c", 64, 8, 112 * 112, 4, kL3);
+  EXPECT_DOUBLE_EQ(b8.bytes, 5.0 * t8 - static_cast<double>(kL3));
+}
+
+TEST(TwoPassTraffic, NxcWithPowerOfTwoChannelsReReadsAllButTheL3) {
+  // 32x56x56x256 f32 and bf16: the unit is the whole tensor pair.
+  for (int64_t elem : {4, 2}) {
+    const double t = tensor_bytes(32, 256, 56 * 56, elem);
+    const auto b = two_pass_traffic("NXC", 32, 256, 56 * 56, elem, kL3);
+    EXPECT_DOUBLE_EQ(b.bytes, 5.0 * t - static_cast<double>(kL3)) << elem;
+    EXPECT_NEAR(b.passes, 5.0 - static_cast<double>(kL3) / t, 1e-12) << elem;
+  }
+  // C = 192 is not a power of two: a slab walk might keep channels cached,
+  // so the bound charges no re-read.
+  const double t = tensor_bytes(32, 192, 56 * 56, 4);
+  EXPECT_DOUBLE_EQ(two_pass_traffic("NXC", 32, 192, 56 * 56, 4, kL3).bytes, 3.0 * t);
+}
+
+TEST(TwoPassTraffic, InputsThatFitTheL3AndBadArgumentsBoundNothing) {
+  // 1x256x28x28 f32: src + diff_dst 1.6 MB.
+  EXPECT_EQ(two_pass_traffic("NXC", 1, 256, 28 * 28, 4, kL3).bytes, 0.0);
+  EXPECT_EQ(two_pass_traffic("NCX", 1, 256, 28 * 28, 4, kL3).passes, 0.0);
+  // Exactly at the L3: still nothing.
+  EXPECT_EQ(two_pass_traffic("NXC", 1, 1024, 4096, 4, kL3).bytes, 0.0);
+  EXPECT_EQ(two_pass_traffic("NXC", 0, 256, 28 * 28, 4, kL3).bytes, 0.0);
+  EXPECT_EQ(two_pass_traffic("NXC", 32, -1, 28 * 28, 4, kL3).bytes, 0.0);
+  EXPECT_EQ(two_pass_traffic("NXC", 32, 256, 28 * 28, 4, 0).bytes, 0.0);
+}
+
+// `normgrad bench` gives every preset case over the L3 its bound for the
+// case's layout and for nChw16c: the traffic above over the higher of the
+// case's two probes, and no bound to the cases that fit the L3. Checked
+// against the host the JSON records, so it holds whatever the L3 is.
+TEST(CliBench, ReportsTheTrafficBoundPerCase) {
+  const std::string json = ::testing::TempDir() + "/ng_bench_bound.json";
+  const auto r = testing_util::run_cli(
+      "bench --shapes=resnet50 --dt=bf16 --layouts=NCX,NXC --backends=jit --iters 1 --warmup 0 "
+      "--threads 1 --json " +
+      json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  const auto doc = nlohmann::json::parse(
+      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  const int64_t l3 = doc.at("host").at("l3_bytes");
+  int bounded = 0;
+  for (const auto& c : doc.at("cases")) {
+    const std::string layout = c.at("layout");
+    const auto shape = c.at("shape").get<std::vector<int64_t>>();
+    ASSERT_EQ(shape.size(), 4u);
+    const int64_t n = shape[0], ch = layout == "NCX" ? shape[1] : shape[3];
+    const int64_t spatial = layout == "NCX" ? shape[2] * shape[3] : shape[1] * shape[2];
+    const auto plain = two_pass_traffic(layout, n, ch, spatial, 2, l3);
+    const auto blocked = two_pass_traffic("nChw16c", n, ch, spatial, 2, l3);
+    if (plain.bytes == 0.0) {
+      EXPECT_FALSE(c.contains("bound_ms")) << c.at("name");
+      continue;
+    }
+    ++bounded;
+    const double before = c.at("roofline_before_gbps"), after = c.at("roofline_after_gbps");
+    const double roof = std::max(before, after);
+    ASSERT_GT(roof, 0.0);
+    const double plain_ms = c.at("bound_ms").at(layout),
+                 blocked_ms = c.at("bound_ms").at("nChw16c");
+    EXPECT_NEAR(plain_ms, plain.bytes / roof / 1e6, 1e-9 * plain_ms) << c.at("name");
+    EXPECT_NEAR(blocked_ms, blocked.bytes / roof / 1e6, 1e-9 * blocked_ms) << c.at("name");
+    EXPECT_DOUBLE_EQ(c.at("bound_passes").at(layout).get<double>(), plain.passes);
+  }
+  // The L3 the host reports decides which cases are bounded: in bf16 the
+  // three largest batch-32 layers hold 51-103 MB of src + diff_dst, so below
+  // 51 MB they are, in both layouts.
+  if (l3 < 51'000'000) {
+    EXPECT_GE(bounded, 6) << "l3_bytes " << l3;
+    EXPECT_NE(r.output.find("bound at the probe's rate: NXC"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
