@@ -81,7 +81,7 @@ void flush_caches(int64_t bytes = int64_t{96} << 20);
 // also needs this: flush_caches alone left part of a 25.7 MB input pair in
 // this host's L3 (apparently kept as lines read twice, by the reduce and the
 // apply), and the "cold" reduce then read faster than the host's read-only
-// rate (docs/performance.md, fourteenth session).
+// rate (docs/performance-history.md, fourteenth session).
 void evict_lines(const void* p, size_t bytes);
 
 // oneDNN 2.6 batch_normalization_backward on nChw16c with blocked inputs

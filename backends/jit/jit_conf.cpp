@@ -177,7 +177,7 @@ int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel) {
   // (the last short by less than one pixel per chunk), so that 2, 4 or 8 threads get equal
   // shares. 1 MiB chunks alone gave 4x512x14x14 f32 chunks of 256, 256, 256
   // and 16 pixels, and its bf16 twin one chunk: one thread for the whole
-  // reduction (docs/performance.md).
+  // reduction (docs/performance-history.md).
   if (chunks < kManyChunks) {
     chunks = (chunks + kChunkMultiple - 1) / kChunkMultiple * kChunkMultiple;
     chunks = std::max<int64_t>(1, std::min(chunks, pixels / kMinChunkRows));
@@ -327,20 +327,22 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
                        (d.mode == BackwardMode::kTraining || d.diff_scale_shift));
   c.chunk_rows = pixel_chunk_rows(c.rows, 2 * c.cols * dtype_size(d.data_dt));
   // Rows wider than the registers (C > 64 on AVX-512) take the channel-blocked
-  // pixel kernels, groups of 8 pixels: f32 always (measured 1.5-2x faster than
-  // per-pixel sums through L1); 16-bit data only when src and diff_dst fit in
-  // half the L3, where the kernel is bound by instructions (blocked 1.2-1.3x on
-  // the cached cases), while streamed from DRAM the per-pixel walk measured
-  // 1.2-1.5x faster (docs/performance.md).
+  // pixel kernels, groups of 8 pixels, when src and diff_dst fit in half the
+  // L3: there the kernel is bound by instructions, and blocked measured
+  // 1.2-1.5x faster (cached cases, 32x7x7x2048 f32). Streamed from DRAM the
+  // per-pixel walk keeps the reads sequential, and hosts differ: on a Zen 4
+  // host blocked f32 took 1.1-2.2x the per-pixel time (32x56x56x256 19.9 ms
+  // against 9.1), on a Zen 5 host per-pixel took 1.07-1.25x the blocked time,
+  // and for 16-bit data per-pixel was 1.2-1.5x faster on both. Per-pixel is
+  // the smaller risk (docs/performance.md, "Blocked NXC kernels from DRAM").
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
-  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && c.cols > 64 &&
-      (d.data_dt == DataType::kF32 || cache_resident))
+  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && c.cols > 64 && cache_resident)
     c.pixel_group = kPixelGroup;
   // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
   // grouped rows kernels: each image's rows of a channel group are one
-  // contiguous block (docs/performance.md measures it).
+  // contiguous block (docs/performance-history.md measures it).
   const bool dense_rows = c.x_strides.empty() && c.dy_strides.empty() && c.dx_strides.empty() &&
                           c.batch_calls == 0 && c.channel_stride == c.cols &&
                           c.dx_channel_stride == c.cols;
@@ -363,7 +365,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // bench (each backend's tensors evicted by the others' between its runs):
   // 2x192x71x71 bf16 (11.6 MB for the three) gained 9% from streaming,
   // 2x192x71x71 f32 (23 MB) 18%, and 4x512x14x14 f32 (4.8 MB) lost 15%;
-  // docs/performance.md. So: stream when the three take more than a quarter
+  // docs/performance-history.md. So: stream when the three take more than a quarter
   // of the L3. The AVX-512 path has them (the AVX2 path keeps ordinary stores).
   c.streaming_stores = isa == Isa::kAvx512 && 3 * data_bytes > cache_sizes().l3_bytes / 4;
   return c;
