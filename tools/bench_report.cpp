@@ -8,7 +8,7 @@
 namespace normgrad {
 namespace cli {
 
-nlohmann::ordered_json bench_json(const std::vector<CaseResult>& cases, const HostInfo& host,
+nlohmann::ordered_json bench_json(const std::vector<BenchCase>& cases, const HostInfo& host,
                                   const std::string& shapes, int64_t threads, const RunProbes& p) {
   nlohmann::ordered_json j;
   j["host"] = {{"cpu_model", host.cpu_model},
@@ -29,7 +29,7 @@ nlohmann::ordered_json bench_json(const std::vector<CaseResult>& cases, const Ho
   j["read_only_start_gbps"] = p.read_start;
   j["read_only_end_gbps"] = p.read_end;
   j["cases"] = nlohmann::ordered_json::array();
-  for (const CaseResult& c : cases) {
+  for (const BenchCase& c : cases) {
     nlohmann::ordered_json cj;
     cj["name"] = c.name;
     cj["shape"] = c.shape;
@@ -44,7 +44,7 @@ nlohmann::ordered_json bench_json(const std::vector<CaseResult>& cases, const Ho
                             {"nChw16c", c.blocked_traffic.passes}};
     }
     cj["results"] = nlohmann::ordered_json::array();
-    for (const BackendResult& r : c.results) {
+    for (const BenchResult& r : c.results) {
       nlohmann::ordered_json rj;
       rj["backend"] = r.backend;
       rj["median_ms"] = r.median;
@@ -64,7 +64,7 @@ nlohmann::ordered_json bench_json(const std::vector<CaseResult>& cases, const Ho
   return j;
 }
 
-std::string svg_chart(const std::vector<CaseResult>& cases, double roofline, int64_t threads) {
+std::string svg_chart(const std::vector<BenchCase>& cases, double roofline, int64_t threads) {
   std::vector<std::string> backends;
   for (const auto& c : cases) {
     for (const auto& r : c.results) {

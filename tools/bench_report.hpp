@@ -14,14 +14,14 @@
 namespace normgrad {
 namespace cli {
 
-struct BackendResult {
+struct BenchResult {
   std::string backend, kernel, reason;
   std::vector<double> ms;
   double compile_ms = 0.0, cached_compile_ms = 0.0;
   double median = 0.0, min = 0.0, max = 0.0, gbps = 0.0, pct = 0.0, ratio = 0.0;
 };
 
-struct CaseResult {
+struct BenchCase {
   std::string name, layout, dtype, fused;
   Dims shape;
   double bytes = 0.0;
@@ -33,7 +33,7 @@ struct CaseResult {
   // nothing bounds it (inputs that fit the L3, fused and user graphs).
   TwoPassTraffic plain_traffic, blocked_traffic;
   double plain_bound_ms = 0.0, blocked_bound_ms = 0.0;
-  std::vector<BackendResult> results;
+  std::vector<BenchResult> results;
 };
 
 // The run-wide probes: the roofline at the start and end and the highest of
@@ -42,11 +42,11 @@ struct RunProbes {
   double roof_start = 0.0, roof_end = 0.0, read_start = 0.0, read_end = 0.0, roofline = 0.0;
 };
 
-nlohmann::ordered_json bench_json(const std::vector<CaseResult>& cases, const HostInfo& host,
+nlohmann::ordered_json bench_json(const std::vector<BenchCase>& cases, const HostInfo& host,
                                   const std::string& shapes, int64_t threads, const RunProbes& p);
 
 // Bars of GB/s per backend per case, the run's highest roofline dashed.
-std::string svg_chart(const std::vector<CaseResult>& cases, double roofline, int64_t threads);
+std::string svg_chart(const std::vector<BenchCase>& cases, double roofline, int64_t threads);
 
 }  // namespace cli
 }  // namespace normgrad

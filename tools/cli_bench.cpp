@@ -100,7 +100,7 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
 // whenever the backend before it had just read them, and on layers that fit
 // the L3 that favours whichever backend follows another on the same buffers.
 struct Runner {
-  BackendResult result;
+  BenchResult result;
   std::unique_ptr<CompiledGraph> graph;
   std::unique_ptr<BlockedRunner> blocked;
   std::map<int64_t, Buffer> inputs;
@@ -129,7 +129,7 @@ void evict(const Runner& r) {
   for (const auto& [id, b] : r.outputs) evict_lines(b.data(), b.bytes.size());
 }
 
-Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph) {
+Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
   std::vector<Runner> runners;
   const Graph* lowered = nullptr;
   // Fused cases also time the unfused sequence (passes off, each op on the
@@ -226,7 +226,7 @@ Status run_case(const BenchOptions& opt, CaseResult& cr, const Graph& graph) {
   }
   double dnnl_median = 0.0;
   for (Runner& r : runners) {
-    BackendResult& b = r.result;
+    BenchResult& b = r.result;
     if (!b.ms.empty() && b.reason.empty()) {
       b.median = median_of(b.ms);
       b.min = *std::min_element(b.ms.begin(), b.ms.end());
@@ -378,8 +378,8 @@ int bench_command(const std::vector<std::string>& argv) {
   std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
             << threads << " threads): " << roof_start << " GB/s at start; 2 reads alone "
             << read_start << " GB/s (a reduction pass's pattern)\n";
-  std::vector<CaseResult> cases;
-  auto report = [&](const CaseResult& cr) {
+  std::vector<BenchCase> cases;
+  auto report = [&](const BenchCase& cr) {
     std::cout << "\n"
               << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic; roofline "
               << cr.probe_before << " GB/s before, " << cr.probe_after << " after)\n";
@@ -388,7 +388,7 @@ int bench_command(const std::vector<std::string>& argv) {
                 << " ms (" << cr.plain_traffic.passes << " tensor passes), nChw16c "
                 << cr.blocked_bound_ms << " ms (" << cr.blocked_traffic.passes << ")\n";
     }
-    for (const BackendResult& r : cr.results) {
+    for (const BenchResult& r : cr.results) {
       if (r.median <= 0) {
         std::cout << "  " << std::left << std::setw(13) << r.backend << "  declined: " << r.reason
                   << "\n";
@@ -403,12 +403,12 @@ int bench_command(const std::vector<std::string>& argv) {
   };
   // Probes on both sides of every case: its shares divide by the higher of
   // the two, the bandwidth the host gave while the case ran.
-  auto run_and_report = [&](CaseResult& cr, const Graph& g) -> Status {
+  auto run_and_report = [&](BenchCase& cr, const Graph& g) -> Status {
     cr.probe_before = last_probe;
     NG_RETURN_IF_ERROR(run_case(opt, cr, g));
     cr.probe_after = last_probe = probe.measure(2);
     const double roof = std::max(cr.probe_before, cr.probe_after);
-    for (BackendResult& r : cr.results)
+    for (BenchResult& r : cr.results)
       r.pct = roof > 0 && r.gbps > 0 ? 100.0 * r.gbps / roof : 0.0;
     if (roof > 0) {
       cr.plain_bound_ms = cr.plain_traffic.bytes / roof / 1e6;
@@ -425,7 +425,7 @@ int bench_command(const std::vector<std::string>& argv) {
     Graph g = std::move(loaded).value();
     if (Status s = g.finalize(); !s.ok())
       return std::cerr << "normgrad bench: " << s.to_string() << "\n", 2;
-    CaseResult cr;
+    BenchCase cr;
     cr.name = opt.graph_path;
     // A multi-op graph is not one of the presets' fusions: "graph" (and no blocked column).
     cr.fused = g.ops().size() == 1 ? "none" : "graph";
@@ -454,7 +454,7 @@ int bench_command(const std::vector<std::string>& argv) {
       if (!dt.ok()) return std::cerr << "normgrad bench: " << dt.status().message() << "\n", 2;
       for (const std::string& layout : opt.layouts) {
         for (const std::string& fused : opt.fused) {
-          CaseResult cr;
+          BenchCase cr;
           cr.layout = layout;
           cr.dtype = dts;
           cr.fused = fused;
@@ -485,7 +485,7 @@ int bench_command(const std::vector<std::string>& argv) {
   // The chart's line: the most the machine gave during this run. Each case's
   // share was taken against its own probes (run_and_report).
   double roofline = std::max(roof_start, roof_end);
-  for (const CaseResult& c : cases) roofline = std::max({roofline, c.probe_before, c.probe_after});
+  for (const BenchCase& c : cases) roofline = std::max({roofline, c.probe_before, c.probe_after});
   std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start << ", highest "
             << roofline
             << "); each case's share divides by the higher of its two probes; 2 reads alone "
