@@ -236,6 +236,16 @@ void set_apply_prefetch(BnConf* c) {
       c->channel_group == 0 && c->batch_calls == 0 &&
       c->cols * es >= kNextChannelPrefetchRowBytes && c->d.channels > 1 && c->x_strides.empty() &&
       c->dy_strides.empty() && (c->channel_stride + c->cols) * es <= INT32_MAX;
+  // Measured on an Intel Xeon host (L2 2 MiB, 2 threads): 32x64x112x112 f32
+  // 16.6 -> 12.3 ms, bf16 9.2 -> 7.2, 32x256x56x56 f32 13.5 -> 11.5; 56x56
+  // bf16 (a quarter of the L2 per channel) 5.6 -> 6.0 and 28x28 f32 with
+  // a call per row 5.0 -> 6.2, so channels that fit keep the forward call.
+  if (c->channel_group == 0 && c->batch_calls == 0 && c->x_strides.empty() &&
+      c->dy_strides.empty() && c->dx_strides.empty() && c->rows > 1 && c->needs_reduction &&
+      task_bytes > cache_sizes().l2_bytes / 4) {
+    const int64_t row_bytes = std::max<int64_t>(1, c->cols * es);
+    c->apply_reverse_rows = std::min(c->rows, (kReverseApplyCallBytes + row_bytes - 1) / row_bytes);
+  }
 }
 
 }  // namespace

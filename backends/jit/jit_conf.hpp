@@ -78,6 +78,10 @@ constexpr int64_t kReducePrefetchRows = 2;
 // measured 5-14% faster with it; 28x28 f32 rows (3 KiB) 2-12% slower, for
 // reasons not found (docs/performance-history.md).
 constexpr int64_t kNextChannelPrefetchRowBytes = 4096;
+// kRows, channels whose inputs exceed a quarter of the L2: the apply walks a
+// channel's rows last first in calls of about this many bytes per tensor
+// (BnConf::apply_reverse_rows).
+constexpr int64_t kReverseApplyCallBytes = 16 * 1024;
 // Images per grouped reduce call: bounds how many rows the f32 vector sums
 // take before they are added into the f64 totals (fixed by the shape only).
 constexpr int64_t kRowsPerGroupedReduce = 256;
@@ -127,6 +131,16 @@ struct BnConf {
   // following them (the calls of a thread take adjacent channels). The
   // driver says per call whether c + 1 exists (KernelArgs::prefetch_next).
   bool apply_prefetch_next_channel = false;
+  // kRows, long rows, one call per channel whose inputs exceed a quarter of
+  // the L2: the apply takes the channel's rows last first, this many per call
+  // (0: one call, first row first). The reduce has just read the rows in
+  // order, so the last ones are the ones still in the L2; forward, the apply
+  // finds each row evicted by the rows after it and reads the channel again
+  // from the L3 (rows 1.6 MB apart also meet in few L2 sets). The apply is
+  // elementwise: the order changes no bits. Only the last call (the first
+  // rows) prefetches the next channel, the rows its reduce starts on: spread
+  // over every call those prefetches evicted the rows the walk relies on.
+  int64_t apply_reverse_rows = 0;
   bool needs_reduction = false;
   bool single_thread = false;     // small problems skip the task overhead
   bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache

@@ -445,6 +445,17 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       coefficients(conf, m, ch[c], sums[0], sums[1], &coef[0], &coef[1], &coef[2], &diff_gamma[c],
                    &diff_beta[c]);
       store_diffs(c);
+      if (conf.apply_reverse_rows > 0) {  // last rows first (BnConf::apply_reverse_rows)
+        const int64_t step = conf.apply_reverse_rows;
+        for (int64_t r0 = (conf.rows - 1) / step * step; r0 >= 0; r0 -= step) {
+          KernelArgs a =
+              args2(base + r0 * conf.row_stride * es, dx_base + r0 * conf.dx_row_stride * es, true,
+                    coef, nullptr, std::min(step, conf.rows - r0));
+          a.prefetch_next = r0 == 0 && c + 1 < nc ? 1 : 0;
+          kernels.apply(a);
+        }
+        return;
+      }
       for (int64_t b = 0; b < calls; ++b) {
         KernelArgs a =
             args2(base + b * conf.batch_stride * es, dx_base + b * conf.dx_batch_stride * es, true,
@@ -561,8 +572,9 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
 
 BnConf staged_conf(const BnConf& conf) {
   BnConf s = conf;
-  s.streaming_stores = false;                        // diff_src goes to a cached staging buffer
-  s.apply_prefetch_next_channel = false;             // each channel is packed on its own
+  s.streaming_stores = false;             // diff_src goes to a cached staging buffer
+  s.apply_prefetch_next_channel = false;  // each channel is packed on its own
+  s.apply_reverse_rows = 0;
   if (s.walk == Walk::kRows) s.row_stride = s.cols;  // one channel's [N][S] rows
   s.dx_row_stride = s.row_stride;
   s.x_strides.clear();

@@ -3,7 +3,8 @@
 // prefetch of long 16-bit rows, the apply's prefetch of the next channel, the
 // bounce block that streams rows which do not start on a vector, and the
 // linear blocks of the grouped apply (their phases within a line, masked
-// ends, and padding left untouched).
+// ends, and padding left untouched), and the last-rows-first apply of large
+// channels.
 #include <algorithm>
 
 #include <normgrad/backends/jit/jit_conf.hpp>
@@ -197,6 +198,65 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
     EXPECT_FALSE(jit::staged_conf(dense).apply_prefetch_next_channel);
     expect_same_bits_for_1_2_4_threads(
         one_op(bn_bwd({6, 24, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
+  }
+}
+
+// Channels whose src and diff_dst exceed a quarter of the L2: the apply takes
+// the rows last first, kReverseApplyCallBytes per call, so the last call of a
+// channel may be short, and only the first rows' call prefetches the next
+// channel. Shapes are sized from the L2 this host reports: rows of one call
+// each and rows several to a call with a partial last call, f32 and 16-bit,
+// every output form, fused producers, channels padded apart (walked in place),
+// and bits that do not depend on the thread count. Channels that fit, padded
+// rows (a call per image) and staged tensors keep one forward call.
+TEST(JitBackend, LargeChannelsApplyLastRowsFirst) {
+  const int64_t quarter_l2 = jit::cache_sizes().l2_bytes / 4;
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    auto check = [&](const Graph& g, const std::string& what, const std::string& want = "") {
+      SCOPED_TRACE(isa + " " + what);
+      expect_jit_matches_ref(g, static_cast<uint64_t>(300 + ran++), isa, want);
+    };
+    auto rows_per_call = [](const Op& op) { return conf_for(op).apply_reverse_rows; };
+    // One long row per image: 3 rows of over a sixth of a quarter L2 each.
+    const int64_t long_cols = quarter_l2 / 24 + 37;
+    const Op long_rows = form_op({3, 3, 1, long_cols}, "NCX", DataType::kF32, 0);
+    EXPECT_EQ(rows_per_call(long_rows), 1);
+    check(one_op(long_rows), "long rows");
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      // Rows of 1000 elements: 5 f32 rows or 9 16-bit rows per call, and a
+      // batch that is no multiple of either.
+      const int64_t es = dtype_size(dt);
+      const int64_t step = (jit::kReverseApplyCallBytes + 1000 * es - 1) / (1000 * es);
+      int64_t n = quarter_l2 / (2 * 1000 * es) + 2;
+      while (n % step == 0) ++n;
+      for (int form = 0; form < 6; ++form) {
+        const Op op = form_op({n, 3, 10, 100}, "NCX", dt, form);
+        // Form 2 (frozen, diff_src only) reduces nothing, so no rows are cached.
+        EXPECT_EQ(rows_per_call(op), form == 2 ? 0 : step) << "form " << form;
+        check(one_op(op),
+              std::to_string(n) + " images " + dtype_name(dt) + " form " + std::to_string(form));
+      }
+      if (dt != DataType::kF16) check_fused_rows(check, {n, 2, 10, 100}, dt);
+      Op apart = bn_bwd({n, 3, 10, 100}, "NCX", dt, DataType::kF32, true, 3);
+      for (int port : {0, 1}) apart.mutable_inputs()[port].strides = {3 * 1100, 1100, 100, 1};
+      EXPECT_EQ(rows_per_call(apart), step);
+      check(one_op(apart), std::string("channels padded apart ") + dtype_name(dt));
+    }
+    EXPECT_EQ(
+        rows_per_call(bn_bwd({4, 3, 10, 100}, "NCX", DataType::kF32, DataType::kF32, true, 3)), 0);
+    Op padded = bn_bwd({3, 3, 2, long_cols}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+    for (int port : {0, 1})
+      padded.mutable_inputs()[port].strides = {3 * 2 * (long_cols + 16), 2 * (long_cols + 16),
+                                               long_cols + 16, 1};
+    EXPECT_EQ(rows_per_call(padded), 0);
+    Op staged = bn_bwd({3, 3, 1, long_cols}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+    staged.mutable_inputs()[0].strides = {3 * 2 * long_cols, 2 * long_cols, long_cols, 1};
+    EXPECT_EQ(rows_per_call(staged), 0);
+    check(one_op(staged), "staged");
+    expect_same_bits_for_1_2_4_threads(one_op(bn_bwd({quarter_l2 / 8000 + 3, 4, 10, 100}, "NCX",
+                                                     DataType::kF32, DataType::kF32, true, 3)));
   }
 }
 
