@@ -408,8 +408,7 @@ int bench_command(const std::vector<std::string>& argv) {
     NG_RETURN_IF_ERROR(run_case(opt, cr, g));
     cr.probe_after = last_probe = probe.measure(2);
     const double roof = std::max(cr.probe_before, cr.probe_after);
-    for (BenchResult& r : cr.results)
-      r.pct = roof > 0 && r.gbps > 0 ? 100.0 * r.gbps / roof : 0.0;
+    for (BenchResult& r : cr.results) r.pct = roof > 0 && r.gbps > 0 ? 100.0 * r.gbps / roof : 0.0;
     if (roof > 0) {
       cr.plain_bound_ms = cr.plain_traffic.bytes / roof / 1e6;
       cr.blocked_bound_ms = cr.blocked_traffic.bytes / roof / 1e6;
