@@ -136,6 +136,24 @@ inline void expect_jit_matches_ref(const Graph& g, uint64_t seed, const std::str
   EXPECT_LE(r.worst_ratio, 1.0) << r.report;
 }
 
+// check(graph, what[, feature]) for a test that sweeps the ISAs:
+// expect_jit_matches_ref on `isa`, traced with `what`, each call on the next
+// seed from `seed_base` (the counter runs on across the ISAs of the test).
+class RefCheck {
+ public:
+  RefCheck(std::string isa, uint64_t seed_base, int* ran)
+      : isa_(std::move(isa)), seed_base_(seed_base), ran_(ran) {}
+  void operator()(const Graph& g, const std::string& what, const std::string& feature = "") const {
+    SCOPED_TRACE(isa_ + " " + what);
+    expect_jit_matches_ref(g, seed_base_ + static_cast<uint64_t>((*ran_)++), isa_, feature);
+  }
+
+ private:
+  std::string isa_;
+  uint64_t seed_base_;
+  int* ran_;
+};
+
 // The JIT's conf for `op` on the ISA that NORMGRAD_JIT selects; a conf that
 // fails is a test failure (and gives a default conf, every choice off).
 inline jit::BnConf conf_for(const Op& op) {
