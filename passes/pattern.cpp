@@ -78,6 +78,11 @@ Pattern bn_inference_relu_pattern(std::string backend) {
                        match_bn_inference_relu);
 }
 
+Pattern bn_forward_epilogue_pattern(std::string backend) {
+  return fused_pattern("bn_fwd_epilogue", std::move(backend), {OpKind::kBatchNormForwardTraining},
+                       match_bn_forward_epilogue);
+}
+
 Pattern int8_bn_chain_pattern(std::string backend) {
   return fused_pattern("int8_bn_chain", std::move(backend), {OpKind::kBatchNormInference},
                        match_int8_bn_chain);
@@ -141,6 +146,38 @@ StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn) {
   NG_RETURN_IF_ERROR(only_reader(graph, relu.outputs()[0].id, *quant));
   return PatternOps{{graph.ops()[static_cast<size_t>(deq)].id(), bn.id(), relu.id(), quant->id()},
                     ""};
+}
+
+StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn) {
+  if (bn.kind() != OpKind::kBatchNormForwardTraining)
+    return unimplemented(bn.label() + " is not BatchNormForwardTraining");
+  NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
+  PatternOps m{{bn.id()}, ""};
+  LogicalTensor y = bn.outputs()[0];
+  const Op* next = sole_consumer(graph, y.id);
+  if (next != nullptr && next->kind() == OpKind::kAdd && only_reader(graph, y.id, *next).ok()) {
+    // The residual must be dst's twin: same dims (no broadcast), same dtype.
+    const LogicalTensor& other =
+        next->inputs()[0].id == y.id ? next->inputs()[1] : next->inputs()[0];
+    if (other.id == y.id) {
+      m.note = "the Add reads dst twice";
+    } else if (other.dims != y.dims || other.dtype != y.dtype ||
+               next->outputs()[0].dtype != y.dtype) {
+      m.note = next->label() + " broadcasts or mixes dtypes";
+    } else {
+      m.ops.push_back(next->id());
+      y = next->outputs()[0];
+      next = sole_consumer(graph, y.id);
+    }
+  }
+  if (next != nullptr && next->kind() == OpKind::kReLU && only_reader(graph, y.id, *next).ok() &&
+      next->outputs()[0].dtype == y.dtype) {
+    m.ops.push_back(next->id());
+  }
+  if (m.ops.size() == 1)
+    return unimplemented("dst is not read by one Add or ReLU alone" +
+                         (m.note.empty() ? std::string() : " (" + m.note + ")"));
+  return m;
 }
 
 }  // namespace normgrad

@@ -17,6 +17,8 @@
 //     so the intermediate is never written);
 //   - match_bn_inference_relu: BatchNormInference -> ReLU (oneDNN's
 //     fuse_norm_relu);
+//   - match_bn_forward_epilogue: BatchNormForwardTraining -> [Add] -> [ReLU]
+//     (the JIT adds the residual and clamps before it stores dst);
 //   - match_int8_bn_chain: Dequantize -> BatchNormInference -> ReLU ->
 //     Quantize (oneDNN's int8 batch-norm pattern).
 #pragma once
@@ -61,6 +63,7 @@ const std::vector<OpKind>& bn_backward_kinds();
 Pattern bn_backward_producers_pattern(std::string backend);
 Pattern bn_inference_relu_pattern(std::string backend);
 Pattern int8_bn_chain_pattern(std::string backend);
+Pattern bn_forward_epilogue_pattern(std::string backend);
 
 // Batch-norm backward (BatchNormTrainingBackward, BatchNormBackwardReduce or
 // BatchNormBackwardApply) with its ReLUBackward/Add producers on src and/or
@@ -71,6 +74,11 @@ StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& b
 
 // BatchNormInference whose dst only a ReLU of the same dtype reads.
 StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn);
+// BatchNormForwardTraining whose dst is read by one Add alone (a residual of
+// dst's dims and dtype: no broadcast), by one ReLU alone, or by an Add whose
+// output one ReLU alone reads (ResNet's BN -> Add -> ReLU). Neither link may
+// be a graph output or change the dtype.
+StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn);
 // Dequantize -> BatchNormInference -> ReLU -> Quantize, each link the only
 // reader of the one before and no link a graph output.
 StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn);

@@ -1,10 +1,12 @@
-// The JIT backend: batch-norm backward on generated kernels (AVX-512, AVX2) or
-// the portable path, with a process-wide kernel cache.
+// The JIT backend: batch-norm backward (AVX-512, AVX2) and forward training
+// (AVX-512) on generated kernels or the portable path, with a process-wide
+// kernel cache.
 #include <mutex>
 #include <unordered_map>
 
 #include <normgrad/backends/backend_registry.hpp>
 #include <normgrad/backends/jit/jit_driver.hpp>
+#include <normgrad/backends/jit/jit_forward.hpp>
 
 namespace normgrad {
 namespace {
@@ -29,6 +31,24 @@ class JitKernel final : public Kernel {
   std::shared_ptr<const jit::KernelSet> staged_;  // strided tensors: staged per task
 };
 
+class JitForwardKernel final : public Kernel {
+ public:
+  JitForwardKernel(jit::FwdConf conf, std::shared_ptr<const jit::FwdKernels> kernels)
+      : conf_(std::move(conf)), kernels_(std::move(kernels)) {}
+  std::string name() const override { return conf_.kernel_name(); }
+  std::string info() const override {
+    return conf_.isa == jit::Isa::kPortable ? "portable"
+                                            : "codegen_ms=" + std::to_string(kernels_->generate_ms);
+  }
+  Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    return jit::run_batch_norm_forward(conf_, *kernels_, in, out);
+  }
+
+ private:
+  jit::FwdConf conf_;
+  std::shared_ptr<const jit::FwdKernels> kernels_;
+};
+
 // Generated code by conf key: the same problem generates code once.
 class KernelCache {
  public:
@@ -48,6 +68,24 @@ class KernelCache {
   std::unordered_map<std::string, std::shared_ptr<const jit::KernelSet>> sets_;
 };
 
+class FwdKernelCache {
+ public:
+  StatusOr<std::shared_ptr<const jit::FwdKernels>> get(const jit::FwdConf& conf) {
+    const std::string key = conf.key();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = sets_.find(key); it != sets_.end()) return it->second;
+    }
+    NG_ASSIGN_OR_RETURN(auto set, jit::generate_fwd_kernels(conf));
+    std::lock_guard<std::mutex> lock(mu_);
+    return sets_.emplace(key, set).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const jit::FwdKernels>> sets_;
+};
+
 KernelCache& kernel_cache() {
   static KernelCache cache;
   return cache;
@@ -58,18 +96,28 @@ class JitBackend final : public Backend {
   const char* name() const override { return "jit"; }
 
   // Batch-norm backward, with the ReLUBackward/Add producers its generated
-  // code computes while it loads src and diff_dst (jit_conf.hpp, Fuse).
+  // code computes while it loads src and diff_dst (jit_conf.hpp, Fuse); and
+  // forward training with the Add/ReLU its apply computes before it stores.
   std::vector<Pattern> patterns() const override {
-    return {bn_backward_producers_pattern("jit"),
-            single_op_pattern("bn_bwd", "jit", bn_backward_kinds())};
+    return {bn_backward_producers_pattern("jit"), bn_forward_epilogue_pattern("jit"),
+            single_op_pattern("bn_bwd", "jit", bn_backward_kinds()),
+            single_op_pattern("bn_fwd", "jit", {OpKind::kBatchNormForwardTraining})};
   }
 
   Status supports(const Partition& partition, const CompileContext&) const override {
+    if (forward(partition)) return fwd_conf_of(partition).status();
     return conf_of(partition).status();
   }
 
   StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
                                                   const CompileContext&) const override {
+    if (forward(partition)) {
+      NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition));
+      static FwdKernelCache cache;
+      NG_ASSIGN_OR_RETURN(auto kernels, cache.get(conf));
+      return std::shared_ptr<const Kernel>(
+          std::make_shared<JitForwardKernel>(std::move(conf), std::move(kernels)));
+    }
     NG_ASSIGN_OR_RETURN(jit::BnConf conf, conf_of(partition));
     NG_ASSIGN_OR_RETURN(auto kernels, kernel_cache().get(conf));
     std::shared_ptr<const jit::KernelSet> staged;
@@ -81,6 +129,15 @@ class JitBackend final : public Backend {
   }
 
  private:
+  static bool forward(const Partition& partition) {
+    for (const Op& op : partition.ops) {
+      if (op.id() == partition.anchor) return op.kind() == OpKind::kBatchNormForwardTraining;
+    }
+    return false;
+  }
+  static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition) {
+    return jit::make_fwd_conf(partition, jit::detect_isa());
+  }
   static StatusOr<jit::BnConf> conf_of(const Partition& partition) {
     if (partition.ops.empty()) return invalid_argument("empty partition");
     return jit::make_conf(partition, jit::detect_isa());

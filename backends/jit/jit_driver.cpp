@@ -26,6 +26,7 @@
 #include <cstring>
 
 #include <normgrad/backends/jit/jit_driver.hpp>
+#include <normgrad/backends/jit/jit_forward.hpp>
 
 namespace normgrad {
 namespace jit {
@@ -114,6 +115,10 @@ void coefficients(const BnConf& conf, double m, const Channel& ch, double sum_dy
 }
 
 }  // namespace
+
+void parallel_range(bool serial, int64_t n, const std::function<void(int64_t)>& body) {
+  for_range(serial, n, body);
+}
 
 namespace {
 

@@ -7,10 +7,12 @@
 #include <map>
 #include <memory>
 
+#include <normgrad/backends/caching_allocator.hpp>
 #include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/graph/version.hpp>
 #include "arrays.hpp"
+#include "dlpack_view.hpp"
 
 namespace normgrad {
 namespace python {
@@ -145,6 +147,70 @@ class Compiled {
   std::shared_ptr<CompiledGraph> cg_;
 };
 
+// A DLPack tensor over a block of the process-wide caching pool: the
+// consumer's deleter (torch frees it when the tensor dies) returns the block.
+struct PooledTensor {
+  DLManagedTensor managed;
+  std::vector<int64_t> shape, strides;
+};
+
+void pooled_deleter(DLManagedTensor* self) {
+  auto* t = static_cast<PooledTensor*>(self->manager_ctx);
+  default_caching_allocator().deallocate(self->dl_tensor.data);
+  delete t;
+}
+
+// empty(shape, strides, dtype) -> a "dltensor" capsule for torch's from_dlpack.
+py::capsule pooled_empty(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                         const std::string& dtype) {
+  const DataType dt = dtype_arg(dtype);
+  if (strides.size() != shape.size())
+    raise(invalid_argument("empty: " + std::to_string(strides.size()) + " strides for " +
+                           std::to_string(shape.size()) + " dims"));
+  // The span the strides reach, overflow-checked: the block must hold it.
+  int64_t span = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0 || strides[i] < 0) raise(invalid_argument("empty: negative dims or strides"));
+    if (shape[i] == 0) span = 0;
+  }
+  if (span != 0) {
+    int64_t last = 0;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      int64_t step = 0;
+      if (__builtin_mul_overflow(shape[i] - 1, strides[i], &step) ||
+          __builtin_add_overflow(last, step, &last))
+        raise(invalid_argument("empty: the tensor's span overflows"));
+    }
+    span = last + 1;
+  }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(span, dtype_size(dt), &bytes))
+    raise(invalid_argument("empty: the tensor's size overflows"));
+  void* p = default_caching_allocator().allocate(static_cast<size_t>(bytes), 64);
+  if (p == nullptr) throw std::bad_alloc();
+  auto* t = new PooledTensor;
+  t->shape = shape;
+  t->strides = strides;
+  DLTensor& d = t->managed.dl_tensor;
+  d.data = p;
+  d.device = {kDLCPU, 0};
+  d.ndim = static_cast<int32_t>(shape.size());
+  d.dtype = {static_cast<uint8_t>(dt == DataType::kBF16 ? kDLBfloat : kDLFloat),
+             static_cast<uint8_t>(dtype_size(dt) * 8), 1};
+  d.shape = t->shape.data();
+  d.strides = t->strides.data();
+  d.byte_offset = 0;
+  t->managed.manager_ctx = t;
+  t->managed.deleter = pooled_deleter;
+  // A capsule nobody consumed (still named "dltensor") frees its tensor.
+  return py::capsule(&t->managed, "dltensor", [](PyObject* cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      m->deleter(m);
+    }
+  });
+}
+
 Compiled compile(const Graph& graph, const std::string& backend,
                  const std::optional<std::vector<std::string>>& passes, bool optimize) {
   CompileOptions options;
@@ -267,6 +333,23 @@ PYBIND11_MODULE(_normgrad, m) {
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Cap the threads every backend uses (0: no cap)");
   m.def("num_threads", &num_threads);
+  m.def("_pooled_empty", &pooled_empty, py::arg("shape"), py::arg("strides"), py::arg("dtype"),
+        "A DLPack capsule over a block of the caching pool (torch.from_dlpack takes it)");
+  m.def("empty_cache", [] { default_caching_allocator().empty_cache(); },
+        "Give the caching pool's free blocks back to the system");
+  m.def("set_cache_limit", [](int64_t bytes) { default_caching_allocator().set_max_cached_bytes(bytes); },
+        py::arg("bytes"), "Bound the bytes the caching pool keeps in free blocks");
+  m.def("memory_stats", [] {
+    const CachingAllocator::Stats s = default_caching_allocator().stats();
+    py::dict d;
+    d["allocated_bytes"] = s.allocated_bytes;
+    d["cached_bytes"] = s.cached_bytes;
+    d["peak_allocated_bytes"] = s.peak_allocated_bytes;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["released"] = s.released;
+    return d;
+  }, "The caching pool's counters");
   m.def("backends", [] {
     std::vector<std::string> v;
     for (const Backend* b : available_backends()) v.emplace_back(b->name());

@@ -1,0 +1,75 @@
+// CachingAllocator: a bounded, thread-safe pool of host blocks behind the
+// Allocator hook, so that repeated executions reuse memory instead of
+// faulting fresh pages in.
+//
+// glibc serves allocations above its mmap threshold (32 MiB at most) with a
+// new mapping each time and unmaps them on free, so a training step that
+// allocates its activations and gradients afresh pays a page fault per 4 KiB
+// on every step (on a VM, more than the kernels take). Like a GPU caching
+// allocator, this pool keeps freed blocks by size class and hands them out
+// again; blocks beyond `max_cached_bytes` go back to the system. It serves
+// CompiledGraph::execute's intermediates and scratch through allocator(),
+// and the Python package's outputs (a tensor returns its block through its
+// DLPack deleter).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include <normgrad/backends/backend.hpp>
+
+namespace normgrad {
+
+class CachingAllocator {
+ public:
+  struct Stats {
+    int64_t allocated_bytes = 0;       // in blocks handed out now
+    int64_t cached_bytes = 0;          // in free blocks kept for reuse
+    int64_t peak_allocated_bytes = 0;  // the most ever handed out at once
+    int64_t hits = 0;                  // allocations served from the cache
+    int64_t misses = 0;                // allocations that went to the system
+    int64_t released = 0;              // blocks given back to the system
+  };
+
+  // Free blocks beyond `max_cached_bytes` go back to the system.
+  explicit CachingAllocator(int64_t max_cached_bytes = int64_t{4} << 30);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // At least `bytes` (a size class: 4 KiB steps below 1 MiB, then eighths of
+  // a power of two), aligned to max(alignment, 64); nullptr when the system
+  // has no memory. Zero bytes gives a valid block of the smallest class.
+  void* allocate(size_t bytes, size_t alignment = 64);
+  // A block from allocate(); nullptr is ignored. A pointer this pool did not
+  // hand out is reported on stderr and left alone (never freed twice).
+  void deallocate(void* p);
+  // Gives every cached block back to the system.
+  void empty_cache();
+  Stats stats() const;
+  void set_max_cached_bytes(int64_t bytes);
+
+  // The hook view of this pool, for CompiledGraph::execute.
+  const Allocator& allocator() const { return hook_; }
+
+  // The size class of a request (exposed for tests).
+  static size_t size_class(size_t bytes);
+
+ private:
+  void trim_locked();
+
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;        // size class -> cached block
+  std::unordered_map<void*, size_t> live_;   // handed-out block -> size class
+  Stats stats_;
+  int64_t max_cached_;
+  Allocator hook_;
+};
+
+// The process-wide pool the Python package uses.
+CachingAllocator& default_caching_allocator();
+
+}  // namespace normgrad

@@ -1,0 +1,105 @@
+// JIT batch-norm forward training: conf, kernels and driver (private to the JIT backend).
+//
+// BatchNormForwardTraining, optionally followed by an Add of a residual and/or
+// a ReLU on dst (the jit.bn_fwd_epilogue pattern), runs in two passes over src:
+//   1. statistics: per channel, shifted sums S1 = sum (x - K), S2 = sum (x - K)^2
+//      around a shift K taken from the channel's first elements. With K close
+//      to the mean the sums do not cancel (a channel of constant 1e7 has
+//      S1 = S2 = 0 exactly), unlike E[x^2] - E[x]^2. The kernels sum in f32
+//      over fixed chunks (a row of the NCX walk, a block of pixels of the NXC
+//      walk); the driver adds the chunks' sums in f64 in chunk order, so the
+//      bits do not depend on the thread count;
+//   2. normalisation: y = ((x - hi) - lo) a + b [+ residual] [relu], with
+//      hi + lo the f64 mean as two f32 (x - hi is exact for x near the mean,
+//      so data far from 0 keeps its low bits), a = gamma / sqrt(var + eps)
+//      and b = beta, in one read of src (and of the residual) and one write
+//      of dst.
+// NCX runs channel by channel on one thread each when there are enough
+// channels, so a channel that fits in the L2 is read from DRAM once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <normgrad/backends/jit/jit_conf.hpp>
+#include <normgrad/backends/jit/jit_kernels.hpp>
+#include <normgrad/graph/partition.hpp>
+#include <normgrad/graph/status.hpp>
+
+namespace normgrad {
+namespace jit {
+
+// Elements per statistics chunk of the NCX walk: a row longer than this is
+// summed in pieces of this many elements (each piece's f32 sums then go into
+// the f64 totals). The kernel's 64 f32 chains then take at most 64 terms
+// each, and the NXC chunks at most 64 pixels: an f32 chain's rounding grows
+// with its length, and 256-term chains measured 3e-8 sigma off in the mean.
+constexpr int64_t kFwdRowPiece = 4096;
+// Bytes of src per statistics chunk of the NXC walk (pixels per chunk from the
+// shape alone: between kFwdMinChunkPixels and kFwdMaxChunkPixels).
+constexpr int64_t kFwdChunkBytes = 64 * 1024;
+constexpr int64_t kFwdMinChunkPixels = 8;
+constexpr int64_t kFwdMaxChunkPixels = 64;
+
+struct FwdConf {
+  Isa isa = Isa::kPortable;
+  DataType dt = DataType::kF32;
+  DataFormat format = DataFormat::kNCX;
+  int64_t n = 0, c = 0, spatial = 0;  // NCX walk: N rows of `spatial` per channel
+  int64_t pixels = 0;                 // NXC walk: N * spatial pixels of C channels
+  bool ncx_rows = true;               // NCX with spatial > 1 (else the NXC walk)
+  int64_t chunk_pixels = 0;           // NXC: pixels per statistics chunk
+  float epsilon = 0.f, momentum = 0.1f;
+  bool affine = false;    // gamma and beta given
+  bool residual = false;  // an Add's other input joins before the ReLU
+  bool relu = false;
+  // Indices into the partition's inputs and outputs.
+  int in_src = 0, in_mean = 1, in_var = 2, in_gamma = -1, in_beta = -1, in_residual = -1;
+  int out_dst = 0, out_running_mean = -1, out_running_var = -1, out_batch_mean = -1,
+      out_batch_var = -1;
+  bool single_thread = false;
+
+  std::string kernel_name() const;  // "jit:avx512:bf16:fwd:ncx+relu"
+  std::string key() const;          // everything the generated code depends on
+};
+
+// The conf of a partition the JIT's forward patterns matched, or the reason
+// the JIT declines it (strided tensors, non-f32 statistics, empty tensors).
+StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa);
+
+struct FwdArgs {
+  const void* x = nullptr;
+  void* y = nullptr;
+  const void* residual = nullptr;
+  // stats: the shift K (NCX one scalar; NXC C values); apply: hi | lo | a | b,
+  // each a scalar (NCX) or a padded C-array (NXC, arrays padded_channels(C) apart)
+  const float* coef = nullptr;
+  float* s1 = nullptr;  // stats out: one (NCX) or C (NXC) sums
+  float* s2 = nullptr;
+  int64_t len = 0;  // NCX: elements of the row piece; NXC: pixels
+};
+
+class FwdKernels {
+ public:
+  virtual ~FwdKernels() = default;
+  virtual void stats(const FwdArgs& a) const = 0;
+  virtual void apply(const FwdArgs& a) const = 0;
+  double generate_ms = 0.0;
+};
+
+// Xbyak code (AVX-512; bf16 needs avx512_bf16) or the portable C++ path.
+StatusOr<std::shared_ptr<const FwdKernels>> generate_fwd_kernels(const FwdConf& conf);
+std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf);
+
+Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
+                              const std::vector<const void*>& in, const std::vector<void*>& out);
+
+// The driver's parallel loop (jit_driver.cpp): body(i) for i in [0, n), on
+// oneTBB under the thread cap, or serially.
+void parallel_range(bool serial, int64_t n, const std::function<void(int64_t)>& body);
+
+}  // namespace jit
+}  // namespace normgrad

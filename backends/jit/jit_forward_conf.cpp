@@ -1,0 +1,130 @@
+// JIT batch-norm forward: the conf of a matched partition (plain C++ decisions).
+//
+// The partition is BatchNormForwardTraining, optionally followed by an Add of
+// a residual of dst's shape and dtype, and/or a ReLU (jit.bn_fwd_epilogue in
+// passes/pattern.cpp decides the structure). This file maps its buffers,
+// checks what the kernels need (dense data, f32 statistics) and fixes the
+// statistics chunking from the shape alone.
+#include <algorithm>
+
+#include <normgrad/backends/jit/jit_forward.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
+
+namespace normgrad {
+namespace jit {
+namespace {
+
+bool dense(const LogicalTensor& lt) {
+  return lt.effective_strides() == dense_strides(lt.dims);
+}
+
+bool dense_vector(const LogicalTensor& lt) {
+  return lt.dims.size() == 1 && (lt.dims[0] <= 1 || lt.effective_strides()[0] == 1);
+}
+
+int index_in(const std::vector<LogicalTensor>& list, int64_t id) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].id == id) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::string FwdConf::kernel_name() const {
+  std::string s = std::string("jit:") + isa_name(isa) + ":" + dtype_name(dt) + ":fwd:" +
+                  (ncx_rows ? "rows" : "pixels");
+  if (residual) s += "+add";
+  if (relu) s += "+relu";
+  return s;
+}
+
+std::string FwdConf::key() const {
+  return kernel_name() + ":" + std::to_string(c) + ":" + std::to_string(spatial) + ":" +
+         std::to_string(affine);
+}
+
+StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
+  const Op* bn = nullptr;
+  const Op* add = nullptr;
+  const Op* relu = nullptr;
+  for (const Op& op : partition.ops) {
+    if (op.kind() == OpKind::kBatchNormForwardTraining) bn = &op;
+    if (op.kind() == OpKind::kAdd) add = &op;
+    if (op.kind() == OpKind::kReLU) relu = &op;
+  }
+  if (bn == nullptr || bn->id() != partition.anchor)
+    return internal_error("the JIT forward compiles partitions anchored at BatchNormForwardTraining");
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(*bn));
+  if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
+  if (d.stats_dt != DataType::kF32)
+    return unimplemented("the JIT forward takes f32 statistics, not " +
+                         std::string(dtype_name(d.stats_dt)));
+  FwdConf c;
+  c.isa = isa;
+  c.dt = d.data_dt;
+  c.format = d.format;
+  c.c = d.channels;
+  c.n = d.dims[0];
+  c.spatial = d.reduce_size / c.n;
+  c.ncx_rows = d.format == DataFormat::kNCX && c.spatial > 1;
+  c.pixels = d.reduce_size;
+  c.epsilon = d.epsilon;
+  c.momentum = d.momentum;
+  c.affine = d.has_gamma;
+  if (!(c.epsilon >= 0.f)) return invalid_argument(bn->label() + ": epsilon must be >= 0");
+
+  auto need_input = [&](const LogicalTensor& lt, const char* role) -> StatusOr<int> {
+    const int i = index_in(partition.inputs, lt.id);
+    if (i < 0) return unimplemented(std::string("the JIT forward needs ") + role +
+                                    " as a partition input");
+    return i;
+  };
+  if (!dense(bn->inputs()[0])) return unimplemented("the JIT forward takes dense src (ref runs it)");
+  NG_ASSIGN_OR_RETURN(c.in_src, need_input(bn->inputs()[0], "src"));
+  NG_ASSIGN_OR_RETURN(c.in_mean, need_input(bn->inputs()[1], "mean"));
+  NG_ASSIGN_OR_RETURN(c.in_var, need_input(bn->inputs()[2], "variance"));
+  if (c.affine) {
+    NG_ASSIGN_OR_RETURN(c.in_gamma, need_input(bn->inputs()[3], "gamma"));
+    NG_ASSIGN_OR_RETURN(c.in_beta, need_input(bn->inputs()[4], "beta"));
+  }
+  for (size_t i = 1; i < bn->inputs().size(); ++i) {
+    if (!dense_vector(bn->inputs()[i]))
+      return unimplemented("the JIT forward takes dense statistics; input " + std::to_string(i) +
+                           " is strided (ref runs it)");
+  }
+  // dst is the last op's output: the BN's own, the Add's or the ReLU's.
+  const Op* last = relu != nullptr ? relu : (add != nullptr ? add : bn);
+  if (!dense(last->outputs()[0])) return unimplemented("the JIT forward writes dense dst");
+  c.out_dst = index_in(partition.outputs, last->outputs()[0].id);
+  if (c.out_dst < 0) return internal_error("the partition does not output dst");
+  if (add != nullptr) {
+    const int64_t bn_dst = bn->outputs()[0].id;
+    const LogicalTensor& other =
+        add->inputs()[0].id == bn_dst ? add->inputs()[1] : add->inputs()[0];
+    if (!dense(other)) return unimplemented("the JIT forward takes a dense residual");
+    NG_ASSIGN_OR_RETURN(c.in_residual, need_input(other, "the residual"));
+    c.residual = true;
+  }
+  c.relu = relu != nullptr;
+  for (size_t i = 1; i < bn->outputs().size(); ++i) {
+    const int o = index_in(partition.outputs, bn->outputs()[i].id);
+    if (o >= 0 && !dense_vector(bn->outputs()[i]))
+      return unimplemented("the JIT forward writes dense statistics");
+    (i == 1 ? c.out_running_mean
+            : i == 2 ? c.out_running_var : i == 3 ? c.out_batch_mean : c.out_batch_var) = o;
+  }
+  if (c.isa != Isa::kPortable && c.dt == DataType::kBF16 && !cpu_has_avx512_bf16())
+    c.isa = Isa::kPortable;  // bf16 stores want vcvtneps2bf16
+  if (c.isa == Isa::kAvx2) c.isa = Isa::kPortable;  // the forward generates AVX-512 only
+  const int64_t es = dtype_size(c.dt);
+  const int64_t pixel_bytes = std::max<int64_t>(1, c.c * es);
+  c.chunk_pixels =
+      std::clamp<int64_t>(kFwdChunkBytes / pixel_bytes, kFwdMinChunkPixels, kFwdMaxChunkPixels);
+  NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, bn->label()));
+  c.single_thread = total * es < 64 * 1024;
+  return c;
+}
+
+}  // namespace jit
+}  // namespace normgrad

@@ -1,0 +1,279 @@
+// JIT batch-norm forward driver: shifted statistics over fixed chunks, merged
+// in f64 in chunk order, then the normalisation, on oneTBB; and the portable
+// C++ kernels for CPUs (or dtypes) the generator does not cover.
+//
+// Determinism: every chunk's f32 sums come from one kernel call over bounds
+// fixed by the shape, and each channel's f64 totals add them in chunk order,
+// whichever thread ran which chunk. The apply is elementwise.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <normgrad/backends/backend.hpp>
+#include <normgrad/backends/jit/jit_forward.hpp>
+#include <normgrad/graph/data_type.hpp>
+
+namespace normgrad {
+namespace jit {
+namespace {
+
+float load_one(const void* p, DataType dt, int64_t i) {
+  switch (dt) {
+    case DataType::kBF16:
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kF16:
+      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+void store_one(void* p, DataType dt, int64_t i, float v) {
+  switch (dt) {
+    case DataType::kBF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(v);
+      break;
+    case DataType::kF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16_bits(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+  }
+}
+
+// Scalar loops with the kernels' contracts (FwdArgs in jit_forward.hpp).
+class PortableFwd final : public FwdKernels {
+ public:
+  explicit PortableFwd(const FwdConf& c) : c_(c) {}
+
+  void stats(const FwdArgs& a) const override {
+    if (c_.ncx_rows) {
+      const float k = a.coef[0];
+      float s1 = 0.f, s2 = 0.f;
+      for (int64_t i = 0; i < a.len; ++i) {
+        const float t = load_one(a.x, c_.dt, i) - k;
+        s1 += t;
+        s2 += t * t;
+      }
+      a.s1[0] = s1;
+      a.s2[0] = s2;
+      return;
+    }
+    for (int64_t ch = 0; ch < c_.c; ++ch) a.s1[ch] = a.s2[ch] = 0.f;
+    for (int64_t p = 0; p < a.len; ++p) {
+      for (int64_t ch = 0; ch < c_.c; ++ch) {
+        const float t = load_one(a.x, c_.dt, p * c_.c + ch) - a.coef[ch];
+        a.s1[ch] += t;
+        a.s2[ch] += t * t;
+      }
+    }
+  }
+
+  void apply(const FwdArgs& a) const override {
+    const int64_t cp = padded_channels(c_.c);
+    auto one = [&](int64_t i, float hi, float lo, float scale, float shift) {
+      float v = std::fma((load_one(a.x, c_.dt, i) - hi) - lo, scale, shift);
+      if (c_.residual) {
+        // The Add's output is rounded to the data type before the ReLU reads it,
+        // as the unfused graph does (the generated code matches).
+        v = load_one(a.residual, c_.dt, i) + round_to_dt(v);
+      }
+      if (c_.relu) v = std::max(round_to_dt(v), 0.f);
+      store_one(a.y, c_.dt, i, v);
+    };
+    if (c_.ncx_rows) {
+      for (int64_t i = 0; i < a.len; ++i) one(i, a.coef[0], a.coef[1], a.coef[2], a.coef[3]);
+      return;
+    }
+    for (int64_t p = 0; p < a.len; ++p) {
+      for (int64_t ch = 0; ch < c_.c; ++ch)
+        one(p * c_.c + ch, a.coef[ch], a.coef[cp + ch], a.coef[2 * cp + ch], a.coef[3 * cp + ch]);
+    }
+  }
+
+ private:
+  float round_to_dt(float v) const {
+    if (c_.dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(v));
+    if (c_.dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(v));
+    return v;
+  }
+  FwdConf c_;
+};
+
+const float* f32_in(const std::vector<const void*>& in, int i) {
+  return i < 0 ? nullptr : static_cast<const float*>(in[static_cast<size_t>(i)]);
+}
+float* f32_out(const std::vector<void*>& out, int i) {
+  return i < 0 ? nullptr : static_cast<float*>(out[static_cast<size_t>(i)]);
+}
+
+// Per-channel results of the statistics and what the apply needs.
+struct Finish {
+  const FwdConf& c;
+  const std::vector<const void*>& in;
+  const std::vector<void*>& out;
+  double m;  // elements per channel
+
+  // hi/lo/a/b for channel ch from the shift and the f64 shifted sums; writes
+  // the statistics outputs.
+  void channel(int64_t ch, double shift, double s1, double s2, float* hi, float* lo, float* a,
+               float* b) const {
+    const double d1 = s1 / m;
+    const double bmean = shift + d1;
+    const double bvar = std::max(s2 / m - d1 * d1, 0.0);
+    const double inv = 1.0 / std::sqrt(bvar + static_cast<double>(c.epsilon));
+    const double gamma = c.affine ? f32_in(in, c.in_gamma)[ch] : 1.0;
+    const double beta = c.affine ? f32_in(in, c.in_beta)[ch] : 0.0;
+    *hi = static_cast<float>(bmean);
+    *lo = static_cast<float>(bmean - static_cast<double>(*hi));
+    *a = static_cast<float>(gamma * inv);
+    *b = static_cast<float>(beta);
+    const double mom = c.momentum;
+    if (float* o = f32_out(out, c.out_running_mean))
+      o[ch] = static_cast<float>(mom * f32_in(in, c.in_mean)[ch] + (1.0 - mom) * bmean);
+    if (float* o = f32_out(out, c.out_running_var))
+      o[ch] = static_cast<float>(mom * f32_in(in, c.in_var)[ch] + (1.0 - mom) * bvar);
+    if (float* o = f32_out(out, c.out_batch_mean)) o[ch] = static_cast<float>(bmean);
+    if (float* o = f32_out(out, c.out_batch_var)) o[ch] = static_cast<float>(bvar);
+  }
+};
+
+// The shift of each channel: the mean of its first few elements (up to 16),
+// close enough to the channel's mean that the shifted sums do not cancel.
+float ncx_shift(const FwdConf& c, const void* x, int64_t ch) {
+  const int64_t k = std::min<int64_t>(c.spatial, 16);
+  double s = 0.0;
+  for (int64_t i = 0; i < k; ++i) s += load_one(x, c.dt, ch * c.spatial + i);
+  return static_cast<float>(s / static_cast<double>(k));
+}
+
+Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
+                const std::vector<void*>& out) {
+  const void* x = in[static_cast<size_t>(c.in_src)];
+  void* y = out[static_cast<size_t>(c.out_dst)];
+  const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
+  const int64_t es = dtype_size(c.dt);
+  const int64_t pieces = (c.spatial + kFwdRowPiece - 1) / kFwdRowPiece;
+  const Finish fin{c, in, out, static_cast<double>(c.n * c.spatial)};
+  auto row_offset = [&](int64_t ch, int64_t n) { return (n * c.c + ch) * c.spatial; };
+  auto channel_sums = [&](int64_t ch, float shift, double* s1, double* s2) {
+    *s1 = *s2 = 0.0;
+    for (int64_t n = 0; n < c.n; ++n) {
+      for (int64_t p = 0; p < pieces; ++p) {
+        const int64_t off = row_offset(ch, n) + p * kFwdRowPiece;
+        FwdArgs a;
+        float f1 = 0.f, f2 = 0.f;
+        a.x = static_cast<const char*>(x) + off * es;
+        a.coef = &shift;
+        a.s1 = &f1;
+        a.s2 = &f2;
+        a.len = std::min(kFwdRowPiece, c.spatial - p * kFwdRowPiece);
+        k.stats(a);
+        *s1 += f1;
+        *s2 += f2;
+      }
+    }
+  };
+  auto apply_row = [&](int64_t ch, int64_t n, const float* coef) {
+    const int64_t off = row_offset(ch, n);
+    FwdArgs a;
+    a.x = static_cast<const char*>(x) + off * es;
+    a.y = static_cast<char*>(y) + off * es;
+    a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + off * es;
+    a.coef = coef;
+    a.len = c.spatial;
+    k.apply(a);
+  };
+  // Each channel on one task: its rows are summed and then normalised while
+  // they are still in the cache.
+  parallel_range(c.single_thread, c.c, [&](int64_t ch) {
+    const float shift = ncx_shift(c, x, ch);
+    double s1, s2;
+    channel_sums(ch, shift, &s1, &s2);
+    float coef[4];
+    fin.channel(ch, shift, s1, s2, &coef[0], &coef[1], &coef[2], &coef[3]);
+    for (int64_t n = 0; n < c.n; ++n) apply_row(ch, n, coef);
+  });
+  return ok_status();
+}
+
+Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
+                  const std::vector<void*>& out) {
+  const void* x = in[static_cast<size_t>(c.in_src)];
+  void* y = out[static_cast<size_t>(c.out_dst)];
+  const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
+  const int64_t es = dtype_size(c.dt);
+  const int64_t cp = padded_channels(c.c);
+  const int64_t chunks = (c.pixels + c.chunk_pixels - 1) / c.chunk_pixels;
+  // Chunks are added in groups fixed by the shape (about 64 groups), each into
+  // its own f64 partials; the groups are then added in order.
+  const int64_t per_group = (chunks + 63) / 64;
+  const int64_t groups = (chunks + per_group - 1) / per_group;
+  std::vector<float> shift(static_cast<size_t>(cp), 0.f);
+  const int64_t k0 = std::min<int64_t>(c.pixels, 8);
+  for (int64_t ch = 0; ch < c.c; ++ch) {
+    double s = 0.0;
+    for (int64_t p = 0; p < k0; ++p) s += load_one(x, c.dt, p * c.c + ch);
+    shift[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
+  }
+  std::vector<double> partial(static_cast<size_t>(groups * 2 * cp), 0.0);
+  parallel_range(c.single_thread, groups, [&](int64_t g) {
+    std::vector<float> f(static_cast<size_t>(2 * cp));
+    double* d1 = &partial[static_cast<size_t>(g * 2 * cp)];
+    double* d2 = d1 + cp;
+    const int64_t last = std::min(chunks, (g + 1) * per_group);
+    for (int64_t ck = g * per_group; ck < last; ++ck) {
+      const int64_t p0 = ck * c.chunk_pixels;
+      FwdArgs a;
+      a.x = static_cast<const char*>(x) + p0 * c.c * es;
+      a.coef = shift.data();
+      a.s1 = f.data();
+      a.s2 = f.data() + cp;
+      a.len = std::min(c.chunk_pixels, c.pixels - p0);
+      k.stats(a);
+      for (int64_t ch = 0; ch < c.c; ++ch) {
+        d1[ch] += a.s1[ch];
+        d2[ch] += a.s2[ch];
+      }
+    }
+  });
+  std::vector<float> coef(static_cast<size_t>(4 * cp), 0.f);
+  const Finish fin{c, in, out, static_cast<double>(c.pixels)};
+  for (int64_t ch = 0; ch < c.c; ++ch) {
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t g = 0; g < groups; ++g) {
+      s1 += partial[static_cast<size_t>(g * 2 * cp + ch)];
+      s2 += partial[static_cast<size_t>(g * 2 * cp + cp + ch)];
+    }
+    fin.channel(ch, shift[static_cast<size_t>(ch)], s1, s2, &coef[static_cast<size_t>(ch)],
+                &coef[static_cast<size_t>(cp + ch)], &coef[static_cast<size_t>(2 * cp + ch)],
+                &coef[static_cast<size_t>(3 * cp + ch)]);
+  }
+  const int64_t block = c.chunk_pixels * 4;
+  parallel_range(c.single_thread, (c.pixels + block - 1) / block, [&](int64_t b) {
+    const int64_t p0 = b * block;
+    const int64_t off = p0 * c.c;
+    FwdArgs a;
+    a.x = static_cast<const char*>(x) + off * es;
+    a.y = static_cast<char*>(y) + off * es;
+    a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + off * es;
+    a.coef = coef.data();
+    a.len = std::min(block, c.pixels - p0);
+    k.apply(a);
+  });
+  return ok_status();
+}
+
+}  // namespace
+
+std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf) {
+  return std::make_shared<PortableFwd>(conf);
+}
+
+Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
+                              const std::vector<const void*>& in, const std::vector<void*>& out) {
+  return conf.ncx_rows ? run_rows(conf, kernels, in, out) : run_pixels(conf, kernels, in, out);
+}
+
+}  // namespace jit
+}  // namespace normgrad
