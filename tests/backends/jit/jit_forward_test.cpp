@@ -11,6 +11,7 @@
 #include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/data_type.hpp>
 #include "tests/backend_test_util.hpp"
+#include "tests/backends/jit/jit_test_util.hpp"
 
 namespace normgrad {
 namespace {
@@ -55,7 +56,11 @@ Graph fwd_graph(const Dims& shape, const std::string& fmt, DataType dt, int form
   return g;
 }
 
-TEST(JitForward, SweepAgainstRef) {
+// The generated code and the portable path (NORMGRAD_JIT=portable).
+class JitForwardIsa : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(JitForwardIsa, SweepAgainstRef) {
+  jit_test::IsaScope scope(GetParam());
   int ran = 0;
   for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
     for (const char* fmt : {"NCX", "NXC"}) {
@@ -84,6 +89,8 @@ TEST(JitForward, SweepAgainstRef) {
   }
   EXPECT_EQ(ran, 3 * 2 * 4 * 6 * 5);
 }
+
+INSTANTIATE_TEST_SUITE_P(Isas, JitForwardIsa, ::testing::Values("avx512", "portable"));
 
 // Long rows (pieces of kFwdRowPiece) and many pixel chunks.
 TEST(JitForward, LargeShapesAgainstRef) {
