@@ -3,7 +3,8 @@
 Build graphs (``Graph``, ``Op``, ``LogicalTensor``) or load oneDNN-format JSON
 (``load_graph``), ``compile`` them and ``execute`` on NumPy arrays or PyTorch
 CPU tensors, borrowed without copies. ``normgrad.torch`` has drop-in
-BatchNorm modules whose backward runs here.
+BatchNorm modules that run here. Outputs normgrad.torch allocates come from a
+caching pool: ``memory_stats()`` reports it and ``empty_cache()`` releases it.
 """
 from ._normgrad import (  # noqa: F401
     CompiledGraph,
@@ -14,14 +15,19 @@ from ._normgrad import (  # noqa: F401
     Partition,
     __version__,
     backends,
+    _pooled_empty,
     compile,
+    empty_cache,
     graph_from_json,
     load_graph,
+    memory_stats,
     num_threads,
+    set_cache_limit,
     set_num_threads,
 )
 
 __all__ = [
     "CompiledGraph", "Error", "Graph", "LogicalTensor", "Op", "Partition", "__version__",
-    "backends", "compile", "graph_from_json", "load_graph", "num_threads", "set_num_threads",
+    "backends", "compile", "empty_cache", "graph_from_json", "load_graph", "memory_stats",
+    "num_threads", "set_cache_limit", "set_num_threads",
 ]

@@ -1,16 +1,22 @@
-"""Drop-in PyTorch batch norm whose backward runs on normgrad.
+"""Drop-in PyTorch batch norm that runs on normgrad, forward and backward.
 
 ``BatchNorm1d``, ``BatchNorm2d`` and ``BatchNorm3d`` subclass torch's own
 modules, so constructor arguments, parameters, buffers and state_dict are
-torch's. The forward computes the statistics in f32 (so f16, which torch's
-CPU batch norm lacks, works) and updates the running buffers exactly as torch
-does; the backward is normgrad's BatchNormTrainingBackward (frozen form when
-the batch statistics are not used), with ReLUBackward fused in when the
-module was built with ``fuse_relu=True`` (it then returns relu(bn(x))).
+torch's. In training the forward is one compiled BatchNormForwardTraining
+partition (JIT: statistics that do not cancel, normalisation, and the fused
+Add/ReLU), and the running buffers are updated exactly as torch does
+(momentum, ``momentum=None`` as a cumulative average, unbiased running_var);
+with frozen statistics it is BatchNormInference. The backward is normgrad's
+BatchNormTrainingBackward (frozen form when the batch statistics are not
+used), with ReLUBackward fused in when the module was built with
+``fuse_relu=True`` (it then returns relu(bn(x))). Outputs come from
+normgrad's caching pool (``memory_stats``, ``empty_cache``).
 ``SyncBatchNorm`` sums its statistics across a ``torch.distributed`` process
 group and runs the backward as normgrad's BatchNormBackwardReduce and
 BatchNormBackwardApply, with the group's ``all_reduce`` between them.
-``convert(model)`` and ``convert_sync_batchnorm(model)`` swap modules in place.
+``convert(model)`` and ``convert_sync_batchnorm(model)`` swap modules in place;
+``convert(model, fuse=True)`` traces the model with torch.fx and fuses
+BN -> ReLU and BN -> Add -> ReLU (torchvision's BasicBlock and Bottleneck).
 
 NCHW (NCX) and channels_last (NXC) tensors are passed to normgrad without
 copies; f32, bf16 and f16 data, with f32 statistics.
@@ -24,17 +30,10 @@ import normgrad as _ng
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "convert",
            "convert_sync_batchnorm"]
 
-_DTYPES = {_torch.float32: "f32", _torch.bfloat16: "bf16", _torch.float16: "f16"}
-_CACHE = {}  # graph key -> compiled graph
+from . import _torch_graphs as _g
 
-
-def _layout(x):
-    """('NXC', the tensor viewed as N, spatial..., C) for channels_last, else ('NCX', x)."""
-    if x.dim() == 4 and x.is_contiguous(memory_format=_torch.channels_last) and not x.is_contiguous():
-        return "NXC", x.permute(0, 2, 3, 1)
-    if x.dim() == 5 and x.is_contiguous(memory_format=_torch.channels_last_3d) and not x.is_contiguous():
-        return "NXC", x.permute(0, 2, 3, 4, 1)
-    return "NCX", x.contiguous()
+_DTYPES = _g.DTYPES
+_CACHE = _g.CACHE  # graph key -> compiled graph (shared with the graph builders)
 
 
 def _like(grad, x):
@@ -46,60 +45,158 @@ def _like(grad, x):
     return grad.contiguous()
 
 
+def _layout(x):
+    return _g.layout(x)
+
+
 def _dtype(x):
     if x.dtype not in _DTYPES:
         raise _ng.Error("normgrad.torch: %s data is not supported (f32, bf16, f16)" % x.dtype)
     return _DTYPES[x.dtype]
 
 
-def _compiled(key, build):
-    cg = _CACHE.get(key)
-    if cg is None:
-        g = _ng.Graph()
-        build(g)
-        g.finalize()
-        cg = _CACHE[key] = _ng.compile(g)
-    return cg
+def _check(name, x, training):
+    """The rules a batch norm's input must meet, as normgrad.Error naming the module."""
+    if x.device.type != "cpu":
+        raise _ng.Error("normgrad.torch.%s: input is on %s; normgrad runs on the CPU (rule: "
+                        "device == cpu)" % (name, x.device))
+    if x.dtype not in _DTYPES:
+        raise _ng.Error("normgrad.torch.%s: %s data is not supported (rule: dtype in float32, "
+                        "bfloat16, float16)" % (name, x.dtype))
+    if x.dim() < 2 or x.shape[1] == 0:
+        raise _ng.Error("normgrad.torch.%s: expected input of shape (N, C, ...) with C > 0, got %s"
+                        % (name, tuple(x.shape)))
+    if x.shape[0] == 0 or x.numel() == 0:
+        raise _ng.Error("normgrad.torch.%s: input %s is empty; batch statistics need at least one "
+                        "element per channel (rule: N * spatial > 0)" % (name, tuple(x.shape)))
+    if training and x.numel() // x.shape[1] == 1:
+        raise _ng.Error("normgrad.torch.%s: expected more than 1 value per channel when training, "
+                        "got input %s (rule: N * spatial > 1)" % (name, tuple(x.shape)))
 
 
-def _T(i, dt, shape):
-    return _ng.LogicalTensor(i, dt, list(shape))
+def _grad_view(grad, x, fmt):
+    """The gradient viewed in src's logical order, and its strides when its memory
+    format differs from src's (the JIT walks or stages it; None when dense)."""
+    gv = _g.view_as_fmt(grad, fmt)
+    xv = _g.view_as_fmt(x, fmt)
+    dense = gv.is_contiguous() if fmt == "NCX" else gv.is_contiguous()
+    if dense and gv.shape == xv.shape:
+        return gv, None
+    if any(s == 0 for s in gv.stride()) or any(s < 0 for s in gv.stride()):
+        gv = gv.contiguous()  # broadcast (expanded) gradients: one dense copy
+        return gv, None
+    return gv, list(gv.stride())
 
 
-# Tensor ids of the backward graphs.
-_X, _DY, _MEAN, _VAR, _GAMMA, _DX, _DGAMMA, _DBETA, _Y, _G = 0, 1, 2, 3, 4, 5, 6, 7, 10, 11
-_SUM_DY, _SUM_DYXM, _COUNT = 20, 21, 22
+class _BatchNormFunction(_torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, use_batch_stats, factor, eps,
+                fuse_relu, name="BatchNorm", residual=None):
+        _check(name, x, use_batch_stats)
+        xd = x.detach()  # DLPack exports no autograd-tracked tensors
+        fmt, xv = _layout(xd)
+        dt = _DTYPES[x.dtype]
+        c = x.shape[1]
+        shape = tuple(xv.shape)
+        affine = weight is not None
+        y = _g.pooled_like(x, fmt)
+        yv = _g.view_as_fmt(y, fmt)
+        gamma = weight.detach().float().contiguous() if affine else _g.constant(c, 1.0)
+        beta = bias.detach().float().contiguous() if affine else _g.constant(c, 0.0)
+        if residual is not None:
+            if residual.shape != x.shape or residual.dtype != x.dtype:
+                raise _ng.Error("normgrad.torch.%s: the residual is %s %s, expected %s %s like the "
+                                "input" % (name, tuple(residual.shape), residual.dtype,
+                                           tuple(x.shape), x.dtype))
+            residual = residual.detach()
+            rv_view = _g.view_as_fmt(residual.contiguous(memory_format=_torch.channels_last)
+                                     if fmt == "NXC" and x.dim() == 4 else
+                                     residual.contiguous(memory_format=_torch.channels_last_3d)
+                                     if fmt == "NXC" else residual.contiguous(), fmt)
+        if use_batch_stats:
+            mean = _torch.empty(c, dtype=_torch.float32)
+            var = _torch.empty(c, dtype=_torch.float32)
+            cg = _g.forward_graph(shape, fmt, dt, c, affine, eps, residual is not None, fuse_relu)
+            inputs = {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0)}
+            if affine:
+                inputs[_g.GAMMA], inputs[_g.BETA] = gamma, beta
+            if residual is not None:
+                inputs[_g.RES] = rv_view
+            scratch = _torch.empty(2 * c, dtype=_torch.float32)  # oneDNN's running outputs, unused
+            cg.execute(inputs, {_g.forward_output_id(residual is not None, fuse_relu): yv,
+                                _g.ORM: scratch[:c], _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
+            if running_mean is not None:
+                # torch's update: momentum towards the batch, the variance unbiased.
+                n = x.numel() // c
+                with _torch.no_grad():
+                    running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
+                    unbiased = var * (n / max(n - 1, 1))
+                    running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
+        else:
+            mean = running_mean.detach().float().contiguous()
+            var = running_var.detach().float().contiguous()
+            cg = _g.inference_graph(shape, fmt, dt, c, eps, fuse_relu and residual is None)
+            out_id = _g.RELU_OUT if fuse_relu and residual is None else _g.Y0
+            cg.execute({_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var},
+                       {out_id: yv})
+            if residual is not None:
+                y.add_(residual)
+                if fuse_relu:
+                    y.relu_()
+        ctx.use_batch_stats, ctx.fuse_relu, ctx.eps = use_batch_stats, fuse_relu, eps
+        ctx.has_residual = residual is not None
+        ctx.save_for_backward(x, weight, mean, var, y if fuse_relu else None)
+        return y
 
-
-def _backward_graph(shape, fmt, dt, c, affine, training, fuse_relu):
-    def build(g):
-        dy_id = _DY
-        if fuse_relu:  # mask by the module's output (use_dst): it is > 0 where relu passed
-            g.add_op("ReLUBackward", [_T(_Y, dt, shape), _T(_G, dt, shape)], [_T(_DY, dt, shape)],
-                     {"use_dst": True}, id=1, name="relu_bwd")
-        ins = [_T(_X, dt, shape), _T(dy_id, dt, shape), _T(_MEAN, "f32", [c]),
-               _T(_VAR, "f32", [c])]
-        outs = [_T(_DX, dt, shape)]
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, mean, var, y = ctx.saved_tensors
+        x, grad = x.detach(), grad.detach()  # DLPack exports no autograd-tracked tensors
+        if grad.dtype != x.dtype:
+            grad = grad.to(x.dtype)
+        fmt, xv = _layout(x)
+        dt = _DTYPES[x.dtype]
+        c = x.shape[1]
+        affine = weight is not None
+        d_residual = None
+        fuse = ctx.fuse_relu
+        if fuse and (ctx.has_residual or _grad_view(grad, x, fmt)[1] is not None):
+            # The residual needs the masked gradient itself (and a fused
+            # ReLUBackward takes dense operands): one pass, as torch's ReLU does.
+            grad = _torch.ops.aten.threshold_backward(grad, y.detach(), 0)
+            fuse = False
+        if ctx.has_residual:
+            d_residual = grad
+        gv, dy_strides = _grad_view(grad, x, fmt)
+        cg = _g.backward_graph(tuple(xv.shape), fmt, dt, c, affine, ctx.use_batch_stats, fuse,
+                               ctx.eps, dy_strides)
+        dx = _g.pooled_like(x, fmt)
+        inputs = {_g.X: xv, _g.MEAN: mean, _g.VAR: var}
+        if fuse:
+            inputs[_g.Y] = _g.view_as_fmt(y.detach(), fmt)
+            inputs[_g.G] = gv
+        else:
+            inputs[_g.DY] = gv
+        outputs = {_g.DX: _g.view_as_fmt(dx, fmt)}
         if affine:
-            ins.append(_T(_GAMMA, "f32", [c]))
-            outs += [_T(_DGAMMA, "f32", [c]), _T(_DBETA, "f32", [c])]
-        g.add_op("BatchNormTrainingBackward", ins, outs,
-                 {"epsilon": 0.0, "data_format": fmt, "is_training": bool(training),
-                  "variance_is_inv_std": True}, id=0, name="bn_bwd")
-    return _compiled(("bwd", tuple(shape), fmt, dt, affine, training, fuse_relu), build)
+            inputs[_g.GAMMA] = weight.detach().float().contiguous()
+            dgamma = _torch.empty(c, dtype=_torch.float32)
+            dbeta = _torch.empty(c, dtype=_torch.float32)
+            outputs[_g.DGAMMA], outputs[_g.DBETA] = dgamma, dbeta
+        cg.execute(inputs, outputs)
+        if not affine:
+            return (dx, None, None, None, None, None, None, None, None, None, d_residual)
+        return (dx, dgamma.to(weight.dtype), dbeta.to(weight.dtype), None, None, None, None, None,
+                None, None, d_residual)
 
 
-def _stats(x, mean, invstd):
-    """Per-channel vectors shaped to broadcast over x (N, C, ...)."""
-    shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
-    return mean.view(shape), invstd.view(shape)
+# --- SyncBatchNorm's elementwise forward (statistics from all processes) --------
 
 
 def _forward(ctx, x, weight, bias, mean, invstd, fuse_relu):
-    m, s = _stats(x, mean, invstd)
-    y = (x.float() - m) * s
+    shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+    y = (x.float() - mean.view(shape)) * invstd.view(shape)
     if weight is not None:
-        shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
         y = y * weight.float().view(shape) + bias.float().view(shape)
     if fuse_relu:
         y = _torch.relu(y)
@@ -107,71 +204,6 @@ def _forward(ctx, x, weight, bias, mean, invstd, fuse_relu):
     if x.dim() >= 4 and not x.is_contiguous():
         y = _like(y, x)
     return y
-
-
-def _local_stats(x, eps):
-    dims = [0] + list(range(2, x.dim()))
-    xf = x.float()
-    var, mean = _torch.var_mean(xf, dim=dims, unbiased=False)
-    return mean, _torch.rsqrt(var + eps), var
-
-
-class _BatchNormFunction(_torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, use_batch_stats, factor, eps,
-                fuse_relu):
-        if x.dim() < 2 or x.shape[1] == 0:
-            raise _ng.Error("normgrad.torch: expected input of shape (N, C, ...), got %s"
-                            % (tuple(x.shape),))
-        if use_batch_stats:
-            mean, invstd, var = _local_stats(x, eps)
-            if running_mean is not None:
-                n = x.numel() // x.shape[1]
-                with _torch.no_grad():
-                    running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
-                    unbiased = var * (n / max(n - 1, 1))
-                    running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
-        else:
-            mean = running_mean.float()
-            invstd = _torch.rsqrt(running_var.float() + eps)
-        y = _forward(ctx, x, weight, bias, mean, invstd, fuse_relu)
-        ctx.use_batch_stats, ctx.fuse_relu = use_batch_stats, fuse_relu
-        ctx.save_for_backward(x, weight, mean, invstd, y if fuse_relu else None)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight, mean, invstd, y = ctx.saved_tensors
-        x, grad = x.detach(), grad.detach()  # DLPack exports no autograd-tracked tensors
-        y = y.detach() if y is not None else None
-        fmt, xv = _layout(x)
-        dt = _dtype(x)
-        c = x.shape[1]
-        affine = weight is not None
-        cg = _backward_graph(tuple(xv.shape), fmt, dt, c, affine, ctx.use_batch_stats,
-                             ctx.fuse_relu)
-        g = _like(grad.to(x.dtype), x)
-        gv = g.permute(*([0] + list(range(2, g.dim())) + [1])) if fmt == "NXC" else g
-        dx = _torch.empty_like(x) if fmt == "NXC" else _torch.empty(x.shape, dtype=x.dtype)
-        dxv = dx.permute(*([0] + list(range(2, dx.dim())) + [1])) if fmt == "NXC" else dx
-        inputs = {_X: xv, _MEAN: mean.contiguous(), _VAR: invstd.contiguous()}
-        if ctx.fuse_relu:
-            yv = _layout(y)[1] if fmt == "NXC" else y.contiguous()
-            inputs[_Y] = yv
-            inputs[_G] = gv
-        else:
-            inputs[_DY] = gv
-        outputs = {_DX: dxv}
-        if affine:
-            inputs[_GAMMA] = weight.detach().float().contiguous()
-            dgamma = _torch.empty(c, dtype=_torch.float32)
-            dbeta = _torch.empty(c, dtype=_torch.float32)
-            outputs[_DGAMMA], outputs[_DBETA] = dgamma, dbeta
-        cg.execute(inputs, outputs)
-        if not affine:
-            return dx, None, None, None, None, None, None, None, None
-        return (dx, dgamma.to(weight.dtype), dbeta.to(weight.dtype), None, None, None, None, None,
-                None)
 
 
 def _forward_state(m, x):
@@ -198,10 +230,16 @@ class _NormgradBatchNorm:
         super().__init__(*args, **kwargs)
         self.fuse_relu = fuse_relu
 
-    def forward(self, x):
-        factor, use_batch_stats, rm, rv = _forward_state(self, x)
+    def forward(self, x, residual=None):
+        """bn(x), or relu(bn(x) + residual) / bn(x) + residual when convert(fuse=True)
+        found BN -> Add [-> ReLU] (fuse_relu says which)."""
+        name = type(self).__name__
+        try:
+            factor, use_batch_stats, rm, rv = _forward_state(self, x)
+        except ValueError as e:
+            raise _ng.Error("normgrad.torch.%s: %s" % (name, e)) from None
         return _BatchNormFunction.apply(x, self.weight, self.bias, rm, rv, use_batch_stats,
-                                        factor, self.eps, self.fuse_relu)
+                                        factor, self.eps, self.fuse_relu, name, residual)
 
 
 class BatchNorm1d(_NormgradBatchNorm, _nn.BatchNorm1d):
@@ -277,6 +315,10 @@ def convert(model, fuse_relu=False):
 
 
 # --- SyncBatchNorm -------------------------------------------------------------
+
+_T, _compiled = _g._t, _g._compiled
+_X, _DY, _MEAN, _VAR, _GAMMA, _DX = _g.X, _g.DY, _g.MEAN, _g.VAR, _g.GAMMA, _g.DX
+_SUM_DY, _SUM_DYXM, _COUNT = 20, 21, 22
 
 
 def _reduce_graph(shape, fmt, dt, c):
@@ -376,7 +418,7 @@ class SyncBatchNorm(_nn.SyncBatchNorm):
             return _SyncBatchNormFunction.apply(x, self.weight, self.bias, rm, rv, factor,
                                                 self.eps, group)
         return _BatchNormFunction.apply(x, self.weight, self.bias, rm, rv, use_batch_stats,
-                                        factor, self.eps, False)
+                                        factor, self.eps, False, "SyncBatchNorm", None)
 
 
 def convert_sync_batchnorm(model, process_group=None):

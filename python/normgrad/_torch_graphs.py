@@ -1,0 +1,153 @@
+"""The graphs normgrad.torch compiles, and the tensors it runs them on.
+
+Each batch-norm call runs one compiled graph, cached by everything its code
+depends on (shape, layout, dtype, strides, fused epilogue, epsilon):
+  - forward training: BatchNormForwardTraining [-> Add] [-> ReLU], one JIT
+    partition that computes the statistics and normalises (and adds, clamps);
+  - forward with frozen statistics (eval): BatchNormInference;
+  - backward: BatchNormTrainingBackward, with ReLUBackward on diff_dst when the
+    module fused a ReLU.
+Outputs come from normgrad's caching pool (``pooled_like``): torch frees them
+through their DLPack deleter, which returns the block, so step 2 onward
+takes no page faults.
+"""
+import torch as _torch
+import torch.utils.dlpack as _dlpack
+
+import normgrad as _ng
+
+DTYPES = {_torch.float32: "f32", _torch.bfloat16: "bf16", _torch.float16: "f16"}
+CACHE = {}  # graph key -> compiled graph
+
+# Tensor ids.
+X, DY, MEAN, VAR, GAMMA, DX, DGAMMA, DBETA, Y, G = 0, 1, 2, 3, 4, 5, 6, 7, 10, 11
+RM, RV, BETA, Y0, ORM, ORV, BM, BV, RES, ADD_OUT, RELU_OUT = range(30, 41)
+
+
+def channels_last(x):
+    """Whether x (rank 4 or 5) is in channels_last order and not also plain contiguous."""
+    if x.dim() == 4:
+        return x.is_contiguous(memory_format=_torch.channels_last) and not x.is_contiguous()
+    if x.dim() == 5:
+        return x.is_contiguous(memory_format=_torch.channels_last_3d) and not x.is_contiguous()
+    return False
+
+
+def to_nxc(t):
+    """(N, C, spatial...) -> the (N, spatial..., C) view."""
+    return t.permute(0, *range(2, t.dim()), 1)
+
+
+def layout(x):
+    """('NXC', x viewed N, spatial..., C) for channels_last, else ('NCX', contiguous x)."""
+    if channels_last(x):
+        return "NXC", to_nxc(x)
+    return "NCX", x.contiguous()
+
+
+def pooled_like(x, fmt, dtype=None):
+    """A tensor of x's shape from the caching pool, dense in `fmt`'s order."""
+    dtype = dtype or x.dtype
+    shape = list(x.shape)
+    if fmt == "NXC":
+        order = [0] + list(range(2, x.dim())) + [1]  # memory order, outermost first
+    else:
+        order = list(range(x.dim()))
+    strides = [0] * x.dim()
+    step = 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= shape[d]
+    return _dlpack.from_dlpack(_ng._pooled_empty(shape, strides, DTYPES[dtype]))
+
+
+def view_as_fmt(t, fmt):
+    return to_nxc(t) if fmt == "NXC" else t
+
+
+def _compiled(key, build):
+    cg = CACHE.get(key)
+    if cg is None:
+        g = _ng.Graph()
+        build(g)
+        g.finalize()
+        cg = CACHE[key] = _ng.compile(g)
+    return cg
+
+
+def _t(i, dt, shape, strides=None):
+    if strides is None:
+        return _ng.LogicalTensor(i, dt, list(shape))
+    return _ng.LogicalTensor(i, dt, list(shape), list(strides))
+
+
+def forward_graph(shape, fmt, dt, c, affine, eps, residual, relu):
+    """BatchNormForwardTraining [-> Add(residual)] [-> ReLU]; dst is the last op's output."""
+    def build(g):
+        ins = [_t(X, dt, shape), _t(RM, "f32", [c]), _t(RV, "f32", [c])]
+        if affine:
+            ins += [_t(GAMMA, "f32", [c]), _t(BETA, "f32", [c])]
+        outs = [_t(Y0, dt, shape)] + [_t(i, "f32", [c]) for i in (ORM, ORV, BM, BV)]
+        g.add_op("BatchNormForwardTraining", ins, outs,
+                 {"epsilon": float(eps), "data_format": fmt}, id=0, name="bn_fwd")
+        last = Y0
+        if residual:
+            g.add_op("Add", [_t(Y0, dt, shape), _t(RES, dt, shape)], [_t(ADD_OUT, dt, shape)], {},
+                     id=1, name="add")
+            last = ADD_OUT
+        if relu:
+            g.add_op("ReLU", [_t(last, dt, shape)], [_t(RELU_OUT, dt, shape)], {}, id=2,
+                     name="relu")
+    return _compiled(("fwd", tuple(shape), fmt, dt, affine, float(eps), residual, relu), build)
+
+
+def forward_output_id(residual, relu):
+    return RELU_OUT if relu else (ADD_OUT if residual else Y0)
+
+
+def inference_graph(shape, fmt, dt, c, eps, relu):
+    """BatchNormInference [-> ReLU] on frozen statistics."""
+    def build(g):
+        ins = [_t(X, dt, shape), _t(GAMMA, "f32", [c]), _t(BETA, "f32", [c]),
+               _t(MEAN, "f32", [c]), _t(VAR, "f32", [c])]
+        g.add_op("BatchNormInference", ins, [_t(Y0, dt, shape)],
+                 {"epsilon": float(eps), "data_format": fmt}, id=0, name="bn_inf")
+        if relu:
+            g.add_op("ReLU", [_t(Y0, dt, shape)], [_t(RELU_OUT, dt, shape)], {}, id=2, name="relu")
+    return _compiled(("inf", tuple(shape), fmt, dt, float(eps), relu), build)
+
+
+def backward_graph(shape, fmt, dt, c, affine, training, fuse_relu, eps, dy_strides):
+    """BatchNormTrainingBackward on (mean, biased variance, eps); with fuse_relu,
+    diff_dst is ReLUBackward(dst, grad) (use_dst: the module's output is > 0
+    where the ReLU passed). `dy_strides` are the gradient's, when it arrived in
+    another memory format than src (the JIT walks or stages it; no copy)."""
+    def build(g):
+        dy_id = DY
+        if fuse_relu:
+            g.add_op("ReLUBackward", [_t(Y, dt, shape), _t(G, dt, shape, dy_strides)],
+                     [_t(DY, dt, shape)], {"use_dst": True}, id=1, name="relu_bwd")
+        ins = [_t(X, dt, shape), _t(dy_id, dt, shape, None if fuse_relu else dy_strides),
+               _t(MEAN, "f32", [c]), _t(VAR, "f32", [c])]
+        outs = [_t(DX, dt, shape)]
+        if affine:
+            ins.append(_t(GAMMA, "f32", [c]))
+            outs += [_t(DGAMMA, "f32", [c]), _t(DBETA, "f32", [c])]
+        g.add_op("BatchNormTrainingBackward", ins, outs,
+                 {"epsilon": float(eps), "data_format": fmt, "is_training": bool(training)},
+                 id=0, name="bn_bwd")
+    key = ("bwd", tuple(shape), fmt, dt, affine, bool(training), fuse_relu, float(eps),
+           None if dy_strides is None else tuple(dy_strides))
+    return _compiled(key, build)
+
+
+_CONSTANTS = {}
+
+
+def constant(c, value):
+    """A read-only f32 vector of C `value`s, shared by every call."""
+    key = (c, value)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = _CONSTANTS[key] = _torch.full((c,), value, dtype=_torch.float32)
+    return t
