@@ -28,29 +28,35 @@ std::string shapes_of(const Partition& p) {
   return s;
 }
 
-Status check_tensor(const std::string& where, const LogicalTensor& port, const Tensor& t) {
+// `where()` names the port; it is called only when a check fails, so the
+// per-call path builds no strings.
+template <typename Where>
+Status check_tensor(const Where& where, const LogicalTensor& port, const Tensor& t) {
   if (t.desc.id != port.id) {
-    return invalid_argument(where + ": tensor id " + std::to_string(t.desc.id) + ", expected " +
+    return invalid_argument(where() + ": tensor id " + std::to_string(t.desc.id) + ", expected " +
                             std::to_string(port.id));
   }
   if (t.desc.dtype != port.dtype) {
-    return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): dtype " +
+    return invalid_argument(where() + " (tensor " + std::to_string(port.id) + "): dtype " +
                             dtype_name(t.desc.dtype) + ", expected " + dtype_name(port.dtype));
   }
   if (t.desc.dims != port.dims) {
-    return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): shape " +
+    return invalid_argument(where() + " (tensor " + std::to_string(port.id) + "): shape " +
                             dims_to_string(t.desc.dims) + ", expected " +
                             dims_to_string(port.dims));
   }
-  if (port.effective_strides() != t.desc.effective_strides()) {
-    return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): strides " +
+  if (t.desc.strides != port.strides &&
+      port.effective_strides() != t.desc.effective_strides()) {
+    return invalid_argument(where() + " (tensor " + std::to_string(port.id) + "): strides " +
                             dims_to_string(t.desc.effective_strides()) + ", expected " +
                             dims_to_string(port.effective_strides()));
   }
-  NG_ASSIGN_OR_RETURN(int64_t bytes, port.buffer_bytes());
-  if (bytes > 0 && t.data == nullptr) {
-    return invalid_argument(where + " (tensor " + std::to_string(port.id) + "): null buffer for " +
-                            std::to_string(bytes) + " bytes");
+  if (t.data == nullptr) {
+    NG_ASSIGN_OR_RETURN(int64_t bytes, port.buffer_bytes());
+    if (bytes > 0) {
+      return invalid_argument(where() + " (tensor " + std::to_string(port.id) +
+                              "): null buffer for " + std::to_string(bytes) + " bytes");
+    }
   }
   return ok_status();
 }
@@ -61,10 +67,11 @@ Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
                                   const std::vector<Tensor>& outputs,
                                   const Allocator* allocator) const {
   AllocatorScope scope(allocator);
-  const std::string who =
-      "partition " + std::to_string(partition_.id) + " (" + partition_.ops_string() + ")";
+  auto who = [&] {
+    return "partition " + std::to_string(partition_.id) + " (" + partition_.ops_string() + ")";
+  };
   if (inputs.size() != partition_.inputs.size() || outputs.size() != partition_.outputs.size()) {
-    return invalid_argument(who + ": got " + std::to_string(inputs.size()) + " inputs and " +
+    return invalid_argument(who() + ": got " + std::to_string(inputs.size()) + " inputs and " +
                             std::to_string(outputs.size()) + " outputs, expected " +
                             std::to_string(partition_.inputs.size()) + " and " +
                             std::to_string(partition_.outputs.size()));
@@ -72,13 +79,13 @@ Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
   std::vector<const void*> in(inputs.size());
   std::vector<void*> out(outputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    NG_RETURN_IF_ERROR(
-        check_tensor(who + ": input " + std::to_string(i), partition_.inputs[i], inputs[i]));
+    NG_RETURN_IF_ERROR(check_tensor([&] { return who() + ": input " + std::to_string(i); },
+                                    partition_.inputs[i], inputs[i]));
     in[i] = inputs[i].data;
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
-    NG_RETURN_IF_ERROR(
-        check_tensor(who + ": output " + std::to_string(i), partition_.outputs[i], outputs[i]));
+    NG_RETURN_IF_ERROR(check_tensor([&] { return who() + ": output " + std::to_string(i); },
+                                    partition_.outputs[i], outputs[i]));
     out[i] = outputs[i].data;
   }
   const auto t0 = std::chrono::steady_clock::now();

@@ -123,7 +123,7 @@ class _BatchNormFunction(_torch.autograd.Function):
             if residual is not None:
                 inputs[_g.RES] = rv_view
             scratch = _torch.empty(2 * c, dtype=_torch.float32)  # oneDNN's running outputs, unused
-            cg.execute(inputs, {_g.forward_output_id(residual is not None, fuse_relu): yv,
+            _g.run(cg, inputs, {_g.forward_output_id(residual is not None, fuse_relu): yv,
                                 _g.ORM: scratch[:c], _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
             if running_mean is not None:
                 # torch's update: momentum towards the batch, the variance unbiased.
@@ -137,8 +137,8 @@ class _BatchNormFunction(_torch.autograd.Function):
             var = running_var.detach().float().contiguous()
             cg = _g.inference_graph(shape, fmt, dt, c, eps, fuse_relu and residual is None)
             out_id = _g.RELU_OUT if fuse_relu and residual is None else _g.Y0
-            cg.execute({_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var},
-                       {out_id: yv})
+            _g.run(cg, {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var},
+                   {out_id: yv})
             if residual is not None:
                 y.add_(residual)
                 if fuse_relu:
@@ -183,7 +183,7 @@ class _BatchNormFunction(_torch.autograd.Function):
             dgamma = _torch.empty(c, dtype=_torch.float32)
             dbeta = _torch.empty(c, dtype=_torch.float32)
             outputs[_g.DGAMMA], outputs[_g.DBETA] = dgamma, dbeta
-        cg.execute(inputs, outputs)
+        _g.run(cg, inputs, outputs)
         if not affine:
             return (dx, None, None, None, None, None, None, None, None, None, d_residual)
         return (dx, dgamma.to(weight.dtype), dbeta.to(weight.dtype), None, None, None, None, None,

@@ -143,6 +143,33 @@ class Compiled {
     return result;
   }
 
+  // normgrad.torch's per-call path: data pointers by tensor id, the first
+  // `inputs` of them inputs. Shapes, dtypes and strides are not checked here:
+  // the caller compiled this graph from these very tensors' metadata (its
+  // cache key), so they match; every id must still be one of the graph's.
+  void execute_unchecked(const std::vector<int64_t>& ids, const std::vector<uintptr_t>& ptrs,
+                         size_t inputs) const {
+    if (ids.size() != ptrs.size() || inputs > ids.size())
+      raise(invalid_argument("_execute_unchecked: " + std::to_string(ids.size()) + " ids, " +
+                             std::to_string(ptrs.size()) + " pointers"));
+    std::map<int64_t, const void*> in;
+    std::map<int64_t, void*> out;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ptrs[i] == 0) raise(invalid_argument("_execute_unchecked: a null pointer"));
+      if (i < inputs) {
+        in[ids[i]] = reinterpret_cast<const void*>(ptrs[i]);
+      } else {
+        out[ids[i]] = reinterpret_cast<void*>(ptrs[i]);
+      }
+    }
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = cg_->execute(in, out);
+    }
+    check(s);
+  }
+
  private:
   std::shared_ptr<CompiledGraph> cg_;
 };
@@ -324,6 +351,9 @@ PYBIND11_MODULE(_normgrad, m) {
       .def_property_readonly("partitions", &Compiled::partitions)
       .def_property_readonly("inputs", &Compiled::inputs)
       .def_property_readonly("outputs", &Compiled::outputs)
+      .def("_execute_unchecked", &Compiled::execute_unchecked, py::arg("ids"), py::arg("ptrs"),
+           py::arg("inputs"),
+           "normgrad.torch's per-call path: data pointers by id, no metadata checks")
       .def("execute", &Compiled::execute, py::arg("inputs"), py::arg("outputs") = py::none(),
            "Run on {tensor id: array}; returns {tensor id: array} for every output");
 
