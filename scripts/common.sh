@@ -9,7 +9,7 @@ NG_BUILD="${NG_BUILD:-$NG_ROOT/build}"
 NG_PACKAGES=(cmake make g++ libdnnl-dev libtbb-dev libgtest-dev googletest nlohmann-json3-dev
              libxbyak-dev libbenchmark-dev ocl-icd-opencl-dev pkg-config clang-format
              libopenmpi-dev openmpi-bin pybind11-dev python3-dev python3-numpy python3-torch
-             python3-pytest llvm-16-tools libcli11-dev)
+             python3-pytest python3-torchvision llvm-16-tools libcli11-dev graphviz)
 
 ng_install_deps() {
   local missing=()

@@ -234,6 +234,14 @@ class _NormgradBatchNorm:
         """bn(x), or relu(bn(x) + residual) / bn(x) + residual when convert(fuse=True)
         found BN -> Add [-> ReLU] (fuse_relu says which)."""
         name = type(self).__name__
+        if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+            # A broadcasting or mixed-dtype add (fx saw no shapes): unfused.
+            saved, self.fuse_relu = self.fuse_relu, False
+            try:
+                y = self.forward(x) + residual
+            finally:
+                self.fuse_relu = saved
+            return _torch.relu(y) if saved else y
         try:
             factor, use_batch_stats, rm, rv = _forward_state(self, x)
         except ValueError as e:
@@ -287,12 +295,21 @@ def _fuse_following_relus(module):
                 child._modules[b] = _nn.Identity()
 
 
-def convert(model, fuse_relu=False):
+def convert(model, fuse_relu=False, fuse=False):
     """Swaps every torch BatchNorm1d/2d/3d in `model` for normgrad's, in place,
     keeping weights, buffers and mode; returns `model`. A BatchNorm at the top
-    is returned converted. With fuse_relu=True, a BatchNorm followed by an
-    nn.ReLU in an nn.Sequential fuses it (the ReLU backward then runs inside
-    normgrad's batch-norm backward) and the ReLU is replaced by an Identity."""
+    is returned converted.
+
+    fuse=True then traces the model with torch.fx and fuses BN -> ReLU and
+    BN -> Add -> ReLU wherever the graph has them (torchvision's BasicBlock and
+    Bottleneck included): each runs as one fused forward and one backward
+    partition. It returns the traced torch.fx.GraphModule (attribute
+    ``normgrad_fused``: how many were fused). A model that fx cannot trace is
+    returned with its modules swapped and Sequential BN/ReLU pairs fused, with
+    a warning that says so.
+
+    fuse_relu=True (without fx): a BatchNorm followed by an nn.ReLU in an
+    nn.Sequential fuses it and the ReLU is replaced by an Identity."""
     kinds = {_nn.BatchNorm1d: BatchNorm1d, _nn.BatchNorm2d: BatchNorm2d,
              _nn.BatchNorm3d: BatchNorm3d}
 
@@ -309,6 +326,12 @@ def convert(model, fuse_relu=False):
 
     top = make(model)
     model = top if top is not None else _swap(model, make)
+    if fuse:
+        from . import _torch_fx
+        gm = _torch_fx.fuse(model, (_NormgradBatchNorm,))
+        if gm is not None:
+            return gm
+        fuse_relu = True
     if fuse_relu:
         _fuse_following_relus(model)
     return model
