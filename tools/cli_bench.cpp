@@ -45,6 +45,7 @@ struct BenchOptions {
   std::vector<std::string> dts = {"f32"};
   std::vector<std::string> layouts = {"NCX", "NXC"};
   std::vector<std::string> fused = {"none"};
+  std::string dir = "bwd";  // bwd: BatchNormTrainingBackward; fwd: BatchNormForwardTraining
   int64_t threads = 0, iters = 10, warmup = 2;
   bool cold = false;
   std::string json_out, svg_out;
@@ -91,6 +92,38 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
       .add_output(LogicalTensor(6, DataType::kF32, {c}))
       .add_output(LogicalTensor(7, DataType::kF32, {c}));
   (void)g.add_op(bn);
+  return g;
+}
+
+// The forward bench graph: BatchNormForwardTraining with gamma and beta,
+// optionally followed by ReLU ("relu") or by Add of a residual and ReLU
+// ("add": ResNet's BN -> Add -> ReLU).
+Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType dt,
+                         const std::string& fused) {
+  const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+  const int64_t c = nchw[1];
+  Graph g;
+  Op bn(0, OpKind::kBatchNormForwardTraining, "bn");
+  bn.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
+  bn.add_input(LogicalTensor(0, dt, data));
+  for (int i = 1; i <= 4; ++i) bn.add_input(LogicalTensor(i, DataType::kF32, {c}));
+  bn.add_output(LogicalTensor(5, dt, data));
+  for (int i = 6; i <= 9; ++i) bn.add_output(LogicalTensor(i, DataType::kF32, {c}));
+  (void)g.add_op(bn);
+  int64_t y = 5;
+  if (fused == "add") {
+    Op add(1, OpKind::kAdd, "add");
+    add.add_input(LogicalTensor(5, dt, data))
+        .add_input(LogicalTensor(10, dt, data))
+        .add_output(LogicalTensor(11, dt, data));
+    (void)g.add_op(add);
+    y = 11;
+  }
+  if (fused != "none") {
+    Op relu(2, OpKind::kReLU, "relu");
+    relu.add_input(LogicalTensor(y, dt, data)).add_output(LogicalTensor(12, dt, data));
+    (void)g.add_op(relu);
+  }
   return g;
 }
 
@@ -167,7 +200,7 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
   }
   const bool want_blocked =
       std::find(opt.backends.begin(), opt.backends.end(), "dnnl") != opt.backends.end() &&
-      cr.fused == "none" && cr.shape.size() == 4 && cr.dtype != "f16";
+      opt.dir == "bwd" && cr.fused == "none" && cr.shape.size() == 4 && cr.dtype != "f16";
   // dnnl-blocked: the kernel alone on pre-blocked tensors; dnnl-reorder: the
   // same with the reorders from and to the case's plain layout timed.
   for (const bool reorders : want_blocked ? std::vector<bool>{false, true} : std::vector<bool>{}) {
@@ -301,6 +334,10 @@ int bench_command(const std::vector<std::string>& argv) {
   app.add_option("--dt", dts, "comma-separated: f32, bf16, f16");
   app.add_option("--layouts", layouts, "comma-separated: NCX, NXC");
   app.add_option("--fused", fused, "comma-separated: none, relu, add");
+  app.add_option("--dir", opt.dir,
+                 "bwd (BatchNormTrainingBackward) or fwd (BatchNormForwardTraining; relu and add "
+                 "fuse ReLU and Add+ReLU after it)")
+      ->check(CLI::IsMember({"bwd", "fwd"}));
   app.add_option("--threads", opt.threads, "threads (default: all cores)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--iters", opt.iters, "timed runs per case (median)")
@@ -458,10 +495,16 @@ int bench_command(const std::vector<std::string>& argv) {
           cr.dtype = dts;
           cr.fused = fused;
           cr.shape = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
-          cr.name = name + " " + layout + " " + dts + (fused == "none" ? "" : " +" + fused);
+          const bool fwd = opt.dir == "fwd";
+          cr.name = name + " " + layout + " " + dts + (fwd ? " fwd" : "") +
+                    (fused == "none" ? "" : " +" + fused);
           const double elems = static_cast<double>(nchw[0] * nchw[1] * nchw[2] * nchw[3]);
-          cr.bytes = elems * static_cast<double>(dtype_size(*dt)) * (fused == "none" ? 3.0 : 4.0);
-          if (fused == "none") {
+          // Minimal traffic: bwd reads src and diff_dst and writes diff_src (and
+          // a fused producer's second input); fwd reads src and writes dst (and
+          // reads the residual).
+          const double passes = fwd ? (fused == "add" ? 3.0 : 2.0) : (fused == "none" ? 3.0 : 4.0);
+          cr.bytes = elems * static_cast<double>(dtype_size(*dt)) * passes;
+          if (fused == "none" && !fwd) {
             const int64_t esize = static_cast<int64_t>(dtype_size(*dt));
             const int64_t spatial = nchw[2] * nchw[3];
             cr.plain_traffic =
@@ -469,7 +512,8 @@ int bench_command(const std::vector<std::string>& argv) {
             cr.blocked_traffic =
                 two_pass_traffic("nChw16c", nchw[0], nchw[1], spatial, esize, host.l3_bytes);
           }
-          Graph g = make_graph(nchw, layout, *dt, fused);
+          Graph g = fwd ? make_forward_graph(nchw, layout, *dt, fused)
+                        : make_graph(nchw, layout, *dt, fused);
           if (Status s = run_and_report(cr, g); !s.ok()) {
             std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
             return 2;
