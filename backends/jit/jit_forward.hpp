@@ -38,11 +38,13 @@ namespace jit {
 // each, and the NXC chunks at most 64 pixels: an f32 chain's rounding grows
 // with its length, and 256-term chains measured 3e-8 sigma off in the mean.
 constexpr int64_t kFwdRowPiece = 4096;
-// Bytes of src per statistics chunk of the NXC walk (pixels per chunk from the
-// shape alone: between kFwdMinChunkPixels and kFwdMaxChunkPixels).
-constexpr int64_t kFwdChunkBytes = 64 * 1024;
-constexpr int64_t kFwdMinChunkPixels = 8;
-constexpr int64_t kFwdMaxChunkPixels = 64;
+// Pixels per statistics chunk of the NXC walk (fixed, so the chunks depend
+// on the shape alone); a short row's NCX chunk takes as many whole rows as
+// fit in kFwdRowPiece elements.
+constexpr int64_t kFwdChunkPixels = 64;
+// Bytes of src per apply call of the NXC walk (the call walks its pixels once
+// per block of channels, so they should stay in the L1/L2 between blocks).
+constexpr int64_t kFwdApplyBytes = 64 * 1024;
 
 struct FwdConf {
   Isa isa = Isa::kPortable;
@@ -52,6 +54,8 @@ struct FwdConf {
   int64_t pixels = 0;                 // NXC walk: N * spatial pixels of C channels
   bool ncx_rows = true;               // NCX with spatial > 1 (else the NXC walk)
   int64_t chunk_pixels = 0;           // NXC: pixels per statistics chunk
+  int64_t apply_pixels = 0;           // NXC: pixels per apply call
+  int64_t chunk_rows = 1;             // NCX: rows per statistics chunk (1 when pieces)
   float epsilon = 0.f, momentum = 0.1f;
   bool affine = false;    // gamma and beta given
   bool residual = false;  // an Add's other input joins before the ReLU
@@ -79,7 +83,8 @@ struct FwdArgs {
   const float* coef = nullptr;
   float* s1 = nullptr;  // stats out: one (NCX) or C (NXC) sums
   float* s2 = nullptr;
-  int64_t len = 0;  // NCX: elements of the row piece; NXC: pixels
+  int64_t len = 0;   // NCX: elements of each row (piece); NXC: pixels
+  int64_t rows = 1;  // NCX: rows in the call, conf.c * conf.spatial elements apart
 };
 
 class FwdKernels {

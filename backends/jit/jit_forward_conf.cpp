@@ -119,8 +119,9 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   if (c.isa == Isa::kAvx2) c.isa = Isa::kPortable;  // the forward generates AVX-512 only
   const int64_t es = dtype_size(c.dt);
   const int64_t pixel_bytes = std::max<int64_t>(1, c.c * es);
-  c.chunk_pixels =
-      std::clamp<int64_t>(kFwdChunkBytes / pixel_bytes, kFwdMinChunkPixels, kFwdMaxChunkPixels);
+  c.chunk_pixels = kFwdChunkPixels;
+  c.apply_pixels = std::clamp<int64_t>(kFwdApplyBytes / pixel_bytes, 1, 256);
+  c.chunk_rows = c.spatial >= kFwdRowPiece ? 1 : kFwdRowPiece / c.spatial;
   NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, bn->label()));
   c.single_thread = total * es < 64 * 1024;
   return c;

@@ -52,10 +52,13 @@ class PortableFwd final : public FwdKernels {
       // rounding grows with its length.
       const float k = a.coef[0];
       float s1[64] = {}, s2[64] = {};
-      for (int64_t i = 0; i < a.len; ++i) {
-        const float t = load_one(a.x, c_.dt, i) - k;
-        s1[i % 64] += t;
-        s2[i % 64] += t * t;
+      const int64_t stride = c_.c * c_.spatial;
+      for (int64_t r = 0; r < a.rows; ++r) {
+        for (int64_t i = 0; i < a.len; ++i) {
+          const float t = load_one(a.x, c_.dt, r * stride + i) - k;
+          s1[i % 64] += t;
+          s2[i % 64] += t * t;
+        }
       }
       for (int w = 32; w >= 1; w /= 2) {
         for (int i = 0; i < w; ++i) {
@@ -90,7 +93,10 @@ class PortableFwd final : public FwdKernels {
       store_one(a.y, c_.dt, i, v);
     };
     if (c_.ncx_rows) {
-      for (int64_t i = 0; i < a.len; ++i) one(i, a.coef[0], a.coef[1], a.coef[2], a.coef[3]);
+      for (int64_t r = 0; r < a.rows; ++r) {
+        for (int64_t i = 0; i < a.len; ++i)
+          one(r * c_.c * c_.spatial + i, a.coef[0], a.coef[1], a.coef[2], a.coef[3]);
+      }
       return;
     }
     for (int64_t p = 0; p < a.len; ++p) {
@@ -164,32 +170,43 @@ Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const v
   const int64_t pieces = (c.spatial + kFwdRowPiece - 1) / kFwdRowPiece;
   const Finish fin{c, in, out, static_cast<double>(c.n * c.spatial)};
   auto row_offset = [&](int64_t ch, int64_t n) { return (n * c.c + ch) * c.spatial; };
+  // A channel's chunks: runs of whole rows up to kFwdRowPiece elements, or
+  // pieces of one row when a row is longer.
   auto channel_sums = [&](int64_t ch, float shift, double* s1, double* s2) {
     *s1 = *s2 = 0.0;
+    auto chunk = [&](int64_t off, int64_t len, int64_t rows) {
+      FwdArgs a;
+      float f1 = 0.f, f2 = 0.f;
+      a.x = static_cast<const char*>(x) + off * es;
+      a.coef = &shift;
+      a.s1 = &f1;
+      a.s2 = &f2;
+      a.len = len;
+      a.rows = rows;
+      k.stats(a);
+      *s1 += f1;
+      *s2 += f2;
+    };
+    if (c.chunk_rows > 1) {
+      for (int64_t n = 0; n < c.n; n += c.chunk_rows)
+        chunk(row_offset(ch, n), c.spatial, std::min(c.chunk_rows, c.n - n));
+      return;
+    }
     for (int64_t n = 0; n < c.n; ++n) {
-      for (int64_t p = 0; p < pieces; ++p) {
-        const int64_t off = row_offset(ch, n) + p * kFwdRowPiece;
-        FwdArgs a;
-        float f1 = 0.f, f2 = 0.f;
-        a.x = static_cast<const char*>(x) + off * es;
-        a.coef = &shift;
-        a.s1 = &f1;
-        a.s2 = &f2;
-        a.len = std::min(kFwdRowPiece, c.spatial - p * kFwdRowPiece);
-        k.stats(a);
-        *s1 += f1;
-        *s2 += f2;
-      }
+      for (int64_t p = 0; p < pieces; ++p)
+        chunk(row_offset(ch, n) + p * kFwdRowPiece,
+              std::min(kFwdRowPiece, c.spatial - p * kFwdRowPiece), 1);
     }
   };
-  auto apply_row = [&](int64_t ch, int64_t n, const float* coef) {
-    const int64_t off = row_offset(ch, n);
+  auto apply_rows = [&](int64_t ch, const float* coef) {
+    const int64_t off = row_offset(ch, 0);
     FwdArgs a;
     a.x = static_cast<const char*>(x) + off * es;
     a.y = static_cast<char*>(y) + off * es;
     a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + off * es;
     a.coef = coef;
     a.len = c.spatial;
+    a.rows = c.n;
     k.apply(a);
   };
   // Each channel on one task: its rows are summed and then normalised while
@@ -200,7 +217,7 @@ Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const v
     channel_sums(ch, shift, &s1, &s2);
     float coef[4];
     fin.channel(ch, shift, s1, s2, &coef[0], &coef[1], &coef[2], &coef[3]);
-    for (int64_t n = 0; n < c.n; ++n) apply_row(ch, n, coef);
+    apply_rows(ch, coef);
   });
   return ok_status();
 }
@@ -257,7 +274,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
                 &coef[static_cast<size_t>(cp + ch)], &coef[static_cast<size_t>(2 * cp + ch)],
                 &coef[static_cast<size_t>(3 * cp + ch)]);
   }
-  const int64_t block = c.chunk_pixels * 4;
+  const int64_t block = c.apply_pixels;
   parallel_range(c.single_thread, (c.pixels + block - 1) / block, [&](int64_t b) {
     const int64_t p0 = b * block;
     const int64_t off = p0 * c.c;

@@ -1,15 +1,15 @@
 // Xbyak code of the JIT batch-norm forward (AVX-512), and generate_fwd_kernels.
 //
 // Four kernels, two per walk (contracts in jit_forward.hpp, FwdArgs):
-//   rows stats    one row piece of one channel: S1, S2 of (x - K), K broadcast;
+//   rows stats    `rows` rows (or a row piece) of one channel: S1, S2 of (x - K);
 //                 four independent vector chains, a masked tail, one fixed
 //                 horizontal sum, so a row's sums depend on its data only
-//   rows apply    y = ((x - hi) - lo) a + b [+ r] [relu] over one row
+//   rows apply    y = ((x - hi) - lo) a + b [+ r] [relu] over a channel's rows
 //   pixels stats  `len` pixels of C channels: per channel vector S1, S2; the
 //                 channels in blocks of up to 8 vectors whose sums stay in
 //                 registers while the pixels stream past
-//   pixels apply  per pixel, every channel vector with its coefficients from
-//                 memory (L1-resident), blocks of 8 vectors in a runtime loop
+//   pixels apply  channel blocks of 4 vectors with their coefficients in
+//                 registers, each over the call's pixels
 // The data type (f32, bf16, f16), C, the epilogue and the tail are
 // generation-time constants; row and pixel counts come in at run time.
 #include <algorithm>
@@ -188,10 +188,17 @@ class FwdGenerator : public CodeGenerator {
     L(done);
   }
 
+  // The rows walk: `rows` rows of `len` elements, conf.c * conf.spatial apart.
+  int64_t row_stride_bytes() const { return c_.c * c_.spatial * es_; }
+
   void rows_stats() {
+    push(rbx);
     load_args();
+    mov(rbx, ptr[rdi + offsetof(FwdArgs, rows)]);
     vbroadcastss(zmm31, ptr[rax]);
     for (int i = 0; i < 8; ++i) vpxord(Zmm(i), Zmm(i), Zmm(i));
+    Label row;
+    L(row);
     row_loop([&](int u, int64_t off, bool masked) {
       const Zmm t(8 + u);
       load(t, elem(r8, off), masked);
@@ -203,6 +210,10 @@ class FwdGenerator : public CodeGenerator {
       vaddps(Zmm(u), Zmm(u), t);
       vfmadd231ps(Zmm(4 + u), t, t);
     });
+    mov(rcx, row_stride_bytes());
+    add(r8, rcx);
+    dec(rbx);
+    jnz(row, T_NEAR);
     vaddps(zmm0, zmm0, zmm1);
     vaddps(zmm2, zmm2, zmm3);
     vaddps(zmm0, zmm0, zmm2);
@@ -215,17 +226,22 @@ class FwdGenerator : public CodeGenerator {
     vmovss(ptr[rcx], xmm0);
     mov(rcx, ptr[rdi + offsetof(FwdArgs, s2)]);
     vmovss(ptr[rcx], xmm4);
+    pop(rbx);
     vzeroupper();
     ret();
   }
 
   void rows_apply() {
+    push(rbx);
     load_args();
+    mov(rbx, ptr[rdi + offsetof(FwdArgs, rows)]);
     vbroadcastss(zmm27, ptr[rax]);
     vbroadcastss(zmm28, ptr[rax + 4]);
     vbroadcastss(zmm29, ptr[rax + 8]);
     vbroadcastss(zmm30, ptr[rax + 12]);
     vpxord(zmm31, zmm31, zmm31);
+    Label row;
+    L(row);
     row_loop([&](int u, int64_t off, bool masked) {
       const Zmm v(u), t(4 + u);
       load(v, elem(r8, off), masked);
@@ -236,6 +252,13 @@ class FwdGenerator : public CodeGenerator {
       epilogue(v, t, &ra, masked);
       store(elem(r9, off), v, t, masked);
     });
+    mov(rcx, row_stride_bytes());
+    add(r8, rcx);
+    add(r9, rcx);
+    if (c_.residual) add(r10, rcx);
+    dec(rbx);
+    jnz(row, T_NEAR);
+    pop(rbx);
     vzeroupper();
     ret();
   }
@@ -288,61 +311,50 @@ class FwdGenerator : public CodeGenerator {
     ret();
   }
 
-  // One channel vector of the pixels apply at channel rsi + 16 v (elements).
-  void pixel_vector(int slot, int64_t v, bool masked) {
-    const Zmm x(slot), t(8 + slot);
-    const int d = static_cast<int>(v * 16 * es_), f = static_cast<int>(v * 64);
-    const int64_t row = cp_ * 4;
-    load(x, ptr[r8 + rsi * es_ + d], masked);
-    vsubps(x, x, ptr[rax + rsi * 4 + f]);
-    vsubps(x, x, ptr[rax + rsi * 4 + static_cast<int>(row) + f]);
-    vmovups(t, ptr[rax + rsi * 4 + static_cast<int>(2 * row) + f]);
-    vfmadd213ps(x, t, ptr[rax + rsi * 4 + static_cast<int>(3 * row) + f]);
-    const Address ra = ptr[r10 + rsi * es_ + d];
-    epilogue(x, t, &ra, masked);
-    store(ptr[r9 + rsi * es_ + d], x, t, masked);
-  }
-
+  // Channel blocks of up to 4 vectors, their hi/lo/a/b in zmm12..27 for the
+  // whole call, each block over the call's pixels (few enough to stay in the
+  // L1/L2 from one block to the next: conf.apply_pixels).
   void pixels_apply() {
+    push(rbx);
     load_args();
     set_tail_mask();
     vpxord(zmm31, zmm31, zmm31);
     const int64_t nv = vectors();
-    const int64_t full = nv / kBlockVectors;  // runtime-looped blocks of 8 vectors
-    const int64_t rest = nv - full * kBlockVectors;
-    Label pix;
-    L(pix);
-    xor_(rsi, rsi);
-    if (full > 0) {
-      Label blocks;
-      L(blocks);
-      for (int v = 0; v < kBlockVectors; ++v) {
-        const bool masked = tail() != 0 && rest == 0 && v == kBlockVectors - 1;
-        if (masked) {
-          // The last full block holds the tail: only its final pass masks.
-          Label plain, next;
-          cmp(rsi, static_cast<int>((full - 1) * kBlockVectors * 16));
-          jne(plain, T_NEAR);
-          pixel_vector(v, v, true);
-          jmp(next, T_NEAR);
-          L(plain);
-          pixel_vector(v, v, false);
-          L(next);
-        } else {
-          pixel_vector(v, v, false);
-        }
+    const int row = static_cast<int>(cp_ * 4);
+    for (int64_t first = 0; first < nv; first += 4) {
+      const int b = static_cast<int>(std::min<int64_t>(4, nv - first));
+      for (int v = 0; v < b; ++v) {
+        const int f = static_cast<int>((first + v) * 64);
+        vmovups(Zmm(12 + v), ptr[rax + f]);
+        vmovups(Zmm(16 + v), ptr[rax + row + f]);
+        vmovups(Zmm(20 + v), ptr[rax + 2 * row + f]);
+        vmovups(Zmm(24 + v), ptr[rax + 3 * row + f]);
       }
-      add(rsi, kBlockVectors * 16);
-      cmp(rsi, static_cast<int>(full * kBlockVectors * 16));
-      jl(blocks, T_NEAR);
+      mov(rsi, r8);
+      mov(rcx, r9);
+      mov(r11, r10);
+      mov(rbx, rdx);
+      Label pix;
+      L(pix);
+      for (int v = 0; v < b; ++v) {
+        const bool masked = tail() != 0 && first + v == nv - 1;
+        const int d = static_cast<int>((first + v) * 16 * es_);
+        const Zmm x(v), t(4 + v);
+        load(x, ptr[rsi + d], masked);
+        vsubps(x, x, Zmm(12 + v));
+        vsubps(x, x, Zmm(16 + v));
+        vfmadd213ps(x, Zmm(20 + v), Zmm(24 + v));
+        const Address ra = ptr[r11 + d];
+        epilogue(x, t, &ra, masked);
+        store(ptr[rcx + d], x, t, masked);
+      }
+      add(rsi, static_cast<int>(c_.c * es_));
+      add(rcx, static_cast<int>(c_.c * es_));
+      if (c_.residual) add(r11, static_cast<int>(c_.c * es_));
+      dec(rbx);
+      jnz(pix, T_NEAR);
     }
-    for (int64_t v = 0; v < rest; ++v)
-      pixel_vector(static_cast<int>(v), v, tail() != 0 && v == rest - 1);
-    add(r8, static_cast<int>(c_.c * es_));
-    add(r9, static_cast<int>(c_.c * es_));
-    if (c_.residual) add(r10, static_cast<int>(c_.c * es_));
-    dec(rdx);
-    jnz(pix, T_NEAR);
+    pop(rbx);
     vzeroupper();
     ret();
   }

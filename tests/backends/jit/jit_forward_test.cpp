@@ -92,11 +92,13 @@ TEST_P(JitForwardIsa, SweepAgainstRef) {
 
 INSTANTIATE_TEST_SUITE_P(Isas, JitForwardIsa, ::testing::Values("avx512", "portable"));
 
-// Long rows (pieces of kFwdRowPiece) and many pixel chunks.
+// Long rows (pieces of kFwdRowPiece), short rows in several chunks of whole
+// rows per channel, and many pixel chunks and apply calls.
 TEST(JitForward, LargeShapesAgainstRef) {
   for (DataType dt : {DataType::kF32, DataType::kBF16}) {
-    for (const Dims& shape : {Dims{2, 3, 130, 131}, Dims{4, 29, 31, 67}}) {
-      const std::string fmt = shape[3] == 67 ? "NXC" : "NCX";
+    for (const Dims& shape : {Dims{2, 3, 130, 131}, Dims{50, 5, 11, 13}, Dims{4, 29, 31, 67},
+                              Dims{3, 5, 7, 1100}}) {
+      const std::string fmt = shape[3] == 67 || shape[3] == 1100 ? "NXC" : "NCX";
       const Graph g = fwd_graph(shape, fmt, dt, 3);
       SCOPED_TRACE(dims_to_string(shape) + " " + fmt);
       const auto r = compare_with_ref(g, "jit", 99, 0.0);
