@@ -65,6 +65,11 @@ struct FwdConf {
   int out_dst = 0, out_running_mean = -1, out_running_var = -1, out_batch_mean = -1,
       out_batch_var = -1;
   bool single_thread = false;
+  // Non-temporal dst stores (an apply variant the driver takes when dst is
+  // 64-byte aligned and its rows or pixels are whole lines): when src and dst
+  // exceed a quarter of the L3, cached stores read every line for ownership
+  // first and evict the src the apply is about to read.
+  bool streaming = false;
 
   std::string kernel_name() const;  // "jit:avx512:bf16:fwd:ncx+relu"
   std::string key() const;          // everything the generated code depends on
@@ -92,6 +97,8 @@ class FwdKernels {
   virtual ~FwdKernels() = default;
   virtual void stats(const FwdArgs& a) const = 0;
   virtual void apply(const FwdArgs& a) const = 0;
+  // apply with streaming stores (conf.streaming; falls back to apply).
+  virtual void apply_streaming(const FwdArgs& a) const { apply(a); }
   double generate_ms = 0.0;
 };
 

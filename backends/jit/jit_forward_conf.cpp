@@ -41,7 +41,7 @@ std::string FwdConf::kernel_name() const {
 
 std::string FwdConf::key() const {
   return kernel_name() + ":" + std::to_string(c) + ":" + std::to_string(spatial) + ":" +
-         std::to_string(affine);
+         std::to_string(affine) + (streaming ? ":nt" : "");
 }
 
 StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
@@ -124,6 +124,11 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.chunk_rows = c.spatial >= kFwdRowPiece ? 1 : kFwdRowPiece / c.spatial;
   NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, bn->label()));
   c.single_thread = total * es < 64 * 1024;
+  // Whole lines per NCX row or NXC pixel, so every unmasked vector store is
+  // a full aligned line (or half of one, for 16-bit data).
+  const int64_t line_elems = (c.ncx_rows ? c.spatial : c.c) * es;
+  c.streaming = c.isa == Isa::kAvx512 && line_elems % 64 == 0 &&
+                (c.residual ? 3 : 2) * total * es > cache_sizes().l3_bytes / 4;
   return c;
 }
 

@@ -161,10 +161,18 @@ float ncx_shift(const FwdConf& c, const void* x, int64_t ch) {
   return static_cast<float>(s / static_cast<double>(k));
 }
 
+// The apply to call: the streaming variant when dst starts on a line (the
+// conf made every row or pixel whole lines).
+void (FwdKernels::*apply_fn(const FwdConf& c, const void* y))(const FwdArgs&) const {
+  const bool aligned = reinterpret_cast<uintptr_t>(y) % 64 == 0;
+  return c.streaming && aligned ? &FwdKernels::apply_streaming : &FwdKernels::apply;
+}
+
 Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
                 const std::vector<void*>& out) {
   const void* x = in[static_cast<size_t>(c.in_src)];
   void* y = out[static_cast<size_t>(c.out_dst)];
+  const auto apply = apply_fn(c, y);
   const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
   const int64_t es = dtype_size(c.dt);
   const int64_t pieces = (c.spatial + kFwdRowPiece - 1) / kFwdRowPiece;
@@ -207,7 +215,7 @@ Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const v
     a.coef = coef;
     a.len = c.spatial;
     a.rows = c.n;
-    k.apply(a);
+    (k.*apply)(a);
   };
   // Each channel on one task: its rows are summed and then normalised while
   // they are still in the cache.
@@ -226,6 +234,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
                   const std::vector<void*>& out) {
   const void* x = in[static_cast<size_t>(c.in_src)];
   void* y = out[static_cast<size_t>(c.out_dst)];
+  const auto apply = apply_fn(c, y);
   const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
   const int64_t es = dtype_size(c.dt);
   const int64_t cp = padded_channels(c.c);
@@ -284,7 +293,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
     a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + off * es;
     a.coef = coef.data();
     a.len = std::min(block, c.pixels - p0);
-    k.apply(a);
+    (k.*apply)(a);
   });
   return ok_status();
 }

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <memory>
 
 #include <xbyak/xbyak.h>
 
@@ -31,14 +32,15 @@ constexpr int kBlockVectors = 8;
 
 class FwdGenerator : public CodeGenerator {
  public:
-  enum class Kind { kStats, kApply };
+  enum class Kind { kStats, kApply, kApplyStreaming };
   using Fn = void (*)(const FwdArgs*);
 
   FwdGenerator(const FwdConf& c, Kind kind)
       : CodeGenerator(kFwdCodeBytes, DontSetProtectRWE),
         c_(c),
         es_(static_cast<int>(dtype_size(c.dt))),
-        cp_(padded_channels(c.c)) {
+        cp_(padded_channels(c.c)),
+        nt_(kind == Kind::kApplyStreaming) {
     if (c.ncx_rows) {
       kind == Kind::kStats ? rows_stats() : rows_apply();
     } else {
@@ -99,11 +101,14 @@ class FwdGenerator : public CodeGenerator {
     }
   }
 
+  // Unmasked stores stream (non-temporal) in the streaming apply variant.
   void store(const Address& a, const Zmm& v, const Zmm& tmp, bool masked) {
     const Ymm t(tmp.getIdx());
     if (c_.dt == DataType::kF32) {
       if (masked) {
         vmovups(a | k1, v);
+      } else if (nt_) {
+        vmovntps(a, v);
       } else {
         vmovups(a, v);
       }
@@ -116,6 +121,8 @@ class FwdGenerator : public CodeGenerator {
     }
     if (masked) {
       vmovdqu16(a | k1, t);
+    } else if (nt_) {
+      vmovntdq(a, t);
     } else {
       vmovdqu(a, t);
     }
@@ -259,6 +266,7 @@ class FwdGenerator : public CodeGenerator {
     dec(rbx);
     jnz(row, T_NEAR);
     pop(rbx);
+    if (nt_) sfence();
     vzeroupper();
     ret();
   }
@@ -355,6 +363,7 @@ class FwdGenerator : public CodeGenerator {
       jnz(pix, T_NEAR);
     }
     pop(rbx);
+    if (nt_) sfence();
     vzeroupper();
     ret();
   }
@@ -362,17 +371,25 @@ class FwdGenerator : public CodeGenerator {
   FwdConf c_;
   int es_;
   int64_t cp_;
+  bool nt_;
 };
 
 class GeneratedFwd final : public FwdKernels {
  public:
   explicit GeneratedFwd(const FwdConf& c)
-      : stats_(c, FwdGenerator::Kind::kStats), apply_(c, FwdGenerator::Kind::kApply) {}
+      : stats_(c, FwdGenerator::Kind::kStats),
+        apply_(c, FwdGenerator::Kind::kApply),
+        stream_(c.streaming ? std::make_unique<FwdGenerator>(c, FwdGenerator::Kind::kApplyStreaming)
+                            : nullptr) {}
   void stats(const FwdArgs& a) const override { stats_.fn()(&a); }
   void apply(const FwdArgs& a) const override { apply_.fn()(&a); }
+  void apply_streaming(const FwdArgs& a) const override {
+    (stream_ ? stream_->fn() : apply_.fn())(&a);
+  }
 
  private:
   FwdGenerator stats_, apply_;
+  std::unique_ptr<FwdGenerator> stream_;
 };
 
 }  // namespace
