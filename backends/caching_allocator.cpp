@@ -1,6 +1,6 @@
 // CachingAllocator: size classes, the free lists, and the bound on what is kept.
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <iterator>
 

@@ -62,8 +62,8 @@ class CachingAllocator {
   void trim_locked();
 
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;        // size class -> cached block
-  std::unordered_map<void*, size_t> live_;   // handed-out block -> size class
+  std::multimap<size_t, void*> free_;       // size class -> cached block
+  std::unordered_map<void*, size_t> live_;  // handed-out block -> size class
   Stats stats_;
   int64_t max_cached_;
   Allocator hook_;

@@ -45,8 +45,7 @@ Status check_tensor(const Where& where, const LogicalTensor& port, const Tensor&
                             dims_to_string(t.desc.dims) + ", expected " +
                             dims_to_string(port.dims));
   }
-  if (t.desc.strides != port.strides &&
-      port.effective_strides() != t.desc.effective_strides()) {
+  if (t.desc.strides != port.strides && port.effective_strides() != t.desc.effective_strides()) {
     return invalid_argument(where() + " (tensor " + std::to_string(port.id) + "): strides " +
                             dims_to_string(t.desc.effective_strides()) + ", expected " +
                             dims_to_string(port.effective_strides()));

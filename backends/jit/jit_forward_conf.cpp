@@ -32,8 +32,8 @@ int index_in(const std::vector<LogicalTensor>& list, int64_t id) {
 }  // namespace
 
 std::string FwdConf::kernel_name() const {
-  std::string s = std::string("jit:") + isa_name(isa) + ":" + dtype_name(dt) + ":fwd:" +
-                  (ncx_rows ? "rows" : "pixels");
+  std::string s = std::string("jit:") + isa_name(isa) + ":" + dtype_name(dt) +
+                  ":fwd:" + (ncx_rows ? "rows" : "pixels");
   if (residual) s += "+add";
   if (relu) s += "+relu";
   return s;
@@ -54,7 +54,8 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     if (op.kind() == OpKind::kReLU) relu = &op;
   }
   if (bn == nullptr || bn->id() != partition.anchor)
-    return internal_error("the JIT forward compiles partitions anchored at BatchNormForwardTraining");
+    return internal_error(
+        "the JIT forward compiles partitions anchored at BatchNormForwardTraining");
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(*bn));
   if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
   if (d.stats_dt != DataType::kF32)
@@ -76,11 +77,12 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
 
   auto need_input = [&](const LogicalTensor& lt, const char* role) -> StatusOr<int> {
     const int i = index_in(partition.inputs, lt.id);
-    if (i < 0) return unimplemented(std::string("the JIT forward needs ") + role +
-                                    " as a partition input");
+    if (i < 0)
+      return unimplemented(std::string("the JIT forward needs ") + role + " as a partition input");
     return i;
   };
-  if (!dense(bn->inputs()[0])) return unimplemented("the JIT forward takes dense src (ref runs it)");
+  if (!dense(bn->inputs()[0]))
+    return unimplemented("the JIT forward takes dense src (ref runs it)");
   NG_ASSIGN_OR_RETURN(c.in_src, need_input(bn->inputs()[0], "src"));
   NG_ASSIGN_OR_RETURN(c.in_mean, need_input(bn->inputs()[1], "mean"));
   NG_ASSIGN_OR_RETURN(c.in_var, need_input(bn->inputs()[2], "variance"));
@@ -111,11 +113,13 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     const int o = index_in(partition.outputs, bn->outputs()[i].id);
     if (o >= 0 && !dense_vector(bn->outputs()[i]))
       return unimplemented("the JIT forward writes dense statistics");
-    (i == 1 ? c.out_running_mean
-            : i == 2 ? c.out_running_var : i == 3 ? c.out_batch_mean : c.out_batch_var) = o;
+    (i == 1   ? c.out_running_mean
+     : i == 2 ? c.out_running_var
+     : i == 3 ? c.out_batch_mean
+              : c.out_batch_var) = o;
   }
   if (c.isa != Isa::kPortable && c.dt == DataType::kBF16 && !cpu_has_avx512_bf16())
-    c.isa = Isa::kPortable;  // bf16 stores want vcvtneps2bf16
+    c.isa = Isa::kPortable;                         // bf16 stores want vcvtneps2bf16
   if (c.isa == Isa::kAvx2) c.isa = Isa::kPortable;  // the forward generates AVX-512 only
   const int64_t es = dtype_size(c.dt);
   const int64_t pixel_bytes = std::max<int64_t>(1, c.c * es);

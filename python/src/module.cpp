@@ -84,8 +84,13 @@ class Compiled {
   std::vector<PartitionInfo> partitions() const {
     std::vector<PartitionInfo> v;
     for (const auto& cp : cg_->partitions()) {
-      PartitionInfo p{cp->partition().id,      cp->backend_name(), cp->partition().pattern,
-                      cp->kernel_name(), {}, {}, {}};
+      PartitionInfo p{cp->partition().id,
+                      cp->backend_name(),
+                      cp->partition().pattern,
+                      cp->kernel_name(),
+                      {},
+                      {},
+                      {}};
       for (const Op& op : cp->partition().ops) p.ops.emplace_back(op_kind_name(op.kind()));
       for (const LogicalTensor& lt : cp->partition().inputs) p.inputs.push_back(lt.id);
       for (const LogicalTensor& lt : cp->partition().outputs) p.outputs.push_back(lt.id);
@@ -246,7 +251,8 @@ Compiled compile(const Graph& graph, const std::string& backend,
   // An empty list is no pass at all (not the default pipeline): canonicalize
   // only, which always runs. Fusion is the backends' patterns, not a pass:
   // `optimize=False` turns it off.
-  if (passes) options.pipeline = passes->empty() ? std::vector<std::string>{"canonicalize"} : *passes;
+  if (passes)
+    options.pipeline = passes->empty() ? std::vector<std::string>{"canonicalize"} : *passes;
   StatusOr<CompiledGraph> cg = invalid_argument("not compiled");
   {
     py::gil_scoped_release release;
@@ -272,65 +278,80 @@ PYBIND11_MODULE(_normgrad, m) {
       .def_readonly("id", &LogicalTensor::id)
       .def_property_readonly("dtype", [](const LogicalTensor& t) { return dtype_name(t.dtype); })
       .def_property_readonly("shape", [](const LogicalTensor& t) { return t.dims; })
-      .def_property_readonly("strides", [](const LogicalTensor& t) { return t.effective_strides(); })
-      .def("__repr__", [](const LogicalTensor& t) { return "LogicalTensor(" + t.to_string() + ")"; });
+      .def_property_readonly("strides",
+                             [](const LogicalTensor& t) { return t.effective_strides(); })
+      .def("__repr__",
+           [](const LogicalTensor& t) { return "LogicalTensor(" + t.to_string() + ")"; });
 
   py::class_<Op>(m, "Op")
       .def(py::init([](int64_t id, const std::string& kind, const std::string& name) {
              return Op(id, unwrap(parse_op_kind(kind)), name);
            }),
            py::arg("id"), py::arg("kind"), py::arg("name") = "")
-      .def("set_attr", [](Op& op, const std::string& k, py::handle v) -> Op& {
-             set_attr(op, k, v);
-             return op;
-           }, py::return_value_policy::reference_internal)
-      .def("add_input", [](Op& op, const LogicalTensor& t) -> Op& { return op.add_input(t); },
-           py::return_value_policy::reference_internal)
-      .def("add_output", [](Op& op, const LogicalTensor& t) -> Op& { return op.add_output(t); },
-           py::return_value_policy::reference_internal)
+      .def(
+          "set_attr",
+          [](Op& op, const std::string& k, py::handle v) -> Op& {
+            set_attr(op, k, v);
+            return op;
+          },
+          py::return_value_policy::reference_internal)
+      .def(
+          "add_input", [](Op& op, const LogicalTensor& t) -> Op& { return op.add_input(t); },
+          py::return_value_policy::reference_internal)
+      .def(
+          "add_output", [](Op& op, const LogicalTensor& t) -> Op& { return op.add_output(t); },
+          py::return_value_policy::reference_internal)
       .def_property_readonly("id", &Op::id)
       .def_property_readonly("kind", [](const Op& op) { return std::string(op.kind_spelling()); })
       .def_property_readonly("name", &Op::name)
       .def_property_readonly("inputs", &Op::inputs)
       .def_property_readonly("outputs", &Op::outputs)
-      .def_property_readonly("attrs", [](const Op& op) {
-        py::dict d;
-        for (const auto& [k, v] : op.attrs()) d[py::str(k)] = attr_to_python(v);
-        return d;
-      })
+      .def_property_readonly("attrs",
+                             [](const Op& op) {
+                               py::dict d;
+                               for (const auto& [k, v] : op.attrs())
+                                 d[py::str(k)] = attr_to_python(v);
+                               return d;
+                             })
       .def("__repr__", [](const Op& op) { return "Op(" + op.label() + ")"; });
 
   py::class_<Graph>(m, "Graph")
       .def(py::init<>())
-      .def("add_op", [](Graph& g, const Op& op) { check(g.add_op(op)); }, py::arg("op"))
-      .def("add_op",
-           [](Graph& g, const std::string& kind, const std::vector<LogicalTensor>& inputs,
-              const std::vector<LogicalTensor>& outputs, const py::dict& attrs,
-              std::optional<int64_t> id, const std::string& name) {
-             const int64_t op_id = id ? *id : static_cast<int64_t>(g.ops().size());
-             check(g.add_op(make_op(kind, inputs, outputs, attrs, op_id, name)));
-           },
-           py::arg("kind"), py::arg("inputs"), py::arg("outputs"), py::arg("attrs") = py::dict(),
-           py::arg("id") = py::none(), py::arg("name") = "")
+      .def(
+          "add_op", [](Graph& g, const Op& op) { check(g.add_op(op)); }, py::arg("op"))
+      .def(
+          "add_op",
+          [](Graph& g, const std::string& kind, const std::vector<LogicalTensor>& inputs,
+             const std::vector<LogicalTensor>& outputs, const py::dict& attrs,
+             std::optional<int64_t> id, const std::string& name) {
+            const int64_t op_id = id ? *id : static_cast<int64_t>(g.ops().size());
+            check(g.add_op(make_op(kind, inputs, outputs, attrs, op_id, name)));
+          },
+          py::arg("kind"), py::arg("inputs"), py::arg("outputs"), py::arg("attrs") = py::dict(),
+          py::arg("id") = py::none(), py::arg("name") = "")
       .def("finalize", [](Graph& g) { check(g.finalize()); })
       .def_property_readonly("finalized", &Graph::finalized)
       .def_property_readonly("ops", [](const Graph& g) { return g.ops(); })
       .def("to_json", [](const Graph& g) { return graph_to_json(g); })
       .def("set_input_ports", &Graph::set_input_ports)
       .def("set_output_ports", &Graph::set_output_ports)
-      .def_property_readonly("inputs", [](const Graph& g) {
-        if (!g.finalized()) raise(invalid_graph("Graph.inputs: finalize() the graph first"));
-        return g.graph_inputs();
-      })
+      .def_property_readonly("inputs",
+                             [](const Graph& g) {
+                               if (!g.finalized())
+                                 raise(invalid_graph("Graph.inputs: finalize() the graph first"));
+                               return g.graph_inputs();
+                             })
       .def_property_readonly("outputs", [](const Graph& g) {
         if (!g.finalized()) raise(invalid_graph("Graph.outputs: finalize() the graph first"));
         return g.graph_outputs();
       });
 
-  m.def("load_graph", [](const std::string& path) { return unwrap(load_graph(path)); },
-        py::arg("path"), "Load a oneDNN-format JSON graph file");
-  m.def("graph_from_json", [](const std::string& text) { return unwrap(graph_from_json(text)); },
-        py::arg("text"));
+  m.def(
+      "load_graph", [](const std::string& path) { return unwrap(load_graph(path)); },
+      py::arg("path"), "Load a oneDNN-format JSON graph file");
+  m.def(
+      "graph_from_json", [](const std::string& text) { return unwrap(graph_from_json(text)); },
+      py::arg("text"));
 
   py::class_<PartitionInfo>(m, "Partition")
       .def_readonly("id", &PartitionInfo::id)
@@ -365,21 +386,27 @@ PYBIND11_MODULE(_normgrad, m) {
   m.def("num_threads", &num_threads);
   m.def("_pooled_empty", &pooled_empty, py::arg("shape"), py::arg("strides"), py::arg("dtype"),
         "A DLPack capsule over a block of the caching pool (torch.from_dlpack takes it)");
-  m.def("empty_cache", [] { default_caching_allocator().empty_cache(); },
-        "Give the caching pool's free blocks back to the system");
-  m.def("set_cache_limit", [](int64_t bytes) { default_caching_allocator().set_max_cached_bytes(bytes); },
-        py::arg("bytes"), "Bound the bytes the caching pool keeps in free blocks");
-  m.def("memory_stats", [] {
-    const CachingAllocator::Stats s = default_caching_allocator().stats();
-    py::dict d;
-    d["allocated_bytes"] = s.allocated_bytes;
-    d["cached_bytes"] = s.cached_bytes;
-    d["peak_allocated_bytes"] = s.peak_allocated_bytes;
-    d["hits"] = s.hits;
-    d["misses"] = s.misses;
-    d["released"] = s.released;
-    return d;
-  }, "The caching pool's counters");
+  m.def(
+      "empty_cache", [] { default_caching_allocator().empty_cache(); },
+      "Give the caching pool's free blocks back to the system");
+  m.def(
+      "set_cache_limit",
+      [](int64_t bytes) { default_caching_allocator().set_max_cached_bytes(bytes); },
+      py::arg("bytes"), "Bound the bytes the caching pool keeps in free blocks");
+  m.def(
+      "memory_stats",
+      [] {
+        const CachingAllocator::Stats s = default_caching_allocator().stats();
+        py::dict d;
+        d["allocated_bytes"] = s.allocated_bytes;
+        d["cached_bytes"] = s.cached_bytes;
+        d["peak_allocated_bytes"] = s.peak_allocated_bytes;
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        d["released"] = s.released;
+        return d;
+      },
+      "The caching pool's counters");
   m.def("backends", [] {
     std::vector<std::string> v;
     for (const Backend* b : available_backends()) v.emplace_back(b->name());

@@ -96,8 +96,8 @@ INSTANTIATE_TEST_SUITE_P(Isas, JitForwardIsa, ::testing::Values("avx512", "porta
 // rows per channel, and many pixel chunks and apply calls.
 TEST(JitForward, LargeShapesAgainstRef) {
   for (DataType dt : {DataType::kF32, DataType::kBF16}) {
-    for (const Dims& shape : {Dims{2, 3, 130, 131}, Dims{50, 5, 11, 13}, Dims{4, 29, 31, 67},
-                              Dims{3, 5, 7, 1100}}) {
+    for (const Dims& shape :
+         {Dims{2, 3, 130, 131}, Dims{50, 5, 11, 13}, Dims{4, 29, 31, 67}, Dims{3, 5, 7, 1100}}) {
       const std::string fmt = shape[3] == 67 || shape[3] == 1100 ? "NXC" : "NCX";
       const Graph g = fwd_graph(shape, fmt, dt, 3);
       SCOPED_TRACE(dims_to_string(shape) + " " + fmt);
@@ -125,10 +125,16 @@ FwdRun run_forward(const Dims& shape, const std::string& fmt, const std::vector<
   r.var.assign(static_cast<size_t>(c), 0.f);
   std::vector<float> ones(static_cast<size_t>(c), 1.f), zeros(static_cast<size_t>(c), 0.f);
   std::vector<float> rm(static_cast<size_t>(c)), rv(static_cast<size_t>(c));
-  Status s = cg->execute({{10, x.data()}, {11, zeros.data()}, {12, ones.data()},
-                          {13, ones.data()}, {14, zeros.data()}},
-                         {{20, r.y.data()}, {21, rm.data()}, {22, rv.data()},
-                          {23, r.mean.data()}, {24, r.var.data()}});
+  Status s = cg->execute({{10, x.data()},
+                          {11, zeros.data()},
+                          {12, ones.data()},
+                          {13, ones.data()},
+                          {14, zeros.data()}},
+                         {{20, r.y.data()},
+                          {21, rm.data()},
+                          {22, rv.data()},
+                          {23, r.mean.data()},
+                          {24, r.var.data()}});
   EXPECT_TRUE(s.ok()) << s.to_string();
   return r;
 }
@@ -169,11 +175,11 @@ TEST(JitForward, StatisticsDoNotCancel) {
     };
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t p = 0; p < hw; ++p) {
-        at(i, 0, p) = 1e7f;                                                    // constant
-        at(i, 1, p) = static_cast<float>(1e4 + dist(rng));                     // offset 1e4 sigma
-        at(i, 2, p) = static_cast<float>(3e5 * 0.01 + 0.01 * dist(rng));       // offset, small sigma
-        at(i, 3, p) = static_cast<float>(dist(rng));                           // plain
-        at(i, 4, p) = static_cast<float>(-2e4 + 2.0 * dist(rng));              // negative offset
+        at(i, 0, p) = 1e7f;                                               // constant
+        at(i, 1, p) = static_cast<float>(1e4 + dist(rng));                // offset 1e4 sigma
+        at(i, 2, p) = static_cast<float>(3e5 * 0.01 + 0.01 * dist(rng));  // offset, small sigma
+        at(i, 3, p) = static_cast<float>(dist(rng));                      // plain
+        at(i, 4, p) = static_cast<float>(-2e4 + 2.0 * dist(rng));         // negative offset
       }
     }
     const FwdRun r = run_forward(shape, fmt, x, "jit");

@@ -1,0 +1,135 @@
+// CachingAllocator: size classes, reuse of freed blocks, the bound on what it
+// keeps, alignment, threads, and serving CompiledGraph::execute as its
+// Allocator hook (steady executions allocate nothing new).
+#include <cstdint>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <normgrad/backends/caching_allocator.hpp>
+#include <normgrad/backends/compiler.hpp>
+#include "tests/backend_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::bn_bwd;
+using testing_util::lt;
+
+TEST(CachingAllocator, SizeClasses) {
+  EXPECT_EQ(CachingAllocator::size_class(0), 4096u);
+  EXPECT_EQ(CachingAllocator::size_class(1), 4096u);
+  EXPECT_EQ(CachingAllocator::size_class(4097), 8192u);
+  EXPECT_EQ(CachingAllocator::size_class(size_t{1} << 20), size_t{1} << 20);
+  // Above 1 MiB: eighths of the power of two below, at most 12.5% unused.
+  EXPECT_EQ(CachingAllocator::size_class((size_t{1} << 20) + 1), (size_t{1} << 20) + (1 << 17));
+  for (size_t b : {size_t{3} << 20, size_t{100} << 20, (size_t{1} << 30) + 12345}) {
+    const size_t c = CachingAllocator::size_class(b);
+    EXPECT_GE(c, b);
+    EXPECT_LE(static_cast<double>(c), 1.125 * static_cast<double>(b) + 4096) << b;
+  }
+}
+
+TEST(CachingAllocator, ReusesFreedBlocksAndCountsThem) {
+  CachingAllocator pool;
+  void* a = pool.allocate(5 << 20, 64);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  pool.deallocate(a);
+  void* b = pool.allocate(5 << 20, 64);
+  EXPECT_EQ(a, b);  // the same block again: no new pages to fault in
+  const auto s = pool.stats();
+  EXPECT_EQ(s.hits, 1);
+  EXPECT_EQ(s.misses, 1);
+  EXPECT_EQ(s.allocated_bytes, static_cast<int64_t>(CachingAllocator::size_class(5 << 20)));
+  EXPECT_EQ(s.cached_bytes, 0);
+  pool.deallocate(b);
+  EXPECT_GT(pool.stats().cached_bytes, 0);
+  pool.empty_cache();
+  EXPECT_EQ(pool.stats().cached_bytes, 0);
+  EXPECT_EQ(pool.stats().released, 1);
+  pool.deallocate(nullptr);  // ignored
+}
+
+TEST(CachingAllocator, KeepsNoMoreThanItsBound) {
+  CachingAllocator pool(8 << 20);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(3 << 20, 64));
+  for (void* p : blocks) pool.deallocate(p);
+  const auto s = pool.stats();
+  EXPECT_LE(s.cached_bytes, 8 << 20);
+  EXPECT_EQ(s.released, 2);  // two of the four 3.25 MiB blocks went back
+  pool.set_max_cached_bytes(0);
+  EXPECT_EQ(pool.stats().cached_bytes, 0);
+}
+
+TEST(CachingAllocator, HonoursLargerAlignments) {
+  CachingAllocator pool;
+  void* p = pool.allocate(10000, 4096);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
+  pool.deallocate(p);
+}
+
+TEST(CachingAllocator, ThreadsShareOnePool) {
+  CachingAllocator pool;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&pool, t] {
+      for (int i = 0; i < 200; ++i) {
+        const size_t bytes = static_cast<size_t>((i % 7 + 1) * 40000 + t);
+        auto* p = static_cast<unsigned char*>(pool.allocate(bytes, 64));
+        ASSERT_NE(p, nullptr);
+        p[0] = p[bytes - 1] = static_cast<unsigned char>(t);  // the whole span is ours
+        pool.deallocate(p);
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  const auto s = pool.stats();
+  EXPECT_EQ(s.allocated_bytes, 0);
+  EXPECT_EQ(s.hits + s.misses, 800);
+  EXPECT_GT(s.hits, 700);  // at most a few blocks per class and thread were ever new
+}
+
+TEST(CachingAllocator, ServesExecuteThroughTheAllocatorHook) {
+  // ReLU -> BatchNormTrainingBackward with fusion off: an intermediate
+  // between two partitions, allocated per execute from the hook.
+  Graph g;
+  Op relu(10, OpKind::kReLU, "relu");
+  relu.add_input(lt(20, DataType::kF32, {8, 16, 32, 32}))
+      .add_output(lt(0, DataType::kF32, {8, 16, 32, 32}));
+  ASSERT_TRUE(g.add_op(relu).ok());
+  ASSERT_TRUE(g.add_op(bn_bwd({8, 16, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3))
+                  .ok());
+  CompileOptions options{"auto"};
+  options.optimize = false;
+  auto cg = CompiledGraph::compile(g, options);
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  ASSERT_EQ(cg->partitions().size(), 2u);
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 3, nullptr);
+  ASSERT_TRUE(inputs.ok());
+  std::map<int64_t, const void*> in;
+  for (const auto& [id, b] : *inputs) in[id] = b.data();
+  std::map<int64_t, oracle::Buffer> outs;
+  std::map<int64_t, void*> out;
+  for (const LogicalTensor& t : cg->outputs()) {
+    auto b = oracle::allocate(t);
+    ASSERT_TRUE(b.ok());
+    out[t.id] = outs.emplace(t.id, std::move(b).value()).first->second.data();
+  }
+  CachingAllocator pool;
+  ASSERT_TRUE(cg->execute(in, out, nullptr, &pool.allocator()).ok());
+  const auto first = pool.stats();
+  EXPECT_GE(first.misses, 1);
+  EXPECT_EQ(first.allocated_bytes, 0);  // every block came back
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cg->execute(in, out, nullptr, &pool.allocator()).ok());
+  const auto steady = pool.stats();
+  EXPECT_EQ(steady.misses, first.misses);  // nothing new after the first execute
+  EXPECT_GE(steady.hits, first.hits + 3);
+}
+
+}  // namespace
+}  // namespace normgrad

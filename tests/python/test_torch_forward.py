@@ -1,0 +1,198 @@
+"""normgrad.torch's forward on the JIT, its memory pool, formats, input rules and
+torch.fx fusion, against torch in float64 (never against normgrad itself)."""
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed: normgrad.torch is not tested")
+import normgrad  # noqa: E402
+import normgrad.torch as ngt  # noqa: E402
+
+
+def rel(a, b):
+    b = b.double()
+    return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def kernels():
+    return [p.kernel for cg in ngt._CACHE.values() for p in cg.partitions]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_forward_runs_on_the_jit_and_keeps_the_format(layout, dtype):
+    torch.manual_seed(1)
+    x = torch.randn(6, 20, 9, 11).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    ours = ngt.BatchNorm2d(20)
+    ref = torch.nn.BatchNorm2d(20).double()
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ours.bias.uniform_(-0.5, 0.5)
+        ref.weight.copy_(ours.weight)
+        ref.bias.copy_(ours.bias)
+    y = ours(x)
+    assert y.dtype == dtype
+    assert y.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
+    limit = {torch.float32: 1e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    assert rel(y, ref(x.double())) < limit
+    assert any(":fwd:" in k for k in kernels() if k.startswith("jit:")), kernels()
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_running_statistics_follow_torch(momentum):
+    torch.manual_seed(2)
+    ours = ngt.BatchNorm2d(7, momentum=momentum)
+    ref = torch.nn.BatchNorm2d(7, momentum=momentum).double()
+    for step in range(3):
+        x = torch.randn(4, 7, 5, 5) * (step + 1) + step
+        ours(x)
+        ref(x.double())
+    assert int(ours.num_batches_tracked) == 3
+    assert rel(ours.running_mean, ref.running_mean) < 1e-6
+    assert rel(ours.running_var, ref.running_var) < 1e-6  # unbiased, as torch keeps it
+
+
+def test_a_constant_channel_normalises_to_beta():
+    # pytorch#5410: E[x^2] - E[x]^2 in f32 gives a constant 1e7 channel a
+    # variance, and dst of +-1 instead of 0.
+    x = torch.randn(8, 3, 16, 16)
+    x[:, 1] = 1e7
+    y = ngt.BatchNorm2d(3)(x)
+    assert torch.equal(y[:, 1], torch.zeros_like(y[:, 1]))
+
+
+def test_f16_channels_last_has_no_nan():
+    # pytorch#147303: sums of f16 squares overflow; normgrad sums in f32.
+    torch.manual_seed(3)
+    x = (torch.randn(16, 8, 32, 32) * 300).half().contiguous(memory_format=torch.channels_last)
+    y = ngt.BatchNorm2d(8).half()(x)
+    assert torch.isfinite(y).all()
+    ref = torch.nn.BatchNorm2d(8).double()(x.double())
+    assert rel(y, ref) < 2e-3
+
+
+def test_offset_data_keeps_its_statistics():
+    # f32 data at an offset of 1e4 sigma: the batch mean and variance (here
+    # through momentum 1: the running buffers take them) to 1e-6 relative.
+    torch.manual_seed(4)
+    x = torch.randn(8, 4, 20, 20).double() + 1e4
+    m = ngt.BatchNorm2d(4, momentum=1.0)
+    m(x.float())
+    xf = x.float().double()
+    n = xf.numel() // 4
+    mean = xf.mean(dim=(0, 2, 3))
+    var = xf.var(dim=(0, 2, 3), unbiased=False) * n / (n - 1)
+    assert ((m.running_mean.double() - mean).abs() / mean.abs()).max() < 1e-6
+    assert ((m.running_var.double() - var).abs() / var).max() < 1e-6
+
+
+def test_a_gradient_in_another_format_is_not_copied_whole():
+    torch.manual_seed(5)
+    x = torch.randn(4, 16, 8, 8).contiguous(memory_format=torch.channels_last)
+    g = torch.randn(4, 16, 8, 8)  # plain NCHW
+    ours, ref = ngt.BatchNorm2d(16), torch.nn.BatchNorm2d(16).double()
+    xo, xr = x.clone().requires_grad_(), x.double().contiguous().requires_grad_()
+    ours(xo).backward(g)
+    ref(xr).backward(g.double())
+    assert rel(xo.grad, xr.grad) < 2e-6
+    assert xo.grad.is_contiguous(memory_format=torch.channels_last)
+    assert any("+staged" in k or "+strided" in k for k in kernels()), kernels()
+
+
+def test_outputs_come_back_to_the_pool():
+    normgrad.empty_cache()
+    m = ngt.BatchNorm2d(32)
+    x = torch.randn(16, 32, 32, 32)  # 2 MiB: pooled
+    for _ in range(2):
+        xi = x.clone().requires_grad_()
+        m(xi).sum().backward()
+    before = normgrad.memory_stats()
+    for _ in range(3):
+        xi = x.clone().requires_grad_()
+        m(xi).sum().backward()
+    after = normgrad.memory_stats()
+    assert after["misses"] == before["misses"], (before, after)  # steady: no new blocks
+    assert after["hits"] >= before["hits"] + 6  # dst and diff_src each step
+    assert after["allocated_bytes"] > 0  # the last step's diff_src, held by xi.grad
+    del xi
+    assert normgrad.memory_stats()["allocated_bytes"] == 0  # every tensor gave its block back
+    normgrad.empty_cache()
+    assert normgrad.memory_stats()["cached_bytes"] == 0
+
+
+@pytest.mark.parametrize("bad, rule", [
+    (lambda: torch.randn(4, 8, 3, 3, dtype=torch.float64), "rule: dtype"),
+    (lambda: torch.empty(0, 8, 3, 3), "rule: N * spatial > 0"),
+    (lambda: torch.randn(1, 8, 1, 1), "rule: N * spatial > 1"),
+    (lambda: torch.randn(4, 8), "BatchNorm2d"),
+    (lambda: torch.empty(4, 8, 3, 3, device="meta"), "rule: device == cpu"),
+])
+def test_bad_input_names_the_module_and_the_rule(bad, rule):
+    with pytest.raises(normgrad.Error, match="normgrad.torch.BatchNorm2d"):
+        try:
+            ngt.BatchNorm2d(8)(bad())
+        except normgrad.Error as e:
+            assert rule in str(e), str(e)
+            raise
+
+
+def test_fused_forward_and_backward_match_torch():
+    torch.manual_seed(6)
+    x = torch.randn(4, 8, 6, 6)
+    r = torch.randn(4, 8, 6, 6)
+    g = torch.randn(4, 8, 6, 6)
+    ours = ngt.BatchNorm2d(8, fuse_relu=True)
+    ref = torch.nn.BatchNorm2d(8).double()
+    xo, ro = x.clone().requires_grad_(), r.clone().requires_grad_()
+    xr, rr = x.double().requires_grad_(), r.double().requires_grad_()
+    yo = ours(xo, ro)
+    yr = torch.relu(ref(xr) + rr)
+    assert rel(yo, yr) < 1e-6
+    yo.backward(g)
+    yr.backward(g.double())
+    assert rel(xo.grad, xr.grad) < 2e-6
+    assert rel(ro.grad, rr.grad) < 1e-6
+    assert rel(ours.weight.grad, ref.weight.grad) < 1e-5
+    assert any(k.endswith("fwd:rows+add+relu") for k in kernels()), kernels()
+
+
+def test_convert_fuse_traces_torchvision_resnets():
+    torchvision = pytest.importorskip("torchvision", reason="python3-torchvision is not installed")
+    import copy
+    torch.manual_seed(7)
+    base = torchvision.models.resnet18()
+    ref = copy.deepcopy(base).double()
+    ours = ngt.convert(copy.deepcopy(base), fuse=True)
+    assert ours.normgrad_fused == 17  # stem BN+ReLU, 8 x BN+ReLU, 8 x BN+Add+ReLU
+    x = torch.randn(2, 3, 64, 64)
+    xo, xr = x.clone().requires_grad_(), x.double().requires_grad_()
+    lo, lr = ours(xo).square().mean(), ref(xr).square().mean()
+    assert abs(lo.item() - lr.item()) / lr.item() < 1e-5
+    lo.backward()
+    lr.backward()
+    assert rel(xo.grad, xr.grad) < 1e-4
+    po, pr = dict(ours.named_parameters()), dict(ref.named_parameters())
+    assert max(rel(po[k].grad, pr[k].grad) for k in pr) < 1e-4
+    fused = [k for k in kernels() if "+add+relu" in k]
+    assert fused, kernels()
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: fx cannot trace it
+            return torch.relu(self.bn(x))
+        return self.bn(x)
+
+
+def test_an_untraceable_model_is_converted_with_a_warning():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        m = ngt.convert(Branchy(), fuse=True)
+    assert isinstance(m.bn, ngt.BatchNorm2d)
+    assert any("cannot trace" in str(x.message) for x in w), [str(x.message) for x in w]
