@@ -86,8 +86,7 @@ def layer_case(shape, layout, dt, runs):
 
 def run_layers(args, out):
     rows = []
-    shapes = LAYERS + [(1, 32, 8, 8)]
-    for shape in shapes:
+    for shape in args.shapes:
         for layout in args.layouts:
             for dt in args.dtypes:
                 runs = args.runs if shape[0] > 1 else max(args.runs, 200)
@@ -177,6 +176,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch and normgrad threads")
     p.add_argument("--layouts", default="NCHW,channels_last")
     p.add_argument("--dtypes", default="f32,bf16")
+    p.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in LAYERS) + ",1x32x8x8",
+                   help="per-layer cases, NxCxHxW comma-separated (default: ResNet-50's five "
+                        "batch-32 shapes and 1x32x8x8)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     args.layouts = args.layouts.split(",")
@@ -187,6 +189,12 @@ def main(argv=None):
     for dt in args.dtypes:
         if dt not in DTYPES:
             p.error("dtypes are f32 and bf16")
+    try:
+        args.shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+    except ValueError:
+        p.error("--shapes takes NxCxHxW lists, e.g. 32x256x56x56,1x32x8x8")
+    if any(len(s) != 4 or min(s) < 1 for s in args.shapes):
+        p.error("--shapes takes NxCxHxW with positive sizes")
     torch.set_num_threads(args.threads)
     normgrad.set_num_threads(args.threads)
     out = {"host": host(), "threads": args.threads, "torch": torch.__version__,

@@ -128,10 +128,18 @@ class _BatchNormFunction(_torch.autograd.Function):
             if running_mean is not None:
                 # torch's update: momentum towards the batch, the variance unbiased.
                 n = x.numel() // c
-                with _torch.no_grad():
-                    running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
-                    unbiased = var * (n / max(n - 1, 1))
-                    running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
+                unbias = n / max(n - 1, 1)
+                if (running_mean.dtype == running_var.dtype == _torch.float32
+                        and running_mean.is_contiguous() and running_var.is_contiguous()):
+                    _ng._normgrad._update_running(running_mean.data_ptr(), running_var.data_ptr(),
+                                                  mean.data_ptr(), var.data_ptr(), c,
+                                                  float(factor), float(unbias))
+                else:
+                    with _torch.no_grad():
+                        running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype),
+                                                           alpha=factor)
+                        running_var.mul_(1 - factor).add_((var * unbias).to(running_var.dtype),
+                                                          alpha=factor)
         else:
             mean = running_mean.detach().float().contiguous()
             var = running_var.detach().float().contiguous()

@@ -243,6 +243,24 @@ py::capsule pooled_empty(const std::vector<int64_t>& shape, const std::vector<in
   });
 }
 
+// torch's running-statistics update on f32 buffers, in f64 as torch's CPU
+// kernel accumulates: running = (1 - factor) running + factor batch, the
+// variance unbiased by `unbias` = n / (n - 1). Pointers from normgrad.torch,
+// which checked that all four are contiguous f32 vectors of c elements.
+void update_running(uintptr_t rm, uintptr_t rv, uintptr_t mean, uintptr_t var, int64_t c,
+                    double factor, double unbias) {
+  if (rm == 0 || rv == 0 || mean == 0 || var == 0 || c < 0)
+    raise(invalid_argument("_update_running: null pointer or negative size"));
+  auto* m = reinterpret_cast<float*>(rm);
+  auto* v = reinterpret_cast<float*>(rv);
+  const auto* bm = reinterpret_cast<const float*>(mean);
+  const auto* bv = reinterpret_cast<const float*>(var);
+  for (int64_t i = 0; i < c; ++i) {
+    m[i] = static_cast<float>(factor * bm[i] + (1.0 - factor) * m[i]);
+    v[i] = static_cast<float>(factor * unbias * bv[i] + (1.0 - factor) * v[i]);
+  }
+}
+
 Compiled compile(const Graph& graph, const std::string& backend,
                  const std::optional<std::vector<std::string>>& passes, bool optimize) {
   CompileOptions options;
@@ -386,6 +404,9 @@ PYBIND11_MODULE(_normgrad, m) {
   m.def("num_threads", &num_threads);
   m.def("_pooled_empty", &pooled_empty, py::arg("shape"), py::arg("strides"), py::arg("dtype"),
         "A DLPack capsule over a block of the caching pool (torch.from_dlpack takes it)");
+  m.def("_update_running", &update_running, py::arg("running_mean"), py::arg("running_var"),
+        py::arg("mean"), py::arg("var"), py::arg("c"), py::arg("factor"), py::arg("unbias"),
+        "normgrad.torch's running-statistics update (f32 vectors by data pointer)");
   m.def(
       "empty_cache", [] { default_caching_allocator().empty_cache(); },
       "Give the caching pool's free blocks back to the system");
