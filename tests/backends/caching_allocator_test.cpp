@@ -102,8 +102,8 @@ TEST(CachingAllocator, ServesExecuteThroughTheAllocatorHook) {
   relu.add_input(lt(20, DataType::kF32, {8, 16, 32, 32}))
       .add_output(lt(0, DataType::kF32, {8, 16, 32, 32}));
   ASSERT_TRUE(g.add_op(relu).ok());
-  ASSERT_TRUE(g.add_op(bn_bwd({8, 16, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3))
-                  .ok());
+  ASSERT_TRUE(
+      g.add_op(bn_bwd({8, 16, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3)).ok());
   CompileOptions options{"auto"};
   options.optimize = false;
   auto cg = CompiledGraph::compile(g, options);
