@@ -57,7 +57,7 @@ double round_to_dtype(double v, DataType dt);
 
 // Element access on raw buffers, for the backends and the tools. f32, the
 // common case, is inline: per-channel loops over thousands of channels
-// measured the out-of-line call (docs/performance-history.md, eighth #14 session).
+// measured the out-of-line call (git log -S load_any_as_double has the runs).
 double load_any_as_double(const void* base, int64_t index, DataType dt);
 void store_any_from_double(void* base, int64_t index, DataType dt, double v);
 inline double load_as_double(const void* base, int64_t index, DataType dt) {

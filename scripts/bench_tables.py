@@ -4,7 +4,7 @@
 Per case: the JIT's time and oneDNN's (plain layout, pre-blocked nChw16c, and
 nChw16c with the reorders timed), their ratios, the traffic bounds the bench
 computed (bound_ms), and how near each kernel came to its own layout's bound.
-Then the geomeans of #14's targets over the five batch-32 ResNet-50 layers.
+Then the geomeans over the five batch-32 ResNet-50 layers.
 Ratios are speed-ups: above 1 means the JIT is faster.
 
     scripts/bench_tables.py docs/bench-resnet50.json

@@ -61,7 +61,7 @@ class StreamProbe {
 //              subset then sits at a power-of-two row stride and maps to
 //              the same fraction of the cache's sets as of the row, so no
 //              walk keeps a subset cached between the passes
-//              (docs/performance-history.md, ninth session). Other C: no
+//              (docs/performance.md, the traffic bound). Other C: no
 //              re-read is charged, as a slab walk might avoid it.
 // A lower bound on time is bytes over the host's streaming rate. Returns 0
 // when src and diff_dst fit the L3 together: a run may then find them
@@ -81,7 +81,7 @@ void flush_caches(int64_t bytes = int64_t{96} << 20);
 // also needs this: flush_caches alone left part of a 25.7 MB input pair in
 // this host's L3 (apparently kept as lines read twice, by the reduce and the
 // apply), and the "cold" reduce then read faster than the host's read-only
-// rate (docs/performance-history.md, fourteenth session).
+// rate (measured on the AMD host: git log -S evict_lines has the runs).
 void evict_lines(const void* p, size_t bytes);
 
 // oneDNN 2.6 batch_normalization_backward on nChw16c with blocked inputs

@@ -177,7 +177,7 @@ int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel) {
   // (the last short by less than one pixel per chunk), so that 2, 4 or 8 threads get equal
   // shares. 1 MiB chunks alone gave 4x512x14x14 f32 chunks of 256, 256, 256
   // and 16 pixels, and its bf16 twin one chunk: one thread for the whole
-  // reduction (docs/performance-history.md).
+  // reduction.
   if (chunks < kManyChunks) {
     chunks = (chunks + kChunkMultiple - 1) / kChunkMultiple * kChunkMultiple;
     chunks = std::max<int64_t>(1, std::min(chunks, pixels / kMinChunkRows));
@@ -352,7 +352,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     c.pixel_group = kPixelGroup;
   // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
   // grouped rows kernels: each image's rows of a channel group are one
-  // contiguous block (docs/performance-history.md measures it).
+  // contiguous block.
   const bool dense_rows = c.x_strides.empty() && c.dy_strides.empty() && c.dx_strides.empty() &&
                           c.batch_calls == 0 && c.channel_stride == c.cols &&
                           c.dx_channel_stride == c.cols;
@@ -375,7 +375,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // bench (each backend's tensors evicted by the others' between its runs):
   // 2x192x71x71 bf16 (11.6 MB for the three) gained 9% from streaming,
   // 2x192x71x71 f32 (23 MB) 18%, and 4x512x14x14 f32 (4.8 MB) lost 15%;
-  // docs/performance-history.md. So: stream when the three take more than a quarter
+  // so: stream when the three take more than a quarter
   // of the L3. The AVX-512 path has them (the AVX2 path keeps ordinary stores).
   c.streaming_stores = isa == Isa::kAvx512 && 3 * data_bytes > cache_sizes().l3_bytes / 4;
   return c;

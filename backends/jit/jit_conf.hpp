@@ -76,7 +76,7 @@ constexpr int64_t kReducePrefetchRows = 2;
 // kRows: rows at least this long prefetch the next channel in the apply
 // (BnConf::apply_prefetch_next_channel). 40x40 to 112x112 f32 and 56x56 bf16
 // measured 5-14% faster with it; 28x28 f32 rows (3 KiB) 2-12% slower, for
-// reasons not found (docs/performance-history.md).
+// reasons not found.
 constexpr int64_t kNextChannelPrefetchRowBytes = 4096;
 // kRows, channels whose inputs exceed a quarter of the L2: the apply walks a
 // channel's rows last first in calls of about this many bytes per tensor
@@ -123,7 +123,7 @@ struct BnConf {
   // the reduce prefetches, line by line, the row kReducePrefetchRows ahead.
   // Every row is a new stream for the hardware prefetchers, and a 16-bit row
   // (6 KiB at 56x56) ends before they run far enough ahead; f32 rows are twice
-  // as long per element and measured no faster with it (docs/performance-history.md).
+  // as long per element and measured no faster with it.
   bool reduce_prefetch_rows = false;
   // kRows, long rows, one call per channel: while the apply computes channel
   // c it prefetches, line by line, channel c + 1's inputs into the L2, so that

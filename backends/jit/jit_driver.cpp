@@ -136,7 +136,7 @@ struct Staging {
 // and freed on every call, their 100-200 KB at the heap's top were trimmed by
 // glibc after each call and page-faulted back in on the next: 16-44 faults
 // per call, 1x7x7x2048 NXC f32 0.116 ms against 0.036 ms without the trim
-// (docs/performance-history.md). assign() keeps the capacity.
+// (measured). assign() keeps the capacity.
 struct DriverScratch {
   std::vector<Channel> ch;
   std::vector<double> red0, red1, diff_gamma, diff_beta, s0, s1;
@@ -299,7 +299,7 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
   // runs in parallel, and store its diff_gamma/diff_beta there too; the
   // pixels walk needs every channel's at once. With thousands of channels
   // and few elements each (7x7, small batches) the serial loops were a
-  // measured share of the time (docs/performance-history.md).
+  // measured share of the time.
   ScratchLease lease;
   DriverScratch& scratch = lease.get();
   std::vector<Channel>& ch = scratch.ch;

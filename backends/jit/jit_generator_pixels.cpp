@@ -7,7 +7,7 @@
 // of conf.pixel_group, each group walked one block of channels at a time with
 // the block's sums or coefficients in registers, so memory operands are paid
 // once per group instead of once per pixel (1.5-2x on C = 256..2048, measured
-// in docs/performance-history.md). The rest use memory operands per vector.
+// on cache-resident data; docs/performance.md). The rest use memory operands per vector.
 #include <normgrad/backends/jit/jit_generator.hpp>
 
 namespace normgrad {

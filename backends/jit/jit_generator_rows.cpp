@@ -32,7 +32,7 @@ constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum 
 // inputs while this one is computed.
 void BnGenerator::prefetch_next_row() {
   // A group's rows of one image are one block: the next image's block (two or
-  // four images ahead measured no faster, no prefetch slower: docs/performance-history.md).
+  // four images ahead measured no faster, no prefetch slower).
   if (c_.walk != Walk::kRows || c_.cols * es_ > kShortRowBytes) return;
   if (kind_ == Kind::kApply && !c_.apply_prefetch) return;
   const int64_t row_bytes = c_.cols * es_ * std::max(1, c_.channel_group);

@@ -84,7 +84,7 @@ TEST(JsonIo, AcceptsWriterQuirks) {
   EXPECT_NE(graph_to_json(*g).find("\"value\": 0"), std::string::npos);
 }
 
-// The other forms oneDNN's dumps and benchdnn's inputs carry (issue #12): an
+// The other forms oneDNN's dumps and benchdnn's inputs carry: an
 // unknown-rank output, a one-element INT64_MIN stride of any rank, -1 dims,
 // rank-0 tensors, opaque layouts, a gpu engine, older "Backprop" spellings and
 // op kinds with no schema of ours, which load as opaque ops.

@@ -1,4 +1,4 @@
-// Graph-level input_ports / output_ports survive the pass pipeline (issue #12).
+// Graph-level input_ports / output_ports survive the pass pipeline.
 //
 // Canonicalisation drops inputs (TF V3's reserve_space_3, the single-output
 // form's gamma); with oneDNN's `input_ports` listing them, the lowered graph

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The synchronized batch-norm backward across processes (issue #18), on
+# The synchronized batch-norm backward across processes, on
 # loopback with `mpirun --oversubscribe`:
 #  - every sync graph (examples/graphs/sync, tests/data/sync) with the batch
 #    split over 2 and 3 processes (uneven slices) and over 4 (the batch-3

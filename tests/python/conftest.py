@@ -11,7 +11,7 @@ def pytest_report_header(config):
                                                         sys.executable)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ng():
     import normgrad
     return normgrad
