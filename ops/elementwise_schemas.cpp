@@ -179,9 +179,12 @@ void register_elementwise_schemas(OpRegistry& registry) {
   {
     // oneDNN Graph's Add: numpy broadcasting by default, and the two sources and
     // the destination may differ in dtype (f32 + bf16 -> f32 is common in
-    // mixed-precision graphs). The sum is computed in f32 or wider.
+    // mixed-precision graphs). The sum is computed in f32 or wider. s32 as
+    // oneDNN's spec allows it (attention masks in newer oneDNN graphs), run by
+    // ref (oneDNN 2.6's binary primitive is not asked for integers).
     OpSchema s(OpKind::kAdd);
     s.input("src_0").input("src_1").output("dst");
+    s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kS32});
     s.attr("auto_broadcast", AttrKind::kString, false, std::string("numpy"), {"none", "numpy"});
     s.shape_rule(broadcast_shape_rule);
     registry.add(std::move(s));

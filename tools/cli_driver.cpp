@@ -93,6 +93,10 @@ Driver::Driver(RunOptions defaults) : defaults_(defaults), opt_(std::move(defaul
 }
 
 bool Driver::fail_arg(const std::string& msg) {
+  if (depth_ > 0) {  // a batch file's line: its cases say why, the batch goes on
+    invalid_knob_ = msg;
+    return true;
+  }
   std::cerr << "normgrad run: " << msg << "\n";
   return false;
 }
@@ -161,6 +165,7 @@ std::string Driver::resolve(const std::string& path) const {
 }
 
 bool Driver::process_in(const std::vector<std::string>& tokens, int depth) {
+  depth_ = depth;
   for (const std::string& t : tokens) {
     if (t.rfind("-", 0) != 0) {  // a plain graph path: detailed runs
       run_cases(t, t, false);
@@ -176,6 +181,7 @@ bool Driver::process_in(const std::vector<std::string>& tokens, int depth) {
     }
     if (key == "reset") {
       lists_.clear();  // case knobs only; globals stay
+      invalid_knob_.clear();
       continue;
     }
     if (key == "case") {
@@ -183,10 +189,11 @@ bool Driver::process_in(const std::vector<std::string>& tokens, int depth) {
       continue;
     }
     if (key == "batch") {
-      if (depth > 4) return fail_arg("--batch nests deeper than 4 files");
+      // A batch that cannot be read stops the run, inside a batch file too.
+      if (depth > 4) return std::cerr << "normgrad run: --batch nests deeper than 4 files\n", false;
       const std::string path = resolve(value);
       std::ifstream in(path);
-      if (!in) return fail_arg("--batch: cannot open " + value);
+      if (!in) return std::cerr << "normgrad run: --batch: cannot open " << value << "\n", false;
       std::vector<std::string> words;
       std::string line;
       while (std::getline(in, line)) {
@@ -198,6 +205,7 @@ bool Driver::process_in(const std::vector<std::string>& tokens, int depth) {
       }
       batch_dirs_.push_back(fs::path(path).parent_path().string());
       const bool ok = process_in(words, depth + 1);
+      depth_ = depth;
       batch_dirs_.pop_back();
       if (!ok) return false;
       continue;
@@ -205,11 +213,19 @@ bool Driver::process_in(const std::vector<std::string>& tokens, int depth) {
     bool handled = false;
     if (!set_global(key, value, &handled)) return false;
     if (handled) continue;
-    if (!is_case_knob(key)) return fail_arg("unknown option " + t);
-    // Check every value now, so a typo stops the batch at its line.
-    for (const std::string& v : split_commas(value)) {
-      Knobs probe;
-      if (Status s = parse_case_knob(key, v, &probe); !s.ok()) return fail_arg(s.message());
+    if (!is_case_knob(key)) {
+      if (!fail_arg("unknown option " + t)) return false;
+      continue;
+    }
+    // On the command line a value that does not parse is a usage error (exit
+    // 2). Inside a batch file the cases it applies to are INVALID_ARGUMENTS
+    // (run_cases parses each case's knobs again) and the batch goes on to its
+    // summary, as benchdnn's does.
+    if (depth == 0) {
+      for (const std::string& v : split_commas(value)) {
+        Knobs probe;
+        if (Status s = parse_case_knob(key, v, &probe); !s.ok()) return fail_arg(s.message());
+      }
     }
     lists_[key] = split_commas(value);
   }
@@ -231,7 +247,9 @@ void Driver::run_cases(const std::string& resolved, const std::string& shown, bo
       parsed = parse_case_knob(dims[k].first, (*dims[k].second)[idx[k]], &o.knobs);
     const std::string repro = repro_line(o.knobs, shown, o.seed);
     CaseResult r;
-    if (!parsed.ok()) {
+    if (!invalid_knob_.empty()) {
+      r = {Outcome::kInvalidArguments, invalid_knob_, 0.0};
+    } else if (!parsed.ok()) {
       r = {Outcome::kInvalidArguments, parsed.to_string(), 0.0};
     } else if (o.engine != "cpu") {
       r = {Outcome::kSkipped, "engine '" + o.engine + "' is not available: normgrad runs on cpu",
@@ -242,7 +260,7 @@ void Driver::run_cases(const std::string& resolved, const std::string& shown, bo
     } else {
       r = run_case(resolved, o, !benchdnn || o.verbose >= 2);
     }
-    if (o.knobs.mode != "L" || !parsed.ok()) record(r, repro, benchdnn);
+    if (o.knobs.mode != "L" || !parsed.ok() || !invalid_knob_.empty()) record(r, repro, benchdnn);
     size_t k = dims.size();
     while (k > 0) {
       --k;

@@ -75,6 +75,11 @@ class Driver {
   RunOptions defaults_, opt_;
   std::map<std::string, std::vector<std::string>> lists_;  // case knob -> values
   std::vector<std::string> batch_dirs_;                    // innermost last
+  // Inside a batch file, the last knob that did not parse or is unknown: the
+  // cases that follow, until --reset, are INVALID_ARGUMENTS with this reason
+  // (benchdnn reports such a line and goes on to its summary).
+  std::string invalid_knob_;
+  int depth_ = 0;  // batch-file nesting of the tokens being processed
   std::string summary_ = "failures";
   bool benchdnn_ = false;
   int tests_ = 0, passed_ = 0, skipped_ = 0, failed_ = 0, unimplemented_ = 0, invalid_ = 0,

@@ -156,11 +156,15 @@ StatusOr<AttrValue> typed_value(const Op& op, const std::string& name, const std
   return invalid_argument(where + ": unsupported type");
 }
 
-// Splits "ID:REST" (ID an integer).
+// Splits "ID:REST" (ID an integer). benchdnn reads the ID with std::stoi,
+// which stops at the first non-digit, so its inputs also carry "ID*TAG:REST"
+// (a tag left on the ID); that reads as ID here too.
 Status id_and_rest(const std::string& item, const std::string& knob, int64_t* id,
                    std::string* rest) {
   const size_t colon = item.find(':');
-  if (colon == std::string::npos || !to_int(item.substr(0, colon), id))
+  std::string head = colon == std::string::npos ? item : item.substr(0, colon);
+  if (const size_t star = head.find('*'); star != std::string::npos && star > 0) head.resize(star);
+  if (colon == std::string::npos || !to_int(head, id))
     return invalid_argument("--" + knob + ": expected ID:..., got '" + item + "'");
   *rest = item.substr(colon + 1);
   return ok_status();

@@ -103,6 +103,8 @@ const char* fuse_name(Fuse f) {
 }
 
 std::string BnConf::kernel_name() const {
+  if (empty)
+    return std::string("jit:") + dtype_name(d.data_dt) + "/" + dtype_name(d.stats_dt) + ":empty";
   std::string n = std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
                   dtype_name(d.stats_dt) + ":" +
                   (walk == Walk::kRows ? (channel_group > 0 ? "rows_grouped" : "rows")
@@ -252,8 +254,14 @@ void set_apply_prefetch(BnConf* c) {
 
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
-  if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
   BnConf c;
+  if (d.reduce_size == 0 || d.channels == 0) {
+    // Nothing to walk: the driver writes the per-channel results alone.
+    c.d = d;
+    c.isa = Isa::kPortable;
+    c.empty = true;
+    return c;
+  }
   // Strided data is packed into dense scratch by the driver (a copy costs less
   // than a second kernel family, and ref would be ~100x slower).
   auto strided = [](const LogicalTensor& lt) {

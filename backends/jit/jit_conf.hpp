@@ -142,6 +142,9 @@ struct BnConf {
   // over every call those prefetches evicted the rows the walk relies on.
   int64_t apply_reverse_rows = 0;
   bool needs_reduction = false;
+  // An empty batch (N or a spatial dim 0, C > 0): no data to read or write;
+  // the driver writes zero sums (and count), diff_gamma and diff_beta.
+  bool empty = false;
   bool single_thread = false;     // small problems skip the task overhead
   bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache
   Fuse x_fuse = Fuse::kNone;      // src computed from a fused producer

@@ -563,6 +563,25 @@ int last_max_concurrency() {
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out,
                                const KernelSet* staged) {
+  if (conf.empty) {
+    // An empty batch: sums over no elements are 0; diff_src has no element.
+    const BatchNormDesc& d = conf.d;
+    if (d.phase == BackwardPhase::kApply) {
+      const double m = load_as_double(in[conf.ports.count], 0, DataType::kS64);
+      return check_global_count("BatchNormBackwardApply", d, m);
+    }
+    for (int64_t c = 0; c < d.channels; ++c) {
+      if (d.phase == BackwardPhase::kReduce) {
+        store_from_double(out[0], c, DataType::kF32, 0.0);
+        store_from_double(out[1], c, DataType::kF32, 0.0);
+      } else if (d.diff_scale_shift) {
+        store_from_double(out[1], c, d.stats_dt, 0.0);
+        store_from_double(out[2], c, d.stats_dt, 0.0);
+      }
+    }
+    if (d.phase == BackwardPhase::kReduce) store_from_double(out[2], 0, DataType::kS64, 0.0);
+    return ok_status();
+  }
   if (conf.x_strides.empty() && conf.dy_strides.empty() && conf.dx_strides.empty())
     return run_dense(conf, kernels, in, out);
   if (staged == nullptr) return internal_error("JIT: strided tensors need the staged kernels");

@@ -65,6 +65,8 @@ struct FwdConf {
   int out_dst = 0, out_running_mean = -1, out_running_var = -1, out_batch_mean = -1,
       out_batch_var = -1;
   bool single_thread = false;
+  // An empty batch: zero batch statistics, the running ones updated, no dst.
+  bool empty = false;
   // Non-temporal dst stores (an apply variant the driver takes when dst is
   // 64-byte aligned and its rows or pixels are whole lines): when src and dst
   // exceed a quarter of the L3, cached stores read every line for ownership

@@ -32,8 +32,10 @@ int index_in(const std::vector<LogicalTensor>& list, int64_t id) {
 }  // namespace
 
 std::string FwdConf::kernel_name() const {
-  std::string s = std::string("jit:") + isa_name(isa) + ":" + dtype_name(dt) +
-                  ":fwd:" + (ncx_rows ? "rows" : "pixels");
+  std::string s = std::string("jit:") + isa_name(isa) + ":" + dtype_name(dt) + ":fwd:" +
+                  (empty      ? "empty"
+                   : ncx_rows ? "rows"
+                              : "pixels");
   if (residual) s += "+add";
   if (relu) s += "+relu";
   return s;
@@ -57,7 +59,6 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     return internal_error(
         "the JIT forward compiles partitions anchored at BatchNormForwardTraining");
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(*bn));
-  if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
   if (d.stats_dt != DataType::kF32)
     return unimplemented("the JIT forward takes f32 statistics, not " +
                          std::string(dtype_name(d.stats_dt)));
@@ -67,12 +68,13 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.format = d.format;
   c.c = d.channels;
   c.n = d.dims[0];
-  c.spatial = d.reduce_size / c.n;
+  c.spatial = c.n == 0 ? 0 : d.reduce_size / c.n;
   c.ncx_rows = d.format == DataFormat::kNCX && c.spatial > 1;
   c.pixels = d.reduce_size;
   c.epsilon = d.epsilon;
   c.momentum = d.momentum;
   c.affine = d.has_gamma;
+  c.empty = d.reduce_size == 0 || d.channels == 0;
   if (!(c.epsilon >= 0.f)) return invalid_argument(bn->label() + ": epsilon must be >= 0");
 
   auto need_input = [&](const LogicalTensor& lt, const char* role) -> StatusOr<int> {
@@ -125,7 +127,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   const int64_t pixel_bytes = std::max<int64_t>(1, c.c * es);
   c.chunk_pixels = kFwdChunkPixels;
   c.apply_pixels = std::clamp<int64_t>(kFwdApplyBytes / pixel_bytes, 1, 256);
-  c.chunk_rows = c.spatial >= kFwdRowPiece ? 1 : kFwdRowPiece / c.spatial;
+  c.chunk_rows = c.spatial >= kFwdRowPiece || c.spatial == 0 ? 1 : kFwdRowPiece / c.spatial;
   NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, bn->label()));
   c.single_thread = total * es < 64 * 1024;
   // Whole lines per NCX row or NXC pixel, so every unmasked vector store is

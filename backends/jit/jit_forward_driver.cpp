@@ -132,9 +132,10 @@ struct Finish {
   // the statistics outputs.
   void channel(int64_t ch, double shift, double s1, double s2, float* hi, float* lo, float* a,
                float* b) const {
-    const double d1 = s1 / m;
-    const double bmean = shift + d1;
-    const double bvar = std::max(s2 / m - d1 * d1, 0.0);
+    // An empty batch has zero batch statistics (as ref defines them).
+    const double d1 = m > 0 ? s1 / m : 0.0;
+    const double bmean = m > 0 ? shift + d1 : 0.0;
+    const double bvar = m > 0 ? std::max(s2 / m - d1 * d1, 0.0) : 0.0;
     const double inv = 1.0 / std::sqrt(bvar + static_cast<double>(c.epsilon));
     const double gamma = c.affine ? f32_in(in, c.in_gamma)[ch] : 1.0;
     const double beta = c.affine ? f32_in(in, c.in_beta)[ch] : 0.0;
@@ -306,6 +307,13 @@ std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf) {
 
 Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
                               const std::vector<const void*>& in, const std::vector<void*>& out) {
+  if (conf.empty) {
+    const Finish fin{conf, in, out, 0.0};
+    float unused[4];
+    for (int64_t ch = 0; ch < conf.c; ++ch)
+      fin.channel(ch, 0.0, 0.0, 0.0, &unused[0], &unused[1], &unused[2], &unused[3]);
+    return ok_status();
+  }
   return conf.ncx_rows ? run_rows(conf, kernels, in, out) : run_pixels(conf, kernels, in, out);
 }
 

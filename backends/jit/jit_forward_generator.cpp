@@ -395,7 +395,7 @@ class GeneratedFwd final : public FwdKernels {
 }  // namespace
 
 StatusOr<std::shared_ptr<const FwdKernels>> generate_fwd_kernels(const FwdConf& conf) {
-  if (conf.isa != Isa::kAvx512) return portable_fwd_kernels(conf);
+  if (conf.isa != Isa::kAvx512 || conf.empty) return portable_fwd_kernels(conf);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     auto k = std::make_shared<GeneratedFwd>(conf);

@@ -350,7 +350,7 @@ int64_t generated_kernel_sets() {
 }
 
 StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf) {
-  if (conf.isa == Isa::kPortable) return portable_kernels(conf);
+  if (conf.isa == Isa::kPortable || conf.empty) return portable_kernels(conf);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     auto k = std::make_shared<GeneratedKernels>(conf);

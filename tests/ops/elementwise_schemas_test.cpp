@@ -1,4 +1,5 @@
-// Error flow of ReLU, ReLUBackward, Add, TypeCast, StaticTranspose and End.
+// Error flow of ReLU, ReLUBackward, Add, TypeCast, StaticTranspose and End; Add on s32.
+#include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/op_checks.hpp>
 #include "tests/test_util.hpp"
 
@@ -33,6 +34,23 @@ TEST(ElementwiseSchemas, AddBroadcastsAsNumpy) {
   Op op = binary(OpKind::kAdd, {2, 3}, {2, 3});
   op.set_attr("auto_broadcast", std::string("pdpd"));
   EXPECT_STATUS_HAS(add(op), "'auto_broadcast' is 'pdpd', expected one of none, numpy");
+}
+
+TEST(ElementwiseSchemas, AddTakesS32AndRunsIt) {
+  Op op = binary(OpKind::kAdd, {2, 3}, {1, 3}, DataType::kS32);
+  Graph g;
+  ASSERT_TRUE(g.add_op(op).ok());
+  auto cg = CompiledGraph::compile(g, CompileOptions{"auto"});
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  const int32_t a[6] = {1, -2, 3, 2000000000, 5, 2000000000};
+  const int32_t b[3] = {10, 20, 2000000000};
+  int32_t y[6] = {};
+  ASSERT_TRUE(cg->execute({{0, a}, {1, b}}, {{2, y}}).ok());
+  // Closed form, the last lane saturating at INT32_MAX as oneDNN's s32 does.
+  const int32_t want[6] = {11, 18, 2000000003, 2000000010, 25, 2147483647};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(y[i], want[i]) << i;
+  EXPECT_STATUS_HAS(add(binary(OpKind::kAdd, {2, 3}, {2, 3}, DataType::kS8)),
+                    "dtype s8 is not supported");
 }
 
 TEST(ElementwiseSchemas, QuantizeRules) {

@@ -176,5 +176,37 @@ TEST(CliDriver, CasePathsResolveFromTheInputsRoot) {
       << r.output;
 }
 
+TEST(CliDriver, ABadLineInABatchIsThatCaseOnly) {
+  // A knob that does not parse makes its case INVALID_ARGUMENTS; the batch
+  // goes on to the next line and to its summary, as benchdnn's does. An ID
+  // with a tag left on it (benchdnn's inputs carry "2*abc:...") reads as the ID.
+  const std::filesystem::path root = ::testing::TempDir() + "/ng_bad_line";
+  std::filesystem::create_directories(root);
+  std::filesystem::copy_file(kBnBwd, root / "bn.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(root / "harness")
+      << "--reset --mb=x --case=bn.json\n"
+      << "--reset " << kSmall << " --case=bn.json\n"
+      << "--reset --in-shapes=0:2x8x5x5+1*abcd:2x8x5x5+2:8+3:8+4:8 --case=bn.json\n"
+      << "--reset --no-such-knob=1 --case=bn.json\n"
+      << "--reset " << kSmall << " --case=bn.json\n";
+  const auto r = run_cli("run --batch=" + (root / "harness").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // an INVALID_ARGUMENTS case, as benchdnn exits
+  EXPECT_NE(r.output.find("0:INVALID_ARGUMENTS (invalid_argument: --mb must be a non-negative "
+                          "integer, got 'x')"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("1:PASSED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2:PASSED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("3:INVALID_ARGUMENTS (unknown option --no-such-knob=1)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("4:PASSED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tests:5 passed:3 skipped:0 mistrusted:0 unimplemented:0 "
+                          "invalid_arguments:2 failed:0 listed:0"),
+            std::string::npos)
+      << r.output;
+}
+
 }  // namespace
 }  // namespace normgrad

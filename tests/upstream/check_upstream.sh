@@ -2,12 +2,14 @@
 # Every oneDNN upstream graph JSON loads and partitions (exit 0), and every
 # batch-norm graph among them passes `normgrad run --mode=C` on auto; the
 # forward ones (BatchNormInference, BatchNormForwardTraining) also on dnnl.
-# Usage: check_upstream.sh NORMGRAD_CLI FIXTURES_DIR [with_dnnl:0|1]
+# Usage: check_upstream.sh NORMGRAD_CLI INPUTS_DIR [with_dnnl:0|1]; NORMGRAD_ONEDNN_INPUTS
+# in the environment overrides INPUTS_DIR; without either it exits 77 (skipped).
 set -uo pipefail
-cli="$1"; root="$2"; with_dnnl="${3:-1}"
-if [ ! -d "$root" ]; then
-  echo "SKIP: $root not found (shared/ fixtures are not beside this clone)"
-  exit 0
+cli="$1"; with_dnnl="${3:-1}"
+root="${NORMGRAD_ONEDNN_INPUTS:-${2:-}}"
+if [ -z "$root" ] || [ ! -d "$root" ]; then
+  echo "SKIP: NORMGRAD_ONEDNN_INPUTS is not set or not a folder ('$root'); point it at a oneDNN checkout's tests/benchdnn/inputs/graph to run oneDNN's own inputs"
+  exit 77
 fi
 cd "$root"
 files=0; bn=0; bad=0

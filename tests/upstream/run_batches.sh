@@ -4,12 +4,14 @@
 # batch-norm lines of every *_all file. Checks that every batch reaches its
 # summary line, every case printed a status, every batch-norm case PASSED and
 # nothing is INVALID_ARGUMENTS (graphs we cannot run are UNIMPLEMENTED).
-# Usage: run_batches.sh NORMGRAD_CLI FIXTURES_DIR
+# Usage: run_batches.sh NORMGRAD_CLI INPUTS_DIR; NORMGRAD_ONEDNN_INPUTS in the
+# environment overrides INPUTS_DIR; without either it exits 77 (skipped).
 set -uo pipefail
-cli="$1"; root="$2"
-if [ ! -d "$root" ]; then
-  echo "SKIP: $root not found (shared/ fixtures are not beside this clone)"
-  exit 0
+cli="$1"
+root="${NORMGRAD_ONEDNN_INPUTS:-${2:-}}"
+if [ -z "$root" ] || [ ! -d "$root" ]; then
+  echo "SKIP: NORMGRAD_ONEDNN_INPUTS is not set or not a folder ('$root'); point it at a oneDNN checkout's tests/benchdnn/inputs/graph to run oneDNN's own inputs"
+  exit 77
 fi
 cd "$root"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT

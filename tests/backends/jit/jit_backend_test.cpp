@@ -289,12 +289,56 @@ TEST(JitBackend, DeclinesWithReasons) {
   Op strided_stats = bn_bwd({2, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
   strided_stats.mutable_inputs()[2].strides = {2};
   EXPECT_STATUS_HAS(reason(strided_stats), "the JIT takes dense statistics; input 2 is strided");
-  EXPECT_STATUS_HAS(reason(bn_bwd({0, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3)),
-                    "empty tensors are left to ref");
   Op relu(0, OpKind::kReLU, "r");
   relu.add_input(testing_util::lt(0, DataType::kF32, {4}))
       .add_output(testing_util::lt(1, DataType::kF32, {4}));
   EXPECT_STATUS_HAS(reason(relu), "no pattern of backend 'jit' is anchored at ReLU");
+}
+
+// An empty batch runs on the JIT itself: diff_gamma and diff_beta are sums
+// over no element (0, whatever the buffers held), diff_src has no element.
+TEST(JitBackend, EmptyBatchGivesZeroSums) {
+  for (const char* fmt : {"NCX", "NXC"}) {
+    for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+      const Dims shape = std::string(fmt) == "NCX" ? Dims{0, 3, 4} : Dims{0, 4, 3};
+      auto cg = CompiledGraph::compile(one_op(bn_bwd(shape, fmt, dt, DataType::kF32, true, 3)),
+                                       CompileOptions{"jit"});
+      ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+      EXPECT_NE(cg->partitions()[0]->kernel_name().find(":empty"), std::string::npos);
+      float stats[3][3] = {{0.1f, 0.2f, 0.3f}, {1.f, 2.f, 3.f}, {1.f, 1.f, 1.f}};
+      float dg[3] = {7.f, 7.f, 7.f}, db[3] = {7.f, 7.f, 7.f};
+      char none = 0;
+      ASSERT_TRUE(cg->execute({{0, &none}, {1, &none}, {2, stats[0]}, {3, stats[1]}, {4, stats[2]}},
+                              {{5, &none}, {6, dg}, {7, db}})
+                      .ok());
+      for (int c = 0; c < 3; ++c) {
+        EXPECT_EQ(dg[c], 0.f);
+        EXPECT_EQ(db[c], 0.f);
+      }
+    }
+  }
+  // The forward: zero batch statistics, running statistics moved towards
+  // them by the momentum (oneDNN's convention), as ref defines the op.
+  Op fwd(0, OpKind::kBatchNormForwardTraining, "f");
+  fwd.set_attr("epsilon", 1e-5f).set_attr("data_format", std::string("NCX"));
+  fwd.set_attr("momentum", 0.25f);
+  fwd.add_input(testing_util::lt(0, DataType::kF32, {0, 2, 5}));
+  for (int64_t id = 1; id <= 4; ++id) fwd.add_input(testing_util::lt(id, DataType::kF32, {2}));
+  fwd.add_output(testing_util::lt(5, DataType::kF32, {0, 2, 5}));
+  for (int64_t id = 6; id <= 9; ++id) fwd.add_output(testing_util::lt(id, DataType::kF32, {2}));
+  auto cg = CompiledGraph::compile(one_op(fwd), CompileOptions{"jit"});
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  EXPECT_NE(cg->partitions()[0]->kernel_name().find(":fwd:empty"), std::string::npos);
+  float rm[2] = {4.f, 8.f}, rv[2] = {2.f, 6.f}, g[2] = {1.f, 1.f}, b[2] = {0.f, 0.f};
+  float orm[2], orv[2], bm[2] = {9.f, 9.f}, bv[2] = {9.f, 9.f};
+  char none = 0;
+  ASSERT_TRUE(cg->execute({{0, &none}, {1, rm}, {2, rv}, {3, g}, {4, b}},
+                          {{5, &none}, {6, orm}, {7, orv}, {8, bm}, {9, bv}})
+                  .ok());
+  EXPECT_EQ(bm[0], 0.f);
+  EXPECT_EQ(bv[1], 0.f);
+  EXPECT_FLOAT_EQ(orm[0], 1.f);  // 0.25 * 4 + 0.75 * 0
+  EXPECT_FLOAT_EQ(orv[1], 1.5f);
 }
 
 // Strided data runs on the JIT on every ISA path with ref's numbers: padded
