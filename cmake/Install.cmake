@@ -21,7 +21,8 @@ set(ng_public_headers
   passes/pass.hpp passes/passes.def passes/partitioner.hpp passes/canonicalize.hpp
   passes/cse.hpp passes/dead_code.hpp passes/fold_layout.hpp passes/split_sync_batch_norm.hpp passes/pattern.hpp
   passes/rewrite_util.hpp
-  backends/backend.hpp backends/communicator.hpp backends/compiler.hpp)
+  backends/backend.hpp backends/communicator.hpp backends/compiler.hpp
+  backends/caching_allocator.hpp graph/limits.hpp)
 foreach(h ${ng_public_headers})
   get_filename_component(dir ${h} DIRECTORY)
   install(FILES ${CMAKE_SOURCE_DIR}/${h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/normgrad/${dir})

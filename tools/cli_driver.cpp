@@ -38,26 +38,28 @@ const char* const kListOrder[] = {
     "in-shapes", "op-attrs", "attr-fpmath",           "mb",
     "dt",        "op-kind",  "expected-n-partitions", "tensor-property"};
 
+// benchdnn's timing, debug and implementation knobs: accepted, no effect.
+const char* const kNoops[] = {"graph",
+                              "max-ms-per-prb",
+                              "fix-times-per-prb",
+                              "allow-enum-tags-only",
+                              "cold-cache",
+                              "memory-kind",
+                              "mode-modifier",
+                              "perf-template",
+                              "repeats-per-prb",
+                              "canonical",
+                              "cpu-isa-hints",
+                              "mem-check",
+                              "start",
+                              "skip-impl",
+                              "impl",
+                              "global-impl",
+                              "num-streams",
+                              "execution-mode",
+                              "attr-scratchpad"};
+
 bool is_benchdnn_noop(const std::string& key) {
-  static const char* const kNoops[] = {"graph",
-                                       "max-ms-per-prb",
-                                       "fix-times-per-prb",
-                                       "allow-enum-tags-only",
-                                       "cold-cache",
-                                       "memory-kind",
-                                       "mode-modifier",
-                                       "perf-template",
-                                       "repeats-per-prb",
-                                       "canonical",
-                                       "cpu-isa-hints",
-                                       "mem-check",
-                                       "start",
-                                       "skip-impl",
-                                       "impl",
-                                       "global-impl",
-                                       "num-streams",
-                                       "execution-mode",
-                                       "attr-scratchpad"};
   for (const char* k : kNoops) {
     if (key == k) return true;
   }
@@ -69,6 +71,19 @@ bool is_mode(const std::string& m) {
 }
 
 }  // namespace
+
+std::string benchdnn_knobs_help() {
+  std::string s =
+      "benchdnn's graph-driver knobs, in any order, as on benchdnn's command line:\n"
+      "  --case=GRAPH.json  --batch=FILE  --reset\n"
+      "  --mode=C|P|CP|R|L  --backend=B  --seed=S  -v/--verbose[=N]  --summary=[no-]failures  "
+      "--engine=cpu\n"
+      "case knobs (comma lists, expanded in benchdnn's order):";
+  for (const char* k : kListOrder) s += std::string(" --") + k;
+  s += "\naccepted and ignored:";
+  for (const char* k : kNoops) s += std::string(" --") + k;
+  return s + "\n";
+}
 
 const char* outcome_name(Outcome o) {
   switch (o) {

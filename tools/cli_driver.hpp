@@ -54,6 +54,9 @@ struct CaseResult {
 CaseResult run_case(const std::string& path, const RunOptions& opt, bool detailed);
 const char* outcome_name(Outcome o);
 
+// The knobs `normgrad run` takes beside its CLI11 options (its --help footer).
+std::string benchdnn_knobs_help();
+
 class Driver {
  public:
   explicit Driver(RunOptions defaults);

@@ -250,6 +250,7 @@ int run_command(const std::vector<std::string>& argv) {
       "docs/cli.md) it runs cases as benchdnn does.",
       "normgrad run");
   app.allow_extras();  // benchdnn's knobs and the graph: tools/cli_knobs, in their order
+  app.footer(benchdnn_knobs_help());
   bool shard_batch = false;
   app.add_flag("--check", defaults.check, "compare every output with the reference backend");
   app.add_flag("--shard-batch", shard_batch,

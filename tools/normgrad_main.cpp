@@ -6,39 +6,31 @@
 #include <iostream>
 
 #include "tools/cli.hpp"
+#include "tools/cli_args.hpp"
 
 namespace {
 
-const char kUsage[] =
-    "usage: normgrad <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  run GRAPH.json [--backend auto|ref|dnnl|jit] [--inputs DIR] [--outputs DIR]\n"
-    "                 [--check] [--iters N] [--threads N] [--seed S]\n"
-    "      load, verify, compile and execute a oneDNN-format graph; --check compares\n"
-    "      every output with the reference backend (exit 0 only if all pass)\n"
-    "  run [--mode=C|P|CP|R] [--dt=DT] [--in-shapes=ID:AxB+...] [--op-attrs=ID:NAME:VAL+...]\n"
-    "      [--mb=N] [--reset] --case=GRAPH.json | --batch=FILE\n"
-    "      benchdnn's graph-driver knobs and batch files, with its summary line\n"
-    "\n"
-    "  opt GRAPH.json [--passes=p1,p2] [--print-after-all] [-o OUT.json]\n"
-    "      run passes (default: the compile pipeline) and print the graph\n"
-    "  partitions GRAPH.json [--json] [--backend B]\n"
-    "      list partitions with their ops, backend, kernel and tensors\n"
-    "  dot GRAPH.json [--after-passes]\n"
-    "      Graphviz with partitions as clusters, dtype and shape on the edges\n"
-    "  bench [--shapes=resnet50|small] [--backends=jit,dnnl,ref] [--dt=f32,bf16,f16]\n"
-    "        [--layouts=NCX,NXC] [--fused=none,relu,add] [--threads N] [--iters N] [--cold]\n"
-    "        [--json OUT] [--svg OUT]\n"
-    "      backends side by side, interleaved, next to an in-run bandwidth roofline\n"
-    "\n"
-    "see docs/cli.md and docs/performance.md for details.\n";
+// The usage: every subcommand's synopsis, made from the CLI::App it parses
+// with (tools/cli_args.hpp), so the two cannot disagree.
+std::string usage() {
+  using namespace normgrad::cli;
+  describing() = true;
+  described() = "usage: normgrad <command> [options]   (normgrad <command> --help for details)\n\n";
+  run_command({});
+  opt_command({});
+  partitions_command({});
+  dot_command({});
+  bench_command({});
+  describing() = false;
+  return described() +
+         "\nsee docs/cli.md for every option and docs/performance.md for the bench.\n";
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    std::cout << kUsage;
+    std::cout << usage();
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
@@ -57,6 +49,6 @@ int main(int argc, char** argv) {
     }
     return normgrad::cli::bench_command(args);
   }
-  std::cerr << "normgrad: unknown command '" << command << "'\n\n" << kUsage;
+  std::cerr << "normgrad: unknown command '" << command << "'\n\n" << usage();
   return 2;
 }
