@@ -28,11 +28,16 @@ ng_install_deps() {
   apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# ng_build [TARGET...]: configure once, then build the targets (all by default).
 ng_build() {
   if [ ! -f "$NG_BUILD/CMakeCache.txt" ]; then
     echo "== configuring $NG_BUILD"
-    cmake -S "$NG_ROOT" -B "$NG_BUILD" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+    cmake -S "$NG_ROOT" -B "$NG_BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
   fi
-  echo "== building"
-  cmake --build "$NG_BUILD" -j "$(nproc)"
+  echo "== building${*:+ $*}"
+  if [ $# -gt 0 ]; then
+    cmake --build "$NG_BUILD" -j "$(nproc)" --target "$@"
+  else
+    cmake --build "$NG_BUILD" -j "$(nproc)"
+  fi
 }

@@ -567,8 +567,19 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
     // An empty batch: sums over no elements are 0; diff_src has no element.
     const BatchNormDesc& d = conf.d;
     if (d.phase == BackwardPhase::kApply) {
-      const double m = load_as_double(in[conf.ports.count], 0, DataType::kS64);
-      return check_global_count("BatchNormBackwardApply", d, m);
+      // This process holds no data, but diff_gamma and diff_beta are the
+      // global sums' (the other processes' data), as on every process.
+      const PortMap& pm = conf.ports;
+      const double m = load_as_double(in[pm.count], 0, DataType::kS64);
+      NG_RETURN_IF_ERROR(check_global_count("BatchNormBackwardApply", d, m));
+      for (int64_t c = 0; c < d.channels && d.diff_scale_shift; ++c) {
+        const double v = load_as_double(in[pm.variance], c, d.stats_dt);
+        const double s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + double(d.epsilon));
+        store_from_double(out[1], c, d.stats_dt,
+                          s * load_as_double(in[pm.sum_dy_xm], c, DataType::kF32));
+        store_from_double(out[2], c, d.stats_dt, load_as_double(in[pm.sum_dy], c, DataType::kF32));
+      }
+      return ok_status();
     }
     for (int64_t c = 0; c < d.channels; ++c) {
       if (d.phase == BackwardPhase::kReduce) {

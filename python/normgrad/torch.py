@@ -437,10 +437,25 @@ class _SyncBatchNormFunction(_torch.autograd.Function):
         return dx, dgamma, dbeta, None, None, None, None, None
 
 
-class SyncBatchNorm(_nn.SyncBatchNorm):
-    """torch.nn.SyncBatchNorm with normgrad's split backward (Reduce, the
-    process group's all_reduce, Apply). Without an initialized process group,
-    or in eval mode, it is normgrad's BatchNorm."""
+class SyncBatchNorm(_nn.modules.batchnorm._BatchNorm):
+    """torch.nn.SyncBatchNorm's constructor and behaviour, with normgrad's split
+    backward (Reduce, the process group's all_reduce, Apply). Without an
+    initialized process group, or in eval mode, it is normgrad's BatchNorm.
+
+    It derives from torch's _BatchNorm as torch.nn.SyncBatchNorm does, not from
+    torch.nn.SyncBatchNorm itself: DistributedDataParallel refuses any
+    torch.nn.SyncBatchNorm on the CPU ("SyncBatchNorm layers only work with
+    GPU modules"), and this one runs on the CPU."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, process_group=None, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device,
+                         dtype=dtype)
+        self.process_group = process_group
+
+    def _check_input_dim(self, x):
+        if x.dim() < 2:
+            raise ValueError("expected at least 2D input (got {}D input)".format(x.dim()))
 
     def forward(self, x):
         factor, use_batch_stats, rm, rv = _forward_state(self, x)

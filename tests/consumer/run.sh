@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the build into a temporary prefix, then, as an integrator would:
-# builds a consumer through find_package and through pkg-config (no prefix
+# builds examples/integrator through find_package and through pkg-config (no prefix
 # override: the .pc file is relocatable), builds an app that has its own
 # graph/status.hpp, moves the prefix and runs the installed CLI from there.
 # Args: BUILD_DIR SOURCE_DIR.
@@ -8,12 +8,12 @@ set -euo pipefail
 build="$1"; src="$2"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$src/tests/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake -S "$src/examples/integrator" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/cmake-build" >/dev/null
 libdir="$(dirname "$(find "$work/prefix" -name 'libnormgrad.so' | head -n 1)")"
 LD_LIBRARY_PATH="$libdir" "$work/cmake-build/consumer"
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
-c++ -std=c++17 "$src/tests/consumer/main.cpp" -o "$work/consumer-pc" \
+c++ -std=c++17 "$src/examples/integrator/main.cpp" -o "$work/consumer-pc" \
   $(pkg-config --cflags --libs normgrad)
 LD_LIBRARY_PATH="$libdir" "$work/consumer-pc"
 c++ -std=c++17 -I"$src/tests/consumer/app_with_own_graph" \
