@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 #include <thread>
+
+#include <unistd.h>
 
 namespace normgrad {
 
@@ -132,6 +136,44 @@ int num_threads() {
 
 void set_backend_threads(int n) {
   set_num_threads(n);
+}
+
+namespace {
+
+int64_t read_cache_size(int index) {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+  std::string s;
+  if (!(in >> s) || s.empty()) return 0;
+  int64_t v = std::atoll(s.c_str());
+  if (s.back() == 'K') v <<= 10;
+  if (s.back() == 'M') v <<= 20;
+  return v;
+}
+
+int read_cache_level(int index) {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/level");
+  int level = 0;
+  in >> level;
+  return level;
+}
+
+}  // namespace
+
+const CacheSizes& cache_sizes() {
+  static const CacheSizes sizes = [] {
+    CacheSizes c;
+    for (int i = 0; i < 8; ++i) {
+      const int level = read_cache_level(i);
+      const int64_t size = read_cache_size(i);
+      if (size <= 0) continue;
+      if (level == 2) c.l2_bytes = size;
+      if (level == 3) c.l3_bytes = size;
+    }
+    const long cpus = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    if (c.l3_bytes / cpus > (int64_t{16} << 20)) c.l3_bytes = int64_t{32} << 20;
+    return c;
+  }();
+  return sizes;
 }
 
 }  // namespace normgrad

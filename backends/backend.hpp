@@ -100,6 +100,8 @@ class Kernel {
 // AllReduce groups (CompileOptions::communicators).
 struct CompileContext {
   CommunicatorMap communicators;
+  // CompileOptions::jit_variant: a named kernel variant for A/B measurements.
+  std::string jit_variant;
 };
 
 class Backend {
@@ -121,6 +123,17 @@ const std::vector<const Backend*>& available_backends();
 const std::vector<std::string>& known_backend_names();
 // nullptr when `name` is not built into this library.
 const Backend* find_backend(const std::string& name);
+
+// The cache model the kernels decide with, and the bench's traffic bounds
+// use: sizes from sysfs (AMD and Intel alike), the defaults otherwise. A VM
+// may report the host's whole L3 (480 MiB seen); no x86 core of today gets
+// more than its complex's share, so an implausible per-CPU share of over
+// 16 MiB is taken as 32 MiB.
+struct CacheSizes {
+  int64_t l2_bytes = 1 << 20;   // per core
+  int64_t l3_bytes = 32 << 20;  // shared
+};
+const CacheSizes& cache_sizes();
 
 // Caps the threads every backend uses: the JIT runs in its own oneTBB arena of
 // n threads, oneDNN's OpenMP pool gets n threads, ref is single-threaded

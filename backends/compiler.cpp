@@ -232,6 +232,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
   }
   CompileContext ctx;
   ctx.communicators = options.communicators;
+  ctx.jit_variant = options.jit_variant;
   NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
   const bool forced_elsewhere = options.backend != "auto" && options.backend != partition.backend;
   std::vector<PatternTrial> trials;
@@ -261,6 +262,7 @@ StatusOr<std::vector<Partition>> partition_graph(const Graph& graph, const Compi
                                                  std::vector<PatternTrial>* trials) {
   CompileContext ctx;
   ctx.communicators = options.communicators;
+  ctx.jit_variant = options.jit_variant;
   NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
   return match_partitions(graph, po, trials);
 }
@@ -290,6 +292,7 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   (void)changed;
   CompileContext ctx;
   ctx.communicators = options.communicators;
+  ctx.jit_variant = options.jit_variant;
   NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
   NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, match_partitions(cg.lowered_, po, &cg.trials_));
   print_declines(cg.trials_);

@@ -47,6 +47,12 @@ struct CompileOptions {
   // than a kernel) would run under "auto" is an error naming why the fast
   // backends declined, instead of a silent slow path.
   bool allow_reference = true;
+  // A named JIT kernel variant instead of the JIT's own choice, for comparing
+  // variants interleaved in one run (`normgrad bench --jit-variant`): "" (the
+  // JIT decides), "nxc-blocked" or "nxc-per-pixel" (the channel-blocked or
+  // per-pixel walk for NXC rows wider than the registers). Under an unknown
+  // name the JIT declines, saying so.
+  std::string jit_variant{};
   // The process group of each AllReduce `group` name (the synchronized
   // batch-norm backward's collective): see backends/communicator.hpp. Empty:
   // "world" is MPI_COMM_WORLD under mpirun, else this process alone.

@@ -1,6 +1,8 @@
 // Host description, roofline probe, cache flush and the oneDNN nChw16c columns.
 #include "tools/bench_probe.hpp"
 
+#include <normgrad/backends/backend.hpp>
+
 #include <cpuid.h>
 #include <immintrin.h>
 
@@ -96,6 +98,7 @@ __attribute__((target("avx,fma"))) void read_two(const float* a, const float* b,
 
 HostInfo host_info() {
   HostInfo h;
+  h.model_l3_bytes = cache_sizes().l3_bytes;
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   bool avx512 = false, avx512_bf16 = false, avx512_fp16 = false, avx2 = false;

@@ -20,6 +20,10 @@ struct HostInfo {
   int64_t logical_cpus = 0;
   int64_t l1d_bytes = 0, l2_bytes = 0,
           l3_bytes = 0;  // as sysfs reports them (a VM may show the host's)
+  // The L3 of the kernels' cache model (normgrad::cache_sizes(): an
+  // implausible per-CPU share capped), which the traffic bounds use, so every
+  // host prints one.
+  int64_t model_l3_bytes = 0;
   std::string isa;
 };
 

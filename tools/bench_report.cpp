@@ -16,6 +16,7 @@ nlohmann::ordered_json bench_json(const std::vector<BenchCase>& cases, const Hos
                {"l1d_bytes", host.l1d_bytes},
                {"l2_bytes", host.l2_bytes},
                {"l3_bytes", host.l3_bytes},
+               {"model_l3_bytes", host.model_l3_bytes},
                {"isa", host.isa},
                {"roofline_start_gbps", p.roof_start},
                {"roofline_end_gbps", p.roof_end},
@@ -36,6 +37,8 @@ nlohmann::ordered_json bench_json(const std::vector<BenchCase>& cases, const Hos
     cj["layout"] = c.layout;
     cj["dtype"] = c.dtype;
     cj["fused"] = c.fused;
+    if (!c.phase.empty()) cj["phase"] = c.phase;
+    cj["bytes_min"] = c.bytes;
     cj["roofline_before_gbps"] = c.probe_before;
     cj["roofline_after_gbps"] = c.probe_after;
     if (c.plain_bound_ms > 0) {
@@ -55,6 +58,7 @@ nlohmann::ordered_json bench_json(const std::vector<BenchCase>& cases, const Hos
       rj["compile_ms"] = r.compile_ms;
       rj["cached_compile_ms"] = r.cached_compile_ms;
       rj["ratio_vs_dnnl"] = r.ratio;
+      if (r.bound_pct > 0) rj["bound_pct"] = r.bound_pct;
       rj["kernel"] = r.kernel;
       if (!r.reason.empty()) rj["unsupported"] = r.reason;
       cj["results"].push_back(rj);

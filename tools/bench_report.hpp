@@ -19,6 +19,8 @@ struct BenchResult {
   std::vector<double> ms;
   double compile_ms = 0.0, cached_compile_ms = 0.0;
   double median = 0.0, min = 0.0, max = 0.0, gbps = 0.0, pct = 0.0, ratio = 0.0;
+  // Its layout's traffic bound over its median, in % (0: the case has no bound).
+  double bound_pct = 0.0;
 };
 
 struct BenchCase {
@@ -33,6 +35,9 @@ struct BenchCase {
   // nothing bounds it (inputs that fit the L3, fused and user graphs).
   TwoPassTraffic plain_traffic, blocked_traffic;
   double plain_bound_ms = 0.0, blocked_bound_ms = 0.0;
+  // A phase case (--phases): "reduce" is bounded at the read-only rate, "apply"
+  // at the roofline; empty for whole cases.
+  std::string phase;
   std::vector<BenchResult> results;
 };
 

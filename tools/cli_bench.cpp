@@ -19,6 +19,7 @@
 #include <normgrad/backends/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/testing/oracle.hpp>
+#include "tools/bench_graphs.hpp"
 #include "tools/bench_probe.hpp"
 #include "tools/bench_report.hpp"
 #include "tools/cli.hpp"
@@ -46,6 +47,8 @@ struct BenchOptions {
   std::vector<std::string> layouts = {"NCX", "NXC"};
   std::vector<std::string> fused = {"none"};
   std::string dir = "bwd";  // bwd: BatchNormTrainingBackward; fwd: BatchNormForwardTraining
+  bool phases = false;      // also time the backward's reduce and apply apart
+  std::vector<std::string> jit_variants;  // extra JIT columns, one per named variant
   int64_t threads = 0, iters = 10, warmup = 2;
   bool cold = false;
   std::string json_out, svg_out;
@@ -65,66 +68,6 @@ double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// The bench graph: BatchNormTrainingBackward with gamma and 3 outputs, optionally
-// fed by ReLUBackward or Add on diff_dst. `nchw` is {N, C, H, W}.
-Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
-                 const std::string& fused) {
-  const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
-  const int64_t c = nchw[1];
-  Graph g;
-  int64_t dy_id = 1;
-  if (fused != "none") {
-    Op pre(1, fused == "relu" ? OpKind::kReLUBackward : OpKind::kAdd, fused);
-    if (fused == "relu") pre.set_attr("use_dst", true);
-    pre.add_input(LogicalTensor(10, dt, data))
-        .add_input(LogicalTensor(11, dt, data))
-        .add_output(LogicalTensor(12, dt, data));
-    (void)g.add_op(pre);
-    dy_id = 12;
-  }
-  Op bn(0, OpKind::kBatchNormTrainingBackward, "bn");
-  bn.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
-  bn.add_input(LogicalTensor(0, dt, data)).add_input(LogicalTensor(dy_id, dt, data));
-  for (int i = 2; i <= 4; ++i) bn.add_input(LogicalTensor(i, DataType::kF32, {c}));
-  bn.add_output(LogicalTensor(5, dt, data))
-      .add_output(LogicalTensor(6, DataType::kF32, {c}))
-      .add_output(LogicalTensor(7, DataType::kF32, {c}));
-  (void)g.add_op(bn);
-  return g;
-}
-
-// The forward bench graph: BatchNormForwardTraining with gamma and beta,
-// optionally followed by ReLU ("relu") or by Add of a residual and ReLU
-// ("add": ResNet's BN -> Add -> ReLU).
-Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType dt,
-                         const std::string& fused) {
-  const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
-  const int64_t c = nchw[1];
-  Graph g;
-  Op bn(0, OpKind::kBatchNormForwardTraining, "bn");
-  bn.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
-  bn.add_input(LogicalTensor(0, dt, data));
-  for (int i = 1; i <= 4; ++i) bn.add_input(LogicalTensor(i, DataType::kF32, {c}));
-  bn.add_output(LogicalTensor(5, dt, data));
-  for (int i = 6; i <= 9; ++i) bn.add_output(LogicalTensor(i, DataType::kF32, {c}));
-  (void)g.add_op(bn);
-  int64_t y = 5;
-  if (fused == "add") {
-    Op add(1, OpKind::kAdd, "add");
-    add.add_input(LogicalTensor(5, dt, data))
-        .add_input(LogicalTensor(10, dt, data))
-        .add_output(LogicalTensor(11, dt, data));
-    (void)g.add_op(add);
-    y = 11;
-  }
-  if (fused != "none") {
-    Op relu(2, OpKind::kReLU, "relu");
-    relu.add_input(LogicalTensor(y, dt, data)).add_output(LogicalTensor(12, dt, data));
-    (void)g.add_op(relu);
-  }
-  return g;
 }
 
 // A timed unit: one backend's compiled graph, or a blocked column. Each has
@@ -169,11 +112,15 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
   // fastest backend that takes it), to show what fusion saves.
   std::vector<std::string> columns = opt.backends;
   if (cr.fused != "none") columns.push_back("unfused");
+  // --jit-variant: the JIT again under each named variant, "jit[NAME]".
+  for (const std::string& v : opt.jit_variants) columns.push_back("jit[" + v + "]");
   for (const std::string& b : columns) {
     Runner r;
     r.result.backend = b;
-    CompileOptions options{b == "unfused" ? "auto" : b};
+    const bool variant = b.rfind("jit[", 0) == 0;
+    CompileOptions options{b == "unfused" ? "auto" : variant ? "jit" : b};
     options.optimize = b != "unfused";
+    if (variant) options.jit_variant = b.substr(4, b.size() - 5);
     const auto t0 = std::chrono::steady_clock::now();
     auto cg = CompiledGraph::compile(graph, options);
     r.result.compile_ms =
@@ -338,6 +285,13 @@ int bench_command(const std::vector<std::string>& argv) {
                  "bwd (BatchNormTrainingBackward) or fwd (BatchNormForwardTraining; relu and add "
                  "fuse ReLU and Add+ReLU after it)")
       ->check(CLI::IsMember({"bwd", "fwd"}));
+  std::string variants;
+  app.add_option("--jit-variant", variants,
+                 "comma-separated JIT variants timed as extra columns jit[NAME], interleaved with "
+                 "the rest: nxc-blocked, nxc-per-pixel");
+  app.add_flag("--phases", opt.phases,
+               "also time the backward's two phases apart on the JIT (BatchNormBackwardReduce, "
+               "BatchNormBackwardApply), each against its own bound");
   app.add_option("--threads", opt.threads, "threads (default: all cores)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--iters", opt.iters, "timed runs per case (median)")
@@ -367,6 +321,7 @@ int bench_command(const std::vector<std::string>& argv) {
   opt.dts = split_list(dts);
   opt.layouts = split_list(layouts);
   opt.fused = split_list(fused);
+  opt.jit_variants = split_list(variants);
   std::vector<std::pair<std::string, Dims>> shapes;
   if (opt.shapes == "cached") {
     // Cache-resident problems (1.6 and 1.6 MB of src + diff_dst in f32): the
@@ -410,7 +365,8 @@ int bench_command(const std::vector<std::string>& argv) {
   {
     std::cout << "host: " << host.cpu_model << ", " << host.logical_cpus << " logical CPUs, L1d "
               << host.l1d_bytes / 1024 << " KiB, L2 " << host.l2_bytes / 1024 << " KiB, L3 "
-              << host.l3_bytes / 1024 << " KiB, " << host.isa << "\n";
+              << host.l3_bytes / 1024 << " KiB (cache model " << host.model_l3_bytes / 1024
+              << " KiB), " << host.isa << "\n";
   }
   std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
             << threads << " threads): " << roof_start << " GB/s at start; 2 reads alone "
@@ -434,8 +390,12 @@ int bench_command(const std::vector<std::string>& argv) {
       std::cout << "  " << std::left << std::setw(13) << r.backend << std::right << std::setw(9)
                 << r.median << " ms  [" << r.min << ", " << r.max << "]  " << std::setw(7) << r.gbps
                 << " GB/s  " << std::setw(5) << r.pct << "% of roofline  x" << r.ratio
-                << " vs dnnl  compile " << r.compile_ms << "/" << r.cached_compile_ms << " ms  "
-                << r.kernel << "\n";
+                << " vs dnnl  "
+                << (r.bound_pct > 0
+                        ? std::to_string(static_cast<int>(r.bound_pct + 0.5)) + "% of its bound  "
+                        : std::string())
+                << "compile " << r.compile_ms << "/" << r.cached_compile_ms << " ms  " << r.kernel
+                << "\n";
     }
   };
   // Probes on both sides of every case: its shares divide by the higher of
@@ -447,8 +407,16 @@ int bench_command(const std::vector<std::string>& argv) {
     const double roof = std::max(cr.probe_before, cr.probe_after);
     for (BenchResult& r : cr.results) r.pct = roof > 0 && r.gbps > 0 ? 100.0 * r.gbps / roof : 0.0;
     if (roof > 0) {
-      cr.plain_bound_ms = cr.plain_traffic.bytes / roof / 1e6;
+      // A reduce phase only reads: its bound is at the read-only rate.
+      const double rate = cr.phase == "reduce" ? read_start : roof;
+      cr.plain_bound_ms = cr.plain_traffic.bytes / rate / 1e6;
       cr.blocked_bound_ms = cr.blocked_traffic.bytes / roof / 1e6;
+    }
+    for (BenchResult& r : cr.results) {
+      const bool blocked = r.backend == "dnnl-blocked";
+      const double bound = blocked ? cr.blocked_bound_ms : cr.plain_bound_ms;
+      if (bound > 0 && r.median > 0 && r.backend != "dnnl-reorder")
+        r.bound_pct = 100.0 * bound / r.median;
     }
     report(cr);
     return ok_status();
@@ -508,9 +476,9 @@ int bench_command(const std::vector<std::string>& argv) {
             const int64_t esize = static_cast<int64_t>(dtype_size(*dt));
             const int64_t spatial = nchw[2] * nchw[3];
             cr.plain_traffic =
-                two_pass_traffic(layout, nchw[0], nchw[1], spatial, esize, host.l3_bytes);
+                two_pass_traffic(layout, nchw[0], nchw[1], spatial, esize, host.model_l3_bytes);
             cr.blocked_traffic =
-                two_pass_traffic("nChw16c", nchw[0], nchw[1], spatial, esize, host.l3_bytes);
+                two_pass_traffic("nChw16c", nchw[0], nchw[1], spatial, esize, host.model_l3_bytes);
           }
           Graph g = fwd ? make_forward_graph(nchw, layout, *dt, fused)
                         : make_graph(nchw, layout, *dt, fused);
@@ -518,7 +486,35 @@ int bench_command(const std::vector<std::string>& argv) {
             std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
             return 2;
           }
+          const BenchCase whole = cr;
           cases.push_back(std::move(cr));
+          if (!opt.phases || fwd || fused != "none") continue;
+          // The two phases apart, on the JIT: reduce 2 tensor passes, apply 3,
+          // where the data exceeds the cache model's L3 (else no bound).
+          for (const bool reduce : {true, false}) {
+            BenchCase pc;
+            pc.layout = layout;
+            pc.dtype = dts;
+            pc.fused = "none";
+            pc.shape = whole.shape;
+            pc.phase = reduce ? "reduce" : "apply";
+            pc.name = whole.name + " " + pc.phase;
+            const double tensor = elems * static_cast<double>(dtype_size(*dt));
+            pc.bytes = tensor * (reduce ? 2.0 : 3.0);
+            if (2.0 * tensor > static_cast<double>(host.model_l3_bytes))
+              pc.plain_traffic = {pc.bytes, reduce ? 2.0 : 3.0};
+            BenchOptions jit_only = opt;
+            jit_only.backends = {"jit"};
+            const BenchOptions saved = opt;
+            opt = jit_only;
+            Status s = run_and_report(pc, make_phase_graph(nchw, layout, *dt, reduce));
+            opt = saved;
+            if (!s.ok()) {
+              std::cerr << "normgrad bench: " << pc.name << ": " << s.to_string() << "\n";
+              return 2;
+            }
+            cases.push_back(std::move(pc));
+          }
         }
       }
     }

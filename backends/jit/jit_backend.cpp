@@ -104,13 +104,13 @@ class JitBackend final : public Backend {
             single_op_pattern("bn_fwd", "jit", {OpKind::kBatchNormForwardTraining})};
   }
 
-  Status supports(const Partition& partition, const CompileContext&) const override {
+  Status supports(const Partition& partition, const CompileContext& ctx) const override {
     if (forward(partition)) return fwd_conf_of(partition).status();
-    return conf_of(partition).status();
+    return conf_of(partition, ctx).status();
   }
 
   StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
-                                                  const CompileContext&) const override {
+                                                  const CompileContext& ctx) const override {
     if (forward(partition)) {
       NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition));
       static FwdKernelCache cache;
@@ -118,7 +118,7 @@ class JitBackend final : public Backend {
       return std::shared_ptr<const Kernel>(
           std::make_shared<JitForwardKernel>(std::move(conf), std::move(kernels)));
     }
-    NG_ASSIGN_OR_RETURN(jit::BnConf conf, conf_of(partition));
+    NG_ASSIGN_OR_RETURN(jit::BnConf conf, conf_of(partition, ctx));
     NG_ASSIGN_OR_RETURN(auto kernels, kernel_cache().get(conf));
     std::shared_ptr<const jit::KernelSet> staged;
     if (!conf.x_strides.empty() || !conf.dy_strides.empty() || !conf.dx_strides.empty()) {
@@ -138,9 +138,11 @@ class JitBackend final : public Backend {
   static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition) {
     return jit::make_fwd_conf(partition, jit::detect_isa());
   }
-  static StatusOr<jit::BnConf> conf_of(const Partition& partition) {
+  static StatusOr<jit::BnConf> conf_of(const Partition& partition, const CompileContext& ctx) {
     if (partition.ops.empty()) return invalid_argument("empty partition");
-    return jit::make_conf(partition, jit::detect_isa());
+    NG_ASSIGN_OR_RETURN(jit::BnConf conf, jit::make_conf(partition, jit::detect_isa()));
+    NG_RETURN_IF_ERROR(jit::apply_variant(ctx.jit_variant, &conf));
+    return conf;
   }
 };
 

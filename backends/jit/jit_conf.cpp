@@ -16,23 +16,6 @@ namespace normgrad {
 namespace jit {
 namespace {
 
-int64_t read_cache_size(int index) {
-  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
-  std::string s;
-  if (!(in >> s) || s.empty()) return 0;
-  int64_t v = std::atoll(s.c_str());
-  if (s.back() == 'K') v <<= 10;
-  if (s.back() == 'M') v <<= 20;
-  return v;
-}
-
-int read_cache_level(int index) {
-  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/level");
-  int level = 0;
-  in >> level;
-  return level;
-}
-
 Isa parse_isa(const std::string& s, Isa best) {
   if (s == "0" || s == "portable") return Isa::kPortable;
   if (s == "avx2") return best == Isa::kPortable ? best : Isa::kAvx2;
@@ -69,25 +52,6 @@ Isa detect_isa(const std::string& forced) {
 bool cpu_has_avx512_bf16() {
   static const bool has = Xbyak::util::Cpu().has(Xbyak::util::Cpu::tAVX512_BF16);
   return has;
-}
-
-const CacheSizes& cache_sizes() {
-  static const CacheSizes sizes = [] {
-    CacheSizes c;
-    for (int i = 0; i < 8; ++i) {
-      const int level = read_cache_level(i);
-      const int64_t size = read_cache_size(i);
-      if (size <= 0) continue;
-      if (level == 2) c.l2_bytes = size;
-      if (level == 3) c.l3_bytes = size;
-    }
-    // A VM may report the host's whole L3 (480 MiB seen here). No x86 core of today
-    // gets more than its complex's share, so an implausible per-CPU share is capped.
-    const long cpus = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-    if (c.l3_bytes / cpus > (int64_t{16} << 20)) c.l3_bytes = int64_t{32} << 20;
-    return c;
-  }();
-  return sizes;
 }
 
 const char* fuse_name(Fuse f) {
@@ -456,6 +420,21 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
     return unimplemented("the JIT needs src and diff_dst from partition inputs");
   set_apply_prefetch(&c);  // fused producers read more per task
   return c;
+}
+
+Status apply_variant(const std::string& variant, BnConf* c) {
+  if (variant.empty()) return ok_status();
+  const bool wide_pixels = c->walk == Walk::kPixels && c->isa == Isa::kAvx512 && c->cols > 64;
+  if (variant == "nxc-blocked") {
+    if (wide_pixels && !c->empty) c->pixel_group = kPixelGroup;
+    return ok_status();
+  }
+  if (variant == "nxc-per-pixel") {
+    c->pixel_group = 0;
+    return ok_status();
+  }
+  return invalid_argument("unknown JIT variant '" + variant +
+                          "' (known: nxc-blocked, nxc-per-pixel)");
 }
 
 }  // namespace jit

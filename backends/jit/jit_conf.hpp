@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <normgrad/backends/backend.hpp>
 #include <normgrad/graph/op.hpp>
 #include <normgrad/graph/partition.hpp>
 #include <normgrad/graph/status.hpp>
@@ -50,12 +51,10 @@ struct PortMap {
   int sum_dy = -1, sum_dy_xm = -1, count = -1;
 };
 
-struct CacheSizes {
-  int64_t l2_bytes = 1 << 20;   // per core
-  int64_t l3_bytes = 32 << 20;  // shared
-};
-// Read from sysfs (works on AMD and Intel alike); the defaults above otherwise.
-const CacheSizes& cache_sizes();
+// The cache model the conf decides with (backends/backend.hpp): the bench
+// prints its traffic bounds from the same one.
+using normgrad::cache_sizes;
+using normgrad::CacheSizes;
 
 // Pixels per group of the channel-blocked pixel kernels (measured: 8 beat 2, 4,
 // 6 and 16 on C = 256..2048, f32).
@@ -202,6 +201,8 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa);
 // the batch norm is its anchor, and any other op is the ReLUBackward or Add
 // the pattern found feeding its src or diff_dst.
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
+// Applies CompileOptions::jit_variant to a conf make_conf chose.
+Status apply_variant(const std::string& variant, BnConf* conf);
 
 }  // namespace jit
 }  // namespace normgrad

@@ -1,0 +1,95 @@
+// The graphs `normgrad bench` times (tools/bench_graphs.hpp).
+#include "tools/bench_graphs.hpp"
+
+namespace normgrad {
+namespace cli {
+
+// The bench graph: BatchNormTrainingBackward with gamma and 3 outputs, optionally
+// fed by ReLUBackward or Add on diff_dst. `nchw` is {N, C, H, W}.
+Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
+                 const std::string& fused) {
+  const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+  const int64_t c = nchw[1];
+  Graph g;
+  int64_t dy_id = 1;
+  if (fused != "none") {
+    Op pre(1, fused == "relu" ? OpKind::kReLUBackward : OpKind::kAdd, fused);
+    if (fused == "relu") pre.set_attr("use_dst", true);
+    pre.add_input(LogicalTensor(10, dt, data))
+        .add_input(LogicalTensor(11, dt, data))
+        .add_output(LogicalTensor(12, dt, data));
+    (void)g.add_op(pre);
+    dy_id = 12;
+  }
+  Op bn(0, OpKind::kBatchNormTrainingBackward, "bn");
+  bn.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
+  bn.add_input(LogicalTensor(0, dt, data)).add_input(LogicalTensor(dy_id, dt, data));
+  for (int i = 2; i <= 4; ++i) bn.add_input(LogicalTensor(i, DataType::kF32, {c}));
+  bn.add_output(LogicalTensor(5, dt, data))
+      .add_output(LogicalTensor(6, DataType::kF32, {c}))
+      .add_output(LogicalTensor(7, DataType::kF32, {c}));
+  (void)g.add_op(bn);
+  return g;
+}
+
+// The forward bench graph: BatchNormForwardTraining with gamma and beta,
+// optionally followed by ReLU ("relu") or by Add of a residual and ReLU
+// ("add": ResNet's BN -> Add -> ReLU).
+Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType dt,
+                         const std::string& fused) {
+  const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+  const int64_t c = nchw[1];
+  Graph g;
+  Op bn(0, OpKind::kBatchNormForwardTraining, "bn");
+  bn.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
+  bn.add_input(LogicalTensor(0, dt, data));
+  for (int i = 1; i <= 4; ++i) bn.add_input(LogicalTensor(i, DataType::kF32, {c}));
+  bn.add_output(LogicalTensor(5, dt, data));
+  for (int i = 6; i <= 9; ++i) bn.add_output(LogicalTensor(i, DataType::kF32, {c}));
+  (void)g.add_op(bn);
+  int64_t y = 5;
+  if (fused == "add") {
+    Op add(1, OpKind::kAdd, "add");
+    add.add_input(LogicalTensor(5, dt, data))
+        .add_input(LogicalTensor(10, dt, data))
+        .add_output(LogicalTensor(11, dt, data));
+    (void)g.add_op(add);
+    y = 11;
+  }
+  if (fused != "none") {
+    Op relu(2, OpKind::kReLU, "relu");
+    relu.add_input(LogicalTensor(y, dt, data)).add_output(LogicalTensor(12, dt, data));
+    (void)g.add_op(relu);
+  }
+  return g;
+}
+
+Graph make_phase_graph(const Dims& nchw, const std::string& layout, DataType dt, bool reduce) {
+  const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+  const int64_t c = nchw[1];
+  Graph g;
+  Op op(0, reduce ? OpKind::kBatchNormBackwardReduce : OpKind::kBatchNormBackwardApply,
+        reduce ? "reduce" : "apply");
+  op.set_attr("data_format", layout);
+  op.add_input(LogicalTensor(0, dt, data))
+      .add_input(LogicalTensor(1, dt, data))
+      .add_input(LogicalTensor(2, DataType::kF32, {c}));
+  if (reduce) {
+    op.add_output(LogicalTensor(5, DataType::kF32, {c}))
+        .add_output(LogicalTensor(6, DataType::kF32, {c}))
+        .add_output(LogicalTensor(7, DataType::kS64, {1}));
+  } else {
+    op.set_attr("epsilon", 1e-5f);
+    op.add_input(LogicalTensor(3, DataType::kF32, {c}))
+        .add_input(LogicalTensor(8, DataType::kF32, {c}))
+        .add_input(LogicalTensor(9, DataType::kF32, {c}))
+        .add_input(LogicalTensor(10, DataType::kS64, {1}))
+        .add_input(LogicalTensor(4, DataType::kF32, {c}));
+    op.add_output(LogicalTensor(11, dt, data));
+  }
+  (void)g.add_op(op);
+  return g;
+}
+
+}  // namespace cli
+}  // namespace normgrad

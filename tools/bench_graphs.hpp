@@ -1,0 +1,26 @@
+// The graphs `normgrad bench` times: the backward (with a fused producer),
+// the forward (with its epilogue), and the backward's two phases apart.
+#pragma once
+
+#include <string>
+
+#include <normgrad/graph/graph.hpp>
+
+namespace normgrad {
+namespace cli {
+
+// BatchNormTrainingBackward with gamma and 3 outputs, optionally fed by
+// ReLUBackward ("relu") or Add ("add") on diff_dst. `nchw` is {N, C, H, W}.
+Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
+                 const std::string& fused);
+// BatchNormForwardTraining with gamma and beta, optionally followed by ReLU
+// ("relu") or by Add of a residual and ReLU ("add").
+Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType dt,
+                         const std::string& fused);
+// The backward's phases alone: BatchNormBackwardReduce (reads src and
+// diff_dst: 2 tensor passes) or BatchNormBackwardApply (reads both again and
+// writes diff_src: 3), as the JIT runs them inside the fused backward.
+Graph make_phase_graph(const Dims& nchw, const std::string& layout, DataType dt, bool reduce);
+
+}  // namespace cli
+}  // namespace normgrad
