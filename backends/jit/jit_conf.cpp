@@ -1,6 +1,8 @@
 // JIT conf: ISA detection, cache sizes from sysfs, and the walk and chunking.
 #include <normgrad/backends/jit/jit_conf.hpp>
 
+#include <cpuid.h>
+
 #include <numeric>
 #include <optional>
 
@@ -47,6 +49,18 @@ Isa detect_isa(const std::string& forced) {
   if (!forced.empty()) return parse_isa(forced, best);
   const char* env = std::getenv("NORMGRAD_JIT");
   return env ? parse_isa(env, best) : best;
+}
+
+bool nxc_blocked_from_dram(DataType dt) {
+  static const bool zen5_or_later = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;  // AuthenticAMD
+    if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+    const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
+    return family >= 0x1a;
+  }();
+  return dt == DataType::kF32 && zen5_or_later;
 }
 
 bool cpu_has_avx512_bf16() {
@@ -314,13 +328,14 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // 1.2-1.5x faster (cached cases, 32x7x7x2048 f32). Streamed from DRAM the
   // per-pixel walk keeps the reads sequential, and hosts differ: on a Zen 4
   // host blocked f32 took 1.1-2.2x the per-pixel time (32x56x56x256 19.9 ms
-  // against 9.1), on a Zen 5 host per-pixel took 1.07-1.25x the blocked time,
-  // and for 16-bit data per-pixel was 1.2-1.5x faster on both. Per-pixel is
-  // the smaller risk (docs/performance.md, "Blocked NXC kernels from DRAM").
+  // against 9.1), on Zen 5 hosts per-pixel took 1.07-1.45x the blocked time,
+  // and for 16-bit data per-pixel was 1.2-1.5x faster on all of them. So
+  // f32 from DRAM takes blocked on Zen 5 and later (nxc_blocked_from_dram).
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
-  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && c.cols > 64 && cache_resident)
+  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && c.cols > 64 &&
+      (cache_resident || nxc_blocked_from_dram(d.data_dt)))
     c.pixel_group = kPixelGroup;
   // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
   // grouped rows kernels: each image's rows of a channel group are one
