@@ -49,45 +49,38 @@ class JitForwardKernel final : public Kernel {
   std::shared_ptr<const jit::FwdKernels> kernels_;
 };
 
-// Generated code by conf key: the same problem generates code once.
+// Generated code by conf key: the same problem generates code once. One
+// cache per kind of kernel set (the backward's and the forward's).
+template <typename Conf, typename Set,
+          StatusOr<std::shared_ptr<const Set>> (*Generate)(const Conf&)>
 class KernelCache {
  public:
-  StatusOr<std::shared_ptr<const jit::KernelSet>> get(const jit::BnConf& conf) {
+  StatusOr<std::shared_ptr<const Set>> get(const Conf& conf) {
     const std::string key = conf.key();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = sets_.find(key); it != sets_.end()) return it->second;
     }
-    NG_ASSIGN_OR_RETURN(auto set, jit::generate_kernels(conf));
+    NG_ASSIGN_OR_RETURN(auto set, Generate(conf));
     std::lock_guard<std::mutex> lock(mu_);
     return sets_.emplace(key, set).first->second;
   }
 
  private:
   std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const jit::KernelSet>> sets_;
+  std::unordered_map<std::string, std::shared_ptr<const Set>> sets_;
 };
 
-class FwdKernelCache {
- public:
-  StatusOr<std::shared_ptr<const jit::FwdKernels>> get(const jit::FwdConf& conf) {
-    const std::string key = conf.key();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (auto it = sets_.find(key); it != sets_.end()) return it->second;
-    }
-    NG_ASSIGN_OR_RETURN(auto set, jit::generate_fwd_kernels(conf));
-    std::lock_guard<std::mutex> lock(mu_);
-    return sets_.emplace(key, set).first->second;
-  }
+using BackwardCache = KernelCache<jit::BnConf, jit::KernelSet, jit::generate_kernels>;
+using ForwardCache = KernelCache<jit::FwdConf, jit::FwdKernels, jit::generate_fwd_kernels>;
 
- private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const jit::FwdKernels>> sets_;
-};
+BackwardCache& kernel_cache() {
+  static BackwardCache cache;
+  return cache;
+}
 
-KernelCache& kernel_cache() {
-  static KernelCache cache;
+ForwardCache& forward_cache() {
+  static ForwardCache cache;
   return cache;
 }
 
@@ -113,8 +106,7 @@ class JitBackend final : public Backend {
                                                   const CompileContext& ctx) const override {
     if (forward(partition)) {
       NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition));
-      static FwdKernelCache cache;
-      NG_ASSIGN_OR_RETURN(auto kernels, cache.get(conf));
+      NG_ASSIGN_OR_RETURN(auto kernels, forward_cache().get(conf));
       return std::shared_ptr<const Kernel>(
           std::make_shared<JitForwardKernel>(std::move(conf), std::move(kernels)));
     }

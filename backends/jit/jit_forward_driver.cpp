@@ -17,30 +17,6 @@ namespace normgrad {
 namespace jit {
 namespace {
 
-float load_one(const void* p, DataType dt, int64_t i) {
-  switch (dt) {
-    case DataType::kBF16:
-      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kF16:
-      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default:
-      return static_cast<const float*>(p)[i];
-  }
-}
-
-void store_one(void* p, DataType dt, int64_t i, float v) {
-  switch (dt) {
-    case DataType::kBF16:
-      static_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(v);
-      break;
-    case DataType::kF16:
-      static_cast<uint16_t*>(p)[i] = f32_to_f16_bits(v);
-      break;
-    default:
-      static_cast<float*>(p)[i] = v;
-  }
-}
-
 // Scalar loops with the kernels' contracts (FwdArgs in jit_forward.hpp).
 class PortableFwd final : public FwdKernels {
  public:
@@ -55,7 +31,7 @@ class PortableFwd final : public FwdKernels {
       const int64_t stride = c_.c * c_.spatial;
       for (int64_t r = 0; r < a.rows; ++r) {
         for (int64_t i = 0; i < a.len; ++i) {
-          const float t = load_one(a.x, c_.dt, r * stride + i) - k;
+          const float t = load_element(a.x, r * stride + i, c_.dt) - k;
           s1[i % 64] += t;
           s2[i % 64] += t * t;
         }
@@ -73,7 +49,7 @@ class PortableFwd final : public FwdKernels {
     for (int64_t ch = 0; ch < c_.c; ++ch) a.s1[ch] = a.s2[ch] = 0.f;
     for (int64_t p = 0; p < a.len; ++p) {
       for (int64_t ch = 0; ch < c_.c; ++ch) {
-        const float t = load_one(a.x, c_.dt, p * c_.c + ch) - a.coef[ch];
+        const float t = load_element(a.x, p * c_.c + ch, c_.dt) - a.coef[ch];
         a.s1[ch] += t;
         a.s2[ch] += t * t;
       }
@@ -83,14 +59,14 @@ class PortableFwd final : public FwdKernels {
   void apply(const FwdArgs& a) const override {
     const int64_t cp = padded_channels(c_.c);
     auto one = [&](int64_t i, float hi, float lo, float scale, float shift) {
-      float v = std::fma((load_one(a.x, c_.dt, i) - hi) - lo, scale, shift);
+      float v = std::fma((load_element(a.x, i, c_.dt) - hi) - lo, scale, shift);
       if (c_.residual) {
         // The Add's output is rounded to the data type before the ReLU reads it,
         // as the unfused graph does (the generated code matches).
-        v = load_one(a.residual, c_.dt, i) + round_to_dt(v);
+        v = load_element(a.residual, i, c_.dt) + round_to_dt(v);
       }
       if (c_.relu) v = std::max(round_to_dt(v), 0.f);
-      store_one(a.y, c_.dt, i, v);
+      store_element(a.y, i, c_.dt, v);
     };
     if (c_.ncx_rows) {
       for (int64_t r = 0; r < a.rows; ++r) {
@@ -158,7 +134,7 @@ struct Finish {
 float ncx_shift(const FwdConf& c, const void* x, int64_t ch) {
   const int64_t k = std::min<int64_t>(c.spatial, 16);
   double s = 0.0;
-  for (int64_t i = 0; i < k; ++i) s += load_one(x, c.dt, ch * c.spatial + i);
+  for (int64_t i = 0; i < k; ++i) s += load_element(x, ch * c.spatial + i, c.dt);
   return static_cast<float>(s / static_cast<double>(k));
 }
 
@@ -248,7 +224,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   const int64_t k0 = std::min<int64_t>(c.pixels, 8);
   for (int64_t ch = 0; ch < c.c; ++ch) {
     double s = 0.0;
-    for (int64_t p = 0; p < k0; ++p) s += load_one(x, c.dt, p * c.c + ch);
+    for (int64_t p = 0; p < k0; ++p) s += load_element(x, p * c.c + ch, c.dt);
     shift[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
   }
   std::vector<double> partial(static_cast<size_t>(groups * 2 * cp), 0.0);

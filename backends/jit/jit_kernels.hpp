@@ -19,6 +19,7 @@
 #include <memory>
 
 #include <normgrad/backends/jit/jit_conf.hpp>
+#include <normgrad/graph/data_type.hpp>
 #include <normgrad/graph/status.hpp>
 
 namespace normgrad {
@@ -43,6 +44,33 @@ struct KernelArgs {
   // c + 1 (channel_stride on) exists, whose rows the call then prefetches.
   int64_t prefetch_next = 0;
 };
+
+// One element of 16- or 32-bit float data as f32, and back with rounding to
+// nearest even: the portable paths' loads and stores.
+inline float load_element(const void* p, int64_t i, DataType dt) {
+  switch (dt) {
+    case DataType::kBF16:
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kF16:
+      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+inline void store_element(void* p, int64_t i, DataType dt, float v) {
+  switch (dt) {
+    case DataType::kBF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(v);
+      return;
+    case DataType::kF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16_bits(v);
+      return;
+    default:
+      static_cast<float*>(p)[i] = v;
+      return;
+  }
+}
 
 // Padded per-channel array length.
 inline int64_t padded_channels(int64_t c) {

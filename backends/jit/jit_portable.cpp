@@ -8,31 +8,6 @@ namespace normgrad {
 namespace jit {
 namespace {
 
-inline float load(const void* p, int64_t i, DataType dt) {
-  switch (dt) {
-    case DataType::kBF16:
-      return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kF16:
-      return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default:
-      return static_cast<const float*>(p)[i];
-  }
-}
-
-inline void store(void* p, int64_t i, DataType dt, float v) {
-  switch (dt) {
-    case DataType::kBF16:
-      static_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(v);
-      return;
-    case DataType::kF16:
-      static_cast<uint16_t*>(p)[i] = f32_to_f16_bits(v);
-      return;
-    default:
-      static_cast<float*>(p)[i] = v;
-      return;
-  }
-}
-
 class PortableKernels final : public KernelSet {
  public:
   explicit PortableKernels(const BnConf& c) : c_(c), cp_(padded_channels(c.d.channels)) {}
@@ -45,13 +20,14 @@ class PortableKernels final : public KernelSet {
     const void* second = port == 0 ? a.x2 : a.dy2;
     if (f == Fuse::kAdd) {
       // Rounded to the data dtype, as the unfused graph stores the sum.
-      const float sum = load(first, e, dt) + load(second, e, dt);
+      const float sum = load_element(first, e, dt) + load_element(second, e, dt);
       if (dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(sum));
       if (dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(sum));
       return sum;
     }
-    if (f == Fuse::kReluBackward) return load(first, e, dt) > 0.f ? load(second, e, dt) : 0.f;
-    return load(first, e, dt);
+    if (f == Fuse::kReluBackward)
+      return load_element(first, e, dt) > 0.f ? load_element(second, e, dt) : 0.f;
+    return load_element(first, e, dt);
   }
 
   void reduce(const KernelArgs& a) const override {
@@ -95,8 +71,8 @@ class PortableKernels final : public KernelSet {
         for (int64_t r = 0; r < a.rows; ++r) {
           for (int64_t i = 0; i < c_.cols; ++i) {
             const int64_t e = g * c_.channel_stride + r * c_.row_stride + i;
-            store(a.dx, g * c_.dx_channel_stride + r * c_.dx_row_stride + i, dt,
-                  k[0] * value(a, 1, e) + (k[1] * (value(a, 0, e) - k[3]) + k[2]));
+            store_element(a.dx, g * c_.dx_channel_stride + r * c_.dx_row_stride + i, dt,
+                          k[0] * value(a, 1, e) + (k[1] * (value(a, 0, e) - k[3]) + k[2]));
           }
         }
       }
@@ -105,9 +81,10 @@ class PortableKernels final : public KernelSet {
     for (int64_t r = 0; r < a.rows; ++r) {
       for (int64_t i = 0; i < c_.cols; ++i) {
         const int64_t e = r * c_.row_stride + i;
-        store(a.dx, r * c_.dx_row_stride + i, dt,
-              a.coef[i] * value(a, 1, e) +
-                  (a.coef[cp_ + i] * (value(a, 0, e) - a.coef[3 * cp_ + i]) + a.coef[2 * cp_ + i]));
+        store_element(
+            a.dx, r * c_.dx_row_stride + i, dt,
+            a.coef[i] * value(a, 1, e) +
+                (a.coef[cp_ + i] * (value(a, 0, e) - a.coef[3 * cp_ + i]) + a.coef[2 * cp_ + i]));
       }
     }
   }
