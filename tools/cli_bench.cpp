@@ -400,9 +400,9 @@ int bench_command(const std::vector<std::string>& argv) {
   };
   // Probes on both sides of every case: its shares divide by the higher of
   // the two, the bandwidth the host gave while the case ran.
-  auto run_and_report = [&](BenchCase& cr, const Graph& g) -> Status {
+  auto run_and_report = [&](BenchCase& cr, const Graph& g, const BenchOptions& o) -> Status {
     cr.probe_before = last_probe;
-    NG_RETURN_IF_ERROR(run_case(opt, cr, g));
+    NG_RETURN_IF_ERROR(run_case(o, cr, g));
     cr.probe_after = last_probe = probe.measure(2);
     const double roof = std::max(cr.probe_before, cr.probe_after);
     for (BenchResult& r : cr.results) r.pct = roof > 0 && r.gbps > 0 ? 100.0 * r.gbps / roof : 0.0;
@@ -445,7 +445,7 @@ int bench_command(const std::vector<std::string>& argv) {
       cr.bytes += static_cast<double>(*lt.buffer_bytes());
     for (const LogicalTensor& lt : g.graph_outputs())
       cr.bytes += static_cast<double>(*lt.buffer_bytes());
-    if (Status s = run_and_report(cr, g); !s.ok()) {
+    if (Status s = run_and_report(cr, g, opt); !s.ok()) {
       std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
       return 2;
     }
@@ -482,7 +482,7 @@ int bench_command(const std::vector<std::string>& argv) {
           }
           Graph g = fwd ? make_forward_graph(nchw, layout, *dt, fused)
                         : make_graph(nchw, layout, *dt, fused);
-          if (Status s = run_and_report(cr, g); !s.ok()) {
+          if (Status s = run_and_report(cr, g, opt); !s.ok()) {
             std::cerr << "normgrad bench: " << cr.name << ": " << s.to_string() << "\n";
             return 2;
           }
@@ -505,10 +505,7 @@ int bench_command(const std::vector<std::string>& argv) {
               pc.plain_traffic = {pc.bytes, reduce ? 2.0 : 3.0};
             BenchOptions jit_only = opt;
             jit_only.backends = {"jit"};
-            const BenchOptions saved = opt;
-            opt = jit_only;
-            Status s = run_and_report(pc, make_phase_graph(nchw, layout, *dt, reduce));
-            opt = saved;
+            Status s = run_and_report(pc, make_phase_graph(nchw, layout, *dt, reduce), jit_only);
             if (!s.ok()) {
               std::cerr << "normgrad bench: " << pc.name << ": " << s.to_string() << "\n";
               return 2;

@@ -143,34 +143,7 @@ struct DriverScratch {
   std::vector<float> coef, partial;
 };
 
-// The calling thread's scratch, or a fresh one when that is in use: a oneTBB
-// thread waiting inside one execute may run a task that starts another.
-class ScratchLease {
- public:
-  ScratchLease() {
-    thread_local DriverScratch cached;
-    thread_local bool busy = false;
-    if (!busy) {
-      busy = true;
-      busy_ = &busy;
-      scratch_ = &cached;
-    } else {
-      owned_ = std::make_unique<DriverScratch>();
-      scratch_ = owned_.get();
-    }
-  }
-  ~ScratchLease() {
-    if (busy_) *busy_ = false;
-  }
-  ScratchLease(const ScratchLease&) = delete;
-  ScratchLease& operator=(const ScratchLease&) = delete;
-  DriverScratch& get() { return *scratch_; }
-
- private:
-  bool* busy_ = nullptr;
-  DriverScratch* scratch_ = nullptr;
-  std::unique_ptr<DriverScratch> owned_;
-};
+using ScratchLease = ScratchLeaseOf<DriverScratch>;
 
 // Per-thread staging buffers, grown on demand and kept: fresh pages would
 // fault on every task.

@@ -10,6 +10,38 @@
 namespace normgrad {
 namespace jit {
 
+// The calling thread's scratch of type S, kept between calls (per-call
+// allocations of per-channel arrays were page-faulted back in on every call),
+// or a fresh one when that is in use: a oneTBB thread waiting inside one
+// execute may run a task that starts another.
+template <typename S>
+class ScratchLeaseOf {
+ public:
+  ScratchLeaseOf() {
+    thread_local S cached;
+    thread_local bool busy = false;
+    if (!busy) {
+      busy = true;
+      busy_ = &busy;
+      scratch_ = &cached;
+    } else {
+      owned_ = std::make_unique<S>();
+      scratch_ = owned_.get();
+    }
+  }
+  ~ScratchLeaseOf() {
+    if (busy_) *busy_ = false;
+  }
+  ScratchLeaseOf(const ScratchLeaseOf&) = delete;
+  ScratchLeaseOf& operator=(const ScratchLeaseOf&) = delete;
+  S& get() { return *scratch_; }
+
+ private:
+  bool* busy_ = nullptr;
+  S* scratch_ = nullptr;
+  std::unique_ptr<S> owned_;
+};
+
 // The parallelism the last multi-threaded JIT run had available (its arena's
 // max_concurrency; 0 before any): lets tests see set_num_threads take effect.
 int last_max_concurrency();

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include <normgrad/backends/backend.hpp>
+#include <normgrad/backends/jit/jit_driver.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
 #include <normgrad/graph/data_type.hpp>
 
@@ -96,6 +97,12 @@ const float* f32_in(const std::vector<const void*>& in, int i) {
 float* f32_out(const std::vector<void*>& out, int i) {
   return i < 0 ? nullptr : static_cast<float*>(out[static_cast<size_t>(i)]);
 }
+
+// The pixels walk's per-channel arrays, kept per thread (ScratchLeaseOf).
+struct FwdScratch {
+  std::vector<float> shift, coef;
+  std::vector<double> partial;
+};
 
 // Per-channel results of the statistics and what the apply needs.
 struct Finish {
@@ -220,16 +227,24 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   // its own f64 partials; the groups are then added in order.
   const int64_t per_group = (chunks + 63) / 64;
   const int64_t groups = (chunks + per_group - 1) / per_group;
-  std::vector<float> shift(static_cast<size_t>(cp), 0.f);
+  // Per-channel arrays from the thread's kept scratch: at C = 2048 the
+  // partials alone are 2 MB, which a fresh allocation would fault in per call.
+  ScratchLeaseOf<FwdScratch> lease;
+  FwdScratch& scratch = lease.get();
+  std::vector<float>& shift = scratch.shift;
+  shift.assign(static_cast<size_t>(cp), 0.f);
   const int64_t k0 = std::min<int64_t>(c.pixels, 8);
   for (int64_t ch = 0; ch < c.c; ++ch) {
     double s = 0.0;
     for (int64_t p = 0; p < k0; ++p) s += load_element(x, p * c.c + ch, c.dt);
     shift[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
   }
-  std::vector<double> partial(static_cast<size_t>(groups * 2 * cp), 0.0);
+  std::vector<double>& partial = scratch.partial;
+  partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
   parallel_range(c.single_thread, groups, [&](int64_t g) {
-    std::vector<float> f(static_cast<size_t>(2 * cp));
+    // The chunk's f32 sums: the task's thread keeps them (no call inside waits).
+    thread_local std::vector<float> f;
+    f.resize(static_cast<size_t>(2 * cp));
     double* d1 = &partial[static_cast<size_t>(g * 2 * cp)];
     double* d2 = d1 + cp;
     const int64_t last = std::min(chunks, (g + 1) * per_group);
@@ -248,7 +263,8 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
       }
     }
   });
-  std::vector<float> coef(static_cast<size_t>(4 * cp), 0.f);
+  std::vector<float>& coef = scratch.coef;
+  coef.assign(static_cast<size_t>(4 * cp), 0.f);
   const Finish fin{c, in, out, static_cast<double>(c.pixels)};
   for (int64_t ch = 0; ch < c.c; ++ch) {
     double s1 = 0.0, s2 = 0.0;

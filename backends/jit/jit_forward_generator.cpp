@@ -20,6 +20,7 @@
 #include <xbyak/xbyak.h>
 
 #include <normgrad/backends/jit/jit_forward.hpp>
+#include <normgrad/backends/jit/jit_generator.hpp>
 
 namespace normgrad {
 namespace jit {
@@ -396,18 +397,8 @@ class GeneratedFwd final : public FwdKernels {
 
 StatusOr<std::shared_ptr<const FwdKernels>> generate_fwd_kernels(const FwdConf& conf) {
   if (conf.isa != Isa::kAvx512 || conf.empty) return portable_fwd_kernels(conf);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    auto k = std::make_shared<GeneratedFwd>(conf);
-    k->generate_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return std::shared_ptr<const FwdKernels>(std::move(k));
-  } catch (const Xbyak::Error& e) {
-    return internal_error(std::string("Xbyak: ") + e.what() + " while generating " +
-                          conf.kernel_name());
-  } catch (const std::exception& e) {
-    return internal_error(std::string("JIT generation: ") + e.what());
-  }
+  return generate_guarded<FwdKernels>(conf.kernel_name(),
+                                      [&] { return std::make_shared<GeneratedFwd>(conf); });
 }
 
 }  // namespace jit

@@ -351,21 +351,13 @@ int64_t generated_kernel_sets() {
 
 StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf) {
   if (conf.isa == Isa::kPortable || conf.empty) return portable_kernels(conf);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
+  return generate_guarded<KernelSet>(conf.kernel_name(), [&] {
     auto k = std::make_shared<GeneratedKernels>(conf);
     register_with_perf(k->reduce_generator(), conf, "reduce");
     register_with_perf(k->apply_generator(), conf, "apply");
     g_generated.fetch_add(1);
-    k->generate_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return std::shared_ptr<const KernelSet>(std::move(k));
-  } catch (const Xbyak::Error& e) {
-    return internal_error(std::string("Xbyak: ") + e.what() + " while generating " +
-                          conf.kernel_name());
-  } catch (const std::exception& e) {
-    return internal_error(std::string("JIT generation: ") + e.what());
-  }
+    return k;
+  });
 }
 
 }  // namespace jit

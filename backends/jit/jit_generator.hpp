@@ -9,8 +9,11 @@
 // generation-time constant: dtype, walk, row length, strides, tail length.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 
 #include <xbyak/xbyak.h>
 
@@ -22,6 +25,25 @@ namespace jit {
 // Vectors per iteration of the unrolled row loops (the independent chains of
 // the single-channel reduce).
 constexpr int kUnroll = 4;
+
+// Runs `make` (code generation, returning a shared_ptr to a set with a
+// generate_ms member), records how long it took, and turns Xbyak's and other
+// exceptions into a Status naming `what`. Shared by the backward's and the
+// forward's generators.
+template <typename Set, typename Make>
+StatusOr<std::shared_ptr<const Set>> generate_guarded(const std::string& what, Make&& make) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto k = make();
+    k->generate_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return std::shared_ptr<const Set>(std::move(k));
+  } catch (const Xbyak::Error& e) {
+    return internal_error(std::string("Xbyak: ") + e.what() + " while generating " + what);
+  } catch (const std::exception& e) {
+    return internal_error(std::string("JIT generation: ") + e.what());
+  }
+}
 
 class BnGenerator : public Xbyak::CodeGenerator {
  public:

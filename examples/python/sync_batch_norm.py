@@ -34,7 +34,7 @@ def data():
     return torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))
 
 
-def train(net, x, y, world=1):
+def train(net, x, y):
     # The loss of a half batch is a mean over half the images: DDP averages the
     # two processes' gradients, which gives the full batch's mean-loss gradient.
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -56,7 +56,7 @@ def worker(rank, port, out):
         net = torch.nn.parallel.DistributedDataParallel(ngt.convert_sync_batchnorm(model()))
         x, y = data()
         half = slice(rank * 8, rank * 8 + 8)
-        losses = train(net, x[half], y[half], world=2)
+        losses = train(net, x[half], y[half])
         torch.save({"losses": losses, "state": net.module.state_dict()}, os.path.join(out, "%d.pt" % rank))
     finally:
         dist.destroy_process_group()

@@ -78,9 +78,7 @@ def _grad_view(grad, x, fmt):
     """The gradient viewed in src's logical order, and its strides when its memory
     format differs from src's (the JIT walks or stages it; None when dense)."""
     gv = _g.view_as_fmt(grad, fmt)
-    xv = _g.view_as_fmt(x, fmt)
-    dense = gv.is_contiguous() if fmt == "NCX" else gv.is_contiguous()
-    if dense and gv.shape == xv.shape:
+    if gv.is_contiguous():
         return gv, None
     if any(s == 0 for s in gv.stride()) or any(s < 0 for s in gv.stride()):
         gv = gv.contiguous()  # broadcast (expanded) gradients: one dense copy
@@ -108,11 +106,8 @@ class _BatchNormFunction(_torch.autograd.Function):
                 raise _ng.Error("normgrad.torch.%s: the residual is %s %s, expected %s %s like the "
                                 "input" % (name, tuple(residual.shape), residual.dtype,
                                            tuple(x.shape), x.dtype))
-            residual = residual.detach()
-            rv_view = _g.view_as_fmt(residual.contiguous(memory_format=_torch.channels_last)
-                                     if fmt == "NXC" and x.dim() == 4 else
-                                     residual.contiguous(memory_format=_torch.channels_last_3d)
-                                     if fmt == "NXC" else residual.contiguous(), fmt)
+            # Dense in src's order (a copy only when the residual's format differs).
+            rv_view = _g.view_as_fmt(_like(residual.detach(), x), fmt)
         if use_batch_stats:
             mean = _torch.empty(c, dtype=_torch.float32)
             var = _torch.empty(c, dtype=_torch.float32)
