@@ -347,6 +347,50 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   return cg;
 }
 
+Status CompiledGraph::check_aliasing(const std::map<int64_t, const void*>& inputs,
+                                     const std::map<int64_t, void*>& outputs) const {
+  // An output may share memory with an input only as one of inplace_pairs(),
+  // at the same address; outputs never overlap each other. Anything else
+  // would have a kernel read what it has already overwritten.
+  struct Span {
+    int64_t id;
+    uintptr_t begin, end;
+  };
+  auto spans = [](const std::vector<LogicalTensor>& ts, const auto& buffers) {
+    std::vector<Span> out;
+    for (const LogicalTensor& lt : ts) {
+      const auto b = lt.buffer_bytes();
+      const auto it = buffers.find(lt.id);
+      if (!b.ok() || *b == 0 || it == buffers.end()) continue;
+      const auto p = reinterpret_cast<uintptr_t>(it->second);
+      out.push_back({lt.id, p, p + static_cast<uintptr_t>(*b)});
+    }
+    return out;
+  };
+  const std::vector<Span> in = spans(inputs_, inputs), out = spans(outputs_, outputs);
+  const auto pairs = inplace_pairs();
+  for (size_t k = 0; k < out.size(); ++k) {
+    const Span& o = out[k];
+    for (const Span& i : in) {
+      if (o.begin >= i.end || i.begin >= o.end) continue;
+      const bool allowed =
+          o.begin == i.begin &&
+          std::find(pairs.begin(), pairs.end(), std::make_pair(i.id, o.id)) != pairs.end();
+      if (!allowed)
+        return invalid_argument("output tensor " + std::to_string(o.id) +
+                                " shares memory with input tensor " + std::to_string(i.id) +
+                                (o.begin == i.begin ? "" : " (overlapping, not the same buffer)") +
+                                "; only CompiledGraph::inplace_pairs() may share a buffer");
+    }
+    for (size_t j = 0; j < k; ++j) {
+      if (o.begin < out[j].end && out[j].begin < o.end)
+        return invalid_argument("output tensors " + std::to_string(out[j].id) + " and " +
+                                std::to_string(o.id) + " share memory");
+    }
+  }
+  return ok_status();
+}
+
 Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
                               const std::map<int64_t, void*>& outputs,
                               std::vector<double>* partition_ms, const Allocator* allocator) const {
@@ -382,6 +426,7 @@ Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
       return invalid_argument("output buffer for tensor " + std::to_string(id) +
                               ", which is not a graph output (outputs: " + listed(outputs_) + ")");
   }
+  NG_RETURN_IF_ERROR(check_aliasing(inputs, outputs));
   // Intermediates: produced by one partition, consumed by another, not a graph output.
   std::map<int64_t, ScratchBuffer> scratch;
   std::map<int64_t, void*> written;
@@ -444,18 +489,23 @@ std::vector<std::pair<int64_t, int64_t>> CompiledGraph::inplace_pairs() const {
   // Each backend reads an element of these inputs before it writes the same
   // element of the output (ref per element, the JIT in its apply pass, oneDNN
   // as its in-place support documents), so they may share a buffer when
-  // their metadata is the same.
-  std::vector<std::pair<int64_t, int64_t>> pairs;
+  // their metadata is the same. A chain of such ops (BatchNormForwardTraining
+  // then LeakyReLU: InPlace-ABN's forward) pairs its first input with its
+  // last output when every link is read by the next op alone.
+  std::map<int64_t, int64_t> link;  // input id -> output id, per op
   for (const Op& op : graph_.ops()) {
     std::vector<std::pair<size_t, size_t>> ports;  // (input port, output port)
     switch (op.kind()) {
       case OpKind::kBatchNormTrainingBackward:
+      case OpKind::kBatchNormTrainingBackwardFromDst:
       case OpKind::kReLUBackward:
         ports = {{1, 0}};
         break;
       case OpKind::kReLU:
+      case OpKind::kLeakyReLU:
       case OpKind::kAdd:
       case OpKind::kBatchNormInference:
+      case OpKind::kBatchNormForwardTraining:
         ports = {{0, 0}};
         break;
       default:
@@ -464,14 +514,24 @@ std::vector<std::pair<int64_t, int64_t>> CompiledGraph::inplace_pairs() const {
     for (auto [i, o] : ports) {
       const LogicalTensor& in = op.inputs()[i];
       const LogicalTensor& out = op.outputs()[o];
-      auto is_in = [&](const std::vector<LogicalTensor>& ts, int64_t id) {
-        return std::any_of(ts.begin(), ts.end(),
-                           [&](const LogicalTensor& t) { return t.id == id; });
-      };
       if (in.dtype == out.dtype && in.dims == out.dims &&
-          in.effective_strides() == out.effective_strides() && is_in(inputs_, in.id) &&
-          is_in(outputs_, out.id))
-        pairs.emplace_back(in.id, out.id);
+          in.effective_strides() == out.effective_strides() &&
+          graph_.consumers_of(in.id).size() == 1)
+        link[in.id] = out.id;
+    }
+  }
+  auto is_in = [](const std::vector<LogicalTensor>& ts, int64_t id) {
+    return std::any_of(ts.begin(), ts.end(), [&](const LogicalTensor& t) { return t.id == id; });
+  };
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  for (const LogicalTensor& start : inputs_) {
+    int64_t id = start.id;
+    for (auto it = link.find(id); it != link.end(); it = link.find(id)) {
+      id = it->second;
+      if (is_in(outputs_, id)) {
+        pairs.emplace_back(start.id, id);
+        break;  // a graph output is not overwritten further
+      }
     }
   }
   return pairs;

@@ -136,6 +136,9 @@ class CompiledGraph {
   std::vector<std::pair<int64_t, int64_t>> inplace_pairs() const;
 
  private:
+  // execute()'s check that outputs overlap no input outside inplace_pairs().
+  Status check_aliasing(const std::map<int64_t, const void*>& inputs,
+                        const std::map<int64_t, void*>& outputs) const;
   Graph graph_;
   Graph lowered_;
   std::vector<std::shared_ptr<const CompiledPartition>> partitions_;

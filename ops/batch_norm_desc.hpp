@@ -49,6 +49,11 @@ struct BatchNormDesc {
   // BatchNormBackwardReduce/Apply: the half (mode kTraining; reduce_size is
   // this process's M, the global count comes in as Apply's input 6).
   BackwardPhase phase = BackwardPhase::kWhole;
+  // BatchNormTrainingBackwardFromDst: inputs dst, diff_dst, variance, gamma,
+  // beta; xhat = (act^-1(dst) - beta) / gamma and the gradient through act.
+  // alpha is leaky_relu's slope; identity is alpha = 1 (the same maths).
+  bool from_dst = false;
+  float alpha = 1.f;
 };
 
 // The backward's mode when the op carries no explicit `is_training`: oneDNN
@@ -62,5 +67,10 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op);
 // the global one. Backends check it before computing diff_src.
 // `who` starts the message (the op's label).
 Status check_global_count(const std::string& who, const BatchNormDesc& d, double count);
+
+// BatchNormTrainingBackwardFromDst divides by gamma: |gamma| below
+// kMinFromDstGamma (or not finite) on channel c is refused, naming the channel.
+constexpr double kMinFromDstGamma = 1e-12;
+Status check_from_dst_gamma(const std::string& who, int64_t c, double gamma);
 
 }  // namespace normgrad

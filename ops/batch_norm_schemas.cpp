@@ -199,6 +199,50 @@ void register_split_schemas(OpRegistry& registry) {
   }
 }
 
+// The activation a BatchNormTrainingBackwardFromDst inverts, and its alpha.
+Status check_from_dst_activation(const Op& op) {
+  const std::string act = op.has_attr("activation") ? *op.attr_string("activation") : "identity";
+  if (act == "relu") {
+    return invalid_argument(op.label() +
+                            ": attribute 'activation' relu has no inverse (every negative value "
+                            "becomes 0, so src cannot be recovered from dst); use leaky_relu, or "
+                            "BatchNormTrainingBackward with src");
+  }
+  if (act != "identity" && act != "leaky_relu") {
+    return invalid_argument(op.label() + ": attribute 'activation' is '" + act +
+                            "', expected identity or leaky_relu");
+  }
+  if (act == "identity") {
+    if (op.has_attr("alpha"))
+      return invalid_argument(op.label() + ": attribute 'alpha' is only read with leaky_relu");
+    return ok_status();
+  }
+  if (!op.has_attr("alpha"))
+    return invalid_argument(op.label() + ": attribute 'alpha' is required with leaky_relu");
+  NG_ASSIGN_OR_RETURN(float alpha, op.attr_f32("alpha"));
+  if (!std::isfinite(alpha) || alpha <= 0.f) {
+    return invalid_argument(op.label() + ": attribute 'alpha' must be finite and > 0 (leaky_relu " +
+                            "is inverted by dividing by it), got " + std::to_string(alpha));
+  }
+  return ok_status();
+}
+
+// The training backward recomputed from the forward's output (InPlace-ABN;
+// docs/ops/BatchNormTrainingBackwardFromDst.md).
+void register_from_dst_schema(OpRegistry& registry) {
+  OpSchema s(OpKind::kBatchNormTrainingBackwardFromDst);
+  s.input("dst").input("diff_dst").input("variance").input("gamma").input("beta");
+  s.output("diff_src").output("diff_gamma", true).output("diff_beta", true);
+  s.output_counts({1, 3});
+  s.attr("epsilon", AttrKind::kF32, true);
+  s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+  s.attr("activation", AttrKind::kString, false, std::string("identity"));
+  s.attr("alpha", AttrKind::kF32, false);
+  s.rule(check_from_dst_activation);
+  add_bn_rules(s, {0, 1}, {0});
+  registry.add(std::move(s));
+}
+
 }  // namespace
 
 const char* data_format_name(DataFormat f) {
@@ -224,6 +268,7 @@ void register_batch_norm_schemas(OpRegistry& registry) {
     add_bn_rules(s, {0, 1}, {0});
     registry.add(std::move(s));
   }
+  register_from_dst_schema(registry);
   {
     OpSchema s(OpKind::kBatchNormForwardTraining);
     s.input("src").input("mean").input("variance").input("gamma", true).input("beta", true);
@@ -253,7 +298,8 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
   if (op.kind() != OpKind::kBatchNormTrainingBackward &&
       op.kind() != OpKind::kBatchNormForwardTraining && op.kind() != OpKind::kBatchNormInference &&
       op.kind() != OpKind::kBatchNormBackwardReduce &&
-      op.kind() != OpKind::kBatchNormBackwardApply) {
+      op.kind() != OpKind::kBatchNormBackwardApply &&
+      op.kind() != OpKind::kBatchNormTrainingBackwardFromDst) {
     return invalid_argument(op.label() + ": not a batch-norm op");
   }
   d.format = format_of(op);
@@ -286,6 +332,15 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
       }
       if (op.has_attr("variance_is_inv_std")) {
         NG_ASSIGN_OR_RETURN(d.variance_is_inv_std, op.attr_bool("variance_is_inv_std"));
+      }
+      break;
+    case OpKind::kBatchNormTrainingBackwardFromDst:
+      d.stats_dt = op.inputs()[2].dtype;
+      d.has_gamma = d.use_gamma = true;
+      d.diff_scale_shift = op.outputs().size() == 3;
+      d.from_dst = true;
+      if (op.has_attr("activation") && *op.attr_string("activation") == "leaky_relu") {
+        NG_ASSIGN_OR_RETURN(d.alpha, op.attr_f32("alpha"));
       }
       break;
     case OpKind::kBatchNormForwardTraining:
@@ -326,6 +381,13 @@ Status check_global_count(const std::string& who, const BatchNormDesc& d, double
   return invalid_argument(who + ": input 6 'count' " + std::to_string(count) +
                           " is below this process's " + std::to_string(d.reduce_size) +
                           " elements per channel (it must be the sum over every process)");
+}
+
+Status check_from_dst_gamma(const std::string& who, int64_t c, double gamma) {
+  if (std::isfinite(gamma) && std::fabs(gamma) >= kMinFromDstGamma) return ok_status();
+  return invalid_argument(who + ": input 3 'gamma' is " + std::to_string(gamma) + " on channel " +
+                          std::to_string(c) + "; x̂ = (y - beta) / gamma needs |gamma| >= 1e-12 " +
+                          "(InPlace-ABN keeps gamma as |gamma| + eps)");
 }
 
 }  // namespace normgrad

@@ -170,6 +170,20 @@ void register_elementwise_schemas(OpRegistry& registry) {
     add_uniform(registry, std::move(s));
   }
   {
+    // oneDNN Graph's LeakyReLU: dst = src >= 0 ? src : alpha src.
+    OpSchema s(OpKind::kLeakyReLU);
+    s.input("src").output("dst");
+    s.attr("alpha", AttrKind::kF32, true);
+    s.rule([](const Op& op) -> Status {
+      NG_ASSIGN_OR_RETURN(float alpha, op.attr_f32("alpha"));
+      if (!std::isfinite(alpha))
+        return invalid_argument(op.label() + ": attribute 'alpha' must be finite, got " +
+                                std::to_string(alpha));
+      return ok_status();
+    });
+    add_uniform(registry, std::move(s));
+  }
+  {
     // use_dst = true: input 0 is ReLU's dst; false: it is ReLU's src. Both mask by x > 0.
     OpSchema s(OpKind::kReLUBackward);
     s.input("src/dst").input("diff_dst").output("diff_src");

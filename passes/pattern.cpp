@@ -170,12 +170,12 @@ StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn)
       next = sole_consumer(graph, y.id);
     }
   }
-  if (next != nullptr && next->kind() == OpKind::kReLU && only_reader(graph, y.id, *next).ok() &&
-      next->outputs()[0].dtype == y.dtype) {
+  if (next != nullptr && (next->kind() == OpKind::kReLU || next->kind() == OpKind::kLeakyReLU) &&
+      only_reader(graph, y.id, *next).ok() && next->outputs()[0].dtype == y.dtype) {
     m.ops.push_back(next->id());
   }
   if (m.ops.size() == 1)
-    return unimplemented("dst is not read by one Add or ReLU alone" +
+    return unimplemented("dst is not read by one Add, ReLU or LeakyReLU alone" +
                          (m.note.empty() ? std::string() : " (" + m.note + ")"));
   return m;
 }

@@ -37,12 +37,44 @@ StatusOr<const Buffer*> value_of(const Graph& g, const std::map<int64_t, Buffer>
   return &values.at(id);
 }
 
+// The same for BatchNormTrainingBackwardFromDst: the terms are dy xhat and dy
+// with y = act^-1(dst), dy = diff_dst act'(y), xhat = (y - beta) / gamma.
+StatusOr<std::vector<double>> from_dst_condition_scales(const Graph& g,
+                                                        const std::map<int64_t, Buffer>& inputs,
+                                                        const Op& op, const BatchNormDesc& d,
+                                                        size_t port) {
+  std::map<int64_t, Buffer> values;
+  const Buffer* in[5];
+  for (size_t i = 0; i < 5; ++i) {
+    NG_ASSIGN_OR_RETURN(in[i], value_of(g, inputs, values, op.inputs()[i].id, 0));
+  }
+  const Dims ys = in[0]->desc.effective_strides(), ds = in[1]->desc.effective_strides();
+  auto stat = [&](int i, int64_t c) {
+    return load_as_double(in[i]->data(), c * in[i]->desc.effective_strides()[0], in[i]->desc.dtype);
+  };
+  std::vector<double> scale(static_cast<size_t>(d.channels), 0.0);
+  for (int64_t c = 0; c < d.channels; ++c) {
+    const double gamma = stat(3, c), beta = stat(4, c);
+    double acc = 0.0;
+    ref::for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double v = load_as_double(in[0]->data(), ref::offset_of(idx, ys), in[0]->desc.dtype);
+      double dy = load_as_double(in[1]->data(), ref::offset_of(idx, ds), in[1]->desc.dtype);
+      const double y = v >= 0 ? v : v / d.alpha;
+      dy = v >= 0 ? dy : dy * d.alpha;
+      acc += port == 2 ? std::fabs(dy) : std::fabs(dy * (y - beta) / gamma);
+    });
+    scale[static_cast<size_t>(c)] = acc;
+  }
+  return scale;
+}
+
 // sum_i |t_i| per channel for output `port` (1: diff_gamma, 2: diff_beta) of a
 // canonical BatchNormTrainingBackward; empty when not available.
 StatusOr<std::vector<double>> condition_scales(const Graph& g,
                                                const std::map<int64_t, Buffer>& inputs,
                                                const Op& op, size_t port) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  if (d.from_dst) return from_dst_condition_scales(g, inputs, op, d, port);
   std::map<int64_t, Buffer> values;
   NG_ASSIGN_OR_RETURN(const Buffer* x, value_of(g, inputs, values, op.inputs()[0].id, 0));
   NG_ASSIGN_OR_RETURN(const Buffer* dy, value_of(g, inputs, values, op.inputs()[1].id, 0));
@@ -82,7 +114,9 @@ StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_
   v.pass = v.error.nan_mismatch == 0 && v.error.rel_l2 <= v.limit;
   if (v.pass || v.error.nan_mismatch != 0 || m == 0) return v;
   const Op& op = lowered.ops()[static_cast<size_t>(lowered.producer_of(id))];
-  if (op.kind() != OpKind::kBatchNormTrainingBackward) return v;
+  if (op.kind() != OpKind::kBatchNormTrainingBackward &&
+      op.kind() != OpKind::kBatchNormTrainingBackwardFromDst)
+    return v;
   size_t port = 0;
   for (size_t i = 1; i < op.outputs().size(); ++i) port = op.outputs()[i].id == id ? i : port;
   if (port == 0) return v;

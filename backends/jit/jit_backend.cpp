@@ -92,9 +92,11 @@ class JitBackend final : public Backend {
   // code computes while it loads src and diff_dst (jit_conf.hpp, Fuse); and
   // forward training with the Add/ReLU its apply computes before it stores.
   std::vector<Pattern> patterns() const override {
-    return {bn_backward_producers_pattern("jit"), bn_forward_epilogue_pattern("jit"),
-            single_op_pattern("bn_bwd", "jit", bn_backward_kinds()),
-            single_op_pattern("bn_fwd", "jit", {OpKind::kBatchNormForwardTraining})};
+    return {
+        bn_backward_producers_pattern("jit"), bn_forward_epilogue_pattern("jit"),
+        single_op_pattern("bn_bwd", "jit", bn_backward_kinds()),
+        single_op_pattern("bn_bwd_from_dst", "jit", {OpKind::kBatchNormTrainingBackwardFromDst}),
+        single_op_pattern("bn_fwd", "jit", {OpKind::kBatchNormForwardTraining})};
   }
 
   Status supports(const Partition& partition, const CompileContext& ctx) const override {

@@ -76,6 +76,10 @@ const char* fuse_name(Fuse f) {
       return "relu_bwd";
     case Fuse::kAdd:
       return "add";
+    case Fuse::kLeakyInverse:
+      return "leaky_inverse";
+    case Fuse::kLeakyBackward:
+      return "leaky_bwd";
   }
   return "?";
 }
@@ -104,7 +108,8 @@ std::string BnConf::key() const {
          ":cs=" + std::to_string(channel_stride) + ":dxrs=" + std::to_string(dx_row_stride) +
          ":dxcs=" + std::to_string(dx_channel_stride) + ":cg=" + std::to_string(channel_group) +
          (apply_prefetch ? "" : ":nopf") + (reduce_prefetch_rows ? ":rpf" : "") +
-         (apply_prefetch_next_channel ? ":pfc" : "");
+         (apply_prefetch_next_channel ? ":pfc" : "") +
+         (x_fuse == Fuse::kLeakyInverse ? ":alpha=" + std::to_string(alpha) : "");
 }
 
 // How the walk chosen in `c` covers a tensor with strides `st`, when it can.
@@ -368,6 +373,36 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   return c;
 }
 
+// BatchNormTrainingBackwardFromDst on the backward's kernels: src is the
+// recovered y = act^-1(dst), diff_dst the gradient through act, and the
+// "mean" the kernels subtract is beta; the driver turns 1/gamma and the
+// variance into the coefficients (jit_driver.cpp, load_channel).
+template <typename IndexOf>
+StatusOr<BnConf> from_dst_ports(const Op& bn, const IndexOf& index_of, BnConf c) {
+  PortMap& m = c.ports;
+  const int dst = index_of(bn.inputs()[0].id), diff_dst = index_of(bn.inputs()[1].id);
+  m.variance = index_of(bn.inputs()[2].id);
+  m.gamma = index_of(bn.inputs()[3].id);
+  m.mean = index_of(bn.inputs()[4].id);
+  if (dst < 0 || diff_dst < 0 || m.variance < 0 || m.gamma < 0 || m.mean < 0)
+    return unimplemented("the JIT needs every input of " + bn.label() + " from the partition");
+  m.x = dst;
+  m.dy = diff_dst;
+  if (c.d.alpha != 1.f) {
+    // The kernel reads dst twice where it is: both data tensors must be dense.
+    if (!c.x_strides.empty() || !c.dy_strides.empty())
+      return unimplemented("the JIT takes dense dst and diff_dst through leaky_relu (ref runs it)");
+    c.alpha = c.d.alpha;
+    c.x_fuse = Fuse::kLeakyInverse;
+    m.x_second = dst;
+    c.dy_fuse = Fuse::kLeakyBackward;
+    m.dy = dst;
+    m.dy_second = diff_dst;
+  }
+  set_apply_prefetch(&c);
+  return c;
+}
+
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   // The pattern that took the partition (jit_backend.cpp) anchors it at the
   // batch norm; every other op is a ReLUBackward/Add feeding src or diff_dst.
@@ -388,6 +423,7 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   m.x = index_of(bn->inputs()[0].id);
   m.dy = index_of(bn->inputs()[1].id);
   m.mean = index_of(bn->inputs()[2].id);
+  if (c.d.from_dst) return from_dst_ports(*bn, index_of, c);
   if (c.d.phase == BackwardPhase::kReduce) {
     m.variance = m.gamma = -1;
     if (m.mean < 0) return unimplemented("the JIT needs the mean as a partition input");

@@ -40,6 +40,9 @@ enum class Fuse : uint8_t {
   kNone,
   kReluBackward,  // value = first > 0 ? second : 0 (first: ReLU's src or dst, second: the gradient)
   kAdd,           // value = first + second
+  // BatchNormTrainingBackwardFromDst through leaky_relu (first: the forward's dst):
+  kLeakyInverse,   // src: value = first >= 0 ? first : first / alpha
+  kLeakyBackward,  // diff_dst: value = first >= 0 ? second : alpha second
 };
 const char* fuse_name(Fuse f);
 
@@ -146,6 +149,7 @@ struct BnConf {
   bool empty = false;
   bool single_thread = false;     // small problems skip the task overhead
   bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache
+  float alpha = 1.f;              // the kLeaky* fuses' slope (BatchNormDesc::alpha)
   Fuse x_fuse = Fuse::kNone;      // src computed from a fused producer
   Fuse dy_fuse = Fuse::kNone;     // diff_dst computed from a fused producer
   PortMap ports;

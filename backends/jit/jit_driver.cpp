@@ -284,7 +284,21 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
     const double v = load_as_double(in[pm.variance], c, sdt);
     h.s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
     h.gamma = d.use_gamma ? load_as_double(in[pm.gamma], c, sdt) : 1.0;
+    if (d.from_dst) {
+      // The kernels sum dy (y - beta) = gamma sum dy xhat (mean = beta), so
+      // the coefficients take s' = 1/gamma in place of s and gamma' = gamma^2 s:
+      // diff_gamma = s' sum, a = gamma' s' = gamma s, b = -gamma' s'^2 diff_gamma/M
+      // = -s diff_gamma/M (times y - beta = gamma xhat), c = -gamma s diff_beta/M.
+      const double gamma = h.gamma;
+      h.gamma = gamma * gamma * h.s;
+      h.s = 1.0 / gamma;
+    }
   };
+  // FromDst divides by gamma: every channel is checked before anything is written.
+  for (int64_t c = 0; c < nc && d.from_dst; ++c) {
+    NG_RETURN_IF_ERROR(check_from_dst_gamma("BatchNormTrainingBackwardFromDst", c,
+                                            load_as_double(in[pm.gamma], c, sdt)));
+  }
   const bool per_task_stats = conf.walk == Walk::kRows;
   for (int64_t c = 0; c < nc && !per_task_stats; ++c) load_channel(c);
   // Reduce: the per-channel sums out; Apply: the global sums and count in.
@@ -539,6 +553,10 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
   if (conf.empty) {
     // An empty batch: sums over no elements are 0; diff_src has no element.
     const BatchNormDesc& d = conf.d;
+    for (int64_t c = 0; c < d.channels && d.from_dst; ++c) {
+      NG_RETURN_IF_ERROR(check_from_dst_gamma("BatchNormTrainingBackwardFromDst", c,
+                                              load_as_double(in[conf.ports.gamma], c, d.stats_dt)));
+    }
     if (d.phase == BackwardPhase::kApply) {
       // This process holds no data, but diff_gamma and diff_beta are the
       // global sums' (the other processes' data), as on every process.

@@ -1,7 +1,7 @@
 // JIT batch-norm forward training: conf, kernels and driver (private to the JIT backend).
 //
 // BatchNormForwardTraining, optionally followed by an Add of a residual and/or
-// a ReLU on dst (the jit.bn_fwd_epilogue pattern), runs in two passes over src:
+// a ReLU or LeakyReLU on dst (the jit.bn_fwd_epilogue pattern), runs in two passes over src:
 //   1. statistics: per channel, shifted sums S1 = sum (x - K), S2 = sum (x - K)^2
 //      around a shift K taken from the channel's first elements. With K close
 //      to the mean the sums do not cancel (a channel of constant 1e7 has
@@ -59,7 +59,9 @@ struct FwdConf {
   float epsilon = 0.f, momentum = 0.1f;
   bool affine = false;    // gamma and beta given
   bool residual = false;  // an Add's other input joins before the ReLU
-  bool relu = false;
+  bool relu = false;      // a ReLU, or with `leaky` a LeakyReLU, ends the partition
+  bool leaky = false;     // relu is LeakyReLU: y < 0 ? alpha y : y
+  float alpha = 0.f;
   // Indices into the partition's inputs and outputs.
   int in_src = 0, in_mean = 1, in_var = 2, in_gamma = -1, in_beta = -1, in_residual = -1;
   int out_dst = 0, out_running_mean = -1, out_running_var = -1, out_batch_mean = -1,

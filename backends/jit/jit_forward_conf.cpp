@@ -37,13 +37,14 @@ std::string FwdConf::kernel_name() const {
                    : ncx_rows ? "rows"
                               : "pixels");
   if (residual) s += "+add";
-  if (relu) s += "+relu";
+  if (relu) s += leaky ? "+leaky_relu" : "+relu";
   return s;
 }
 
 std::string FwdConf::key() const {
   return kernel_name() + ":" + std::to_string(c) + ":" + std::to_string(spatial) + ":" +
-         std::to_string(affine) + (streaming ? ":nt" : "");
+         std::to_string(affine) + (streaming ? ":nt" : "") +
+         (leaky ? ":alpha=" + std::to_string(alpha) : "");
 }
 
 StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
@@ -53,7 +54,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   for (const Op& op : partition.ops) {
     if (op.kind() == OpKind::kBatchNormForwardTraining) bn = &op;
     if (op.kind() == OpKind::kAdd) add = &op;
-    if (op.kind() == OpKind::kReLU) relu = &op;
+    if (op.kind() == OpKind::kReLU || op.kind() == OpKind::kLeakyReLU) relu = &op;
   }
   if (bn == nullptr || bn->id() != partition.anchor)
     return internal_error(
@@ -111,6 +112,10 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     c.residual = true;
   }
   c.relu = relu != nullptr;
+  if (relu != nullptr && relu->kind() == OpKind::kLeakyReLU) {
+    NG_ASSIGN_OR_RETURN(c.alpha, relu->attr_f32("alpha"));
+    c.leaky = true;
+  }
   for (size_t i = 1; i < bn->outputs().size(); ++i) {
     const int o = index_in(partition.outputs, bn->outputs()[i].id);
     if (o >= 0 && !dense_vector(bn->outputs()[i]))

@@ -66,7 +66,12 @@ class PortableFwd final : public FwdKernels {
         // as the unfused graph does (the generated code matches).
         v = load_element(a.residual, i, c_.dt) + round_to_dt(v);
       }
-      if (c_.relu) v = std::max(round_to_dt(v), 0.f);
+      if (c_.relu && c_.leaky) {
+        v = round_to_dt(v);  // the unfused LeakyReLU reads dst in its dtype
+        if (v < 0.f) v *= c_.alpha;
+      } else if (c_.relu) {
+        v = std::max(round_to_dt(v), 0.f);
+      }
       store_element(a.y, i, c_.dt, v);
     };
     if (c_.ncx_rows) {

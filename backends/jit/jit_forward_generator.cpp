@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 
 #include <xbyak/xbyak.h>
@@ -136,7 +137,23 @@ class FwdGenerator : public CodeGenerator {
       load(tmp, *r_addr, masked);
       vaddps(v, v, tmp);
     }
-    if (c_.relu) vmaxps(v, zmm31, v);  // NaN stays NaN (second operand)
+    if (c_.relu && c_.leaky) {
+      if (c_.dt != DataType::kF32)
+        round_to_dt(v, tmp);       // the unfused LeakyReLU reads dst in its dtype
+      vcmpps(k2, v, zmm31, 0x11);  // less-than, ordered, quiet: NaN stays NaN
+      vmulps(v | k2, v, alpha_);
+    } else if (c_.relu) {
+      vmaxps(v, zmm31, v);  // NaN stays NaN (second operand)
+    }
+  }
+
+  // alpha_ = the LeakyReLU's alpha in every lane (r11 is free before the loops).
+  void load_alpha() {
+    if (!c_.leaky) return;
+    uint32_t bits;
+    std::memcpy(&bits, &c_.alpha, sizeof bits);
+    mov(r11d, bits);
+    vpbroadcastd(alpha_, r11d);
   }
 
   // k1 = the low (rcx) lanes; rcx in [0, 16).
@@ -248,6 +265,8 @@ class FwdGenerator : public CodeGenerator {
     vbroadcastss(zmm29, ptr[rax + 8]);
     vbroadcastss(zmm30, ptr[rax + 12]);
     vpxord(zmm31, zmm31, zmm31);
+    alpha_ = zmm26;  // zmm0..7 data, zmm27..30 coefficients
+    load_alpha();
     Label row;
     L(row);
     row_loop([&](int u, int64_t off, bool masked) {
@@ -328,6 +347,8 @@ class FwdGenerator : public CodeGenerator {
     load_args();
     set_tail_mask();
     vpxord(zmm31, zmm31, zmm31);
+    alpha_ = zmm28;  // zmm0..7 data, zmm12..27 coefficients
+    load_alpha();
     const int64_t nv = vectors();
     const int row = static_cast<int>(cp_ * 4);
     for (int64_t first = 0; first < nv; first += 4) {
@@ -373,6 +394,7 @@ class FwdGenerator : public CodeGenerator {
   int es_;
   int64_t cp_;
   bool nt_;
+  Zmm alpha_ = zmm26;
 };
 
 class GeneratedFwd final : public FwdKernels {

@@ -146,6 +146,28 @@ void BnGenerator::load_port(int port, int dst, int tmp, int64_t off, bool tail) 
     load(tmp, second, off, tail);
     vaddps(vmm(dst), vmm(dst), vmm(tmp));
     round_to_data_dtype(dst, tmp);
+  } else if (f == Fuse::kLeakyInverse || f == Fuse::kLeakyBackward) {
+    // v = the forward's dst; the value is scaled where v < 0 (NaN compares
+    // false): by 1/alpha to undo leaky_relu, or by alpha for its derivative.
+    const bool inverse = f == Fuse::kLeakyInverse;
+    const int v = inverse ? dst : tmp;
+    if (inverse) {
+      load(dst, first, off, tail);
+    } else {
+      load(dst, second, off, tail);
+      load(tmp, first, off, tail);
+    }
+    if (avx512_) {
+      vcmpps(k3, vmm(v), ptr[rip + c_zero_], 0x11);  // less-than, ordered, quiet
+      vmulps(vmm(dst) | k3, vmm(dst), ptr[rip + (inverse ? c_inv_alpha_ : c_alpha_)]);
+    } else {
+      // No mask registers on AVX2: the factor's bits are selected, 1.0f ^ ((1.0f ^ f) & mask),
+      // so the product is the AVX-512 one (1 + (f - 1) would lose f's low bits).
+      vcmpps(vmm(tmp), vmm(v), ptr[rip + c_zero_], 0x11);
+      vandps(vmm(tmp), vmm(tmp), ptr[rip + (inverse ? c_sel_inv_alpha_ : c_sel_alpha_)]);
+      vxorps(vmm(tmp), vmm(tmp), ptr[rip + c_onef_]);
+      vmulps(vmm(dst), vmm(dst), vmm(tmp));
+    }
   } else {  // ReLU backward: the gradient where the forward value is > 0 (NaN compares false)
     load(dst, second, off, tail);
     load(tmp, first, off, tail);
@@ -300,6 +322,16 @@ void BnGenerator::emit_constants() {
   splat(c_one_, 1);
   splat(c_7fff_, 0x7fff);
   splat(c_0040_, 0x40);
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  splat(c_alpha_, bits(c_.alpha));
+  splat(c_inv_alpha_, bits(1.f / c_.alpha));
+  splat(c_onef_, bits(1.f));
+  splat(c_sel_alpha_, bits(1.f) ^ bits(c_.alpha));
+  splat(c_sel_inv_alpha_, bits(1.f) ^ bits(1.f / c_.alpha));
   L(tail_mask_);
   for (int i = 0; i < 16; ++i) dd(i < tail_ ? 0xffffffffu : 0u);
 }

@@ -27,6 +27,14 @@ class PortableKernels final : public KernelSet {
     }
     if (f == Fuse::kReluBackward)
       return load_element(first, e, dt) > 0.f ? load_element(second, e, dt) : 0.f;
+    if (f == Fuse::kLeakyInverse) {
+      const float v = load_element(first, e, dt);
+      return v < 0.f ? v * (1.f / c_.alpha) : v;
+    }
+    if (f == Fuse::kLeakyBackward) {
+      const float g = load_element(second, e, dt);
+      return load_element(first, e, dt) < 0.f ? g * c_.alpha : g;
+    }
     return load_element(first, e, dt);
   }
 

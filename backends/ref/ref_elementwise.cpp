@@ -1,4 +1,4 @@
-// Reference ReLU, ReLUBackward, Add, TypeCast and StaticTranspose on strided buffers.
+// Reference ReLU, LeakyReLU, ReLUBackward, Add, TypeCast and StaticTranspose on strided buffers.
 #include <normgrad/backends/ref/ref_indexing.hpp>
 #include <normgrad/backends/ref/ref_ops.hpp>
 
@@ -25,6 +25,14 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
         store(idx, x > 0.0 ? x : (x != x ? x : 0.0));  // NaN propagates
       });
       return ok_status();
+    case OpKind::kLeakyReLU: {
+      NG_ASSIGN_OR_RETURN(float alpha, op.attr_f32("alpha"));
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+        const double x = load(0, idx);
+        store(idx, x >= 0.0 ? x : static_cast<double>(alpha) * x);  // NaN: alpha NaN = NaN
+      });
+      return ok_status();
+    }
     case OpKind::kReLUBackward:
       // Input 0 is ReLU's src (use_dst = false) or dst (use_dst = true); in both
       // cases the gradient passes where that value is > 0.
@@ -112,6 +120,8 @@ Status execute_op(const Op& op, const std::vector<const void*>& inputs,
   switch (op.kind()) {
     case OpKind::kBatchNormTrainingBackward:
       return batch_norm_backward(op, inputs, outputs);
+    case OpKind::kBatchNormTrainingBackwardFromDst:
+      return batch_norm_backward_from_dst(op, inputs, outputs);
     case OpKind::kBatchNormForwardTraining:
       return batch_norm_forward_training(op, inputs, outputs);
     case OpKind::kBatchNormInference:

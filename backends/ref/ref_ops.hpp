@@ -20,6 +20,9 @@ Status execute_op(const Op& op, const std::vector<const void*>& inputs,
 // Per family, called by execute_op.
 Status batch_norm_backward(const Op& op, const std::vector<const void*>& in,
                            const std::vector<void*>& out);
+// BatchNormTrainingBackwardFromDst (ref_batch_norm_from_dst.cpp).
+Status batch_norm_backward_from_dst(const Op& op, const std::vector<const void*>& in,
+                                    const std::vector<void*>& out);
 Status batch_norm_backward_reduce(const Op& op, const std::vector<const void*>& in,
                                   const std::vector<void*>& out);
 Status batch_norm_backward_apply(const Op& op, const std::vector<const void*>& in,

@@ -40,9 +40,9 @@ def _is_add(node):
     return False
 
 
-def fuse(model, bn_types):
-    """The traced, fused GraphModule, or None when torch.fx cannot trace `model`
-    (the caller then swaps modules only, and says so)."""
+def trace(model, bn_types):
+    """`model` traced by torch.fx into a GraphModule, with `bn_types` as leaves
+    (raises what fx raises when it cannot trace)."""
     import torch.fx as fx
 
     class Tracer(fx.Tracer):
@@ -50,9 +50,16 @@ def fuse(model, bn_types):
         def is_leaf_module(self, m, qualname):
             return isinstance(m, bn_types) or super().is_leaf_module(m, qualname)
 
+    return fx.GraphModule(model, Tracer().trace(model), type(model).__name__)
+
+
+def fuse(model, bn_types):
+    """The traced, fused GraphModule, or None when torch.fx cannot trace `model`
+    (the caller then swaps modules only, and says so)."""
+    import torch.fx as fx
+
     try:
-        graph = Tracer().trace(model)
-        gm = fx.GraphModule(model, graph, type(model).__name__)
+        gm = trace(model, bn_types)
     except Exception as e:  # fx raises many kinds (TraceError, TypeError, ...)
         warnings.warn("normgrad.torch.convert(fuse=True): torch.fx cannot trace %s (%s: %s); "
                       "batch norms are swapped without BN->ReLU / BN->Add->ReLU fusion"

@@ -102,8 +102,9 @@ def _t(i, dt, shape, strides=None):
     return _ng.LogicalTensor(i, dt, list(shape), list(strides))
 
 
-def forward_graph(shape, fmt, dt, c, affine, eps, residual, relu):
-    """BatchNormForwardTraining [-> Add(residual)] [-> ReLU]; dst is the last op's output."""
+def forward_graph(shape, fmt, dt, c, affine, eps, residual, relu, leaky=None):
+    """BatchNormForwardTraining [-> Add(residual)] [-> ReLU, or LeakyReLU(leaky) when
+    leaky is its alpha]; dst is the last op's output."""
     def build(g):
         ins = [_t(X, dt, shape), _t(RM, "f32", [c]), _t(RV, "f32", [c])]
         if affine:
@@ -116,10 +117,14 @@ def forward_graph(shape, fmt, dt, c, affine, eps, residual, relu):
             g.add_op("Add", [_t(Y0, dt, shape), _t(RES, dt, shape)], [_t(ADD_OUT, dt, shape)], {},
                      id=1, name="add")
             last = ADD_OUT
-        if relu:
+        if relu and leaky is not None:
+            g.add_op("LeakyReLU", [_t(last, dt, shape)], [_t(RELU_OUT, dt, shape)],
+                     {"alpha": float(leaky)}, id=2, name="leaky_relu")
+        elif relu:
             g.add_op("ReLU", [_t(last, dt, shape)], [_t(RELU_OUT, dt, shape)], {}, id=2,
                      name="relu")
-    return _compiled(("fwd", tuple(shape), fmt, dt, affine, float(eps), residual, relu), build)
+    return _compiled(("fwd", tuple(shape), fmt, dt, affine, float(eps), residual, relu, leaky),
+                     build)
 
 
 def forward_output_id(residual, relu):
@@ -160,6 +165,20 @@ def backward_graph(shape, fmt, dt, c, affine, training, fuse_relu, eps, dy_strid
     key = ("bwd", tuple(shape), fmt, dt, affine, bool(training), fuse_relu, float(eps),
            None if dy_strides is None else tuple(dy_strides))
     return _compiled(key, build)
+
+
+def from_dst_graph(shape, fmt, dt, c, eps, alpha):
+    """BatchNormTrainingBackwardFromDst: diff_src, diff_gamma, diff_beta from the
+    forward's dst (alpha: leaky_relu's, None: identity)."""
+    def build(g):
+        ins = [_t(Y, dt, shape), _t(DY, dt, shape), _t(VAR, "f32", [c]), _t(GAMMA, "f32", [c]),
+               _t(BETA, "f32", [c])]
+        outs = [_t(DX, dt, shape), _t(DGAMMA, "f32", [c]), _t(DBETA, "f32", [c])]
+        attrs = {"epsilon": float(eps), "data_format": fmt}
+        if alpha is not None:
+            attrs.update(activation="leaky_relu", alpha=float(alpha))
+        g.add_op("BatchNormTrainingBackwardFromDst", ins, outs, attrs, id=0, name="abn_bwd")
+    return _compiled(("from_dst", tuple(shape), fmt, dt, float(eps), alpha), build)
 
 
 _CONSTANTS = {}

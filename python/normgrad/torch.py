@@ -21,14 +21,16 @@ BN -> ReLU and BN -> Add -> ReLU (torchvision's BasicBlock and Bottleneck).
 NCHW (NCX) and channels_last (NXC) tensors are passed to normgrad without
 copies; f32, bf16 and f16 data, with f32 statistics.
 """
+import warnings
+
 import torch as _torch
 import torch.distributed as _dist
 import torch.nn as _nn
 
 import normgrad as _ng
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "convert",
-           "convert_sync_batchnorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InPlaceABN",
+           "InPlaceABNSync", "convert", "convert_sync_batchnorm"]
 
 from . import _torch_graphs as _g
 
@@ -298,7 +300,7 @@ def _fuse_following_relus(module):
                 child._modules[b] = _nn.Identity()
 
 
-def convert(model, fuse_relu=False, fuse=False):
+def convert(model, fuse_relu=False, fuse=False, inplace_abn=False):
     """Swaps every torch BatchNorm1d/2d/3d in `model` for normgrad's, in place,
     keeping weights, buffers and mode; returns `model`. A BatchNorm at the top
     is returned converted.
@@ -312,7 +314,15 @@ def convert(model, fuse_relu=False, fuse=False):
     a warning that says so.
 
     fuse_relu=True (without fx): a BatchNorm followed by an nn.ReLU in an
-    nn.Sequential fuses it and the ReLU is replaced by an Identity."""
+    nn.Sequential fuses it and the ReLU is replaced by an Identity.
+
+    inplace_abn=True first traces the model with torch.fx and swaps each
+    BN -> LeakyReLU for InPlaceABN(leaky_relu) and each other BN for
+    InPlaceABN(identity), where the BN's input may be overwritten; BN -> ReLU
+    stays a batch norm (ReLU has no inverse), and a warning names every kind
+    of BN left and why. It returns the traced GraphModule (attribute
+    ``normgrad_inplace_abn``: how many were swapped); the rest are converted
+    as above."""
     kinds = {_nn.BatchNorm1d: BatchNorm1d, _nn.BatchNorm2d: BatchNorm2d,
              _nn.BatchNorm3d: BatchNorm3d}
 
@@ -327,6 +337,15 @@ def convert(model, fuse_relu=False, fuse=False):
             new = new.to(m.running_mean.dtype)
         return _copy_into(new, m)
 
+    if inplace_abn:
+        from ._inplace_abn import convert_inplace_abn
+        done = convert_inplace_abn(model, tuple(kinds) + (_NormgradBatchNorm,))
+        if done is not None:
+            model, swapped, left = done
+            model.normgrad_inplace_abn = swapped
+            for why, n in left.items():
+                warnings.warn("normgrad.torch.convert(inplace_abn=True): %d batch norm(s) left as "
+                              "BatchNorm: %s" % (n, why), stacklevel=2)
     top = make(model)
     model = top if top is not None else _swap(model, make)
     if fuse:
@@ -479,3 +498,6 @@ def convert_sync_batchnorm(model, process_group=None):
 
     top = make(model)
     return top if top is not None else _swap(model, make)
+
+
+from ._inplace_abn import InPlaceABN, InPlaceABNSync  # noqa: E402 (uses the helpers above)

@@ -100,6 +100,7 @@ class Compiled {
   }
   std::vector<LogicalTensor> inputs() const { return cg_->inputs(); }
   std::vector<LogicalTensor> outputs() const { return cg_->outputs(); }
+  std::vector<std::pair<int64_t, int64_t>> inplace_pairs() const { return cg_->inplace_pairs(); }
 
   // inputs: {id: array}; outputs: {id: array} to write into, the rest allocated.
   py::dict execute(const py::dict& inputs, const std::optional<py::dict>& outputs) const {
@@ -390,6 +391,8 @@ PYBIND11_MODULE(_normgrad, m) {
       .def_property_readonly("partitions", &Compiled::partitions)
       .def_property_readonly("inputs", &Compiled::inputs)
       .def_property_readonly("outputs", &Compiled::outputs)
+      .def("inplace_pairs", &Compiled::inplace_pairs,
+           "(input id, output id) pairs whose buffers may be the same (oneDNN's get_inplace_ports)")
       .def("_execute_unchecked", &Compiled::execute_unchecked, py::arg("ids"), py::arg("ptrs"),
            py::arg("inputs"),
            "normgrad.torch's per-call path: data pointers by id, no metadata checks")

@@ -28,7 +28,8 @@ Dims fwd_shape(const std::string& fmt, int rank, int64_t c, int64_t n, int64_t s
   return shape;
 }
 
-// form: 0 affine, 1 no gamma/beta, 2 affine + ReLU, 3 affine + Add + ReLU, 4 affine + Add.
+// form: 0 affine, 1 no gamma/beta, 2 affine + ReLU, 3 affine + Add + ReLU, 4 affine + Add,
+// 5 affine + LeakyReLU(0.01), 6 affine + Add + LeakyReLU(2.5).
 Graph fwd_graph(const Dims& shape, const std::string& fmt, DataType dt, int form,
                 float eps = 1e-3f) {
   const int64_t c = fmt == "NCX" ? shape[1] : shape.back();
@@ -42,7 +43,7 @@ Graph fwd_graph(const Dims& shape, const std::string& fmt, DataType dt, int form
   for (int64_t id = 21; id <= 24; ++id) bn.add_output(lt(id, DataType::kF32, {c}));
   EXPECT_TRUE(g.add_op(bn).ok());
   int64_t y = 20;
-  if (form == 3 || form == 4) {
+  if (form == 3 || form == 4 || form == 6) {
     Op add(2, OpKind::kAdd, "add");
     add.add_input(lt(y, dt, shape)).add_input(lt(30, dt, shape)).add_output(lt(31, dt, shape));
     EXPECT_TRUE(g.add_op(add).ok());
@@ -52,6 +53,12 @@ Graph fwd_graph(const Dims& shape, const std::string& fmt, DataType dt, int form
     Op relu(3, OpKind::kReLU, "relu");
     relu.add_input(lt(y, dt, shape)).add_output(lt(40, dt, shape));
     EXPECT_TRUE(g.add_op(relu).ok());
+  }
+  if (form == 5 || form == 6) {
+    Op leaky(3, OpKind::kLeakyReLU, "leaky_relu");
+    leaky.set_attr("alpha", form == 5 ? 0.01f : 2.5f);
+    leaky.add_input(lt(y, dt, shape)).add_output(lt(40, dt, shape));
+    EXPECT_TRUE(g.add_op(leaky).ok());
   }
   return g;
 }
@@ -66,7 +73,7 @@ TEST_P(JitForwardIsa, SweepAgainstRef) {
     for (const char* fmt : {"NCX", "NXC"}) {
       for (int rank = 2; rank <= 5; ++rank) {
         for (int64_t c : {1, 3, 16, 17, 64, 251}) {
-          for (int form = 0; form < 5; ++form) {
+          for (int form = 0; form < 7; ++form) {
             const Dims shape = fwd_shape(fmt, rank, c, rank == 2 ? 40 : 3, 37);
             const Graph g = fwd_graph(shape, fmt, dt, form);
             SCOPED_TRACE(std::string(dtype_name(dt)) + " " + fmt + " " + dims_to_string(shape) +
@@ -79,7 +86,8 @@ TEST_P(JitForwardIsa, SweepAgainstRef) {
             EXPECT_EQ(r.kernel.rfind("jit:"), 0u) << r.kernel;  // one partition, on the JIT
             EXPECT_NE(r.kernel.find(":fwd:"), std::string::npos) << r.kernel;
             if (form >= 2) {
-              EXPECT_NE(r.kernel.find(form == 4 ? "+add" : "+relu"), std::string::npos) << r.kernel;
+              const char* epilogue = form == 4 ? "+add" : form >= 5 ? "+leaky_relu" : "+relu";
+              EXPECT_NE(r.kernel.find(epilogue), std::string::npos) << r.kernel;
             }
             ++ran;
           }
@@ -87,7 +95,7 @@ TEST_P(JitForwardIsa, SweepAgainstRef) {
       }
     }
   }
-  EXPECT_EQ(ran, 3 * 2 * 4 * 6 * 5);
+  EXPECT_EQ(ran, 3 * 2 * 4 * 6 * 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, JitForwardIsa, ::testing::Values("avx512", "portable"));
