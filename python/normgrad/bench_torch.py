@@ -3,6 +3,7 @@
     /usr/bin/python3 -m normgrad.bench_torch                 # the per-layer table
     /usr/bin/python3 -m normgrad.bench_torch --model resnet50 # a training step
     /usr/bin/python3 -m normgrad.bench_torch --json out.json --threads 2
+    /usr/bin/python3 -m normgrad.bench_torch --memory        # peak memory of a step
 
 Per layer: the five batch-32 BatchNorm shapes of ResNet-50, NCHW and
 channels_last, f32 and bf16: the forward, the backward and the whole
@@ -16,14 +17,28 @@ batch 16, 160x160 unless told), torch's against ``convert(model, fuse=True)``,
 SGD training steps interleaved in one process, medians; with the profiler's
 share of the step spent in batch norm (and in ReLU/add, which fusion takes).
 
+--model resnet50 --leaky: the same with every ReLU swapped for
+LeakyReLU(0.01) (--leaky-inplace: keeping torchvision's inplace=True), and
+a third model, ``convert(model, inplace_abn=True)`` (InPlaceABN), in the
+interleaving.
+
+--memory: the peak resident memory of a training step of that LeakyReLU
+ResNet-50, each configuration (torch, normgrad's BatchNorm, normgrad's
+InPlaceABN) in a fresh subprocess, so no configuration inherits another's
+heap. It reports the process's peak RSS over --steps steps, that peak minus
+the RSS before the first step (the step's own), and the bytes autograd
+saves for the backward (activations, parameters excluded).
+
 Runs alternate torch and normgrad case by case (host state drifts); every
 figure is a median over --runs repetitions.
 """
 import argparse
-import copy
 import json
+import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -122,15 +137,41 @@ def bn_share(model, step, mf):
     return {k: v / total if total else 0.0 for k, v in parts.items()}
 
 
-def run_model(args, out):
+def with_leaky_relu(model, slope=0.01, inplace=False):
+    """Every nn.ReLU of `model` replaced by nn.LeakyReLU(slope), in place only
+    where the ReLU was and `inplace` says to keep that."""
+    for name, child in list(model.named_children()):
+        if type(child) is torch.nn.ReLU:
+            setattr(model, name, torch.nn.LeakyReLU(slope, inplace=inplace and child.inplace))
+        else:
+            with_leaky_relu(child, slope, inplace)
+    return model
+
+
+def make_model(name, config, leaky_inplace=False):
+    """torchvision's `name` (random init, seed 0) for a configuration: torch,
+    normgrad (convert with fusion) or normgrad-abn (convert with InPlaceABN);
+    leaky-* configurations have LeakyReLU(0.01) for every ReLU."""
     import torchvision
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)()
+    if config.startswith("leaky-"):
+        model = with_leaky_relu(model, inplace=leaky_inplace)
+        config = config[len("leaky-"):]
+    if config == "normgrad":
+        return ngt.convert(model, fuse=True)
+    if config == "normgrad-abn":
+        return ngt.convert(model, inplace_abn=True)
+    return model
+
+
+def run_model(args, out):
     results = []
+    prefix = "leaky-" if args.leaky else ""
+    names = ["torch", "normgrad"] + (["normgrad-abn"] if args.leaky else [])
     for layout in args.layouts:
-        torch.manual_seed(0)
         mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-        base = getattr(torchvision.models, args.model)()
-        models = {"torch": copy.deepcopy(base), "normgrad": ngt.convert(copy.deepcopy(base),
-                                                                         fuse=True)}
+        models = {k: make_model(args.model, prefix + k, args.leaky_inplace) for k in names}
         x = torch.randn(args.batch, 3, args.size, args.size).contiguous(memory_format=mf)
         labels = torch.randint(0, 1000, (args.batch,))
         steps = {}
@@ -156,19 +197,111 @@ def run_model(args, out):
                "speedup": med["torch"] / med["normgrad"],
                "fused": getattr(models["normgrad"], "normgrad_fused", 0),
                "profile_share": shares}
+        if args.leaky:
+            row["activation"] = "leaky_relu" + (" (inplace)" if args.leaky_inplace else "")
+            row["normgrad_abn_ms"] = med["normgrad-abn"]
+            row["abn_swapped"] = getattr(models["normgrad-abn"], "normgrad_inplace_abn", 0)
         results.append(row)
         print("%s batch %d %dx%d %-13s torch %8.1f ms  normgrad %8.1f ms  %.2fx  (BN share: "
               "torch %.0f%%, normgrad %.0f%%; %d fused)"
               % (args.model, args.batch, args.size, args.size, layout, med["torch"],
                  med["normgrad"], row["speedup"], 100 * shares["torch"]["batch_norm"],
                  100 * shares["normgrad"]["batch_norm"], row["fused"]), flush=True)
+        if args.leaky:
+            print("  with LeakyReLU: InPlaceABN %8.1f ms (%d swapped), %.2fx torch, %.2fx "
+                  "normgrad's BatchNorm" % (med["normgrad-abn"], row["abn_swapped"],
+                                            med["torch"] / med["normgrad-abn"],
+                                            med["normgrad"] / med["normgrad-abn"]), flush=True)
     out["model"] = results
+
+
+def rss_kib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def saved_bytes(model, x):
+    """Bytes of the distinct storages autograd saves for the backward of model(x),
+    parameters excluded."""
+    seen = {}
+
+    def pack(t):
+        s = t.storage()
+        seen[s.data_ptr()] = s.size() * s.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    params = {p.data_ptr() for p in model.parameters()}
+    return sum(v for k, v in seen.items() if k not in params)
+
+
+def memory_child(args):
+    """One configuration's training steps in this (fresh) process: prints a JSON
+    line with the peak RSS, the RSS before the first step, the step times and
+    the activation bytes saved for the backward."""
+    layout = args.layouts[0]
+    mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    model = make_model(args.model, args.memory_child, args.leaky_inplace)
+    model = model.to(memory_format=mf).train()
+    x = torch.randn(args.batch, 3, args.size, args.size).contiguous(memory_format=mf)
+    labels = torch.randint(0, 1000, (args.batch,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    before = rss_kib()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), labels).backward()
+        opt.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({"config": args.memory_child, "layout": layout, "peak_kib": peak,
+                      "before_kib": before, "step_ms": statistics.median(times[1:] or times),
+                      "saved_bytes": saved_bytes(model, x), "pool": normgrad.memory_stats()}))
+
+
+def run_memory(args, out):
+    rows = []
+    for layout in args.layouts:
+        for config in ("leaky-torch", "leaky-normgrad", "leaky-normgrad-abn"):
+            cmd = [sys.executable, "-m", "normgrad.bench_torch", "--memory-child", config,
+                   "--model", args.model, "--batch", str(args.batch), "--size", str(args.size),
+                   "--steps", str(args.steps), "--threads", str(args.threads),
+                   "--layouts", layout] + (["--leaky-inplace"] if args.leaky_inplace else [])
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise SystemExit("normgrad.bench_torch --memory: %s failed:\n%s"
+                                 % (config, done.stderr[-2000:]))
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        base = next(r for r in rows if r["config"] == "leaky-torch" and r["layout"] == layout)
+        for r in rows:
+            if r["layout"] != layout:
+                continue
+            own, base_own = r["peak_kib"] - r["before_kib"], base["peak_kib"] - base["before_kib"]
+            r["peak_vs_torch"] = r["peak_kib"] / base["peak_kib"]
+            r["step_peak_vs_torch"] = own / base_own
+            r["saved_vs_torch"] = r["saved_bytes"] / base["saved_bytes"]
+            print("%s batch %d %dx%d %-13s %-19s peak %6.0f MiB (%5.1f%%)  step's own %6.0f MiB "
+                  "(%5.1f%%)  saved %6.0f MiB (%5.1f%%)  step %7.1f ms"
+                  % (args.model, args.batch, args.size, args.size, layout, r["config"],
+                     r["peak_kib"] / 1024, 100 * r["peak_vs_torch"], own / 1024,
+                     100 * r["step_peak_vs_torch"], r["saved_bytes"] / 2**20,
+                     100 * r["saved_vs_torch"], r["step_ms"]), flush=True)
+    out["memory"] = rows
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m normgrad.bench_torch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="a torchvision model (resnet50): time its training step")
+    p.add_argument("--leaky", action="store_true",
+                   help="with --model: ReLUs swapped for LeakyReLU(0.01), InPlaceABN timed too")
+    p.add_argument("--leaky-inplace", action="store_true",
+                   help="the swapped LeakyReLUs keep torchvision's inplace=True")
+    p.add_argument("--memory", action="store_true",
+                   help="peak RSS of a training step of --model (default resnet50) with "
+                        "LeakyReLU: torch, normgrad BatchNorm, InPlaceABN, each in a fresh process")
+    p.add_argument("--memory-child", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--size", type=int, default=160)
     p.add_argument("--steps", type=int, default=5, help="training steps per model (median)")
@@ -197,10 +330,17 @@ def main(argv=None):
         p.error("--shapes takes NxCxHxW with positive sizes")
     torch.set_num_threads(args.threads)
     normgrad.set_num_threads(args.threads)
+    if args.memory_child:
+        memory_child(args)
+        return 0
+    if args.memory:
+        args.model = args.model or "resnet50"
     out = {"host": host(), "threads": args.threads, "torch": torch.__version__,
            "normgrad": normgrad.__version__}
     print("host: %s; %d threads; torch %s" % (out["host"], args.threads, torch.__version__))
-    if args.model:
+    if args.memory:
+        run_memory(args, out)
+    elif args.model:
         run_model(args, out)
     else:
         run_layers(args, out)

@@ -81,3 +81,50 @@ def test_two_processes_equal_the_full_batch(channels_last):
     for k in range(2):  # statistics are the full batch's on both processes
         assert rel(r[k]["rm"], ref.running_mean) < 1e-5
         assert rel(r[k]["rv"], ref.running_var) < 1e-5
+
+
+def abn_worker(rank, port, out_dir, channels_last):
+    import normgrad.torch as ngt
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        x, g, w, b = full_problem(channels_last)
+        lo = sum(SPLIT[:rank])
+        leaf = x[lo:lo + SPLIT[rank]].clone().requires_grad_()
+        m = ngt.InPlaceABNSync(6, activation_param=0.1)
+        with torch.no_grad():
+            m.weight.copy_(w - 1.0)  # some negative: the scale is |w| + eps
+            m.bias.copy_(b)
+        xs = leaf * 1
+        y = m(xs)
+        assert y.data_ptr() == xs.data_ptr()
+        y.backward(g[lo:lo + SPLIT[rank]])
+        torch.save({"y": y.detach(), "dx": leaf.grad, "dw": m.weight.grad, "db": m.bias.grad,
+                    "rm": m.running_mean, "rv": m.running_var},
+                   os.path.join(out_dir, "rank%d.pt" % rank))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_inplace_abn_sync_two_processes_equal_the_full_batch(channels_last):
+    import torch.nn.functional as F
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(abn_worker, args=(free_port(), d, channels_last), nprocs=2, join=True)
+        r = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
+    x, g, w, b = full_problem(channels_last)
+    w64 = (w - 1.0).double().requires_grad_()
+    b64 = b.double().requires_grad_()
+    xr = x.double().contiguous().requires_grad_()
+    y = F.leaky_relu(F.batch_norm(xr, None, None, w64.abs() + 1e-5, b64, True, 0.0, 1e-5), 0.1)
+    y.backward(g.double())
+    assert rel(torch.cat([r[0]["y"], r[1]["y"]]), y) < 2e-6
+    assert rel(torch.cat([r[0]["dx"], r[1]["dx"]]), xr.grad) < 1e-5
+    assert rel(r[0]["dw"] + r[1]["dw"], w64.grad) < 1e-5
+    assert rel(r[0]["db"] + r[1]["db"], b64.grad) < 1e-5
+    # Both processes keep the same running statistics, torch's (momentum 0.1, unbiased).
+    t = torch.nn.BatchNorm2d(6).double()
+    t(x.double())
+    assert torch.allclose(r[0]["rm"].double(), t.running_mean, atol=1e-6)
+    assert torch.allclose(r[1]["rv"].double(), t.running_var, rtol=1e-5)
