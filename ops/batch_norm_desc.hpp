@@ -53,6 +53,7 @@ struct BatchNormDesc {
   // beta; xhat = (act^-1(dst) - beta) / gamma and the gradient through act.
   // alpha is leaky_relu's slope; identity is alpha = 1 (the same maths).
   bool from_dst = false;
+  bool from_dst_residual = false;  // input 5: dst = act(bn(src) + residual)
   float alpha = 1.f;
 };
 

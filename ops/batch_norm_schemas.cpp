@@ -232,6 +232,7 @@ Status check_from_dst_activation(const Op& op) {
 void register_from_dst_schema(OpRegistry& registry) {
   OpSchema s(OpKind::kBatchNormTrainingBackwardFromDst);
   s.input("dst").input("diff_dst").input("variance").input("gamma").input("beta");
+  s.input("residual", true);  // dst = act(bn(src) + residual)
   s.output("diff_src").output("diff_gamma", true).output("diff_beta", true);
   s.output_counts({1, 3});
   s.attr("epsilon", AttrKind::kF32, true);
@@ -239,7 +240,7 @@ void register_from_dst_schema(OpRegistry& registry) {
   s.attr("activation", AttrKind::kString, false, std::string("identity"));
   s.attr("alpha", AttrKind::kF32, false);
   s.rule(check_from_dst_activation);
-  add_bn_rules(s, {0, 1}, {0});
+  add_bn_rules(s, {0, 1, 5}, {0});
   registry.add(std::move(s));
 }
 
@@ -339,6 +340,7 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
       d.has_gamma = d.use_gamma = true;
       d.diff_scale_shift = op.outputs().size() == 3;
       d.from_dst = true;
+      d.from_dst_residual = op.inputs().size() == 6;
       if (op.has_attr("activation") && *op.attr_string("activation") == "leaky_relu") {
         NG_ASSIGN_OR_RETURN(d.alpha, op.attr_f32("alpha"));
       }

@@ -44,8 +44,8 @@ StatusOr<std::vector<double>> from_dst_condition_scales(const Graph& g,
                                                         const Op& op, const BatchNormDesc& d,
                                                         size_t port) {
   std::map<int64_t, Buffer> values;
-  const Buffer* in[5];
-  for (size_t i = 0; i < 5; ++i) {
+  const Buffer* in[6] = {};
+  for (size_t i = 0; i < op.inputs().size(); ++i) {
     NG_ASSIGN_OR_RETURN(in[i], value_of(g, inputs, values, op.inputs()[i].id, 0));
   }
   const Dims ys = in[0]->desc.effective_strides(), ds = in[1]->desc.effective_strides();
@@ -59,7 +59,11 @@ StatusOr<std::vector<double>> from_dst_condition_scales(const Graph& g,
     ref::for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
       const double v = load_as_double(in[0]->data(), ref::offset_of(idx, ys), in[0]->desc.dtype);
       double dy = load_as_double(in[1]->data(), ref::offset_of(idx, ds), in[1]->desc.dtype);
-      const double y = v >= 0 ? v : v / d.alpha;
+      double y = v >= 0 ? v : v / d.alpha;
+      if (in[5]) {
+        y -= load_as_double(in[5]->data(), ref::offset_of(idx, in[5]->desc.effective_strides()),
+                            in[5]->desc.dtype);
+      }
       dy = v >= 0 ? dy : dy * d.alpha;
       acc += port == 2 ? std::fabs(dy) : std::fabs(dy * (y - beta) / gamma);
     });

@@ -78,6 +78,8 @@ const char* fuse_name(Fuse f) {
       return "add";
     case Fuse::kLeakyInverse:
       return "leaky_inverse";
+    case Fuse::kLeakyInverseSub:
+      return "leaky_inverse_sub";
     case Fuse::kLeakyBackward:
       return "leaky_bwd";
   }
@@ -109,7 +111,9 @@ std::string BnConf::key() const {
          ":dxcs=" + std::to_string(dx_channel_stride) + ":cg=" + std::to_string(channel_group) +
          (apply_prefetch ? "" : ":nopf") + (reduce_prefetch_rows ? ":rpf" : "") +
          (apply_prefetch_next_channel ? ":pfc" : "") +
-         (x_fuse == Fuse::kLeakyInverse ? ":alpha=" + std::to_string(alpha) : "");
+         (x_fuse == Fuse::kLeakyInverse || x_fuse == Fuse::kLeakyInverseSub
+              ? ":alpha=" + std::to_string(alpha)
+              : "");
 }
 
 // How the walk chosen in `c` covers a tensor with strides `st`, when it can.
@@ -255,7 +259,9 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   c.dy_strides = strided(op.inputs()[1]);
   // Reduce writes per-channel sums, not diff_src.
   if (d.phase != BackwardPhase::kReduce) c.dx_strides = strided(op.outputs()[0]);
-  for (size_t i = 2; i < op.inputs().size(); ++i) {
+  // The statistics (FromDst's input 5 is the residual, data: from_dst_ports checks it).
+  const size_t stats_end = d.from_dst ? 5 : op.inputs().size();
+  for (size_t i = 2; i < stats_end; ++i) {
     if (op.inputs()[i].dims[0] > 1 && op.inputs()[i].effective_strides()[0] != 1)
       return unimplemented("the JIT takes dense statistics; input " + std::to_string(i) +
                            " is strided (ref runs it)");
@@ -388,13 +394,21 @@ StatusOr<BnConf> from_dst_ports(const Op& bn, const IndexOf& index_of, BnConf c)
     return unimplemented("the JIT needs every input of " + bn.label() + " from the partition");
   m.x = dst;
   m.dy = diff_dst;
-  if (c.d.alpha != 1.f) {
-    // The kernel reads dst twice where it is: both data tensors must be dense.
-    if (!c.x_strides.empty() || !c.dy_strides.empty())
-      return unimplemented("the JIT takes dense dst and diff_dst through leaky_relu (ref runs it)");
+  const int residual = c.d.from_dst_residual ? index_of(bn.inputs()[5].id) : -1;
+  if (c.d.from_dst_residual && residual < 0)
+    return unimplemented("the JIT needs the residual of " + bn.label() + " from the partition");
+  if (c.d.alpha != 1.f || residual >= 0) {
+    // The kernel reads dst twice (and the residual) where they are: all dense.
+    const LogicalTensor* r = residual >= 0 ? &bn.inputs()[5] : nullptr;
+    if (!c.x_strides.empty() || !c.dy_strides.empty() ||
+        (r && r->effective_strides() != dense_strides(r->dims)))
+      return unimplemented(
+          "the JIT takes dense dst, diff_dst and residual through leaky_relu (ref runs it)");
     c.alpha = c.d.alpha;
-    c.x_fuse = Fuse::kLeakyInverse;
-    m.x_second = dst;
+    c.x_fuse = residual >= 0 ? Fuse::kLeakyInverseSub : Fuse::kLeakyInverse;
+    m.x_second = residual >= 0 ? residual : dst;
+  }
+  if (c.d.alpha != 1.f) {
     c.dy_fuse = Fuse::kLeakyBackward;
     m.dy = dst;
     m.dy_second = diff_dst;

@@ -41,8 +41,9 @@ enum class Fuse : uint8_t {
   kReluBackward,  // value = first > 0 ? second : 0 (first: ReLU's src or dst, second: the gradient)
   kAdd,           // value = first + second
   // BatchNormTrainingBackwardFromDst through leaky_relu (first: the forward's dst):
-  kLeakyInverse,   // src: value = first >= 0 ? first : first / alpha
-  kLeakyBackward,  // diff_dst: value = first >= 0 ? second : alpha second
+  kLeakyInverse,     // src: value = first >= 0 ? first : first / alpha
+  kLeakyInverseSub,  // src: the same minus second (a residual added before the activation)
+  kLeakyBackward,    // diff_dst: value = first >= 0 ? second : alpha second
 };
 const char* fuse_name(Fuse f);
 

@@ -146,10 +146,10 @@ void BnGenerator::load_port(int port, int dst, int tmp, int64_t off, bool tail) 
     load(tmp, second, off, tail);
     vaddps(vmm(dst), vmm(dst), vmm(tmp));
     round_to_data_dtype(dst, tmp);
-  } else if (f == Fuse::kLeakyInverse || f == Fuse::kLeakyBackward) {
+  } else if (f == Fuse::kLeakyInverse || f == Fuse::kLeakyInverseSub || f == Fuse::kLeakyBackward) {
     // v = the forward's dst; the value is scaled where v < 0 (NaN compares
     // false): by 1/alpha to undo leaky_relu, or by alpha for its derivative.
-    const bool inverse = f == Fuse::kLeakyInverse;
+    const bool inverse = f != Fuse::kLeakyBackward;
     const int v = inverse ? dst : tmp;
     if (inverse) {
       load(dst, first, off, tail);
@@ -167,6 +167,10 @@ void BnGenerator::load_port(int port, int dst, int tmp, int64_t off, bool tail) 
       vandps(vmm(tmp), vmm(tmp), ptr[rip + (inverse ? c_sel_inv_alpha_ : c_sel_alpha_)]);
       vxorps(vmm(tmp), vmm(tmp), ptr[rip + c_onef_]);
       vmulps(vmm(dst), vmm(dst), vmm(tmp));
+    }
+    if (f == Fuse::kLeakyInverseSub) {  // minus the residual
+      load(tmp, second, off, tail);
+      vsubps(vmm(dst), vmm(dst), vmm(tmp));
     }
   } else {  // ReLU backward: the gradient where the forward value is > 0 (NaN compares false)
     load(dst, second, off, tail);

@@ -27,9 +27,10 @@ class PortableKernels final : public KernelSet {
     }
     if (f == Fuse::kReluBackward)
       return load_element(first, e, dt) > 0.f ? load_element(second, e, dt) : 0.f;
-    if (f == Fuse::kLeakyInverse) {
+    if (f == Fuse::kLeakyInverse || f == Fuse::kLeakyInverseSub) {
       const float v = load_element(first, e, dt);
-      return v < 0.f ? v * (1.f / c_.alpha) : v;
+      const float y = v < 0.f ? v * (1.f / c_.alpha) : v;
+      return f == Fuse::kLeakyInverse ? y : y - load_element(second, e, dt);
     }
     if (f == Fuse::kLeakyBackward) {
       const float g = load_element(second, e, dt);

@@ -3,7 +3,7 @@
 //
 // Per channel c, with act = leaky_relu(alpha) (identity is alpha = 1) and
 // s = 1/sqrt(var + eps):
-//   y     = act^-1(dst)            = dst >= 0 ? dst : dst / alpha
+//   y     = act^-1(dst) [- residual] = dst >= 0 ? dst : dst / alpha
 //   dy    = diff_dst act'(y)       = dst >= 0 ? diff_dst : alpha diff_dst
 //   xhat  = (y - beta) / gamma
 //   diff_beta  = sum dy
@@ -35,12 +35,14 @@ Status batch_norm_backward_from_dst(const Op& op, const std::vector<const void*>
   const Dims ys = op.inputs()[0].effective_strides(), gs = op.inputs()[1].effective_strides();
   const Dims xs = op.outputs()[0].effective_strides();
   const DataType dt = op.inputs()[0].dtype;
+  const Dims rs = d.from_dst_residual ? op.inputs()[5].effective_strides() : Dims{};
   const double alpha = d.alpha, m = static_cast<double>(d.reduce_size);
   auto pre = [&](const std::vector<int64_t>& idx, double* y, double* dy) {
     const double v = load_as_double(in[0], offset_of(idx, ys), dt);
     const double g = load_as_double(in[1], offset_of(idx, gs), dt);
     const bool pos = v >= 0.0;
     *y = pos ? v : v / alpha;
+    if (d.from_dst_residual) *y -= load_as_double(in[5], offset_of(idx, rs), dt);
     *dy = pos ? g : alpha * g;
   };
   for (int64_t c = 0; c < d.channels; ++c) {

@@ -81,7 +81,8 @@ def _param_grads(weight, dgamma, dbeta):
 
 class _InPlaceABNFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope, name):
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope, name,
+                residual=None):
         fmt, xv = _g.layout(x.detach())  # a view: x is dense in one of the two orders
         dt = _g.DTYPES[x.dtype]
         c = x.shape[1]
@@ -89,21 +90,29 @@ class _InPlaceABNFunction(_torch.autograd.Function):
         mean = _torch.empty(c, dtype=_torch.float32)
         var = _torch.empty(c, dtype=_torch.float32)
         leaky = slope is not None
-        cg = _g.forward_graph(tuple(xv.shape), fmt, dt, c, True, eps, False, leaky, slope)
+        has_res = residual is not None
+        cg = _g.forward_graph(tuple(xv.shape), fmt, dt, c, True, eps, has_res, leaky, slope)
+        inputs = {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0),
+                  _g.GAMMA: gamma, _g.BETA: beta}
+        if has_res:
+            if residual.shape != x.shape or residual.dtype != x.dtype:
+                raise _ng.Error("normgrad.torch.%s: the residual is %s %s, expected %s %s like "
+                                "the input" % (name, tuple(residual.shape), residual.dtype,
+                                               tuple(x.shape), x.dtype))
+            residual = _like(residual.detach(), x)  # in x's memory format (a copy if not)
+            inputs[_g.RES] = _g.view_as_fmt(residual, fmt)
         scratch = _torch.empty(2 * c, dtype=_torch.float32)
-        _g.run(cg, {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0),
-                    _g.GAMMA: gamma, _g.BETA: beta},
-               {_g.forward_output_id(False, leaky): xv, _g.ORM: scratch[:c], _g.ORV: scratch[c:],
-                _g.BM: mean, _g.BV: var})
+        _g.run(cg, inputs, {_g.forward_output_id(has_res, leaky): xv, _g.ORM: scratch[:c],
+                            _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
         _update_running(running_mean, running_var, mean, var, momentum, x.numel() // c)
-        ctx.eps, ctx.slope = eps, slope
+        ctx.eps, ctx.slope, ctx.has_res = eps, slope, has_res
         ctx.mark_dirty(x)
-        ctx.save_for_backward(x, var, weight, bias)
+        ctx.save_for_backward(x, var, weight, bias, residual)
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        y, var, weight, bias = ctx.saved_tensors
+        y, var, weight, bias, residual = ctx.saved_tensors
         y = y.detach()
         fmt, yv = _g.layout(y)
         dt = _g.DTYPES[y.dtype]
@@ -111,14 +120,21 @@ class _InPlaceABNFunction(_torch.autograd.Function):
         g = _like(grad.detach().to(y.dtype), y)
         gv = _g.view_as_fmt(g, fmt)
         gamma, beta = _scale_shift(weight, bias, ctx.eps, c)
-        cg = _g.from_dst_graph(tuple(yv.shape), fmt, dt, c, ctx.eps, ctx.slope)
+        cg = _g.from_dst_graph(tuple(yv.shape), fmt, dt, c, ctx.eps, ctx.slope, ctx.has_res)
+        inputs = {_g.Y: yv, _g.DY: gv, _g.VAR: var, _g.GAMMA: gamma, _g.BETA: beta}
+        d_residual = None
+        if ctx.has_res:
+            inputs[_g.RES] = _g.view_as_fmt(residual.detach(), fmt)
+            # The residual's gradient is the one through the activation (one pass, as torch's).
+            d_residual = (g if ctx.slope is None else
+                          _torch.ops.aten.leaky_relu_backward(g, y, ctx.slope, True))
         dx = _g.pooled_like(y, fmt)
         dgamma = _torch.empty(c, dtype=_torch.float32)
         dbeta = _torch.empty(c, dtype=_torch.float32)
-        _g.run(cg, {_g.Y: yv, _g.DY: gv, _g.VAR: var, _g.GAMMA: gamma, _g.BETA: beta},
+        _g.run(cg, inputs,
                {_g.DX: _g.view_as_fmt(dx, fmt), _g.DGAMMA: dgamma, _g.DBETA: dbeta})
         dw, db = _param_grads(weight, dgamma, dbeta)
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, d_residual
 
 
 class _InPlaceABNSyncFunction(_torch.autograd.Function):
@@ -219,23 +235,30 @@ class InPlaceABN(_nn.Module):
     def _slope(self):
         return self.activation_param if self.activation == "leaky_relu" else None
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """act(bn(x)) written over x; act(bn(x) + residual) when a residual is given
+        (convert's BN -> Add -> LeakyReLU), whose gradient is then returned too."""
         name = type(self).__name__
         _check(name, x, self.training)
         if x.shape[1] != self.num_features:
             raise _ng.Error("normgrad.torch.%s: input has %d channels, expected num_features=%d"
                             % (name, x.shape[1], self.num_features))
         if not self.training:
-            return self._frozen(x)
+            y = self._frozen(x, residual is not None)
+            if residual is None:
+                return y
+            y = y + residual
+            return _F.leaky_relu(y, self._slope()) if self._slope() is not None else y
         _check_in_place(name, x)
-        return self._train(x)
+        return self._train(x, residual)
 
-    def _train(self, x):
+    def _train(self, x, residual=None):
         return _InPlaceABNFunction.apply(x, self.weight, self.bias, self.running_mean,
                                          self.running_var, self.momentum, self.eps, self._slope(),
-                                         type(self).__name__)
+                                         type(self).__name__, residual)
 
-    def _frozen(self, x):
+    def _frozen(self, x, no_act=False):
+        """bn(x) with the running statistics, then the activation unless no_act."""
         c = x.shape[1]
         gamma, beta = _scale_shift(self.weight, self.bias, self.eps, c)
         needs_grad = _torch.is_grad_enabled() and (
@@ -244,14 +267,14 @@ class InPlaceABN(_nn.Module):
             w = self.weight.abs() + self.eps if self.weight is not None else None
             y = _F.batch_norm(x, self.running_mean, self.running_var, w, self.bias, False, 0.0,
                               self.eps)
-            return _F.leaky_relu(y, self._slope()) if self._slope() is not None else y
+            return _F.leaky_relu(y, self._slope()) if self._slope() and not no_act else y
         _check_in_place(type(self).__name__, x)
         fmt, xv = _g.layout(x.detach())
         cg = _g.inference_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, self.eps, False)
         _g.run(cg, {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta,
                     _g.MEAN: self.running_mean.detach().float().contiguous(),
                     _g.VAR: self.running_var.detach().float().contiguous()}, {_g.Y0: xv})
-        if self._slope() is not None:
+        if self._slope() is not None and not no_act:
             _F.leaky_relu_(x.detach(), self._slope())
         return x
 
@@ -272,10 +295,13 @@ class InPlaceABNSync(InPlaceABN):
         super().__init__(num_features, eps, momentum, affine, activation, activation_param)
         self.group = group
 
-    def _train(self, x):
+    def _train(self, x, residual=None):
         group = self.group or (_dist.group.WORLD if _dist.is_initialized() else None)
         if group is None or _dist.get_world_size(group) < 2:
-            return super()._train(x)
+            return super()._train(x, residual)
+        if residual is not None:
+            raise _ng.Error("normgrad.torch.InPlaceABNSync: a residual is not supported over "
+                            "processes (convert fuses BN -> Add -> LeakyReLU into InPlaceABN only)")
         return _InPlaceABNSyncFunction.apply(x, self.weight, self.bias, self.running_mean,
                                              self.running_var, self.momentum, self.eps,
                                              self._slope(), group)
@@ -307,6 +333,24 @@ def _modifies_input(node, modules):
     return False
 
 
+def _abn_like(bn, activation, slope):
+    """An InPlaceABN with `bn`'s parameters, buffers, dtype and mode."""
+    abn = InPlaceABN(bn.num_features, eps=bn.eps,
+                     momentum=0.1 if bn.momentum is None else bn.momentum, affine=bn.affine,
+                     activation=activation, activation_param=slope)
+    if bn.affine and bool((bn.weight < 0).any()):
+        warnings.warn("normgrad.torch.convert(inplace_abn=True): a batch norm has negative "
+                      "weights; InPlaceABN scales by |weight| + eps", stacklevel=4)
+    with _torch.no_grad():
+        if bn.affine:
+            abn.weight.copy_(bn.weight)
+            abn.bias.copy_(bn.bias)
+        if bn.running_mean is not None:
+            abn.running_mean.copy_(bn.running_mean)
+            abn.running_var.copy_(bn.running_var)
+    return abn.to(bn.weight.dtype if bn.affine else abn.running_mean.dtype).train(bn.training)
+
+
 def _set_module(root, target, module):
     parent, _, name = target.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, name, module)
@@ -319,7 +363,7 @@ def convert_inplace_abn(model, bn_types):
     reasons for the ones left), or None when fx cannot trace the model."""
     import torch.fx as fx
 
-    from ._torch_fx import _is_relu, trace
+    from ._torch_fx import _is_add, _is_relu, trace
     try:
         gm = trace(model, bn_types)
     except Exception as e:  # fx raises many kinds (TraceError, TypeError, ...)
@@ -350,6 +394,23 @@ def convert_inplace_abn(model, bn_types):
         slope = _leaky_slope(users[0], modules, node) if len(users) == 1 else None
         if slope is not None and slope <= 0:
             slope = None
+        # BN -> Add -> LeakyReLU (torchvision's Bottleneck): one InPlaceABN with the
+        # residual, so neither the BN's output nor the sum is kept for the backward.
+        add = users[0] if len(users) == 1 and _is_add(users[0]) else None
+        other = None
+        if add is not None and len(add.users) == 1:
+            other = add.args[1] if add.args[0] is node else add.args[0]
+            act = next(iter(add.users))
+            res_slope = _leaky_slope(act, modules, add)
+            if isinstance(other, fx.Node) and other is not node and res_slope and res_slope > 0:
+                _set_module(gm, node.target, _abn_like(bn, "leaky_relu", res_slope))
+                with gm.graph.inserting_before(add):
+                    fused = gm.graph.call_module(node.target, (src, other))
+                act.replace_all_uses_with(fused)
+                for n in (act, add, node):
+                    gm.graph.erase_node(n)
+                swapped += 1
+                continue
         if slope is None and any(_is_relu(u, modules) for u in users):
             leave("ReLU has no inverse, so the backward cannot start from its output")
             continue
@@ -357,22 +418,8 @@ def convert_inplace_abn(model, bn_types):
                                  for u in users):
             leave("an in-place op overwrites its output, which InPlaceABN saves")
             continue
-        abn = InPlaceABN(bn.num_features, eps=bn.eps,
-                         momentum=0.1 if bn.momentum is None else bn.momentum, affine=bn.affine,
-                         activation="leaky_relu" if slope is not None else "identity",
-                         activation_param=slope if slope is not None else 0.01)
-        if bn.affine and bool((bn.weight < 0).any()):
-            warnings.warn("normgrad.torch.convert(inplace_abn=True): %s has negative weights; "
-                          "InPlaceABN scales by |weight| + eps" % node.target, stacklevel=3)
-        with _torch.no_grad():
-            if bn.affine:
-                abn.weight.copy_(bn.weight)
-                abn.bias.copy_(bn.bias)
-            if bn.running_mean is not None:
-                abn.running_mean.copy_(bn.running_mean)
-                abn.running_var.copy_(bn.running_var)
-        abn = abn.to(bn.weight.dtype if bn.affine else abn.running_mean.dtype).train(bn.training)
-        _set_module(gm, node.target, abn)
+        _set_module(gm, node.target, _abn_like(bn, "leaky_relu" if slope is not None else
+                                               "identity", slope if slope is not None else 0.01))
         if slope is not None:
             users[0].replace_all_uses_with(node)
             gm.graph.erase_node(users[0])

@@ -167,18 +167,19 @@ def backward_graph(shape, fmt, dt, c, affine, training, fuse_relu, eps, dy_strid
     return _compiled(key, build)
 
 
-def from_dst_graph(shape, fmt, dt, c, eps, alpha):
+def from_dst_graph(shape, fmt, dt, c, eps, alpha, residual=False):
     """BatchNormTrainingBackwardFromDst: diff_src, diff_gamma, diff_beta from the
-    forward's dst (alpha: leaky_relu's, None: identity)."""
+    forward's dst (alpha: leaky_relu's, None: identity; residual: dst was
+    act(bn(src) + residual))."""
     def build(g):
         ins = [_t(Y, dt, shape), _t(DY, dt, shape), _t(VAR, "f32", [c]), _t(GAMMA, "f32", [c]),
-               _t(BETA, "f32", [c])]
+               _t(BETA, "f32", [c])] + ([_t(RES, dt, shape)] if residual else [])
         outs = [_t(DX, dt, shape), _t(DGAMMA, "f32", [c]), _t(DBETA, "f32", [c])]
         attrs = {"epsilon": float(eps), "data_format": fmt}
         if alpha is not None:
             attrs.update(activation="leaky_relu", alpha=float(alpha))
         g.add_op("BatchNormTrainingBackwardFromDst", ins, outs, attrs, id=0, name="abn_bwd")
-    return _compiled(("from_dst", tuple(shape), fmt, dt, float(eps), alpha), build)
+    return _compiled(("from_dst", tuple(shape), fmt, dt, float(eps), alpha, residual), build)
 
 
 _CONSTANTS = {}

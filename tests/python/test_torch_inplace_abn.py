@@ -98,7 +98,7 @@ def test_bf16_and_f16_data():
 
 
 class Net(nn.Module):
-    """conv -> BN -> LeakyReLU twice, a residual add, and a BN -> ReLU."""
+    """conv -> BN -> LeakyReLU, conv -> BN -> Add -> LeakyReLU, and a BN -> ReLU."""
 
     def __init__(self):
         super().__init__()
@@ -131,7 +131,9 @@ def test_convert_swaps_bn_leaky_relu_and_matches_torch_gradients():
         model = ngt.convert(model, inplace_abn=True)
     assert model.normgrad_inplace_abn == 2
     assert isinstance(model.bn1, ngt.InPlaceABN) and model.bn1.activation == "leaky_relu"
-    assert isinstance(model.bn2, ngt.InPlaceABN) and model.bn2.activation == "identity"
+    # BN -> Add -> LeakyReLU: one InPlaceABN called with the residual.
+    assert isinstance(model.bn2, ngt.InPlaceABN) and model.bn2.activation == "leaky_relu"
+    assert "bn2(conv2, " in model.code
     assert isinstance(model.bn3, ngt.BatchNorm2d)  # BN -> ReLU stays
     assert any("ReLU has no inverse" in str(x.message) for x in w)
     x = torch.randn(4, 3, 12, 12)
@@ -169,3 +171,33 @@ def test_non_contiguous_input_is_refused_not_copied():
     x = torch.randn(2, 4, 6, 6)[:, :, ::2]
     with pytest.raises(normgrad.Error, match="neither contiguous nor channels_last"):
         m(x)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_residual_form_matches_float64(channels_last):
+    torch.manual_seed(4)
+    x0 = torch.randn(4, 16, 6, 5) * 1.5
+    r0 = torch.randn(4, 16, 6, 5)
+    if channels_last:
+        x0 = x0.contiguous(memory_format=torch.channels_last)
+    m = ngt.InPlaceABN(16, activation_param=0.05)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.uniform_(-0.5, 0.5)
+    xr, rr = x0.double().requires_grad_(), r0.double().requires_grad_()
+    w64 = m.weight.detach().double().requires_grad_()
+    b64 = m.bias.detach().double().requires_grad_()
+    y64 = F.leaky_relu(F.batch_norm(xr, None, None, w64.abs() + m.eps, b64, True, 0.0, m.eps) + rr,
+                       0.05)
+    g = torch.randn_like(y64)
+    y64.backward(g)
+    lx, lr = x0.clone().requires_grad_(), r0.clone().requires_grad_()
+    x = lx * 1
+    y = m(x, lr * 1)
+    assert y.data_ptr() == x.data_ptr()
+    y.backward(g.float())
+    assert rel(y.detach(), y64.detach()) < 2e-6
+    assert rel(lx.grad, xr.grad) < 1e-4
+    assert rel(lr.grad, rr.grad) < 1e-6
+    assert rel(m.weight.grad, w64.grad) < 1e-4
+    assert rel(m.bias.grad, b64.grad) < 1e-5

@@ -17,15 +17,17 @@ namespace {
 using testing_util::compare_with_ref;
 using testing_util::lt;
 
-// dst 0, diff_dst 1, variance 2, gamma 3, beta 4 -> diff_src 5, diff_gamma 6, diff_beta 7.
+// dst 0, diff_dst 1, variance 2, gamma 3, beta 4 [, residual 8] -> diff_src 5,
+// diff_gamma 6, diff_beta 7.
 Graph from_dst_graph(const Dims& shape, const std::string& fmt, DataType dt, float alpha,
-                     float eps = 1e-3f) {
+                     float eps = 1e-3f, bool residual = false) {
   const int64_t c = fmt == "NCX" ? shape[1] : shape.back();
   Op op(1, OpKind::kBatchNormTrainingBackwardFromDst, "abn_bwd");
   op.set_attr("epsilon", eps).set_attr("data_format", fmt);
   if (alpha != 1.f) op.set_attr("activation", std::string("leaky_relu")).set_attr("alpha", alpha);
   op.add_input(lt(0, dt, shape)).add_input(lt(1, dt, shape));
   for (int64_t id = 2; id <= 4; ++id) op.add_input(lt(id, DataType::kF32, {c}));
+  if (residual) op.add_input(lt(8, dt, shape));
   op.add_output(lt(5, dt, shape));
   op.add_output(lt(6, DataType::kF32, {c})).add_output(lt(7, DataType::kF32, {c}));
   return testing_util::one_op(op);
@@ -73,11 +75,13 @@ TEST(FromDst, JitAgainstRefSweep) {
       for (const Dims& shape : {Dims{4, 16, 7, 9}, Dims{3, 5, 33, 2}, Dims{2, 3, 3, 77},
                                 Dims{3, 5, 5, 200}, Dims{40, 19}}) {
         const std::string fmt = shape.size() == 2 || shape[3] >= 77 ? "NXC" : "NCX";
-        for (float alpha : {1.f, 0.01f, 2.5f}) {
+        for (int form = 0; form < 4; ++form) {
+          // identity, leaky_relu 0.01 and 2.5, leaky_relu 0.01 after a residual add
+          const float alpha = form == 0 ? 1.f : form == 2 ? 2.5f : 0.01f;
           SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape) +
-                       " alpha " + std::to_string(alpha));
-          const auto r = compare_with_ref(from_dst_graph(shape, fmt, dt, alpha), "jit",
-                                          static_cast<uint64_t>(ran) + 300);
+                       " form " + std::to_string(form));
+          const auto r = compare_with_ref(from_dst_graph(shape, fmt, dt, alpha, 1e-3f, form == 3),
+                                          "jit", static_cast<uint64_t>(ran) + 300);
           ASSERT_TRUE(r.status.ok()) << r.status.to_string();
           EXPECT_EQ(r.kernel.rfind("jit:", 0), 0u) << r.kernel;
           EXPECT_LE(r.worst_ratio, 1.0) << r.report;
@@ -86,7 +90,7 @@ TEST(FromDst, JitAgainstRefSweep) {
       }
     }
   }
-  EXPECT_GE(ran, 45);
+  EXPECT_GE(ran, 60);
 }
 
 TEST(FromDst, SameBitsForAnyThreadCount) {
