@@ -91,5 +91,21 @@ Graph make_phase_graph(const Dims& nchw, const std::string& layout, DataType dt,
   return g;
 }
 
+Graph make_from_dst_graph(const Dims& nchw, const std::string& layout, DataType dt, float alpha) {
+  const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+  const int64_t c = nchw[1];
+  Op op(0, OpKind::kBatchNormTrainingBackwardFromDst, "abn_bwd");
+  op.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
+  op.set_attr("activation", std::string("leaky_relu")).set_attr("alpha", alpha);
+  op.add_input(LogicalTensor(0, dt, data)).add_input(LogicalTensor(1, dt, data));
+  for (int i = 2; i <= 4; ++i) op.add_input(LogicalTensor(i, DataType::kF32, {c}));
+  op.add_output(LogicalTensor(5, dt, data))
+      .add_output(LogicalTensor(6, DataType::kF32, {c}))
+      .add_output(LogicalTensor(7, DataType::kF32, {c}));
+  Graph g;
+  (void)g.add_op(op);
+  return g;
+}
+
 }  // namespace cli
 }  // namespace normgrad

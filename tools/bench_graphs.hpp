@@ -21,6 +21,10 @@ Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType d
 // diff_dst: 2 tensor passes) or BatchNormBackwardApply (reads both again and
 // writes diff_src: 3), as the JIT runs them inside the fused backward.
 Graph make_phase_graph(const Dims& nchw, const std::string& layout, DataType dt, bool reduce);
+// BatchNormTrainingBackwardFromDst through leaky_relu(alpha), 3 outputs: the
+// backward InPlace-ABN runs instead of BatchNormTrainingBackward (same traffic,
+// dst read where src was).
+Graph make_from_dst_graph(const Dims& nchw, const std::string& layout, DataType dt, float alpha);
 
 }  // namespace cli
 }  // namespace normgrad

@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -49,6 +50,8 @@ struct BenchOptions {
   std::string dir = "bwd";  // bwd: BatchNormTrainingBackward; fwd: BatchNormForwardTraining
   bool phases = false;      // also time the backward's reduce and apply apart
   std::vector<std::string> jit_variants;  // extra JIT columns, one per named variant
+  // The backward from dst (InPlace-ABN, leaky_relu 0.01) on the JIT as column jit-from-dst.
+  bool from_dst = false;
   int64_t threads = 0, iters = 10, warmup = 2;
   bool cold = false;
   std::string json_out, svg_out;
@@ -114,15 +117,25 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
   if (cr.fused != "none") columns.push_back("unfused");
   // --jit-variant: the JIT again under each named variant, "jit[NAME]".
   for (const std::string& v : opt.jit_variants) columns.push_back("jit[" + v + "]");
+  // --from-dst: BatchNormTrainingBackwardFromDst of the same shape, its own graph and inputs.
+  const bool from_dst = opt.from_dst && opt.dir == "bwd" && cr.fused == "none" && cr.phase.empty();
+  std::optional<Graph> from_dst_graph;
+  if (from_dst) {
+    const Dims& s = cr.shape;
+    const Dims nchw = cr.layout == "NCX" ? s : Dims{s[0], s[3], s[1], s[2]};
+    from_dst_graph = make_from_dst_graph(nchw, cr.layout, *parse_dtype(cr.dtype), 0.01f);
+    columns.push_back("jit-from-dst");
+  }
   for (const std::string& b : columns) {
     Runner r;
     r.result.backend = b;
     const bool variant = b.rfind("jit[", 0) == 0;
-    CompileOptions options{b == "unfused" ? "auto" : variant ? "jit" : b};
+    const bool own_graph = b == "jit-from-dst";
+    CompileOptions options{b == "unfused" ? "auto" : variant || own_graph ? "jit" : b};
     options.optimize = b != "unfused";
     if (variant) options.jit_variant = b.substr(4, b.size() - 5);
     const auto t0 = std::chrono::steady_clock::now();
-    auto cg = CompiledGraph::compile(graph, options);
+    auto cg = CompiledGraph::compile(own_graph ? *from_dst_graph : graph, options);
     r.result.compile_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!cg.ok()) {
@@ -142,7 +155,12 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
       NG_ASSIGN_OR_RETURN(Buffer buf, allocate(lt));
       r.out_ptrs[lt.id] = r.outputs.emplace(lt.id, std::move(buf)).first->second.data();
     }
-    if (!lowered) lowered = &r.graph->lowered_graph();
+    if (own_graph) {
+      NG_ASSIGN_OR_RETURN(r.inputs,
+                          make_inputs(r.graph->graph(), r.graph->lowered_graph(), "", 1, nullptr));
+    } else if (!lowered) {
+      lowered = &r.graph->lowered_graph();
+    }
     runners.push_back(std::move(r));
   }
   const bool want_blocked =
@@ -172,14 +190,17 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
     return ok_status();
   }
   const CompiledGraph* any = nullptr;
+  auto shares_inputs = [](const Runner& r) {
+    return r.graph && r.result.backend != "jit-from-dst";
+  };
   for (Runner& r : runners) {
-    if (r.graph && !any) any = r.graph.get();
+    if (shares_inputs(r) && !any) any = r.graph.get();
   }
   NG_ASSIGN_OR_RETURN(auto inputs, make_inputs(any->graph(), any->lowered_graph(), "", 1, nullptr));
   // A copy per backend (see Runner); the last one takes the originals.
   Runner* last = nullptr;
   for (Runner& r : runners) {
-    if (!r.graph) continue;
+    if (!shares_inputs(r)) continue;
     if (last) last->inputs = inputs;
     last = &r;
   }
@@ -289,6 +310,9 @@ int bench_command(const std::vector<std::string>& argv) {
   app.add_option("--jit-variant", variants,
                  "comma-separated JIT variants timed as extra columns jit[NAME], interleaved with "
                  "the rest: nxc-blocked, nxc-per-pixel");
+  app.add_flag("--from-dst", opt.from_dst,
+               "also time BatchNormTrainingBackwardFromDst (leaky_relu 0.01) on the JIT, column "
+               "jit-from-dst, interleaved with the backward it replaces");
   app.add_flag("--phases", opt.phases,
                "also time the backward's two phases apart on the JIT (BatchNormBackwardReduce, "
                "BatchNormBackwardApply), each against its own bound");

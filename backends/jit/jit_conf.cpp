@@ -82,6 +82,8 @@ const char* fuse_name(Fuse f) {
       return "leaky_inverse_sub";
     case Fuse::kLeakyBackward:
       return "leaky_bwd";
+    case Fuse::kLeakyBackwardAtSrc:
+      return "leaky_bwd_at_src";
   }
   return "?";
 }
@@ -216,7 +218,7 @@ namespace {
 void set_apply_prefetch(BnConf* c) {
   if (c->walk != Walk::kRows) return;
   const int64_t es = dtype_size(c->d.data_dt);
-  const int tensors = (c->x_fuse != Fuse::kNone ? 2 : 1) + (c->dy_fuse != Fuse::kNone ? 2 : 1);
+  const int tensors = (uses_second(c->x_fuse) ? 2 : 1) + (uses_second(c->dy_fuse) ? 2 : 1);
   const int64_t task_bytes = std::max(1, c->channel_group) * c->cols * c->rows * es * tensors;
   c->apply_prefetch = task_bytes > cache_sizes().l2_bytes / 2;
   // The next channel's line is a 32-bit displacement from the current one's;
@@ -406,10 +408,12 @@ StatusOr<BnConf> from_dst_ports(const Op& bn, const IndexOf& index_of, BnConf c)
           "the JIT takes dense dst, diff_dst and residual through leaky_relu (ref runs it)");
     c.alpha = c.d.alpha;
     c.x_fuse = residual >= 0 ? Fuse::kLeakyInverseSub : Fuse::kLeakyInverse;
-    m.x_second = residual >= 0 ? residual : dst;
+    m.x_second = residual;
   }
-  if (c.d.alpha != 1.f) {
-    c.dy_fuse = Fuse::kLeakyBackward;
+  if (c.d.alpha != 1.f && residual < 0) {
+    c.dy_fuse = Fuse::kLeakyBackwardAtSrc;  // the sign from the recovered src
+  } else if (c.d.alpha != 1.f) {
+    c.dy_fuse = Fuse::kLeakyBackward;  // src is y - residual: the sign from dst itself
     m.dy = dst;
     m.dy_second = diff_dst;
   }

@@ -44,8 +44,15 @@ enum class Fuse : uint8_t {
   kLeakyInverse,     // src: value = first >= 0 ? first : first / alpha
   kLeakyInverseSub,  // src: the same minus second (a residual added before the activation)
   kLeakyBackward,    // diff_dst: value = first >= 0 ? second : alpha second
+  // diff_dst: value = first, times alpha where port 0's value (kLeakyInverse:
+  // it has dst's sign) is < 0, so dst is not read twice.
+  kLeakyBackwardAtSrc,
 };
 const char* fuse_name(Fuse f);
+// Whether a fused port reads a second tensor (KernelArgs x2 / dy2).
+inline bool uses_second(Fuse f) {
+  return f != Fuse::kNone && f != Fuse::kLeakyInverse && f != Fuse::kLeakyBackwardAtSrc;
+}
 
 // Where each buffer of a (possibly fused) partition comes from: indices into
 // the partition's inputs; `second` is used by fused ports only.

@@ -79,6 +79,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void epilogue();
   void round_to_data_dtype(int v, int tmp);
   void load_port(int port, int dst, int tmp, int64_t off, bool tail);
+  void load_fused(int port, int dst, int tmp, int64_t off, bool tail, Fuse f);
   void load(int dst, const Reg64& base, int64_t off, bool tail);
   void store(const Reg64& base, int64_t off, int src, bool tail, bool nt = false);
   void cols_loop(const std::function<void(int, int64_t, bool)>& step);
@@ -137,6 +138,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   // leaky_relu's alpha and 1/alpha (the kLeaky* fuses), 1.0f, and the bits
   // 1.0f ^ alpha and 1.0f ^ (1/alpha) that AVX2 selects a factor with.
   Xbyak::Label c_alpha_, c_inv_alpha_, c_onef_, c_sel_alpha_, c_sel_inv_alpha_;
+  int x_reg_ = -1;  // the register port 0 was just loaded into (load_port), else -1
 };
 
 }  // namespace jit

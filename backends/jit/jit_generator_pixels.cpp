@@ -28,8 +28,8 @@ void BnGenerator::advance_rows(int64_t n, bool with_dx) {
   mov(rax, n * c_.row_stride * es_);
   add(rsi, rax);
   add(rdx, rax);
-  if (c_.x_fuse != Fuse::kNone) add(r12, rax);
-  if (c_.dy_fuse != Fuse::kNone) add(r13, rax);
+  if (uses_second(c_.x_fuse)) add(r12, rax);
+  if (uses_second(c_.dy_fuse)) add(r13, rax);
   if (with_dx) {
     mov(rax, n * c_.dx_row_stride * es_);
     add(rcx, rax);

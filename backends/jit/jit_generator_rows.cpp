@@ -40,8 +40,8 @@ void BnGenerator::prefetch_next_row() {
   for (int64_t off = 0; off < row_bytes; off += 64) {
     prefetcht0(ptr[rsi + rax + off]);
     prefetcht0(ptr[rdx + rax + off]);
-    if (c_.x_fuse != Fuse::kNone) prefetcht0(ptr[r12 + rax + off]);
-    if (c_.dy_fuse != Fuse::kNone) prefetcht0(ptr[r13 + rax + off]);
+    if (uses_second(c_.x_fuse)) prefetcht0(ptr[r12 + rax + off]);
+    if (uses_second(c_.dy_fuse)) prefetcht0(ptr[r13 + rax + off]);
   }
 }
 
@@ -52,8 +52,8 @@ void BnGenerator::prefetch_inputs_l2(int64_t off, int64_t ahead) {
   const int64_t disp = (ahead + off) * es_;
   prefetcht1(ptr[rsi + r11 * es_ + disp]);
   prefetcht1(ptr[rdx + r11 * es_ + disp]);
-  if (c_.x_fuse != Fuse::kNone) prefetcht1(ptr[r12 + r11 * es_ + disp]);
-  if (c_.dy_fuse != Fuse::kNone) prefetcht1(ptr[r13 + r11 * es_ + disp]);
+  if (uses_second(c_.x_fuse)) prefetcht1(ptr[r12 + r11 * es_ + disp]);
+  if (uses_second(c_.dy_fuse)) prefetcht1(ptr[r13 + r11 * es_ + disp]);
 }
 
 // rows_reduce: a_j = v0..3 (sum dy), b_j = v4..7 (sum dy (x - mean)), x/dy temps v8/v9,

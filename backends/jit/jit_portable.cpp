@@ -32,6 +32,10 @@ class PortableKernels final : public KernelSet {
       const float y = v < 0.f ? v * (1.f / c_.alpha) : v;
       return f == Fuse::kLeakyInverse ? y : y - load_element(second, e, dt);
     }
+    if (f == Fuse::kLeakyBackwardAtSrc) {  // port 0 (kLeakyInverse) reads dst through a.x
+      const float g = load_element(first, e, dt);
+      return load_element(a.x, e, dt) < 0.f ? g * c_.alpha : g;
+    }
     if (f == Fuse::kLeakyBackward) {
       const float g = load_element(second, e, dt);
       return load_element(first, e, dt) < 0.f ? g * c_.alpha : g;
