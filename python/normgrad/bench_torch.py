@@ -25,9 +25,11 @@ interleaving.
 --memory: the peak resident memory of a training step of that LeakyReLU
 ResNet-50, each configuration (torch, normgrad's BatchNorm, normgrad's
 InPlaceABN) in a fresh subprocess, so no configuration inherits another's
-heap. It reports the process's peak RSS over --steps steps, that peak minus
-the RSS before the first step (the step's own), and the bytes autograd
-saves for the backward (activations, parameters excluded).
+heap, --repeats times (medians: glibc's heap makes the peak vary by a few
+percent from process to process). It reports the process's peak RSS over
+--steps steps, that peak minus the RSS before the first step (the step's
+own), and the bytes autograd saves for the backward (activations,
+parameters excluded).
 
 Runs alternate torch and normgrad case by case (host state drifts); every
 figure is a median over --runs repetitions.
@@ -263,16 +265,27 @@ def memory_child(args):
 def run_memory(args, out):
     rows = []
     for layout in args.layouts:
-        for config in ("leaky-torch", "leaky-normgrad", "leaky-normgrad-abn"):
-            cmd = [sys.executable, "-m", "normgrad.bench_torch", "--memory-child", config,
-                   "--model", args.model, "--batch", str(args.batch), "--size", str(args.size),
-                   "--steps", str(args.steps), "--threads", str(args.threads),
-                   "--layouts", layout] + (["--leaky-inplace"] if args.leaky_inplace else [])
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise SystemExit("normgrad.bench_torch --memory: %s failed:\n%s"
-                                 % (config, done.stderr[-2000:]))
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        configs = ("leaky-torch", "leaky-normgrad", "leaky-normgrad-abn")
+        runs = {c: [] for c in configs}
+        for _ in range(args.repeats):  # configurations alternate, as elsewhere
+            for config in configs:
+                cmd = [sys.executable, "-m", "normgrad.bench_torch", "--memory-child", config,
+                       "--model", args.model, "--batch", str(args.batch), "--size",
+                       str(args.size), "--steps", str(args.steps), "--threads",
+                       str(args.threads), "--layouts", layout]
+                cmd += ["--leaky-inplace"] if args.leaky_inplace else []
+                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    raise SystemExit("normgrad.bench_torch --memory: %s failed:\n%s"
+                                     % (config, done.stderr[-2000:]))
+                runs[config].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        for config in configs:
+            row = dict(runs[config][0])
+            for k in ("peak_kib", "before_kib", "step_ms", "saved_bytes"):
+                row[k] = statistics.median(r[k] for r in runs[config])
+            row["peak_kib_runs"] = [r["peak_kib"] for r in runs[config]]
+            row["leaky_inplace"] = args.leaky_inplace
+            rows.append(row)
         base = next(r for r in rows if r["config"] == "leaky-torch" and r["layout"] == layout)
         for r in rows:
             if r["layout"] != layout:
@@ -301,6 +314,8 @@ def main(argv=None):
     p.add_argument("--memory", action="store_true",
                    help="peak RSS of a training step of --model (default resnet50) with "
                         "LeakyReLU: torch, normgrad BatchNorm, InPlaceABN, each in a fresh process")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="with --memory: fresh processes per configuration (median)")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--size", type=int, default=160)

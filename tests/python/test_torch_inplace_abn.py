@@ -201,3 +201,21 @@ def test_residual_form_matches_float64(channels_last):
     assert rel(lr.grad, rr.grad) < 1e-6
     assert rel(m.weight.grad, w64.grad) < 1e-4
     assert rel(m.bias.grad, b64.grad) < 1e-5
+
+
+def test_memory_bench_shows_fewer_saved_bytes(tmp_path):
+    """bench_torch --memory on a small torchvision ResNet-18: InPlaceABN keeps
+    fewer bytes for the backward than torch (an exact count, not a timing)."""
+    pytest.importorskip("torchvision")
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "mem.json"
+    subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--memory", "--model",
+                    "resnet18", "--batch", "2", "--size", "64", "--steps", "2", "--repeats", "1",
+                    "--layouts", "NCHW", "--json", str(out)], check=True, capture_output=True)
+    rows = {r["config"]: r for r in json.loads(out.read_text())["memory"]}
+    assert set(rows) == {"leaky-torch", "leaky-normgrad", "leaky-normgrad-abn"}
+    assert rows["leaky-normgrad"]["saved_bytes"] == rows["leaky-torch"]["saved_bytes"]
+    assert rows["leaky-normgrad-abn"]["saved_bytes"] < 0.7 * rows["leaky-torch"]["saved_bytes"]
+    assert all(r["peak_kib"] > r["before_kib"] > 0 for r in rows.values())
