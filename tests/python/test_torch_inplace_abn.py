@@ -216,6 +216,7 @@ def test_memory_bench_shows_fewer_saved_bytes(tmp_path):
                     "--layouts", "NCHW", "--json", str(out)], check=True, capture_output=True)
     rows = {r["config"]: r for r in json.loads(out.read_text())["memory"]}
     assert set(rows) == {"leaky-torch", "leaky-normgrad", "leaky-normgrad-abn"}
-    assert rows["leaky-normgrad"]["saved_bytes"] == rows["leaky-torch"]["saved_bytes"]
+    # normgrad's BatchNorm saves what torch's does, up to its small statistics tensors.
+    assert abs(rows["leaky-normgrad"]["saved_bytes"] / rows["leaky-torch"]["saved_bytes"] - 1) < 0.02
     assert rows["leaky-normgrad-abn"]["saved_bytes"] < 0.7 * rows["leaky-torch"]["saved_bytes"]
     assert all(r["peak_kib"] > r["before_kib"] > 0 for r in rows.values())

@@ -79,7 +79,10 @@ TEST_P(JitForwardIsa, SweepAgainstRef) {
             SCOPED_TRACE(std::string(dtype_name(dt)) + " " + fmt + " " + dims_to_string(shape) +
                          " form " + std::to_string(form));
             const double offset = form == 0 ? 1e3 : 0.0;  // statistics on offset data
-            const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran) + 7000, offset);
+            // Seeds: the ReLU/Add forms keep theirs (7000 + their own count); LeakyReLU's follow.
+            const uint64_t seed = form < 5 ? 7000 + static_cast<uint64_t>(ran / 7 * 5 + form)
+                                           : 20000 + static_cast<uint64_t>(ran);
+            const auto r = compare_with_ref(g, "jit", seed, offset);
             ASSERT_TRUE(r.status.ok()) << r.status.to_string();
             EXPECT_LE(r.worst_ratio, 1.0) << r.report;
             // One fused kernel for BN and its epilogue.
