@@ -75,44 +75,41 @@ StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
 
 }  // namespace
 
+// One fold per run: passes.def runs these passes to a fixed point.
 StatusOr<bool> FoldTransposePass::run(Graph& graph) const {
-  return run_to_fixed_point(graph, [](Graph& graph) -> StatusOr<bool> {
-    return fold_around(
-        graph, OpKind::kStaticTranspose,
-        [](const Op& bn, const Op& a, const Op& b, const Op& out) {
-          auto d = describe_batch_norm(bn);
-          if (!d.ok()) return false;
-          const int rank = static_cast<int>(d->dims.size());
-          if (rank < 3) return false;
-          const bool nxc = d->format == DataFormat::kNXC;
-          const auto in_order = nxc ? to_channels_last(rank) : to_channels_first(rank);
-          const auto out_order = nxc ? to_channels_first(rank) : to_channels_last(rank);
-          return normalized_order(a) == in_order && normalized_order(b) == in_order &&
-                 normalized_order(out) == out_order;
-        },
-        [](Op& bn) {
-          auto d = describe_batch_norm(bn);
-          const bool was_nxc = !d.ok() || d->format == DataFormat::kNXC;
-          bn.set_attr("data_format", std::string(was_nxc ? "NCX" : "NXC"));
-        });
-  });
+  return fold_around(
+      graph, OpKind::kStaticTranspose,
+      [](const Op& bn, const Op& a, const Op& b, const Op& out) {
+        auto d = describe_batch_norm(bn);
+        if (!d.ok()) return false;
+        const int rank = static_cast<int>(d->dims.size());
+        if (rank < 3) return false;
+        const bool nxc = d->format == DataFormat::kNXC;
+        const auto in_order = nxc ? to_channels_last(rank) : to_channels_first(rank);
+        const auto out_order = nxc ? to_channels_first(rank) : to_channels_last(rank);
+        return normalized_order(a) == in_order && normalized_order(b) == in_order &&
+               normalized_order(out) == out_order;
+      },
+      [](Op& bn) {
+        auto d = describe_batch_norm(bn);
+        const bool was_nxc = !d.ok() || d->format == DataFormat::kNXC;
+        bn.set_attr("data_format", std::string(was_nxc ? "NCX" : "NXC"));
+      });
 }
 
 StatusOr<bool> FoldCastPass::run(Graph& graph) const {
-  return run_to_fixed_point(graph, [](Graph& graph) -> StatusOr<bool> {
-    return fold_around(
-        graph, OpKind::kTypeCast,
-        [](const Op& bn, const Op& a, const Op& b, const Op& out) {
-          const DataType t = a.inputs()[0].dtype;
-          // Only narrow data computed in f32, with f32 statistics: a supported combination after
-          // folding.
-          if (t != DataType::kBF16 && t != DataType::kF16) return false;
-          if (bn.inputs()[0].dtype != DataType::kF32 || bn.inputs()[2].dtype != DataType::kF32)
-            return false;
-          return b.inputs()[0].dtype == t && out.outputs()[0].dtype == t;
-        },
-        [](Op&) {});
-  });
+  return fold_around(
+      graph, OpKind::kTypeCast,
+      [](const Op& bn, const Op& a, const Op& b, const Op& out) {
+        const DataType t = a.inputs()[0].dtype;
+        // Only narrow data computed in f32, with f32 statistics: a supported combination after
+        // folding.
+        if (t != DataType::kBF16 && t != DataType::kF16) return false;
+        if (bn.inputs()[0].dtype != DataType::kF32 || bn.inputs()[2].dtype != DataType::kF32)
+          return false;
+        return b.inputs()[0].dtype == t && out.outputs()[0].dtype == t;
+      },
+      [](Op&) {});
 }
 
 }  // namespace normgrad

@@ -98,9 +98,16 @@ std::vector<UserPass>& user_passes() {
   return passes;
 }
 
+// A built-in pass, wrapped to run to a fixed point when passes.def says so.
+template <typename Class>
+std::unique_ptr<Pass> builtin(bool fixed) {
+  std::unique_ptr<Pass> pass = std::make_unique<Class>();
+  return fixed ? fixed_point(std::move(pass)) : std::move(pass);
+}
+
 std::unique_ptr<Pass> make_builtin(const std::string& name) {
-#define NG_PASS(pass_name, Class, header, summary) \
-  if (name == pass_name) return std::make_unique<Class>();
+#define NG_PASS(pass_name, Class, fixed, summary) \
+  if (name == pass_name) return builtin<Class>(fixed);
 #include <normgrad/passes/passes.def>
   return nullptr;
 }
@@ -113,14 +120,14 @@ std::unique_ptr<Pass> make_builtin(const std::string& name) {
 // the backends' fused patterns, which the partitioner applies after the passes).
 PassPipeline default_pipeline() {
   PassPipeline p;
-#define NG_PASS(pass_name, Class, header, summary) p.add(std::make_unique<Class>());
+#define NG_PASS(pass_name, Class, fixed, summary) p.add(builtin<Class>(fixed));
 #include <normgrad/passes/passes.def>
   return p;
 }
 
 std::vector<PassInfo> registered_passes() {
   std::vector<PassInfo> all = {
-#define NG_PASS(pass_name, Class, header, summary) {pass_name, summary, true},
+#define NG_PASS(pass_name, Class, fixed, summary) {pass_name, summary, true},
 #include <normgrad/passes/passes.def>
   };
   std::lock_guard<std::mutex> lock(registry_mutex());
