@@ -11,7 +11,6 @@ batch and prints both loss curves.
 Run: PYTHONPATH=build/python /usr/bin/python3 examples/python/sync_batch_norm.py
 """
 import os
-import socket
 import tempfile
 
 import torch
@@ -48,10 +47,11 @@ def train(net, x, y):
     return losses
 
 
-def worker(rank, port, out):
+def worker(rank, out):
     import normgrad.torch as ngt
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # Rendezvous through a file: no TCP port to pick (and lose to another process).
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(out, "rendezvous"),
+                            rank=rank, world_size=2)
     try:
         net = torch.nn.parallel.DistributedDataParallel(ngt.convert_sync_batchnorm(model()))
         x, y = data()
@@ -63,11 +63,8 @@ def worker(rank, port, out):
 
 
 def main():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(worker, args=(port, d), nprocs=2, join=True)
+        mp.spawn(worker, args=(d,), nprocs=2, join=True)
         runs = [torch.load(os.path.join(d, "%d.pt" % r)) for r in range(2)]
     x, y = data()
     ref = model()

@@ -4,7 +4,6 @@ gradient equals the single-process full-batch gradient, and the processes'
 parameter gradients sum to the full-batch ones (torch.nn.SyncBatchNorm's
 convention: local parameter gradients, reduced by data parallelism)."""
 import os
-import socket
 import tempfile
 
 import pytest
@@ -16,10 +15,10 @@ import torch.multiprocessing as mp  # noqa: E402
 SPLIT = (3, 4)  # the batch of 7, unevenly
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def init(rank, out_dir):
+    """gloo over two processes, meeting through a file (no TCP port to pick and lose)."""
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(out_dir, "rendezvous"),
+                            rank=rank, world_size=2)
 
 
 def full_problem(channels_last):
@@ -33,11 +32,9 @@ def full_problem(channels_last):
     return x, g, w, b
 
 
-def worker(rank, port, out_dir, channels_last):
+def worker(rank, out_dir, channels_last):
     import normgrad.torch as ngt
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    init(rank, out_dir)
     try:
         x, g, w, b = full_problem(channels_last)
         lo = sum(SPLIT[:rank])
@@ -64,7 +61,7 @@ def rel(a, b):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_two_processes_equal_the_full_batch(channels_last):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(worker, args=(free_port(), d, channels_last), nprocs=2, join=True)
+        mp.spawn(worker, args=(d, channels_last), nprocs=2, join=True)
         r = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
     x, g, w, b = full_problem(channels_last)
     ref = torch.nn.BatchNorm2d(6).double()
@@ -83,11 +80,9 @@ def test_two_processes_equal_the_full_batch(channels_last):
         assert rel(r[k]["rv"], ref.running_var) < 1e-5
 
 
-def abn_worker(rank, port, out_dir, channels_last):
+def abn_worker(rank, out_dir, channels_last):
     import normgrad.torch as ngt
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    init(rank, out_dir)
     try:
         x, g, w, b = full_problem(channels_last)
         lo = sum(SPLIT[:rank])
@@ -111,7 +106,7 @@ def abn_worker(rank, port, out_dir, channels_last):
 def test_inplace_abn_sync_two_processes_equal_the_full_batch(channels_last):
     import torch.nn.functional as F
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(abn_worker, args=(free_port(), d, channels_last), nprocs=2, join=True)
+        mp.spawn(abn_worker, args=(d, channels_last), nprocs=2, join=True)
         r = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
     x, g, w, b = full_problem(channels_last)
     w64 = (w - 1.0).double().requires_grad_()
