@@ -294,11 +294,6 @@ Status run_dense(const BnConf& conf, const KernelSet& dense_kernels,
       h.s = 1.0 / gamma;
     }
   };
-  // FromDst divides by gamma: every channel is checked before anything is written.
-  for (int64_t c = 0; c < nc && d.from_dst; ++c) {
-    NG_RETURN_IF_ERROR(check_from_dst_gamma("BatchNormTrainingBackwardFromDst", c,
-                                            load_as_double(in[pm.gamma], c, sdt)));
-  }
   const bool per_task_stats = conf.walk == Walk::kRows;
   for (int64_t c = 0; c < nc && !per_task_stats; ++c) load_channel(c);
   // Reduce: the per-channel sums out; Apply: the global sums and count in.
@@ -550,13 +545,16 @@ int last_max_concurrency() {
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out,
                                const KernelSet* staged) {
+  // FromDst divides by gamma: every channel is checked before anything is
+  // written, on every path (empty, dense, staged).
+  for (int64_t c = 0; c < conf.d.channels && conf.d.from_dst; ++c) {
+    NG_RETURN_IF_ERROR(
+        check_from_dst_gamma("BatchNormTrainingBackwardFromDst", c,
+                             load_as_double(in[conf.ports.gamma], c, conf.d.stats_dt)));
+  }
   if (conf.empty) {
     // An empty batch: sums over no elements are 0; diff_src has no element.
     const BatchNormDesc& d = conf.d;
-    for (int64_t c = 0; c < d.channels && d.from_dst; ++c) {
-      NG_RETURN_IF_ERROR(check_from_dst_gamma("BatchNormTrainingBackwardFromDst", c,
-                                              load_as_double(in[conf.ports.gamma], c, d.stats_dt)));
-    }
     if (d.phase == BackwardPhase::kApply) {
       // This process holds no data, but diff_gamma and diff_beta are the
       // global sums' (the other processes' data), as on every process.

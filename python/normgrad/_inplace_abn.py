@@ -363,7 +363,7 @@ def convert_inplace_abn(model, bn_types):
     reasons for the ones left), or None when fx cannot trace the model."""
     import torch.fx as fx
 
-    from ._torch_fx import _is_add, _is_relu, trace
+    from ._torch_fx import _is_add, _is_relu, module_calls, trace
     try:
         gm = trace(model, bn_types)
     except Exception as e:  # fx raises many kinds (TraceError, TypeError, ...)
@@ -372,10 +372,7 @@ def convert_inplace_abn(model, bn_types):
                       stacklevel=3)
         return None
     modules = dict(gm.named_modules())
-    calls = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            calls[node.target] = calls.get(node.target, 0) + 1
+    calls = module_calls(gm)
     swapped, left = 0, {}
 
     def leave(why):

@@ -53,6 +53,15 @@ def trace(model, bn_types):
     return fx.GraphModule(model, Tracer().trace(model), type(model).__name__)
 
 
+def module_calls(gm):
+    """How many times the traced graph calls each submodule, by target."""
+    calls = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    return calls
+
+
 def fuse(model, bn_types):
     """The traced, fused GraphModule, or None when torch.fx cannot trace `model`
     (the caller then swaps modules only, and says so)."""
@@ -66,10 +75,7 @@ def fuse(model, bn_types):
                       % (type(model).__name__, type(e).__name__, e), stacklevel=3)
         return None
     modules = dict(gm.named_modules())
-    calls = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            calls[node.target] = calls.get(node.target, 0) + 1
+    calls = module_calls(gm)
     fused = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_module" or not isinstance(modules.get(node.target), bn_types):
