@@ -12,34 +12,61 @@
 
 namespace normgrad {
 
+// The one list of backends: names, auto-selection order (fastest first; ref
+// last, since it supports every valid partition) and roles. A backend this
+// build leaves out keeps its entry, so its name is known but not available.
+const std::vector<BackendEntry>& backend_registry() {
+  static const std::vector<BackendEntry> entries = {
+#ifdef NORMGRAD_WITH_JIT
+      {"jit", jit_backend(), false},
+#else
+      {"jit", nullptr, false},
+#endif
+#ifdef NORMGRAD_WITH_DNNL
+      {"dnnl", dnnl_backend(), false},
+#else
+      {"dnnl", nullptr, false},
+#endif
+#ifdef NORMGRAD_WITH_MPI
+      {"mpi", mpi_backend(), false},
+#else
+      {"mpi", nullptr, false},
+#endif
+      {"ref", ref_backend(), true},
+  };
+  return entries;
+}
+
 const std::vector<const Backend*>& available_backends() {
   static const std::vector<const Backend*> backends = [] {
     std::vector<const Backend*> v;
-#ifdef NORMGRAD_WITH_JIT
-    v.push_back(jit_backend());
-#endif
-#ifdef NORMGRAD_WITH_DNNL
-    v.push_back(dnnl_backend());
-#endif
-#ifdef NORMGRAD_WITH_MPI
-    v.push_back(mpi_backend());
-#endif
-    v.push_back(ref_backend());
+    for (const BackendEntry& e : backend_registry()) {
+      if (e.backend != nullptr) v.push_back(e.backend);
+    }
     return v;
   }();
   return backends;
 }
 
 const std::vector<std::string>& known_backend_names() {
-  static const std::vector<std::string> names = {"auto", "jit", "dnnl", "mpi", "ref"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v = {"auto"};
+    for (const BackendEntry& e : backend_registry()) v.emplace_back(e.name);
+    return v;
+  }();
   return names;
 }
 
-const Backend* find_backend(const std::string& name) {
-  for (const Backend* b : available_backends()) {
-    if (name == b->name()) return b;
+const BackendEntry* find_backend_entry(const std::string& name) {
+  for (const BackendEntry& e : backend_registry()) {
+    if (name == e.name) return &e;
   }
   return nullptr;
+}
+
+const Backend* find_backend(const std::string& name) {
+  const BackendEntry* e = find_backend_entry(name);
+  return e == nullptr ? nullptr : e->backend;
 }
 
 namespace {

@@ -116,10 +116,20 @@ class Backend {
                                                           const CompileContext& ctx) const = 0;
 };
 
-// Backends built into this library, in auto-selection order (fastest first;
-// ref last, since it supports every valid partition).
+// The registry: one entry per backend normgrad knows, in auto-selection
+// order. `backend` is nullptr when this build leaves it out; `reference`
+// marks the float64 oracle, the slow fallback a compile never takes silently.
+struct BackendEntry {
+  const char* name;
+  const Backend* backend;
+  bool reference;
+};
+const std::vector<BackendEntry>& backend_registry();
+// nullptr when no backend has that name.
+const BackendEntry* find_backend_entry(const std::string& name);
+// The registry's backends built into this library, in auto-selection order.
 const std::vector<const Backend*>& available_backends();
-// Names a user may force: "auto", "ref", "dnnl", "jit", "mpi".
+// Names a user may force: "auto", then the registry's.
 const std::vector<std::string>& known_backend_names();
 // nullptr when `name` is not built into this library.
 const Backend* find_backend(const std::string& name);

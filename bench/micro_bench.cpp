@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include <normgrad/backends/compiler.hpp>
 #include <normgrad/backends/jit/jit_kernels.hpp>
+#include <normgrad/compile/compiler.hpp>
 
 namespace normgrad {
 namespace {

@@ -353,9 +353,8 @@ Status Graph::finalize() {
   return ok_status();
 }
 
-// Between a raw edit (mutable_ops) and the next finalize the values are
-// stale: the queries then scan the ops as they are, so they stay valid after
-// any rewrite (at linear cost until the graph is finalized again).
+// Before finalize (and between a failed finalize and the next) the maps are
+// stale or empty: the queries then scan the ops as they are, at linear cost.
 std::optional<Value> Graph::value(int64_t id) const {
   if (finalized_) {
     auto it = values_.find(id);
@@ -425,6 +424,36 @@ std::vector<size_t> Graph::consumers_of(int64_t tensor_id) const {
     if (v.empty() || v.back() != k) v.push_back(k);  // uses are in op order
   }
   return v;
+}
+
+const Op* Graph::op(int64_t op_id) const {
+  const int64_t k = index_of(op_id);
+  return k < 0 ? nullptr : &ops_[static_cast<size_t>(k)];
+}
+
+const Op* Graph::producer(int64_t tensor_id) const {
+  const int64_t k = producer_of(tensor_id);
+  return k < 0 ? nullptr : &ops_[static_cast<size_t>(k)];
+}
+
+std::vector<Use> Graph::uses(int64_t tensor_id) const {
+  std::optional<Value> v = value(tensor_id);
+  return v ? v->uses : std::vector<Use>{};
+}
+
+Graph Graph::with_ops(std::vector<Op> ops) const {
+  Graph g;
+  g.version = version;
+  g.engine_kind = engine_kind;
+  g.fpmath_mode = fpmath_mode;
+  g.fpmath_mode_apply_to_int = fpmath_mode_apply_to_int;
+  g.input_ports_ = input_ports_;
+  g.output_ports_ = output_ports_;
+  g.ops_ = std::move(ops);
+  g.next_op_id_ = next_op_id_;
+  g.next_tensor_id_ = next_tensor_id_;
+  g.see_ids();
+  return g;
 }
 
 std::vector<LogicalTensor> Graph::graph_inputs() const {

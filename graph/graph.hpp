@@ -60,18 +60,18 @@ class Graph {
 
   // Ops in insertion order before finalize, topological order after it.
   const std::vector<Op>& ops() const { return ops_; }
-  // For passes: edits leave the graph un-finalized; call finalize() again.
-  std::vector<Op>& mutable_ops() {
-    finalized_ = false;
-    return ops_;
-  }
+  // A new, un-finalized graph with these ops and this graph's ports and file
+  // metadata: how tools derive a variant of a graph (new shapes, attributes).
+  // Passes edit in place with the rewriter below instead.
+  Graph with_ops(std::vector<Op> ops) const;
 
   // The rewriter API (graph_rewrite.cpp): edits by op id that keep the ops,
   // the tensor table, producers and consumers consistent and the ops in
   // topological order, so every query stays valid and fast between edits
   // with no re-finalize. Each edit checks the op against its schema and
-  // refuses what would break the order; shapes of new ops must be known
-  // (the pass pipeline still re-verifies the whole graph after each pass).
+  // refuses what would break the order; tensors an edit brings in must have
+  // their shapes (the pass pipeline still re-verifies the whole graph after
+  // each pass that changed it).
   // On a graph that is not finalized they edit the ops only.
   // The index of op `op_id` in ops(), or -1.
   int64_t index_of(int64_t op_id) const;
@@ -97,14 +97,16 @@ class Graph {
   const std::vector<std::string>& notes() const { return notes_; }
 
   // Every tensor's value, producer and uses: kept by finalize and by every
-  // rewriter edit, or, after a raw mutable_ops() edit and before the next
-  // finalize, found by scanning the ops as they are (never stale indices).
-  // nullopt for an id no op names.
+  // rewriter edit, or, before the first finalize, found by scanning the ops
+  // as they are (never stale indices). nullopt for an id no op names.
   std::optional<Value> value(int64_t id) const;
   const LogicalTensor* find_tensor(int64_t id) const;
-  // Index into ops() of the producer, or -1 for a graph input.
-  int64_t producer_of(int64_t tensor_id) const;
-  std::vector<size_t> consumers_of(int64_t tensor_id) const;
+  // Op `op_id`, or nullptr.
+  const Op* op(int64_t op_id) const;
+  // The op that writes tensor `tensor_id`, or nullptr for a graph input.
+  const Op* producer(int64_t tensor_id) const;
+  // The reads of tensor `tensor_id`, in op order (empty when none).
+  std::vector<Use> uses(int64_t tensor_id) const;
   // input_ports first (in their order), then every other tensor no op produces,
   // in first-use order.
   std::vector<LogicalTensor> graph_inputs() const;
@@ -136,11 +138,15 @@ class Graph {
   std::vector<std::string> notes_;
   // The index in ops_ of the producer of tensor `id`, or -1 (from values_).
   int64_t producer_index(int64_t id) const;
+  // Index into ops_ of the producer (-1: a graph input), and of every reader.
+  int64_t producer_of(int64_t tensor_id) const;
+  std::vector<size_t> consumers_of(int64_t tensor_id) const;
   int64_t next_op_id_ = 0, next_tensor_id_ = 0;  // one past every id seen
   void see_ids();
   // After an edit: the maps again, and the order checked (finalized graphs only).
   Status reindex(const std::string& edit);
   Status commit(const std::vector<Op>& before, bool was_finalized, const std::string& edit);
+  Status check_new_tensors(const Op& op, const std::string& edit) const;
 };
 
 }  // namespace normgrad

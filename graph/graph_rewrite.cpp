@@ -38,12 +38,24 @@ Status Graph::reindex(const std::string& edit) {
                              ops_[static_cast<size_t>(p)].label() + " writes it");
       }
     }
-    if (!unknown_shape_error(ops_[k]).ok()) {
-      return invalid_graph(edit + ": " + ops_[k].label() +
-                           " has a tensor of unknown shape (give new ops their shapes)");
-    }
   }
   finalized_ = true;
+  return ok_status();
+}
+
+// On a finalized graph, a tensor an edit brings in must come with its shape,
+// so every query between edits answers with complete metadata; a tensor the
+// graph already has keeps what finalize inferred for it.
+Status Graph::check_new_tensors(const Op& op, const std::string& edit) const {
+  if (!finalized_) return ok_status();
+  for (const auto* ports : {&op.inputs(), &op.outputs()}) {
+    for (const LogicalTensor& lt : *ports) {
+      if (values_.count(lt.id) == 0 && !lt.dims_known())
+        return invalid_graph(edit + ": " + op.label() + " brings in tensor " +
+                             std::to_string(lt.id) +
+                             " of unknown shape (give new tensors their shapes)");
+    }
+  }
   return ok_status();
 }
 
@@ -79,6 +91,7 @@ Status Graph::erase_op(int64_t op_id) {
 
 Status Graph::insert_op(Op op, int64_t before_op_id) {
   NG_RETURN_IF_ERROR(verify_op_structure(op));
+  NG_RETURN_IF_ERROR(check_new_tensors(op, "insert_op"));
   if (index_of(op.id()) >= 0)
     return invalid_graph("insert_op: op id " + std::to_string(op.id()) + " is already used");
   int64_t k = static_cast<int64_t>(ops_.size());
@@ -94,6 +107,7 @@ Status Graph::insert_op(Op op, int64_t before_op_id) {
 
 Status Graph::replace_op(int64_t op_id, Op replacement) {
   NG_RETURN_IF_ERROR(verify_op_structure(replacement));
+  NG_RETURN_IF_ERROR(check_new_tensors(replacement, "replace_op"));
   const int64_t k = index_of(op_id);
   if (k < 0) return not_found("replace_op: no op " + std::to_string(op_id));
   if (replacement.id() != op_id && index_of(replacement.id()) >= 0)

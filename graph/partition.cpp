@@ -1,7 +1,44 @@
-// Partition: printing helpers.
+// Partition: printing helpers and the roles a match bound.
 #include <normgrad/graph/partition.hpp>
 
 namespace normgrad {
+
+const char* fusion_role_name(FusionRole role) {
+  switch (role) {
+    case FusionRole::kAnchor:
+      return "anchor";
+    case FusionRole::kSrcProducer:
+      return "src";
+    case FusionRole::kDiffDstProducer:
+      return "diff_dst";
+    case FusionRole::kResidualAdd:
+      return "residual";
+    case FusionRole::kActivation:
+      return "activation";
+    case FusionRole::kDequantize:
+      return "dequantize";
+    case FusionRole::kQuantize:
+      return "quantize";
+    case FusionRole::kMember:
+      return "member";
+  }
+  return "member";
+}
+
+const Op* Partition::bound(FusionRole role) const {
+  // A partition put together before roles existed names its anchor only.
+  const bool by_anchor = role == FusionRole::kAnchor && roles.empty();
+  for (const Op& op : ops) {
+    if (by_anchor && op.id() == anchor) return &op;
+  }
+  for (const BoundOp& b : roles) {
+    if (b.role != role) continue;
+    for (const Op& op : ops) {
+      if (op.id() == b.op_id) return &op;
+    }
+  }
+  return nullptr;
+}
 
 std::string Partition::ops_string() const {
   std::string s;

@@ -14,6 +14,26 @@
 
 namespace normgrad {
 
+// The part an op plays in a partition, as the pattern that matched it bound
+// it (passes/pattern.hpp): backends read these instead of re-deriving them
+// from tensor ids.
+enum class FusionRole {
+  kAnchor,           // the op the pattern starts from
+  kSrcProducer,      // writes a batch-norm backward's src (ReLUBackward or Add)
+  kDiffDstProducer,  // writes its diff_dst
+  kResidualAdd,      // adds a residual to a forward's dst
+  kActivation,       // ReLU or LeakyReLU after it
+  kDequantize,
+  kQuantize,
+  kMember,  // any other op a pattern takes
+};
+// "anchor", "src", "diff_dst", "residual", "activation", ...
+const char* fusion_role_name(FusionRole role);
+struct BoundOp {
+  int64_t op_id = -1;
+  FusionRole role = FusionRole::kMember;
+};
+
 struct Partition {
   int64_t id = 0;
   std::vector<Op> ops;
@@ -26,6 +46,10 @@ struct Partition {
   std::string backend;
   std::string pattern;
   int64_t anchor = -1;
+  // Every op's role in the match (empty for a partition not matched yet).
+  std::vector<BoundOp> roles;
+  // The op bound to `role`, or nullptr.
+  const Op* bound(FusionRole role) const;
   // False for ops no backend of ours runs (oneDNN Graph kinds we carry as
   // opaque ops, opaque layouts): the caller runs them itself, as with oneDNN
   // Graph's unsupported partitions. `reason` says why.

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
@@ -171,8 +172,7 @@ void add_bn_rules(OpSchema& s, std::vector<size_t> data_in, std::vector<size_t> 
 void register_split_schemas(OpRegistry& registry) {
   {
     OpSchema s(OpKind::kBatchNormBackwardReduce);
-    s.input("src").input("diff_dst").input("mean");
-    s.output("sum_dy").output("sum_dy_xm").output("count");
+    add_declared_ports(s);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
     add_bn_rules(s, {0, 1}, {},
                  {{false, 0, DataType::kF32, false},
@@ -182,9 +182,7 @@ void register_split_schemas(OpRegistry& registry) {
   }
   {
     OpSchema s(OpKind::kBatchNormBackwardApply);
-    s.input("src").input("diff_dst").input("mean").input("variance");
-    s.input("sum_dy").input("sum_dy_xm").input("count").input("gamma", true);
-    s.output("diff_src").output("diff_gamma", true).output("diff_beta", true);
+    add_declared_ports(s);
     s.output_counts({1, 3});
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
@@ -231,9 +229,7 @@ Status check_from_dst_activation(const Op& op) {
 // docs/ops/BatchNormTrainingBackwardFromDst.md).
 void register_from_dst_schema(OpRegistry& registry) {
   OpSchema s(OpKind::kBatchNormTrainingBackwardFromDst);
-  s.input("dst").input("diff_dst").input("variance").input("gamma").input("beta");
-  s.input("residual", true);  // dst = act(bn(src) + residual)
-  s.output("diff_src").output("diff_gamma", true).output("diff_beta", true);
+  add_declared_ports(s);  // residual: dst = act(bn(src) + residual)
   s.output_counts({1, 3});
   s.attr("epsilon", AttrKind::kF32, true);
   s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
@@ -254,8 +250,7 @@ void register_batch_norm_schemas(OpRegistry& registry) {
   register_split_schemas(registry);
   {
     OpSchema s(OpKind::kBatchNormTrainingBackward);
-    s.input("src").input("diff_dst").input("mean").input("variance").input("gamma", true);
-    s.output("diff_src").output("diff_gamma", true).output("diff_beta", true);
+    add_declared_ports(s);
     s.output_counts({1, 3});
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
@@ -272,10 +267,8 @@ void register_batch_norm_schemas(OpRegistry& registry) {
   register_from_dst_schema(registry);
   {
     OpSchema s(OpKind::kBatchNormForwardTraining);
-    s.input("src").input("mean").input("variance").input("gamma", true).input("beta", true);
+    add_declared_ports(s);
     s.input_counts({3, 5});
-    s.output("dst").output("running_mean").output("running_variance").output("batch_mean");
-    s.output("batch_variance");
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("momentum", AttrKind::kF32, false, 0.1f);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
@@ -284,8 +277,7 @@ void register_batch_norm_schemas(OpRegistry& registry) {
   }
   {
     OpSchema s(OpKind::kBatchNormInference);
-    s.input("src").input("gamma").input("beta").input("mean").input("variance");
-    s.output("dst");
+    add_declared_ports(s);
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
     add_bn_rules(s, {0}, {0});

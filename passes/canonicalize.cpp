@@ -40,12 +40,14 @@ StatusOr<Op> rewrite_tf(const Op& tf) {
 StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
   bool changed = false;
   std::set<int64_t> dropped;  // empty reserve outputs that lost their producer
-  std::vector<Op> ops;
-  for (const Op& op : graph.ops()) {
+  std::vector<int64_t> ids;
+  for (const Op& op : graph.ops()) ids.push_back(op.id());
+  for (int64_t id : ids) {
+    const Op& op = *graph.op(id);
     if (is_tf_batch_norm_grad(op.kind())) {
       NG_ASSIGN_OR_RETURN(Op bn, rewrite_tf(op));
       for (size_t i = 3; i < op.outputs().size(); ++i) dropped.insert(op.outputs()[i].id);
-      ops.push_back(std::move(bn));
+      NG_RETURN_IF_ERROR(graph.replace_op(id, std::move(bn)));
       changed = true;
     } else if (op.kind() == OpKind::kBatchNormTrainingBackward && !op.has_attr("is_training")) {
       Op bn = op;
@@ -53,40 +55,33 @@ StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
       bn.set_attr("is_training", training);
       if (!training && bn.inputs().size() == 5)
         bn.mutable_inputs().pop_back();  // oneDNN ignores gamma here
-      ops.push_back(std::move(bn));
+      NG_RETURN_IF_ERROR(graph.replace_op(id, std::move(bn)));
       changed = true;
-    } else {
-      ops.push_back(op);
     }
   }
-  if (!dropped.empty()) {
-    // End ops that only marked a dropped reserve output go too; any other
-    // reader of one gets it as an (empty) graph input.
-    std::vector<Op> kept;
-    for (Op& op : ops) {
-      if (op.kind() == OpKind::kEnd && dropped.count(op.inputs()[0].id)) continue;
-      kept.push_back(std::move(op));
-    }
-    ops = std::move(kept);
-    if (graph.input_ports()) {
-      std::vector<int64_t> ports = *graph.input_ports();
-      for (const Op& op : ops) {
-        for (const LogicalTensor& lt : op.inputs()) {
-          if (dropped.count(lt.id) && std::find(ports.begin(), ports.end(), lt.id) == ports.end())
-            ports.push_back(lt.id);
-        }
-      }
-      graph.set_input_ports(std::move(ports));
-    }
-    if (graph.output_ports()) {
-      std::vector<int64_t> ports;
-      for (int64_t id : *graph.output_ports()) {
-        if (!dropped.count(id)) ports.push_back(id);
-      }
-      graph.set_output_ports(std::move(ports));
-    }
+  if (dropped.empty()) return changed;
+  // End ops that only marked a dropped reserve output go too; any other
+  // reader of one gets it as an (empty) graph input.
+  for (int64_t id : ids) {
+    const Op* op = graph.op(id);
+    if (op != nullptr && op->kind() == OpKind::kEnd && dropped.count(op->inputs()[0].id))
+      NG_RETURN_IF_ERROR(graph.erase_op(id));
   }
-  if (changed) graph.mutable_ops() = std::move(ops);
+  if (graph.input_ports()) {
+    std::vector<int64_t> ports = *graph.input_ports();
+    for (int64_t id : dropped) {
+      if (!graph.uses(id).empty() && std::find(ports.begin(), ports.end(), id) == ports.end())
+        ports.push_back(id);
+    }
+    graph.set_input_ports(std::move(ports));
+  }
+  if (graph.output_ports()) {
+    std::vector<int64_t> ports;
+    for (int64_t id : *graph.output_ports()) {
+      if (!dropped.count(id)) ports.push_back(id);
+    }
+    graph.set_output_ports(std::move(ports));
+  }
   return changed;
 }
 

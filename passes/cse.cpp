@@ -18,15 +18,15 @@ StatusOr<bool> CsePass::run(Graph& graph) const {
   for (const Op& op : graph.ops()) order.push_back(op.id());
   bool changed = false;
   for (int64_t id : order) {
-    const Op op = graph.ops()[static_cast<size_t>(graph.index_of(id))];  // edits move the vector
+    const Op op = *graph.op(id);  // a copy: edits move the ops
     const std::string sig = op_signature(op, /*with_input_ids=*/true, /*with_output_ids=*/false);
     // Opaque ops are never merged, and neither is an op an opaque op reads: the
     // caller runs that op itself and passes the tensor ids it knows.
     bool observable = op.kind() == OpKind::kEnd || op_kind_is_opaque(op.kind());
     for (const LogicalTensor& lt : op.outputs()) {
       observable = observable || is_graph_output(graph, lt.id);
-      for (size_t c : graph.consumers_of(lt.id))
-        observable = observable || op_kind_is_opaque(graph.ops()[c].kind());
+      for (const Use& u : graph.uses(lt.id))
+        observable = observable || op_kind_is_opaque(graph.op(u.op_id)->kind());
     }
     auto it = seen.find(sig);
     if (it == seen.end()) {
@@ -34,7 +34,7 @@ StatusOr<bool> CsePass::run(Graph& graph) const {
       continue;
     }
     if (observable) continue;
-    const Op first = graph.ops()[static_cast<size_t>(graph.index_of(it->second))];
+    const Op first = *graph.op(it->second);
     for (size_t k = 0; k < op.outputs().size(); ++k)
       NG_RETURN_IF_ERROR(graph.replace_all_uses_with(op.outputs()[k].id, first.outputs()[k]));
     NG_RETURN_IF_ERROR(graph.erase_op(id));

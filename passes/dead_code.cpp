@@ -2,30 +2,33 @@
 #include <normgrad/passes/dead_code.hpp>
 
 #include <normgrad/graph/op_checks.hpp>
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
 namespace {
 
 bool is_dead(const Graph& graph, int64_t tensor_id) {
-  return graph.output_ports() && graph.consumers_of(tensor_id).empty() &&
-         !is_output_port(graph, tensor_id);
+  return graph.output_ports() && graph.uses(tensor_id).empty() && !is_output_port(graph, tensor_id);
 }
 
 }  // namespace
 
 StatusOr<bool> DeadOutputEliminationPass::run(Graph& graph) const {
   if (!graph.output_ports()) return false;
-  std::vector<Op> ops = graph.ops();
   bool changed = false;
-  for (Op& op : ops) {
+  for (size_t k = 0; k < graph.ops().size(); ++k) {
+    const Op& op = graph.ops()[k];
     if (op.kind() != OpKind::kBatchNormTrainingBackward || op.outputs().size() != 3) continue;
-    if (!is_dead(graph, op.outputs()[1].id) || !is_dead(graph, op.outputs()[2].id)) continue;
-    if (!op.has_attr("is_training")) op.set_attr("is_training", true);  // 3 outputs meant training
-    op.mutable_outputs().resize(1);
+    const BatchNormTrainingBackwardPorts ports(op);
+    if (!is_dead(graph, ports.diff_gamma().id) || !is_dead(graph, ports.diff_beta().id)) continue;
+    Op trimmed = op;
+    if (!trimmed.has_attr("is_training"))
+      trimmed.set_attr("is_training", true);  // 3 outputs meant training
+    trimmed.mutable_outputs().resize(1);
+    NG_RETURN_IF_ERROR(graph.replace_op(op.id(), std::move(trimmed)));
     changed = true;
   }
-  if (changed) graph.mutable_ops() = std::move(ops);
   return changed;
 }
 

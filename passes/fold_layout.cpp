@@ -2,6 +2,7 @@
 #include <normgrad/passes/fold_layout.hpp>
 
 #include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
@@ -30,14 +31,12 @@ std::vector<int64_t> normalized_order(const Op& t) {
 
 // The producer op of input `port` of `op` when it is of `kind` and feeds only `op`.
 const Op* sole_producer(const Graph& g, const Op& op, size_t port, OpKind kind) {
-  const int64_t p = g.producer_of(op.inputs()[port].id);
-  if (p < 0) return nullptr;
-  const Op& producer = g.ops()[static_cast<size_t>(p)];
-  if (producer.kind() != kind) return nullptr;
+  const Op* producer = g.producer(op.inputs()[port].id);
+  if (producer == nullptr || producer->kind() != kind) return nullptr;
   const int64_t t = op.inputs()[port].id;
   if (sole_consumer(g, t) != &op || is_output_port(g, t)) return nullptr;
   if (op.inputs()[1 - port].id == t) return nullptr;
-  return &producer;
+  return producer;
 }
 
 // Folds one producer/consumer pair of conversions around `bn`; `check` decides
@@ -48,16 +47,19 @@ StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
   for (const Op& bn : g.ops()) {
     if (bn.kind() != OpKind::kBatchNormTrainingBackward || !g.unknown_shape_error(bn).ok())
       continue;
-    const Op* in_src = sole_producer(g, bn, 0, conversion);
-    const Op* in_dy = sole_producer(g, bn, 1, conversion);
-    const Op* out = sole_consumer(g, bn.outputs()[0].id);
+    using Ports = BatchNormTrainingBackwardPorts;
+    const Ports ports(bn);
+    const Op* in_src = sole_producer(g, bn, Ports::src_port(), conversion);
+    const Op* in_dy = sole_producer(g, bn, Ports::diff_dst_port(), conversion);
+    const Op* out = sole_consumer(g, ports.diff_src().id);
     if (!in_src || !in_dy || !out || out->kind() != conversion ||
-        is_output_port(g, bn.outputs()[0].id))
+        is_output_port(g, ports.diff_src().id))
       continue;
     if (!check(bn, *in_src, *in_dy, *out)) continue;
+    // A conversion has one input and one output.
     Op folded = bn;
-    folded.mutable_inputs()[0] = in_src->inputs()[0];
-    folded.mutable_inputs()[1] = in_dy->inputs()[0];
+    folded.mutable_inputs()[Ports::src_port()] = in_src->inputs()[0];
+    folded.mutable_inputs()[Ports::diff_dst_port()] = in_dy->inputs()[0];
     folded.mutable_outputs()[0] = out->outputs()[0];
     rewrite(folded);
     const int64_t src_id = in_src->id(), dy_id = in_dy->id(), out_id = out->id();
@@ -105,7 +107,8 @@ StatusOr<bool> FoldCastPass::run(Graph& graph) const {
         // Only narrow data computed in f32, with f32 statistics: a supported combination after
         // folding.
         if (t != DataType::kBF16 && t != DataType::kF16) return false;
-        if (bn.inputs()[0].dtype != DataType::kF32 || bn.inputs()[2].dtype != DataType::kF32)
+        const BatchNormTrainingBackwardPorts ports(bn);
+        if (ports.src().dtype != DataType::kF32 || ports.mean().dtype != DataType::kF32)
           return false;
         return b.inputs()[0].dtype == t && out.outputs()[0].dtype == t;
       },

@@ -35,7 +35,7 @@ Partition make_partition(const Graph& graph, const std::vector<int64_t>& op_ids)
   Partition p;
   std::set<int64_t> inside_ops, produced, seen_in;
   for (int64_t id : op_ids) {
-    const Op& op = graph.ops()[static_cast<size_t>(graph.index_of(id))];
+    const Op& op = *graph.op(id);
     p.ops.push_back(op);
     inside_ops.insert(id);
     for (const LogicalTensor& lt : op.outputs()) produced.insert(lt.id);
@@ -50,9 +50,9 @@ Partition make_partition(const Graph& graph, const std::vector<int64_t>& op_ids)
       // Internal tensors stay inside; anything read outside (End included),
       // read by nobody, or an output port leaves. Linear in the partition,
       // so matching stays linear in the graph.
-      const auto consumers = graph.consumers_of(lt.id);
-      bool outside = is_output_port(graph, lt.id) || consumers.empty() || p.ops.size() == 1;
-      for (size_t c : consumers) outside = outside || !inside_ops.count(graph.ops()[c].id());
+      const std::vector<Use> uses = graph.uses(lt.id);
+      bool outside = is_output_port(graph, lt.id) || uses.empty() || p.ops.size() == 1;
+      for (const Use& u : uses) outside = outside || !inside_ops.count(u.op_id);
       if (outside) p.outputs.push_back(lt);
     }
   }
@@ -85,7 +85,8 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
         note(anchor, pattern, matched.status());
         continue;
       }
-      std::vector<int64_t> ids = matched->ops;
+      std::vector<int64_t> ids;
+      for (const BoundOp& b : matched->ops) ids.push_back(b.op_id);
       std::string taken;
       for (int64_t id : ids) {
         if (owner.count(id)) taken = "op " + std::to_string(id) + " is in another partition";
@@ -100,6 +101,7 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
       p.backend = pattern.backend;
       p.pattern = pattern.full_name();
       p.anchor = anchor.id();
+      p.roles = matched->ops;
       Status s = plain_layouts(p);
       if (s.ok() && options.accept && shapes_known(graph, p)) s = options.accept(pattern, p);
       note(anchor, pattern, s, matched->note);

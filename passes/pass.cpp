@@ -114,17 +114,6 @@ std::unique_ptr<Pass> make_builtin(const std::string& name) {
 
 }  // namespace
 
-// The order of passes.def matters: canonical ops first, then conversions fold,
-// dead outputs go (so fewer tensors are written), duplicates merge and dead
-// ops go, and a synchronized batch norm is split last (its halves then match
-// the backends' fused patterns, which the partitioner applies after the passes).
-PassPipeline default_pipeline() {
-  PassPipeline p;
-#define NG_PASS(pass_name, Class, fixed, summary) p.add(builtin<Class>(fixed));
-#include <normgrad/passes/passes.def>
-  return p;
-}
-
 std::vector<PassInfo> registered_passes() {
   std::vector<PassInfo> all = {
 #define NG_PASS(pass_name, Class, fixed, summary) {pass_name, summary, true},

@@ -55,9 +55,6 @@ StatusOr<bool> run_to_fixed_point(Graph& graph, const std::function<StatusOr<boo
 // A pass that runs `inner` to a fixed point, named "<inner>" (for user pipelines).
 std::unique_ptr<Pass> fixed_point(std::unique_ptr<Pass> inner);
 
-// The pipeline compile uses: every built-in pass, in passes.def's order.
-PassPipeline default_pipeline();
-
 // Pass registry: the built-in passes (passes/passes.def) plus the ones a user
 // registers by name, explicitly (a plugin does it from its exported
 // `normgrad_register_passes`, see load_pass_plugin). No static initialisers.

@@ -3,10 +3,20 @@
 
 #include <algorithm>
 
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
 namespace {
+
+// The three batch-norm backward kinds share their data ports' indices.
+constexpr size_t kSrcPort = BatchNormTrainingBackwardPorts::src_port();
+constexpr size_t kDiffDstPort = BatchNormTrainingBackwardPorts::diff_dst_port();
+static_assert(BatchNormBackwardReducePorts::src_port() == kSrcPort &&
+                  BatchNormBackwardApplyPorts::src_port() == kSrcPort &&
+                  BatchNormBackwardReducePorts::diff_dst_port() == kDiffDstPort &&
+                  BatchNormBackwardApplyPorts::diff_dst_port() == kDiffDstPort,
+              "op_ports.def: the backward kinds disagree on src/diff_dst");
 
 bool is_bn_backward(OpKind k) {
   const auto& kinds = bn_backward_kinds();
@@ -26,7 +36,7 @@ Pattern fused_pattern(std::string name, std::string backend, std::vector<OpKind>
 
 // `t` is read by `reader` alone, on one port, and is not an explicit graph output.
 Status only_reader(const Graph& graph, int64_t t, const Op& reader) {
-  const std::vector<Use> uses = graph.value(t)->uses;
+  const std::vector<Use> uses = graph.uses(t);
   for (const Use& u : uses) {
     if (u.op_id != reader.id())
       return unimplemented("tensor " + std::to_string(t) + " has another reader");
@@ -36,22 +46,6 @@ Status only_reader(const Graph& graph, int64_t t, const Op& reader) {
                          " ports of " + reader.label());
   if (is_output_port(graph, t))
     return unimplemented("tensor " + std::to_string(t) + " is a graph output");
-  return ok_status();
-}
-
-// Why the producer of data port `port` of `bn` does or does not join it.
-Status bn_backward_producer_rule(const Graph& graph, const Op& bn, size_t port) {
-  const LogicalTensor& t = bn.inputs()[port];
-  const int64_t p = graph.producer_of(t.id);
-  if (p < 0) return unimplemented("tensor " + std::to_string(t.id) + " is a graph input");
-  const Op& producer = graph.ops()[static_cast<size_t>(p)];
-  if (producer.kind() != OpKind::kReLUBackward && producer.kind() != OpKind::kAdd)
-    return unimplemented(producer.label() + " is not ReLUBackward or Add");
-  NG_RETURN_IF_ERROR(only_reader(graph, t.id, bn));
-  bool uniform = t.dtype == bn.inputs()[0].dtype;
-  for (const LogicalTensor& in : producer.inputs())  // no broadcast, no mixed dtypes
-    uniform = uniform && in.dtype == t.dtype && in.dims == t.dims;
-  if (!uniform) return unimplemented(producer.label() + " broadcasts or mixes dtypes");
   return ok_status();
 }
 
@@ -94,9 +88,30 @@ Pattern single_op_pattern(std::string name, std::string backend, std::vector<OpK
   p.backend = std::move(backend);
   p.anchors = std::move(kinds);
   p.match = [](const Graph&, const Op& anchor) -> StatusOr<PatternOps> {
-    return PatternOps{{anchor.id()}, ""};
+    return PatternOps{{{anchor.id(), FusionRole::kAnchor}}, ""};
   };
   return p;
+}
+
+Pattern collective_pattern(std::string name, std::string backend) {
+  Pattern p = single_op_pattern(std::move(name), std::move(backend), {OpKind::kAllReduce});
+  p.collective = true;
+  return p;
+}
+
+Status fusible_bn_backward_producer(const Graph& graph, const Op& bn, size_t port) {
+  const LogicalTensor& t = bn.inputs()[port];
+  const Op* p = graph.producer(t.id);
+  if (p == nullptr) return unimplemented("tensor " + std::to_string(t.id) + " is a graph input");
+  const Op& producer = *p;
+  if (producer.kind() != OpKind::kReLUBackward && producer.kind() != OpKind::kAdd)
+    return unimplemented(producer.label() + " is not ReLUBackward or Add");
+  NG_RETURN_IF_ERROR(only_reader(graph, t.id, bn));
+  bool uniform = t.dtype == bn.inputs()[kSrcPort].dtype;
+  for (const LogicalTensor& in : producer.inputs())  // no broadcast, no mixed dtypes
+    uniform = uniform && in.dtype == t.dtype && in.dims == t.dims;
+  if (!uniform) return unimplemented(producer.label() + " broadcasts or mixes dtypes");
+  return ok_status();
 }
 
 StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn) {
@@ -104,18 +119,19 @@ StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& b
     return unimplemented(bn.label() + " is not a batch-norm backward");
   NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
   PatternOps m;
-  for (size_t port = 0; port < 2; ++port) {
-    const Status s = bn_backward_producer_rule(graph, bn, port);
+  for (size_t port : {kSrcPort, kDiffDstPort}) {
+    const bool src = port == kSrcPort;
+    const Status s = fusible_bn_backward_producer(graph, bn, port);
     if (s.ok()) {
-      m.ops.push_back(
-          graph.ops()[static_cast<size_t>(graph.producer_of(bn.inputs()[port].id))].id());
+      m.ops.push_back({graph.producer(bn.inputs()[port].id)->id(),
+                       src ? FusionRole::kSrcProducer : FusionRole::kDiffDstProducer});
     } else {
-      m.note += std::string(m.note.empty() ? "" : "; ") + (port == 0 ? "src: " : "diff_dst: ") +
-                s.message();
+      m.note +=
+          std::string(m.note.empty() ? "" : "; ") + (src ? "src: " : "diff_dst: ") + s.message();
     }
   }
   if (m.ops.empty()) return unimplemented("no producer to fuse (" + m.note + ")");
-  m.ops.push_back(bn.id());
+  m.ops.push_back({bn.id(), FusionRole::kAnchor});
   return m;
 }
 
@@ -123,28 +139,32 @@ StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn) {
   if (bn.kind() != OpKind::kBatchNormInference)
     return unimplemented(bn.label() + " is not BatchNormInference");
   NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
-  const LogicalTensor& y = bn.outputs()[0];
+  const LogicalTensor& y = BatchNormInferencePorts(bn).dst();
   const Op* relu = sole_consumer(graph, y.id);
   if (relu == nullptr || relu->kind() != OpKind::kReLU)
     return unimplemented("dst is not read by one ReLU alone");
   NG_RETURN_IF_ERROR(only_reader(graph, y.id, *relu));
   if (relu->outputs()[0].dtype != y.dtype)
     return unimplemented(relu->label() + " changes the dtype");
-  return PatternOps{{bn.id(), relu->id()}, ""};
+  return PatternOps{{{bn.id(), FusionRole::kAnchor}, {relu->id(), FusionRole::kActivation}}, ""};
 }
 
 StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn) {
   NG_ASSIGN_OR_RETURN(PatternOps ops, match_bn_inference_relu(graph, bn));
-  const int64_t deq = graph.producer_of(bn.inputs()[0].id);
-  if (deq < 0 || graph.ops()[static_cast<size_t>(deq)].kind() != OpKind::kDequantize)
+  const LogicalTensor& src = BatchNormInferencePorts(bn).src();
+  const Op* deq = graph.producer(src.id);
+  if (deq == nullptr || deq->kind() != OpKind::kDequantize)
     return unimplemented("src is not produced by a Dequantize");
-  NG_RETURN_IF_ERROR(only_reader(graph, bn.inputs()[0].id, bn));
-  const Op& relu = graph.ops()[static_cast<size_t>(graph.index_of(ops.ops[1]))];
+  NG_RETURN_IF_ERROR(only_reader(graph, src.id, bn));
+  const Op& relu = *graph.op(ops.ops[1].op_id);
   const Op* quant = sole_consumer(graph, relu.outputs()[0].id);
   if (quant == nullptr || quant->kind() != OpKind::kQuantize)
     return unimplemented("the ReLU's dst is not read by one Quantize alone");
   NG_RETURN_IF_ERROR(only_reader(graph, relu.outputs()[0].id, *quant));
-  return PatternOps{{graph.ops()[static_cast<size_t>(deq)].id(), bn.id(), relu.id(), quant->id()},
+  return PatternOps{{{deq->id(), FusionRole::kDequantize},
+                     {bn.id(), FusionRole::kAnchor},
+                     {relu.id(), FusionRole::kActivation},
+                     {quant->id(), FusionRole::kQuantize}},
                     ""};
 }
 
@@ -152,8 +172,8 @@ StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn)
   if (bn.kind() != OpKind::kBatchNormForwardTraining)
     return unimplemented(bn.label() + " is not BatchNormForwardTraining");
   NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
-  PatternOps m{{bn.id()}, ""};
-  LogicalTensor y = bn.outputs()[0];
+  PatternOps m{{{bn.id(), FusionRole::kAnchor}}, ""};
+  LogicalTensor y = BatchNormForwardTrainingPorts(bn).dst();
   const Op* next = sole_consumer(graph, y.id);
   if (next != nullptr && next->kind() == OpKind::kAdd && only_reader(graph, y.id, *next).ok()) {
     // The residual must be dst's twin: same dims (no broadcast), same dtype.
@@ -165,14 +185,14 @@ StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn)
                next->outputs()[0].dtype != y.dtype) {
       m.note = next->label() + " broadcasts or mixes dtypes";
     } else {
-      m.ops.push_back(next->id());
+      m.ops.push_back({next->id(), FusionRole::kResidualAdd});
       y = next->outputs()[0];
       next = sole_consumer(graph, y.id);
     }
   }
   if (next != nullptr && (next->kind() == OpKind::kReLU || next->kind() == OpKind::kLeakyReLU) &&
       only_reader(graph, y.id, *next).ok() && next->outputs()[0].dtype == y.dtype) {
-    m.ops.push_back(next->id());
+    m.ops.push_back({next->id(), FusionRole::kActivation});
   }
   if (m.ops.size() == 1)
     return unimplemented("dst is not read by one Add, ReLU or LeakyReLU alone" +

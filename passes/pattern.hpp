@@ -29,13 +29,15 @@
 #include <vector>
 
 #include <normgrad/graph/graph.hpp>
+#include <normgrad/graph/partition.hpp>
 
 namespace normgrad {
 
-// The ops a pattern takes, by id, the anchor included; `note` says what it
-// left out and why (for --explain), e.g. a port whose producer stays apart.
+// The ops a pattern takes, by id and role, the anchor included; `note` says
+// what it left out and why (for --explain), e.g. a port whose producer stays
+// apart. The partition keeps the roles (Partition::roles) for the backend.
 struct PatternOps {
-  std::vector<int64_t> ops;
+  std::vector<BoundOp> ops;
   std::string note;
 };
 using PatternMatcher = std::function<StatusOr<PatternOps>(const Graph&, const Op& anchor)>;
@@ -45,6 +47,9 @@ struct Pattern {
   std::string backend;          // the backend that declares it and runs its partitions
   std::vector<OpKind> anchors;  // op kinds it starts from; empty: any kind
   bool fused = false;           // takes more than one op (skipped when fusion is off)
+  // Runs a collective (AllReduce): it stays available when a user forces a
+  // compute backend, since the collective runs where its communicator is.
+  bool collective = false;
   PatternMatcher match;
 
   bool anchored_at(OpKind kind) const;
@@ -56,6 +61,9 @@ struct Pattern {
 // backend that runs them one by one.
 Pattern single_op_pattern(std::string name, std::string backend, std::vector<OpKind> kinds);
 
+// The AllReduce op alone, as a collective pattern.
+Pattern collective_pattern(std::string name, std::string backend);
+
 // The batch-norm backward kinds: BatchNormTrainingBackward and its Reduce/Apply halves.
 const std::vector<OpKind>& bn_backward_kinds();
 // The fusion patterns below under `backend`'s name ("bn_bwd_producers",
@@ -65,11 +73,16 @@ Pattern bn_inference_relu_pattern(std::string backend);
 Pattern int8_bn_chain_pattern(std::string backend);
 Pattern bn_forward_epilogue_pattern(std::string backend);
 
+// The one rule for a producer fused into a batch-norm backward's data port
+// (0: src, 1: diff_dst): a ReLUBackward or Add whose output is read by this
+// op only, on one port, is not a graph output, and neither broadcasts nor
+// mixes dtypes with the batch norm's data. OK, or the rule that failed. The
+// partitioner's pattern, --explain and the sync split all ask it.
+Status fusible_bn_backward_producer(const Graph& graph, const Op& bn, size_t port);
+
 // Batch-norm backward (BatchNormTrainingBackward, BatchNormBackwardReduce or
-// BatchNormBackwardApply) with its ReLUBackward/Add producers on src and/or
-// diff_dst. A producer joins when its output is read by this op only, on one
-// port, is not a graph output, and it neither broadcasts nor mixes dtypes
-// with the batch norm's data. Fails when no port has such a producer.
+// BatchNormBackwardApply) with its fusible producers on src and/or diff_dst,
+// bound as kSrcProducer / kDiffDstProducer. Fails when no port has one.
 StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn);
 
 // BatchNormInference whose dst only a ReLU of the same dtype reads.

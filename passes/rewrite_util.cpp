@@ -13,16 +13,19 @@ bool is_output_port(const Graph& graph, int64_t tensor_id) {
 
 bool is_graph_output(const Graph& graph, int64_t tensor_id) {
   if (graph.output_ports()) return is_output_port(graph, tensor_id);
-  for (size_t c : graph.consumers_of(tensor_id)) {
-    if (graph.ops()[c].kind() != OpKind::kEnd) return false;
+  for (const Use& u : graph.uses(tensor_id)) {
+    if (graph.op(u.op_id)->kind() != OpKind::kEnd) return false;
   }
   return true;
 }
 
 const Op* sole_consumer(const Graph& graph, int64_t tensor_id) {
-  const auto consumers = graph.consumers_of(tensor_id);
-  if (consumers.size() != 1) return nullptr;
-  return &graph.ops()[consumers[0]];
+  const std::vector<Use> uses = graph.uses(tensor_id);
+  if (uses.empty()) return nullptr;
+  for (const Use& u : uses) {
+    if (u.op_id != uses[0].op_id) return nullptr;  // several readers
+  }
+  return graph.op(uses[0].op_id);
 }
 
 }  // namespace normgrad

@@ -3,14 +3,12 @@
 
 #include <algorithm>
 
+#include <normgrad/ops/op_ports.hpp>
+#include <normgrad/passes/pattern.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
 namespace {
-
-bool is_fusible_producer(OpKind k) {
-  return k == OpKind::kReLUBackward || k == OpKind::kAdd;
-}
 
 // Training, or frozen statistics with diff_gamma/diff_beta (sums over the
 // whole batch too); a frozen diff_src alone needs nothing from other processes.
@@ -23,28 +21,25 @@ bool is_synchronized(const Op& bn) {
 }  // namespace
 
 StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
-  std::vector<Op> ops;
-  std::vector<int64_t> cloned;  // producers now read by the Reduce half through a copy
-  bool changed = false;
-  for (const Op& bn : graph.ops()) {
-    if (!is_synchronized(bn)) {
-      ops.push_back(bn);
-      continue;
-    }
+  std::vector<int64_t> synchronized;
+  for (const Op& op : graph.ops()) {
+    if (is_synchronized(op)) synchronized.push_back(op.id());
+  }
+  for (int64_t bn_id : synchronized) {
+    const Op bn = *graph.op(bn_id);  // a copy: the edits below move the ops
     if (!graph.unknown_shape_error(bn).ok())
       return invalid_graph(bn.label() + ": a synchronized batch norm needs known shapes");
     const std::string group = *bn.attr_string("sync_group");
     const std::string base = bn.name().empty() ? "bn" + std::to_string(bn.id()) : bn.name();
-    const LogicalTensor& mean = bn.inputs()[2];
+    const BatchNormTrainingBackwardPorts ports(bn);
+    const LogicalTensor& mean = ports.mean();
     const int64_t c = mean.dims[0];
     // src and diff_dst as the Reduce half reads them (a clone of a fusible producer's output).
-    LogicalTensor reduce_in[2] = {bn.inputs()[0], bn.inputs()[1]};
-    for (size_t port = 0; port < 2; ++port) {
+    LogicalTensor reduce_in[2] = {ports.src(), ports.diff_dst()};
+    for (size_t port : {ports.src_port(), ports.diff_dst_port()}) {
       const LogicalTensor& t = bn.inputs()[port];
-      const int64_t p = graph.producer_of(t.id);
-      if (p < 0 || bn.inputs()[1 - port].id == t.id || is_output_port(graph, t.id)) continue;
-      const Op& producer = graph.ops()[static_cast<size_t>(p)];
-      if (!is_fusible_producer(producer.kind()) || graph.consumers_of(t.id).size() != 1) continue;
+      if (!fusible_bn_backward_producer(graph, bn, port).ok()) continue;
+      const Op& producer = *graph.producer(t.id);
       Op copy(graph.new_op_id(), producer.kind(), producer.name() + "/for_reduce");
       for (const auto& [k, v] : producer.attrs()) copy.set_attr(k, v);
       for (const LogicalTensor& lt : producer.inputs()) copy.add_input(lt);
@@ -52,8 +47,7 @@ StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
       out.id = graph.new_tensor_id();
       copy.add_output(out);
       reduce_in[port] = out;
-      ops.push_back(std::move(copy));
-      cloned.push_back(producer.id());
+      NG_RETURN_IF_ERROR(graph.insert_op(std::move(copy), bn_id));
     }
     const std::string format = bn.has_attr("data_format") ? *bn.attr_string("data_format") : "NXC";
     Op reduce(graph.new_op_id(), OpKind::kBatchNormBackwardReduce, base + "/reduce");
@@ -72,7 +66,8 @@ StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
     if (!*bn.attr_bool("is_training")) apply.set_attr("is_training", false);
     if (bn.has_attr("variance_is_inv_std"))
       apply.set_attr("variance_is_inv_std", bn.attrs().at("variance_is_inv_std"));
-    for (size_t i = 0; i < 4; ++i) apply.add_input(bn.inputs()[i]);
+    apply.add_input(ports.src()).add_input(ports.diff_dst()).add_input(mean);
+    apply.add_input(ports.variance());
     for (const LogicalTensor& lt : local) {
       all_reduce.add_input(lt);
       LogicalTensor global = lt;
@@ -80,15 +75,13 @@ StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
       all_reduce.add_output(global);
       apply.add_input(global);
     }
-    if (bn.inputs().size() == 5) apply.add_input(bn.inputs()[4]);
+    if (ports.has_gamma()) apply.add_input(ports.gamma());
     for (const LogicalTensor& lt : bn.outputs()) apply.add_output(lt);
-    ops.push_back(std::move(reduce));
-    ops.push_back(std::move(all_reduce));
-    ops.push_back(std::move(apply));
-    changed = true;
+    NG_RETURN_IF_ERROR(graph.insert_op(std::move(reduce), bn_id));
+    NG_RETURN_IF_ERROR(graph.insert_op(std::move(all_reduce), bn_id));
+    NG_RETURN_IF_ERROR(graph.replace_op(bn_id, std::move(apply)));
   }
-  if (changed) graph.mutable_ops() = std::move(ops);
-  return changed;
+  return !synchronized.empty();
 }
 
 }  // namespace normgrad

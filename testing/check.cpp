@@ -20,9 +20,10 @@ StatusOr<const Buffer*> value_of(const Graph& g, const std::map<int64_t, Buffer>
                                  std::map<int64_t, Buffer>& values, int64_t id, int depth) {
   if (auto it = inputs.find(id); it != inputs.end()) return &it->second;
   if (auto it = values.find(id); it != values.end()) return &it->second;
-  const int64_t k = g.producer_of(id);
-  if (k < 0 || depth > 64) return not_found("tensor " + std::to_string(id) + " has no value");
-  const Op& op = g.ops()[static_cast<size_t>(k)];
+  const Op* producer = g.producer(id);
+  if (producer == nullptr || depth > 64)
+    return not_found("tensor " + std::to_string(id) + " has no value");
+  const Op& op = *producer;
   std::vector<const void*> in;
   std::vector<void*> out;
   for (const LogicalTensor& lt : op.inputs()) {
@@ -117,7 +118,7 @@ StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_
   v.limit = threshold_for(want.desc.dtype, m);
   v.pass = v.error.nan_mismatch == 0 && v.error.rel_l2 <= v.limit;
   if (v.pass || v.error.nan_mismatch != 0 || m == 0) return v;
-  const Op& op = lowered.ops()[static_cast<size_t>(lowered.producer_of(id))];
+  const Op& op = *lowered.producer(id);
   if (op.kind() != OpKind::kBatchNormTrainingBackward &&
       op.kind() != OpKind::kBatchNormTrainingBackwardFromDst)
     return v;

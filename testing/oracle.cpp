@@ -31,8 +31,8 @@ struct Rng {
 
 // The input port name under which `id` is consumed first ("src", "variance", ...).
 std::string role_of(const Graph& graph, int64_t id) {
-  for (size_t k : graph.consumers_of(id)) {
-    const Op& op = graph.ops()[k];
+  for (const Use& u : graph.uses(id)) {
+    const Op& op = *graph.op(u.op_id);
     const OpSchema* schema = op_registry().find(op.kind());
     for (size_t i = 0; i < op.inputs().size(); ++i) {
       if (op.inputs()[i].id == id && schema) return schema->input_name(i);
@@ -268,9 +268,9 @@ double threshold_for(DataType dt, int64_t reduction_length) {
 }
 
 int64_t reduction_length(const Graph& graph, int64_t tensor_id) {
-  const int64_t k = graph.producer_of(tensor_id);
-  if (k < 0) return 0;
-  const Op& op = graph.ops()[static_cast<size_t>(k)];
+  const Op* producer = graph.producer(tensor_id);
+  if (producer == nullptr) return 0;
+  const Op& op = *producer;
   if (op.kind() != OpKind::kBatchNormTrainingBackward &&
       op.kind() != OpKind::kBatchNormForwardTraining)
     return 0;

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/testing/check.hpp>
 #include <normgrad/testing/oracle.hpp>
 #include "tests/test_util.hpp"

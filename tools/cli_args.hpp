@@ -12,8 +12,19 @@
 #include <string>
 #include <vector>
 
+#include <normgrad/backends/backend.hpp>
+
 namespace normgrad {
 namespace cli {
+
+// "auto, jit, dnnl, mpi or ref": the backend registry's names, for --help.
+inline std::string backend_names_help() {
+  const std::vector<std::string>& names = known_backend_names();
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
 
 // The top-level usage is made from the same CLI::App each subcommand parses
 // with: while describing() is set, parse_args appends the app's synopsis to

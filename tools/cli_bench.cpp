@@ -17,7 +17,7 @@
 #include <tbb/task_arena.h>
 #include <nlohmann/json.hpp>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/testing/oracle.hpp>
 #include "tools/bench_graphs.hpp"
@@ -263,8 +263,10 @@ int bench_sharded(const BenchOptions& opt, const std::vector<std::pair<std::stri
       auto dt = parse_dtype(dt_name);
       if (!dt.ok()) return std::cerr << "normgrad bench: " << dt.status().message() << "\n", 2;
       for (const std::string& layout : opt.layouts) {
-        Graph g = make_graph(nchw, layout, *dt, "none");
-        for (Op& op : g.mutable_ops()) op.set_attr("sync_group", "world");
+        const Graph plain = make_graph(nchw, layout, *dt, "none");
+        std::vector<Op> ops = plain.ops();
+        for (Op& op : ops) op.set_attr("sync_group", "world");
+        Graph g = plain.with_ops(std::move(ops));
         ShardOptions so;
         so.iters = opt.iters;
         so.backend = opt.backends[0];

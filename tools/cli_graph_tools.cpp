@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/graph/text_io.hpp>
 #include <normgrad/passes/pass.hpp>
@@ -122,16 +122,15 @@ Status opt_one(const std::string& text, const std::string& passes, bool passes_g
                bool print_after_all, bool as_text, std::string* out) {
   NG_ASSIGN_OR_RETURN(Graph g, parse_graph(text));
   NG_RETURN_IF_ERROR(g.finalize());
+  // Named passes run exactly as listed; none given, the compile pipeline.
   PassPipeline pipeline;
   if (passes_given && passes != "none") {
+    std::vector<std::string> names;
     std::stringstream ss(passes);
-    std::string name;
-    while (std::getline(ss, name, ',')) {
-      NG_ASSIGN_OR_RETURN(auto p, make_pass(name));
-      pipeline.add(std::move(p));
-    }
+    for (std::string name; std::getline(ss, name, ',');) names.push_back(name);
+    NG_ASSIGN_OR_RETURN(pipeline, make_pipeline(names));
   } else if (!passes_given) {
-    pipeline = default_pipeline();
+    NG_ASSIGN_OR_RETURN(pipeline, build_pipeline(CompileOptions{}));
   }
   std::vector<PassRecord> records;
   NG_ASSIGN_OR_RETURN(bool changed,
@@ -283,7 +282,7 @@ int partitions_command(const std::vector<std::string>& argv) {
   app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
   app.add_flag("--json", as_json, "print JSON");
   app.add_flag("--explain", explain, "per op, every pattern tried there and why it did not match");
-  app.add_option("--backend", backend, "auto, jit, dnnl, mpi or ref");
+  app.add_option("--backend", backend, backend_names_help());
   app.add_flag("--split-input-file", split,
                "the file holds cases separated by '// -----'; each is partitioned on its own");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
@@ -307,14 +306,18 @@ int dot_command(const std::vector<std::string>& argv) {
   app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
   app.add_flag("--after-passes", after_passes, "run the pipeline first (fused partitions)");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
-  auto g = load_finalized(path);
-  if (!g.ok()) return fail("dot", g.status());
-  if (after_passes) {
-    auto changed = default_pipeline().run(*g);
-    if (!changed.ok()) return fail("dot", changed.status());
+  auto loaded = load_finalized(path);
+  if (!loaded.ok()) return fail("dot", loaded.status());
+  // After the passes: the plan compile and `partitions` use.
+  auto plan = after_passes ? plan_graph(*loaded) : StatusOr<Plan>(Plan{*loaded, {}, {}});
+  if (!plan.ok()) return fail("dot", plan.status());
+  if (!after_passes) {
+    auto parts = partition_graph(plan->lowered);
+    if (!parts.ok()) return fail("dot", parts.status());
+    plan->partitions = std::move(parts).value();
   }
-  auto parts = partition_graph(*g);
-  if (!parts.ok()) return fail("dot", parts.status());
+  const Graph* g = &plan->lowered;
+  const std::vector<Partition>* parts = &plan->partitions;
   std::ostringstream s;
   s << "digraph normgrad {\n  rankdir=TB;\n  node [shape=box, fontname=\"sans-serif\"];\n";
   std::map<int64_t, std::string> producer;  // tensor id -> node name

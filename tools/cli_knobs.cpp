@@ -237,7 +237,7 @@ Status parse_id_map(const std::string& text, const std::string& knob,
 // --op-kind=ID:undef: the op goes, and its consumers read the input that
 // carries the data through (a unary op's only input; a binary op's produced one).
 Status remove_op(Graph* graph, int64_t op_id) {
-  auto& ops = graph->mutable_ops();
+  std::vector<Op> ops = graph->ops();
   auto it = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id() == op_id; });
   std::set<int64_t> produced;
   for (const Op& o : ops) {
@@ -263,6 +263,7 @@ Status remove_op(Graph* graph, int64_t op_id) {
       if (lt.id == out_id) lt = through;
     }
   }
+  *graph = graph->with_ops(std::move(ops));
   if (graph->output_ports()) {
     std::vector<int64_t> ports = *graph->output_ports();
     for (int64_t& p : ports) p = p == out_id ? through.id : p;
@@ -354,7 +355,7 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
   for (const auto& entry : knobs.op_kinds) {
     const int64_t id = entry.first;  // lambdas below capture it (not a binding: C++17)
     const std::string& kind_name = entry.second;
-    auto& ops = graph->mutable_ops();
+    std::vector<Op> ops = graph->ops();
     auto it = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id() == id; });
     if (it == ops.end())
       return invalid_argument("--op-kind: the graph has no op " + std::to_string(id));
@@ -369,6 +370,7 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
     for (const LogicalTensor& lt : it->inputs()) replaced.add_input(lt);
     for (const LogicalTensor& lt : it->outputs()) replaced.add_output(lt);
     *it = std::move(replaced);
+    *graph = graph->with_ops(std::move(ops));
   }
   const std::set<int64_t> stats = statistics_tensors(*graph);
   std::set<int64_t> all_ids;
@@ -402,7 +404,8 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
     for (const LogicalTensor& lt : op.outputs()) graph_produced.insert(lt.id);
   }
   const bool reshape = !knobs.in_shapes.empty() || knobs.mb > 0;
-  for (Op& op : graph->mutable_ops()) {
+  std::vector<Op> ops = graph->ops();
+  for (Op& op : ops) {
     for (auto* ports : {&op.mutable_inputs(), &op.mutable_outputs()}) {
       for (LogicalTensor& lt : *ports) {
         // Floating-point data only: integer and quantized tensors keep their dtype.
@@ -447,6 +450,7 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
       }
     }
   }
+  *graph = graph->with_ops(std::move(ops));
   for (const auto& [id, in] : knobs.in_shapes) {
     if (!seen.count(id))
       return invalid_argument("--in-shapes: tensor " + std::to_string(id) +
@@ -454,12 +458,14 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
   }
   for (const OpAttrRewrite& r : knobs.op_attrs) {
     bool found = false;
-    for (Op& op : graph->mutable_ops()) {
+    std::vector<Op> edited = graph->ops();
+    for (Op& op : edited) {
       if (op.id() != r.op_id) continue;
       found = true;
       NG_ASSIGN_OR_RETURN(AttrValue v, typed_value(op, r.name, r.value));
       op.set_attr(r.name, std::move(v));
     }
+    *graph = graph->with_ops(std::move(edited));
     if (!found)
       return invalid_argument("--op-attrs: the graph has no op " + std::to_string(r.op_id));
   }

@@ -16,7 +16,7 @@
 
 #include <tbb/global_control.h>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/graph/npy.hpp>
 #include <normgrad/graph/op_checks.hpp>
@@ -263,7 +263,7 @@ int run_command(const std::vector<std::string>& argv) {
       ->check(CLI::Range(int64_t{0}, INT64_MAX));
   app.add_option("--inputs", defaults.inputs_dir, "read input <id> from DIR/<id>.npy");
   app.add_option("--outputs", defaults.outputs_dir, "write output <id> to DIR/<id>.npy");
-  app.add_option("--backend", defaults.knobs.backend, "auto, jit, dnnl, mpi or ref");
+  app.add_option("--backend", defaults.knobs.backend, backend_names_help());
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
   std::vector<std::string> knob_tokens, positional;
   bool mode_given = false;

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include <normgrad/backends/communicator.hpp>
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/testing/check.hpp>
 #include <normgrad/testing/oracle.hpp>
@@ -58,8 +58,9 @@ StatusOr<int64_t> row_offset(const LogicalTensor& lt, int64_t begin) {
 // Everything before the first collective; each process may fail on its own.
 Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
   // The oracle: the same graph, every batch norm over this process's data alone.
-  Graph unsynced = full;
-  for (Op& op : unsynced.mutable_ops()) op.erase_attr("sync_group");
+  std::vector<Op> ops = full.ops();
+  for (Op& op : ops) op.erase_attr("sync_group");
+  Graph unsynced = full.with_ops(std::move(ops));
   NG_RETURN_IF_ERROR(unsynced.finalize());
   CompileOptions ref_options;
   ref_options.backend = "ref";
@@ -78,8 +79,8 @@ Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
   NG_ASSIGN_OR_RETURN(s->inputs, oracle::make_inputs(s->whole.graph(), s->whole.lowered_graph(), "",
                                                      static_cast<uint64_t>(opt.seed), &sources));
   // The slice's graph: dim 0 of every batched tensor becomes this process's rows.
-  Graph slice = full;
-  for (Op& op : slice.mutable_ops()) {
+  std::vector<Op> sliced = full.ops();
+  for (Op& op : sliced) {
     for (auto* ports : {&op.mutable_inputs(), &op.mutable_outputs()}) {
       for (LogicalTensor& lt : *ports) {
         if (lt.rank() >= 2 && lt.dims[0] == s->batch) {
@@ -89,6 +90,7 @@ Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
       }
     }
   }
+  Graph slice = full.with_ops(std::move(sliced));
   NG_RETURN_IF_ERROR(slice.finalize());
   CompileOptions options;
   options.backend = opt.backend;

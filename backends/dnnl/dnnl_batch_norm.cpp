@@ -15,6 +15,7 @@
 #include <normgrad/backends/dnnl/dnnl_common.hpp>
 #include <normgrad/backends/dnnl/dnnl_kernels.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_ports.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {
@@ -145,9 +146,10 @@ StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
   // oneDNN dim i is our dim perm[i]: N, C, spatial...
   const std::vector<int> perm =
       channel_second_perm(static_cast<int>(d.dims.size()), d.channel_axis);
-  NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(op.inputs()[0], d.data_dt, perm));
-  NG_ASSIGN_OR_RETURN(dnnl::memory::desc dd_md, make_md(op.inputs()[1], d.data_dt, perm));
-  NG_ASSIGN_OR_RETURN(dnnl::memory::desc ds_md, make_md(op.outputs()[0], d.data_dt, perm));
+  const BatchNormTrainingBackwardPorts ports(op);
+  NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(ports.src(), d.data_dt, perm));
+  NG_ASSIGN_OR_RETURN(dnnl::memory::desc dd_md, make_md(ports.diff_dst(), d.data_dt, perm));
+  NG_ASSIGN_OR_RETURN(dnnl::memory::desc ds_md, make_md(ports.diff_src(), d.data_dt, perm));
   normalization_flags flags = normalization_flags::none;
   if (plan->global_stats) flags = flags | normalization_flags::use_global_stats;
   if (plan->use_scale_shift)

@@ -14,6 +14,8 @@
 
 #include <xbyak/xbyak_util.h>
 
+#include <normgrad/ops/op_ports.hpp>
+
 namespace normgrad {
 namespace jit {
 namespace {
@@ -388,20 +390,21 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
 template <typename IndexOf>
 StatusOr<BnConf> from_dst_ports(const Op& bn, const IndexOf& index_of, BnConf c) {
   PortMap& m = c.ports;
-  const int dst = index_of(bn.inputs()[0].id), diff_dst = index_of(bn.inputs()[1].id);
-  m.variance = index_of(bn.inputs()[2].id);
-  m.gamma = index_of(bn.inputs()[3].id);
-  m.mean = index_of(bn.inputs()[4].id);
+  const BatchNormTrainingBackwardFromDstPorts ports(bn);
+  const int dst = index_of(ports.dst().id), diff_dst = index_of(ports.diff_dst().id);
+  m.variance = index_of(ports.variance().id);
+  m.gamma = index_of(ports.gamma().id);
+  m.mean = index_of(ports.beta().id);
   if (dst < 0 || diff_dst < 0 || m.variance < 0 || m.gamma < 0 || m.mean < 0)
     return unimplemented("the JIT needs every input of " + bn.label() + " from the partition");
   m.x = dst;
   m.dy = diff_dst;
-  const int residual = c.d.from_dst_residual ? index_of(bn.inputs()[5].id) : -1;
+  const int residual = ports.has_residual() ? index_of(ports.residual().id) : -1;
   if (c.d.from_dst_residual && residual < 0)
     return unimplemented("the JIT needs the residual of " + bn.label() + " from the partition");
   if (c.d.alpha != 1.f || residual >= 0) {
     // The kernel reads dst twice (and the residual) where they are: all dense.
-    const LogicalTensor* r = residual >= 0 ? &bn.inputs()[5] : nullptr;
+    const LogicalTensor* r = residual >= 0 ? &ports.residual() : nullptr;
     if (!c.x_strides.empty() || !c.dy_strides.empty() ||
         (r && r->effective_strides() != dense_strides(r->dims)))
       return unimplemented(
@@ -422,10 +425,9 @@ StatusOr<BnConf> from_dst_ports(const Op& bn, const IndexOf& index_of, BnConf c)
 }
 
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
-  // The pattern that took the partition (jit_backend.cpp) anchors it at the
-  // batch norm; every other op is a ReLUBackward/Add feeding src or diff_dst.
-  const Op* bn = nullptr;
-  for (const Op& op : partition.ops) bn = op.id() == partition.anchor ? &op : bn;
+  // The pattern that took the partition (jit_backend.cpp) bound the batch
+  // norm as its anchor and any ReLUBackward/Add as the src or diff_dst producer.
+  const Op* bn = partition.bound(FusionRole::kAnchor);
   if (bn == nullptr || partition.backend != "jit")
     return internal_error(
         "the JIT compiles partitions its own patterns matched, not " +
@@ -438,38 +440,47 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
     return -1;
   };
   PortMap& m = c.ports;
-  m.x = index_of(bn->inputs()[0].id);
-  m.dy = index_of(bn->inputs()[1].id);
-  m.mean = index_of(bn->inputs()[2].id);
   if (c.d.from_dst) return from_dst_ports(*bn, index_of, c);
   if (c.d.phase == BackwardPhase::kReduce) {
+    const BatchNormBackwardReducePorts ports(*bn);
+    m.x = index_of(ports.src().id);
+    m.dy = index_of(ports.diff_dst().id);
+    m.mean = index_of(ports.mean().id);
     m.variance = m.gamma = -1;
     if (m.mean < 0) return unimplemented("the JIT needs the mean as a partition input");
   } else if (c.d.phase == BackwardPhase::kApply) {
-    m.variance = index_of(bn->inputs()[3].id);
-    m.sum_dy = index_of(bn->inputs()[4].id);
-    m.sum_dy_xm = index_of(bn->inputs()[5].id);
-    m.count = index_of(bn->inputs()[6].id);
-    m.gamma = bn->inputs().size() > 7 ? index_of(bn->inputs()[7].id) : -1;
+    const BatchNormBackwardApplyPorts ports(*bn);
+    m.x = index_of(ports.src().id);
+    m.dy = index_of(ports.diff_dst().id);
+    m.mean = index_of(ports.mean().id);
+    m.variance = index_of(ports.variance().id);
+    m.sum_dy = index_of(ports.sum_dy().id);
+    m.sum_dy_xm = index_of(ports.sum_dy_xm().id);
+    m.count = index_of(ports.count().id);
+    m.gamma = ports.has_gamma() ? index_of(ports.gamma().id) : -1;
     if (m.mean < 0 || m.variance < 0 || m.sum_dy < 0 || m.sum_dy_xm < 0 || m.count < 0 ||
-        (bn->inputs().size() > 7 && m.gamma < 0))
+        (ports.has_gamma() && m.gamma < 0))
       return unimplemented("the JIT needs the statistics and sums as partition inputs");
-    for (int i : {4, 5}) {
-      const LogicalTensor& lt = bn->inputs()[static_cast<size_t>(i)];
-      if (lt.dims[0] > 1 && lt.effective_strides()[0] != 1)
-        return unimplemented("the JIT takes dense sums; input " + std::to_string(i) +
+    for (const LogicalTensor* lt : {&ports.sum_dy(), &ports.sum_dy_xm()}) {
+      if (lt->dims[0] > 1 && lt->effective_strides()[0] != 1)
+        return unimplemented("the JIT takes dense sums; tensor " + std::to_string(lt->id) +
                              " is strided (ref runs it)");
     }
   } else {
-    m.variance = index_of(bn->inputs()[3].id);
-    m.gamma = bn->inputs().size() > 4 ? index_of(bn->inputs()[4].id) : -1;
-    if (m.mean < 0 || m.variance < 0 || (bn->inputs().size() > 4 && m.gamma < 0)) {
+    const BatchNormTrainingBackwardPorts ports(*bn);
+    m.x = index_of(ports.src().id);
+    m.dy = index_of(ports.diff_dst().id);
+    m.mean = index_of(ports.mean().id);
+    m.variance = index_of(ports.variance().id);
+    m.gamma = ports.has_gamma() ? index_of(ports.gamma().id) : -1;
+    if (m.mean < 0 || m.variance < 0 || (ports.has_gamma() && m.gamma < 0)) {
       return unimplemented("the JIT needs the statistics as partition inputs");
     }
   }
-  for (const Op& op : partition.ops) {
-    if (&op == bn) continue;
-    const int port = op.outputs()[0].id == bn->inputs()[0].id ? 0 : 1;
+  for (const BoundOp& b : partition.roles) {
+    if (b.role != FusionRole::kSrcProducer && b.role != FusionRole::kDiffDstProducer) continue;
+    const Op& op = *partition.bound(b.role);
+    const int port = b.role == FusionRole::kSrcProducer ? 0 : 1;
     // The kernel reads a fused port's operands where they are: they must be dense.
     if ((port == 0 && !c.x_strides.empty()) || (port == 1 && !c.dy_strides.empty()))
       return unimplemented("the JIT takes dense fused inputs");

@@ -9,6 +9,7 @@
 
 #include <normgrad/backends/jit/jit_forward.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_ports.hpp>
 
 namespace normgrad {
 namespace jit {
@@ -48,15 +49,11 @@ std::string FwdConf::key() const {
 }
 
 StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
-  const Op* bn = nullptr;
-  const Op* add = nullptr;
-  const Op* relu = nullptr;
-  for (const Op& op : partition.ops) {
-    if (op.kind() == OpKind::kBatchNormForwardTraining) bn = &op;
-    if (op.kind() == OpKind::kAdd) add = &op;
-    if (op.kind() == OpKind::kReLU || op.kind() == OpKind::kLeakyReLU) relu = &op;
-  }
-  if (bn == nullptr || bn->id() != partition.anchor)
+  // The roles the epilogue pattern bound (passes/pattern.hpp).
+  const Op* bn = partition.bound(FusionRole::kAnchor);
+  const Op* add = partition.bound(FusionRole::kResidualAdd);
+  const Op* relu = partition.bound(FusionRole::kActivation);
+  if (bn == nullptr || bn->kind() != OpKind::kBatchNormForwardTraining)
     return internal_error(
         "the JIT forward compiles partitions anchored at BatchNormForwardTraining");
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(*bn));
@@ -84,14 +81,14 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
       return unimplemented(std::string("the JIT forward needs ") + role + " as a partition input");
     return i;
   };
-  if (!dense(bn->inputs()[0]))
-    return unimplemented("the JIT forward takes dense src (ref runs it)");
-  NG_ASSIGN_OR_RETURN(c.in_src, need_input(bn->inputs()[0], "src"));
-  NG_ASSIGN_OR_RETURN(c.in_mean, need_input(bn->inputs()[1], "mean"));
-  NG_ASSIGN_OR_RETURN(c.in_var, need_input(bn->inputs()[2], "variance"));
+  const BatchNormForwardTrainingPorts ports(*bn);
+  if (!dense(ports.src())) return unimplemented("the JIT forward takes dense src (ref runs it)");
+  NG_ASSIGN_OR_RETURN(c.in_src, need_input(ports.src(), "src"));
+  NG_ASSIGN_OR_RETURN(c.in_mean, need_input(ports.mean(), "mean"));
+  NG_ASSIGN_OR_RETURN(c.in_var, need_input(ports.variance(), "variance"));
   if (c.affine) {
-    NG_ASSIGN_OR_RETURN(c.in_gamma, need_input(bn->inputs()[3], "gamma"));
-    NG_ASSIGN_OR_RETURN(c.in_beta, need_input(bn->inputs()[4], "beta"));
+    NG_ASSIGN_OR_RETURN(c.in_gamma, need_input(ports.gamma(), "gamma"));
+    NG_ASSIGN_OR_RETURN(c.in_beta, need_input(ports.beta(), "beta"));
   }
   for (size_t i = 1; i < bn->inputs().size(); ++i) {
     if (!dense_vector(bn->inputs()[i]))
@@ -104,7 +101,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.out_dst = index_in(partition.outputs, last->outputs()[0].id);
   if (c.out_dst < 0) return internal_error("the partition does not output dst");
   if (add != nullptr) {
-    const int64_t bn_dst = bn->outputs()[0].id;
+    const int64_t bn_dst = ports.dst().id;
     const LogicalTensor& other =
         add->inputs()[0].id == bn_dst ? add->inputs()[1] : add->inputs()[0];
     if (!dense(other)) return unimplemented("the JIT forward takes a dense residual");

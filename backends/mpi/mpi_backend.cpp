@@ -54,7 +54,7 @@ class MpiBackend final : public Backend {
  public:
   const char* name() const override { return "mpi"; }
   std::vector<Pattern> patterns() const override {
-    return {single_op_pattern("allreduce", "mpi", {OpKind::kAllReduce})};
+    return {collective_pattern("allreduce", "mpi")};
   }
 
   Status supports(const Partition& partition, const CompileContext& ctx) const override {

@@ -55,8 +55,7 @@ class RefBackend final : public Backend {
   // with the intermediates in their own dtype, as unfused.
   std::vector<Pattern> patterns() const override {
     return {bn_backward_producers_pattern("ref"), int8_bn_chain_pattern("ref"),
-            bn_inference_relu_pattern("ref"),
-            single_op_pattern("allreduce", "ref", {OpKind::kAllReduce}),
+            bn_inference_relu_pattern("ref"), collective_pattern("allreduce", "ref"),
             single_op_pattern("op", "ref", {})};
   }
   Status supports(const Partition& partition, const CompileContext& ctx) const override {

@@ -15,6 +15,7 @@
 #include <normgrad/backends/ref/ref_indexing.hpp>
 #include <normgrad/backends/ref/ref_ops.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_ports.hpp>
 
 namespace normgrad {
 namespace ref {
@@ -30,24 +31,29 @@ Status batch_norm_backward_from_dst(const Op& op, const std::vector<const void*>
                                     const std::vector<void*>& out) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
   // Every gamma first: a refused channel leaves every output untouched.
+  using Ports = BatchNormTrainingBackwardFromDstPorts;
+  const Ports ports(op);
   for (int64_t c = 0; c < d.channels; ++c)
-    NG_RETURN_IF_ERROR(check_from_dst_gamma(op.label(), c, stat(op, in, 3, c)));
-  const Dims ys = op.inputs()[0].effective_strides(), gs = op.inputs()[1].effective_strides();
-  const Dims xs = op.outputs()[0].effective_strides();
-  const DataType dt = op.inputs()[0].dtype;
-  const Dims rs = d.from_dst_residual ? op.inputs()[5].effective_strides() : Dims{};
+    NG_RETURN_IF_ERROR(check_from_dst_gamma(op.label(), c, stat(op, in, Ports::gamma_port(), c)));
+  const Dims ys = ports.dst().effective_strides(), gs = ports.diff_dst().effective_strides();
+  const Dims xs = ports.diff_src().effective_strides();
+  const DataType dt = ports.dst().dtype;
+  const Dims rs = ports.has_residual() ? ports.residual().effective_strides() : Dims{};
   const double alpha = d.alpha, m = static_cast<double>(d.reduce_size);
   auto pre = [&](const std::vector<int64_t>& idx, double* y, double* dy) {
-    const double v = load_as_double(in[0], offset_of(idx, ys), dt);
-    const double g = load_as_double(in[1], offset_of(idx, gs), dt);
+    const double v = load_as_double(in[Ports::dst_port()], offset_of(idx, ys), dt);
+    const double g = load_as_double(in[Ports::diff_dst_port()], offset_of(idx, gs), dt);
     const bool pos = v >= 0.0;
     *y = pos ? v : v / alpha;
-    if (d.from_dst_residual) *y -= load_as_double(in[5], offset_of(idx, rs), dt);
+    if (d.from_dst_residual)
+      *y -= load_as_double(in[Ports::residual_port()], offset_of(idx, rs), dt);
     *dy = pos ? g : alpha * g;
   };
   for (int64_t c = 0; c < d.channels; ++c) {
-    const double s = 1.0 / std::sqrt(stat(op, in, 2, c) + static_cast<double>(d.epsilon));
-    const double gamma = stat(op, in, 3, c), beta = stat(op, in, 4, c);
+    const double s =
+        1.0 / std::sqrt(stat(op, in, Ports::variance_port(), c) + static_cast<double>(d.epsilon));
+    const double gamma = stat(op, in, Ports::gamma_port(), c);
+    const double beta = stat(op, in, Ports::beta_port(), c);
     double diff_beta = 0.0, diff_gamma = 0.0;
     for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
       double y, dy;

@@ -7,7 +7,7 @@
 #pragma once
 
 #include <normgrad/backends/backend.hpp>
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/data_type.hpp>
 #include <normgrad/graph/graph.hpp>
 #include <normgrad/graph/json_io.hpp>

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include <normgrad/backends/caching_allocator.hpp>
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/graph/version.hpp>
 #include "arrays.hpp"

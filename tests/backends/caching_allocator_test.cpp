@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <normgrad/backends/caching_allocator.hpp>
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include "tests/backend_test_util.hpp"
 
 namespace normgrad {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/graph/limits.hpp>
 

@@ -7,7 +7,7 @@
 // ports on ref (float64): the ports must change nothing but the interface.
 #include <filesystem>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/testing/oracle.hpp>
 #include "tests/test_util.hpp"

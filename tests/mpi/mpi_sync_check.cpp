@@ -14,7 +14,7 @@
 #include <thread>
 
 #include <normgrad/backends/communicator.hpp>
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/testing/oracle.hpp>
 
 using namespace normgrad;

@@ -1,4 +1,8 @@
 // Error flow of the batch-norm schemas: every rule, with status and message fragment.
+#include <map>
+
+#include <normgrad/ops/op_ports.hpp>
+#include <normgrad/ops/op_registry.hpp>
 #include "tests/test_util.hpp"
 
 namespace normgrad {
@@ -116,6 +120,54 @@ TEST(BatchNormInferenceSchema, Rules) {
   EXPECT_TRUE(add(op).ok());  // NXC is the default
   op.set_attr("data_format", std::string("NCX"));
   EXPECT_STATUS_HAS(add(op), "input 1 'gamma' has 3 elements, expected C=4");
+}
+
+}  // namespace
+}  // namespace normgrad
+
+namespace normgrad {
+namespace {
+
+// op_ports.def's indices are the schemas' (the schemas are built from its
+// order): every declared port has the schema's name at its index, and every
+// schema port is declared.
+TEST(OpPorts, DeclaredIndicesAreTheSchemas) {
+  struct Declared {
+    OpKind kind;
+    bool input;
+    std::string name;
+    size_t index;
+  };
+  std::vector<Declared> declared;
+  OpKind kind = OpKind::kEnd;
+#define NG_IN(n, i) declared.push_back({kind, true, #n, i});
+#define NG_IN_OPT(n, i) declared.push_back({kind, true, #n, i});
+#define NG_OUT(n, i) declared.push_back({kind, false, #n, i});
+#define NG_OUT_OPT(n, i) declared.push_back({kind, false, #n, i});
+#define NG_OP_PORTS(Kind, inputs, outputs) \
+  kind = OpKind::k##Kind;                  \
+  inputs outputs
+#include <normgrad/ops/op_ports.def>
+  ASSERT_GE(declared.size(), 30u);
+  std::map<std::pair<OpKind, bool>, size_t> count;
+  for (const Declared& d : declared) {
+    const OpSchema* s = op_registry().find(d.kind);
+    ASSERT_NE(s, nullptr) << d.name;
+    EXPECT_EQ(d.input ? s->input_name(d.index) : s->output_name(d.index), d.name);
+    ++count[{d.kind, d.input}];
+  }
+  for (const auto& [key, n] : count) {
+    const OpSchema* s = op_registry().find(key.first);
+    EXPECT_EQ(n, key.second ? s->inputs().size() : s->outputs().size());
+  }
+  // The accessors read those ports of a real op.
+  const Op op = testing_util::bn_bwd({2, 3, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+  const BatchNormTrainingBackwardPorts bn(op);
+  EXPECT_EQ(bn.diff_dst().id, op.inputs()[1].id);
+  EXPECT_EQ(bn.variance().id, op.inputs()[3].id);
+  EXPECT_EQ(bn.has_gamma(), op.inputs().size() == 5);
+  EXPECT_EQ(BatchNormTrainingBackwardPorts::gamma_port(), 4u);
+  EXPECT_EQ(bn.has_diff_beta(), op.outputs().size() == 3);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Error flow of ReLU, ReLUBackward, Add, TypeCast, StaticTranspose and End; Add on s32.
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/op_checks.hpp>
 #include "tests/test_util.hpp"
 

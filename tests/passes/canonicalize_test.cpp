@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include "tests/test_util.hpp"
 
@@ -77,7 +77,9 @@ TEST(CanonicalizePass, PipelinePrintsAfterEachPass) {
   Graph g = tf_graph(true, "NHWC", false);
   std::ostringstream os;
   std::vector<PassRecord> records;
-  auto changed = default_pipeline().run(g, &os, &records);
+  auto pipeline = build_pipeline(CompileOptions{});
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status().message();
+  auto changed = pipeline->run(g, &os, &records);
   ASSERT_TRUE(changed.ok() && *changed);
   size_t builtin = 0;
   for (const PassInfo& p : registered_passes()) builtin += p.builtin ? 1 : 0;
@@ -133,10 +135,9 @@ class DropOneEnd final : public Pass {
  public:
   const char* name() const override { return "drop-one-end"; }
   StatusOr<bool> run(Graph& graph) const override {
-    auto& ops = graph.mutable_ops();
-    for (auto it = ops.begin(); it != ops.end(); ++it) {
-      if (it->kind() == OpKind::kEnd) {
-        ops.erase(it);
+    for (const Op& op : graph.ops()) {
+      if (op.kind() == OpKind::kEnd) {
+        NG_RETURN_IF_ERROR(graph.erase_op(op.id()));
         return true;
       }
     }

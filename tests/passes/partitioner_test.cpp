@@ -4,8 +4,9 @@
 // split-back), that a pattern a test declines is one declaration, and that
 // fused partitions give the unfused graph's numbers.
 #include <normgrad/passes/partitioner.hpp>
+#include <normgrad/passes/rewrite_util.hpp>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include "tests/backend_test_util.hpp"
 
 namespace normgrad {
@@ -182,10 +183,10 @@ TEST(Partitioner, AddingAPatternIsOneDeclaration) {
   pair.anchors = {OpKind::kReLU};
   pair.fused = true;
   pair.match = [](const Graph& graph, const Op& first) -> StatusOr<PatternOps> {
-    const auto readers = graph.consumers_of(first.outputs()[0].id);
-    if (readers.size() != 1 || graph.ops()[readers[0]].kind() != OpKind::kReLU)
+    const Op* reader = sole_consumer(graph, first.outputs()[0].id);
+    if (reader == nullptr || reader->kind() != OpKind::kReLU)
       return unimplemented("no ReLU reads it");
-    return PatternOps{{first.id(), graph.ops()[readers[0]].id()}, ""};
+    return PatternOps{{{first.id(), FusionRole::kAnchor}, {reader->id(), FusionRole::kMember}}, ""};
   };
   o.patterns = {pair, single_op_pattern("op", "other", {OpKind::kReLU})};
   auto parts = match_partitions(g, o);

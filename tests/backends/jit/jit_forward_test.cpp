@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <normgrad/backends/backend.hpp>
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/data_type.hpp>
 #include "tests/backend_test_util.hpp"
 #include "tests/backends/jit/jit_test_util.hpp"

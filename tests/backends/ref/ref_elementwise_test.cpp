@@ -1,5 +1,5 @@
 // Reference elementwise ops against hand-computed values, including strided tensors.
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include "tests/test_util.hpp"
 
 namespace normgrad {

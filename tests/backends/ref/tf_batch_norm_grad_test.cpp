@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include "tests/test_util.hpp"
 
 namespace normgrad {

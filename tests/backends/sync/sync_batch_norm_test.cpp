@@ -6,7 +6,7 @@
 #include <set>
 
 #include <normgrad/backends/communicator.hpp>
-#include <normgrad/backends/compiler.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
 #include <normgrad/testing/check.hpp>
 #include <normgrad/testing/oracle.hpp>
@@ -199,8 +199,9 @@ TEST(SyncBatchNorm, PassSplitsTrainingAndFrozenSumsButNotFrozenDiffSrcAlone) {
 TEST(SyncBatchNorm, NewTensorIdsAvoidDroppedGraphOutputs) {
   auto g = load_graph(std::string(NORMGRAD_EXAMPLES) + "/tf_fused_batch_norm_grad_nhwc.json");
   ASSERT_TRUE(g.ok()) << g.status().to_string();
-  Graph graph = *g;
-  for (Op& op : graph.mutable_ops()) op.set_attr("sync_group", "world");
+  std::vector<Op> ops = g->ops();
+  for (Op& op : ops) op.set_attr("sync_group", "world");
+  Graph graph = g->with_ops(std::move(ops));
   ASSERT_TRUE(graph.finalize().ok());
   auto cg = CompiledGraph::compile(graph, CompileOptions{});
   ASSERT_TRUE(cg.ok()) << cg.status().to_string();

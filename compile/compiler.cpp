@@ -1,5 +1,5 @@
-// Backend selection, CompiledPartition::execute checks, and CompiledGraph.
-#include <normgrad/backends/compiler.hpp>
+// CompiledPartition (execute checks), compile_partition, and CompiledGraph.
+#include <normgrad/compile/compiler.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -7,6 +7,9 @@
 #include <cstring>
 #include <iostream>
 #include <set>
+
+#include <normgrad/ops/op_ports.hpp>
+#include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
 namespace {
@@ -99,47 +102,6 @@ Status CompiledPartition::execute(const std::vector<Tensor>& inputs,
 
 namespace {
 
-bool is_collective(const Pattern& p) {
-  return p.anchors.size() == 1 && p.anchors[0] == OpKind::kAllReduce;
-}
-
-// The patterns the partitioner may use under `options`, in priority order:
-// every backend's in auto-selection order, or the forced backend's. A
-// collective runs where its communicator is (MPI, or ref for a process
-// alone), so forcing a compute backend leaves the AllReduce patterns in.
-StatusOr<PartitionerOptions> partitioner_options(const CompileOptions& options,
-                                                 const CompileContext& ctx) {
-  PartitionerOptions po;
-  po.fuse = options.optimize;
-  const std::string& wanted = options.backend;
-  if (wanted != "auto") {
-    const Backend* b = find_backend(wanted);
-    if (b == nullptr) {
-      bool known = false;
-      for (const std::string& n : known_backend_names()) known = known || n == wanted;
-      if (known)
-        return unimplemented("backend '" + wanted + "' is not built into this version of normgrad");
-      return invalid_argument("unknown backend '" + wanted +
-                              "' (expected auto, ref, dnnl, jit or mpi)");
-    }
-    po.patterns = b->patterns();
-    po.scope = "backend '" + wanted + "'";
-  }
-  for (const Backend* b : available_backends()) {
-    for (Pattern& p : b->patterns()) {
-      if (wanted == "auto" || (wanted != "mpi" && wanted != b->name() && is_collective(p)))
-        po.patterns.push_back(std::move(p));
-    }
-  }
-  // `ctx` outlives the partitioner's use of the options (both live in the caller).
-  po.accept = [&ctx](const Pattern& pattern, const Partition& p) {
-    const Backend* b = find_backend(pattern.backend);
-    if (b == nullptr) return internal_error("pattern " + pattern.full_name() + " has no backend");
-    return b->supports(p, ctx);
-  };
-  return po;
-}
-
 // The pattern trials by op id, so a partition finds its own in time linear in them.
 using TrialsByOp = std::map<int64_t, std::vector<const PatternTrial*>>;
 TrialsByOp by_op(const std::vector<PatternTrial>& trials) {
@@ -151,9 +113,9 @@ TrialsByOp by_op(const std::vector<PatternTrial>& trials) {
 // Why the faster backends did not take the ops of `p` (for a partition on ref).
 std::string declined_by_others(const Partition& p, const TrialsByOp& trials) {
   std::string why;
-  for (const Backend* b : available_backends()) {
-    const std::string name = b->name();
-    if (name == "ref") continue;
+  for (const BackendEntry& e : backend_registry()) {
+    if (e.backend == nullptr || e.reference) continue;
+    const std::string name = e.name;
     std::string said;
     std::set<std::string> seen;  // two patterns often fail on the same rule
     for (const Op& op : p.ops) {
@@ -180,7 +142,8 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_matched(const Partiti
   const Backend* b = find_backend(p.backend);
   if (b == nullptr) return internal_error(who + ": backend '" + p.backend + "' is not built in");
   // Only an error or a verbose line needs the reasons.
-  if (std::string(b->name()) == "ref" && options.backend == "auto" &&
+  const BackendEntry* entry = find_backend_entry(p.backend);
+  if (entry != nullptr && entry->reference && options.backend == "auto" &&
       (!options.allow_reference || verbose_level() >= 1)) {
     // Falling back to the oracle is a 10-100x slowdown: never silent.
     const std::string why = declined_by_others(p, trials);
@@ -230,9 +193,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
         return invalid_graph(who + ": tensor " + std::to_string(lt.id) + " has an unknown shape");
     }
   }
-  CompileContext ctx;
-  ctx.communicators = options.communicators;
-  ctx.jit_variant = options.jit_variant;
+  const CompileContext ctx = compile_context(options);
   NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
   const bool forced_elsewhere = options.backend != "auto" && options.backend != partition.backend;
   std::vector<PatternTrial> trials;
@@ -254,47 +215,20 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     p.backend = whole->backend;
     p.pattern = whole->pattern;
     p.anchor = whole->anchor;
+    p.roles = whole->roles;
   }
   return compile_matched(p, options, ctx, by_op(trials));
-}
-
-StatusOr<std::vector<Partition>> partition_graph(const Graph& graph, const CompileOptions& options,
-                                                 std::vector<PatternTrial>* trials) {
-  CompileContext ctx;
-  ctx.communicators = options.communicators;
-  ctx.jit_variant = options.jit_variant;
-  NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
-  return match_partitions(graph, po, trials);
 }
 
 StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const CompileOptions& options) {
   CompiledGraph cg;
   cg.graph_ = graph;
   if (!cg.graph_.finalized()) NG_RETURN_IF_ERROR(cg.graph_.finalize());
-  cg.lowered_ = cg.graph_;
-  std::vector<std::string> names = {"canonicalize"};
-  auto append = [&](const std::vector<std::string>& more) {
-    for (const std::string& n : more) {
-      if (n != "canonicalize") names.push_back(n);
-    }
-  };
-  append(options.passes_before);
-  if (options.optimize && !options.pipeline.empty()) {
-    append(options.pipeline);
-  } else if (options.optimize) {
-    for (const PassInfo& p : registered_passes()) {
-      if (p.builtin) append({p.name});
-    }
-  }
-  append(options.passes_after);
-  NG_ASSIGN_OR_RETURN(PassPipeline pipeline, make_pipeline(names));
-  NG_ASSIGN_OR_RETURN(bool changed, pipeline.run(cg.lowered_));
-  (void)changed;
-  CompileContext ctx;
-  ctx.communicators = options.communicators;
-  ctx.jit_variant = options.jit_variant;
-  NG_ASSIGN_OR_RETURN(PartitionerOptions po, partitioner_options(options, ctx));
-  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, match_partitions(cg.lowered_, po, &cg.trials_));
+  NG_ASSIGN_OR_RETURN(Plan plan, plan_graph(cg.graph_, options));
+  cg.lowered_ = std::move(plan.lowered);
+  cg.trials_ = std::move(plan.trials);
+  std::vector<Partition> parts = std::move(plan.partitions);
+  const CompileContext ctx = compile_context(options);
   print_declines(cg.trials_);
   const TrialsByOp trials = by_op(cg.trials_);
   // A whole-graph executable cannot hand partitions back: unless the caller
@@ -339,7 +273,7 @@ StatusOr<CompiledGraph> CompiledGraph::compile(const Graph& graph, const Compile
   for (const LogicalTensor& lt : cg.outputs_) {
     if (!lt.dims_known()) continue;  // only in a plan with pending partitions
     NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
-    if (cg.lowered_.producer_of(lt.id) < 0 && bytes != 0) {
+    if (cg.lowered_.producer(lt.id) == nullptr && bytes != 0) {
       return internal_error("graph output tensor " + std::to_string(lt.id) +
                             " lost its producer in the passes");
     }
@@ -439,7 +373,7 @@ Status CompiledGraph::execute(const std::map<int64_t, const void*>& inputs,
       auto w = written.find(lt.id);
       const void* ptr = nullptr;
       NG_ASSIGN_OR_RETURN(int64_t bytes, lt.buffer_bytes());
-      if (w != written.end() && lowered_.producer_of(lt.id) >= 0) {
+      if (w != written.end() && lowered_.producer(lt.id) != nullptr) {
         ptr = w->second;
       } else if (auto i = inputs.find(lt.id); i != inputs.end()) {
         ptr = i->second;
@@ -496,16 +430,30 @@ std::vector<std::pair<int64_t, int64_t>> CompiledGraph::inplace_pairs() const {
   for (const Op& op : graph_.ops()) {
     std::vector<std::pair<size_t, size_t>> ports;  // (input port, output port)
     switch (op.kind()) {
-      case OpKind::kBatchNormTrainingBackward:
-      case OpKind::kBatchNormTrainingBackwardFromDst:
-      case OpKind::kReLUBackward:
+      case OpKind::kBatchNormTrainingBackward: {
+        using P = BatchNormTrainingBackwardPorts;
+        ports = {{P::diff_dst_port(), P::diff_src_port()}};
+        break;
+      }
+      case OpKind::kBatchNormTrainingBackwardFromDst: {
+        using P = BatchNormTrainingBackwardFromDstPorts;
+        ports = {{P::diff_dst_port(), P::diff_src_port()}};
+        break;
+      }
+      case OpKind::kBatchNormInference:
+        ports = {{BatchNormInferencePorts::src_port(), BatchNormInferencePorts::dst_port()}};
+        break;
+      case OpKind::kBatchNormForwardTraining: {
+        using P = BatchNormForwardTrainingPorts;
+        ports = {{P::src_port(), P::dst_port()}};
+        break;
+      }
+      case OpKind::kReLUBackward:  // (src/dst, diff_dst) -> diff_src
         ports = {{1, 0}};
         break;
-      case OpKind::kReLU:
+      case OpKind::kReLU:  // src -> dst, and Add's first input -> dst
       case OpKind::kLeakyReLU:
       case OpKind::kAdd:
-      case OpKind::kBatchNormInference:
-      case OpKind::kBatchNormForwardTraining:
         ports = {{0, 0}};
         break;
       default:
@@ -515,8 +463,7 @@ std::vector<std::pair<int64_t, int64_t>> CompiledGraph::inplace_pairs() const {
       const LogicalTensor& in = op.inputs()[i];
       const LogicalTensor& out = op.outputs()[o];
       if (in.dtype == out.dtype && in.dims == out.dims &&
-          in.effective_strides() == out.effective_strides() &&
-          graph_.consumers_of(in.id).size() == 1)
+          in.effective_strides() == out.effective_strides() && sole_consumer(graph_, in.id) == &op)
         link[in.id] = out.id;
     }
   }

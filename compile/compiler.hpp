@@ -1,12 +1,11 @@
 // Compiling partitions and whole graphs, and executing them on user buffers.
 //
-// partition_graph matches the backends' patterns (passes/partitioner.hpp)
-// over a graph; each partition names the backend whose pattern took it.
-// compile_partition compiles one on that backend (a partition built by hand
-// is matched first) and returns an immutable CompiledPartition.
-// CompiledGraph is the convenience that finalizes a graph, runs the default
-// pass pipeline on a copy (the lowered graph), partitions that, compiles each
-// partition and runs them in order with owned intermediates. Its inputs
+// compile_partition compiles a partition on the backend its pattern names (a
+// partition built by hand is matched first) and returns an immutable
+// CompiledPartition. CompiledGraph is the convenience that finalizes a graph,
+// plans it (pipeline.hpp: the passes on a copy, the lowered graph, and its
+// partitions), compiles each partition and runs them in order with owned
+// intermediates. Its inputs
 // and outputs are the user's graph's: inputs a pass made unused are accepted
 // and ignored, and empty outputs no kernel writes (TensorFlow's reserve
 // spaces) need no work.
@@ -18,46 +17,10 @@
 #include <vector>
 
 #include <normgrad/backends/backend.hpp>
+#include <normgrad/compile/pipeline.hpp>
 #include <normgrad/graph/graph.hpp>
-#include <normgrad/passes/partitioner.hpp>
-#include <normgrad/passes/pass.hpp>
 
 namespace normgrad {
-
-struct CompileOptions {
-  // "auto" (every backend's patterns, in auto-selection order), or the name of
-  // one backend (its patterns only; ops they do not take are an error).
-  std::string backend = "auto";
-  // Run the default pass pipeline and fuse (canonicalisation is still applied:
-  // backends only see canonical ops). Off: every op as the user wrote it, unfused.
-  bool optimize = true;
-  // User pipelines, by pass name (built-in or registered with register_pass):
-  // `pipeline`, when not empty, replaces the default one; `passes_before` and
-  // `passes_after` run around it. canonicalize always runs first, since the
-  // backends only see canonical ops.
-  std::vector<std::string> pipeline{};
-  std::vector<std::string> passes_before{};
-  std::vector<std::string> passes_after{};
-  // Keep going past partitions no backend of ours runs (opaque oneDNN Graph
-  // ops) or that cannot compile yet (unknown shapes): they are listed in
-  // CompiledGraph::pending() and execute() refuses to run. Off: compile fails
-  // with kUnimplemented naming them.
-  bool allow_unsupported = false;
-  // Off: a partition that only the reference backend (float64, 10-100x slower
-  // than a kernel) would run under "auto" is an error naming why the fast
-  // backends declined, instead of a silent slow path.
-  bool allow_reference = true;
-  // A named JIT kernel variant instead of the JIT's own choice, for comparing
-  // variants interleaved in one run (`normgrad bench --jit-variant`): "" (the
-  // JIT decides), "nxc-blocked" or "nxc-per-pixel" (the channel-blocked or
-  // per-pixel walk for NXC rows wider than the registers). Under an unknown
-  // name the JIT declines, saying so.
-  std::string jit_variant{};
-  // The process group of each AllReduce `group` name (the synchronized
-  // batch-norm backward's collective): see backends/communicator.hpp. Empty:
-  // "world" is MPI_COMM_WORLD under mpirun, else this process alone.
-  CommunicatorMap communicators{};
-};
 
 class CompiledPartition {
  public:
@@ -87,13 +50,6 @@ class CompiledPartition {
 
 StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(const Partition& partition,
                                                                      const CompileOptions& options);
-
-// The partitions of a finalized `graph` as it is (no passes run), matched
-// with the patterns of the backends `options` allows; `trials`, when given,
-// receives every pattern's answer at every op.
-StatusOr<std::vector<Partition>> partition_graph(const Graph& graph,
-                                                 const CompileOptions& options = {},
-                                                 std::vector<PatternTrial>* trials = nullptr);
 
 class CompiledGraph {
  public:

@@ -1,0 +1,75 @@
+// Named port accessors for the batch-norm ops, generated from op_ports.def.
+//
+// Passes and backends read an op's tensors by the names its schema gives
+// them instead of by index:
+//   const BatchNormTrainingBackwardPorts bn(op);
+//   if (bn.has_gamma()) use(bn.gamma());
+//   producer_of(bn.diff_dst().id);
+// Each class wraps a reference to an op of its kind (asserted) and has one
+// accessor per port and its index, <name>_port() (port names are unique
+// across an op's inputs and outputs); an optional port has has_<name>() too,
+// and reading an absent one is an assertion, not an out-of-bounds read.
+#pragma once
+
+#include <cassert>
+#include <cstddef>
+
+#include <normgrad/graph/op.hpp>
+
+namespace normgrad {
+
+#define NG_IN(name, i)                    \
+  const LogicalTensor& name() const {     \
+    return op_.inputs()[i];               \
+  }                                       \
+  static constexpr size_t name##_port() { \
+    return i;                             \
+  }
+#define NG_IN_OPT(name, i)                                        \
+  bool has_##name() const {                                       \
+    return op_.inputs().size() > i;                               \
+  }                                                               \
+  const LogicalTensor& name() const {                             \
+    assert(has_##name() && "optional input " #name " is absent"); \
+    return op_.inputs()[i];                                       \
+  }                                                               \
+  static constexpr size_t name##_port() {                         \
+    return i;                                                     \
+  }
+#define NG_OUT(name, i)                   \
+  const LogicalTensor& name() const {     \
+    return op_.outputs()[i];              \
+  }                                       \
+  static constexpr size_t name##_port() { \
+    return i;                             \
+  }
+#define NG_OUT_OPT(name, i)                                        \
+  bool has_##name() const {                                        \
+    return op_.outputs().size() > i;                               \
+  }                                                                \
+  const LogicalTensor& name() const {                              \
+    assert(has_##name() && "optional output " #name " is absent"); \
+    return op_.outputs()[i];                                       \
+  }                                                                \
+  static constexpr size_t name##_port() {                          \
+    return i;                                                      \
+  }
+#define NG_OP_PORTS(Kind, inputs, outputs)                                          \
+  class Kind##Ports {                                                               \
+   public:                                                                          \
+    explicit Kind##Ports(const Op& op) : op_(op) {                                  \
+      assert(op.kind() == OpKind::k##Kind && "a " #Kind "Ports over another kind"); \
+    }                                                                               \
+    const Op& op() const { return op_; }                                            \
+    inputs outputs                                                                  \
+                                                                                    \
+        private : const Op& op_;                                                    \
+  };
+#include <normgrad/ops/op_ports.def>
+
+// Adds the ports op_ports.def declares for `schema`'s kind, in order (the
+// schemas of the kinds listed there call it instead of naming ports).
+class OpSchema;
+void add_declared_ports(OpSchema& schema);
+
+}  // namespace normgrad
