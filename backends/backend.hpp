@@ -134,6 +134,12 @@ const std::vector<std::string>& known_backend_names();
 // nullptr when `name` is not built into this library.
 const Backend* find_backend(const std::string& name);
 
+// The reference backend's float64 kernel for one verified, shape-inferred op,
+// on strided buffers in port order: the oracle the tests and `normgrad run
+// --check` measure the other backends against.
+Status reference_execute(const Op& op, const std::vector<const void*>& inputs,
+                         const std::vector<void*>& outputs);
+
 // The cache model the kernels decide with, and the bench's traffic bounds
 // use: sizes from sysfs (AMD and Intel alike), the defaults otherwise. A VM
 // may report the host's whole L3 (480 MiB seen); no x86 core of today gets

@@ -1,12 +1,13 @@
-// Google Benchmark micro benchmarks: the conversion loops, the JIT reduction
-// kernel on one row walk, and the driver overhead on a tiny problem. Not part
+// Google Benchmark micro benchmarks: the conversion loops, the JIT backward
+// on one L2-resident channel, and the driver overhead on a tiny problem. Not part
 // of ctest; build with -DNORMGRAD_BUILD_BENCH=ON and run build/bin/normgrad_micro_bench.
 #include <benchmark/benchmark.h>
 
+#include <map>
 #include <vector>
 
-#include <normgrad/backends/jit/jit_kernels.hpp>
 #include <normgrad/compile/compiler.hpp>
+#include <normgrad/graph/data_type.hpp>
 
 namespace normgrad {
 namespace {
@@ -44,26 +45,29 @@ Op bn_op(const Dims& shape, DataType dt) {
   return op;
 }
 
-// The rows-walk reduction kernel on one channel of a 32x1x56x56 tensor (L2-resident).
-void BM_JitReduceRows(benchmark::State& state) {
+// The JIT's whole backward on one channel of 32x1x56x56 (L2-resident): its
+// reduce and apply kernels with the driver around them, through the public API.
+void BM_JitOneChannelL2(benchmark::State& state) {
   const Dims shape = {32, 1, 56, 56};
-  auto conf = jit::make_conf(bn_op(shape, DataType::kF32), jit::detect_isa());
-  auto kernels = jit::generate_kernels(*conf);
-  if (!conf.ok() || !kernels.ok()) {
-    state.SkipWithError("no JIT here");
+  Graph g;
+  (void)g.add_op(bn_op(shape, DataType::kF32));
+  auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
+  if (!cg.ok()) {
+    state.SkipWithError(cg.status().message().c_str());
     return;
   }
-  std::vector<float> x(32 * 56 * 56, 0.5f), dy(x.size(), 0.25f);
-  const float coef[4] = {0.f, 0.f, 0.f, 0.5f};
+  std::vector<float> x(32 * 56 * 56, 0.5f), dy(x.size(), 0.25f), dx(x.size()), stats(1, 1.f);
+  float dg = 0.f, db = 0.f;
+  const std::map<int64_t, const void*> in = {
+      {0, x.data()}, {1, dy.data()}, {2, stats.data()}, {3, stats.data()}, {4, stats.data()}};
+  const std::map<int64_t, void*> out = {{5, dx.data()}, {6, &dg}, {7, &db}};
   for (auto _ : state) {
-    double sums[2] = {0.0, 0.0};
-    jit::KernelArgs a{x.data(), dy.data(), nullptr, coef, sums, 32, nullptr, nullptr};
-    (*kernels)->reduce(a);
-    benchmark::DoNotOptimize(sums[0]);
+    if (!cg->execute(in, out).ok()) state.SkipWithError("execute failed");
+    benchmark::DoNotOptimize(dx.data());
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(x.size()) * 8);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(x.size()) * 12);
 }
-BENCHMARK(BM_JitReduceRows);
+BENCHMARK(BM_JitOneChannelL2);
 
 // Whole compiled-graph execute on 1x8x4x4: what the driver costs around tiny kernels.
 void BM_DriverOverheadTiny(benchmark::State& state) {

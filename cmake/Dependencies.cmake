@@ -31,10 +31,28 @@ if(NORMGRAD_BUILD_BENCH)
   find_package(benchmark CONFIG REQUIRED)
 endif()
 
-# Every object library in the tree compiles with the repository root on the include path.
+# normgrad_link_root(root FOLDER_OR_HEADER...): an include root holding only
+# these paths of the source tree, as <root>/normgrad/<path> links, so code
+# built against it cannot include anything else: the compiler finds no header.
+function(normgrad_link_root root)
+  foreach(path ${ARGN})
+    get_filename_component(dir ${root}/normgrad/${path} DIRECTORY)
+    file(MAKE_DIRECTORY ${dir})
+    if(NOT EXISTS ${root}/normgrad/${path})
+      file(CREATE_LINK ${CMAKE_SOURCE_DIR}/${path} ${root}/normgrad/${path} SYMBOLIC)
+    endif()
+  endforeach()
+endfunction()
+
+# One object library per library folder (a layer), compiled against an
+# include root with the layers at and below it only:
+#   normgrad_object_library(normgrad_ops a.cpp b.cpp LAYERS graph ops)
 function(normgrad_object_library name)
-  add_library(${name} OBJECT ${ARGN})
-  target_include_directories(${name} PUBLIC ${CMAKE_BINARY_DIR}/include_root
-                             ${CMAKE_BINARY_DIR}/generated)
+  cmake_parse_arguments(ARG "" "" "LAYERS" ${ARGN})
+  add_library(${name} OBJECT ${ARG_UNPARSED_ARGUMENTS})
+  set(root ${CMAKE_BINARY_DIR}/layer_roots/${name})
+  normgrad_link_root(${root} ${ARG_LAYERS})
+  target_include_directories(${name} PUBLIC ${root} ${CMAKE_BINARY_DIR}/generated)
   target_link_libraries(${name} PUBLIC TBB::tbb nlohmann_json::nlohmann_json)
+  add_dependencies(${name} normgrad_layer_check)
 endfunction()

@@ -1,6 +1,7 @@
 # Installation: the shared library, public headers under include/normgrad/,
 # the CLI, a CMake package (normgrad::normgrad) and a pkg-config file.
 include(GNUInstallDirs)
+include(${CMAKE_SOURCE_DIR}/cmake/PublicHeaders.cmake)
 include(CMakePackageConfigHelpers)
 
 install(TARGETS normgrad EXPORT normgrad-targets
@@ -12,17 +13,9 @@ file(RELATIVE_PATH ng_bin_to_lib ${CMAKE_INSTALL_FULL_BINDIR} ${CMAKE_INSTALL_FU
 set_target_properties(normgrad_cli PROPERTIES INSTALL_RPATH "$ORIGIN/${ng_bin_to_lib}")
 install(TARGETS normgrad_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-# Public headers keep their folders under include/normgrad/ and include each
-# other as <normgrad/graph/op.hpp>: only <prefix>/include goes on a consumer's path.
-set(ng_public_headers
-  graph/status.hpp graph/data_type.hpp graph/logical_tensor.hpp graph/op.hpp graph/op_checks.hpp
-  graph/graph.hpp graph/op_kinds.def graph/partition.hpp graph/json_io.hpp graph/text_io.hpp graph/npy.hpp
-  ops/op_schema.hpp ops/op_registry.hpp ops/op_ports.hpp ops/op_ports.def ops/batch_norm_desc.hpp ops/tf_batch_norm.hpp
-  passes/pass.hpp passes/passes.def passes/partitioner.hpp passes/canonicalize.hpp
-  passes/cse.hpp passes/dead_code.hpp passes/fold_layout.hpp passes/split_sync_batch_norm.hpp passes/pattern.hpp
-  passes/rewrite_util.hpp
-  backends/backend.hpp backends/communicator.hpp compile/compiler.hpp compile/pipeline.hpp
-  backends/caching_allocator.hpp graph/limits.hpp)
+# Public headers (cmake/PublicHeaders.cmake) keep their folders under
+# include/normgrad/ and include each other as <normgrad/graph/op.hpp>: only
+# <prefix>/include goes on a consumer's path.
 foreach(h ${ng_public_headers})
   get_filename_component(dir ${h} DIRECTORY)
   install(FILES ${CMAKE_SOURCE_DIR}/${h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/normgrad/${dir})

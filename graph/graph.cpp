@@ -392,48 +392,18 @@ const LogicalTensor* Graph::find_tensor(int64_t id) const {
   return it == values_.end() ? nullptr : &it->second.desc;
 }
 
-int64_t Graph::producer_of(int64_t tensor_id) const {
-  if (!finalized_) {
-    for (size_t k = 0; k < ops_.size(); ++k) {
-      for (const LogicalTensor& lt : ops_[k].outputs()) {
-        if (lt.id == tensor_id) return static_cast<int64_t>(k);
-      }
-    }
-    return -1;
-  }
-  return producer_index(tensor_id);
-}
-
-std::vector<size_t> Graph::consumers_of(int64_t tensor_id) const {
-  std::vector<size_t> v;
-  if (!finalized_) {
-    for (size_t k = 0; k < ops_.size(); ++k) {
-      for (const LogicalTensor& lt : ops_[k].inputs()) {
-        if (lt.id == tensor_id) {
-          v.push_back(k);
-          break;
-        }
-      }
-    }
-    return v;
-  }
-  auto it = values_.find(tensor_id);
-  if (it == values_.end()) return v;
-  for (const Use& u : it->second.uses) {
-    const size_t k = index_.at(u.op_id);
-    if (v.empty() || v.back() != k) v.push_back(k);  // uses are in op order
-  }
-  return v;
-}
-
 const Op* Graph::op(int64_t op_id) const {
   const int64_t k = index_of(op_id);
   return k < 0 ? nullptr : &ops_[static_cast<size_t>(k)];
 }
 
 const Op* Graph::producer(int64_t tensor_id) const {
-  const int64_t k = producer_of(tensor_id);
-  return k < 0 ? nullptr : &ops_[static_cast<size_t>(k)];
+  if (finalized_) {
+    const int64_t k = producer_index(tensor_id);
+    return k < 0 ? nullptr : &ops_[static_cast<size_t>(k)];
+  }
+  const std::optional<Value> v = value(tensor_id);
+  return v && v->producer >= 0 ? op(v->producer) : nullptr;
 }
 
 std::vector<Use> Graph::uses(int64_t tensor_id) const {
@@ -484,7 +454,8 @@ std::vector<LogicalTensor> Graph::graph_outputs() const {
   for (const Op& op : ops_) {
     for (const LogicalTensor& lt : op.outputs()) {
       bool consumed = false;
-      for (size_t c : consumers_of(lt.id)) consumed = consumed || ops_[c].kind() != OpKind::kEnd;
+      for (const Use& u : uses(lt.id))
+        consumed = consumed || this->op(u.op_id)->kind() != OpKind::kEnd;
       if (!consumed) result.push_back(values_.at(lt.id).desc);
     }
   }

@@ -138,9 +138,6 @@ class Graph {
   std::vector<std::string> notes_;
   // The index in ops_ of the producer of tensor `id`, or -1 (from values_).
   int64_t producer_index(int64_t id) const;
-  // Index into ops_ of the producer (-1: a graph input), and of every reader.
-  int64_t producer_of(int64_t tensor_id) const;
-  std::vector<size_t> consumers_of(int64_t tensor_id) const;
   int64_t next_op_id_ = 0, next_tensor_id_ = 0;  // one past every id seen
   void see_ids();
   // After an edit: the maps again, and the order checked (finalized graphs only).

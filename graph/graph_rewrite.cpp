@@ -77,9 +77,9 @@ Status Graph::erase_op(int64_t op_id) {
   if (k < 0) return not_found("erase_op: no op " + std::to_string(op_id));
   const Op& op = ops_[static_cast<size_t>(k)];
   for (const LogicalTensor& lt : op.outputs()) {
-    for (size_t c : consumers_of(lt.id)) {
-      if (ops_[c].id() != op_id)
-        return invalid_graph("erase_op: " + ops_[c].label() + " still reads tensor " +
+    for (const Use& u : uses(lt.id)) {
+      if (u.op_id != op_id)
+        return invalid_graph("erase_op: " + this->op(u.op_id)->label() + " still reads tensor " +
                              std::to_string(lt.id) + " of " + op.label());
     }
   }

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include <normgrad/backends/ref/ref_indexing.hpp>
-#include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/backends/backend.hpp>
+#include <normgrad/graph/indexing.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
@@ -34,7 +34,7 @@ StatusOr<const Buffer*> value_of(const Graph& g, const std::map<int64_t, Buffer>
     NG_ASSIGN_OR_RETURN(Buffer b, allocate(lt));
     out.push_back(values.emplace(lt.id, std::move(b)).first->second.data());
   }
-  NG_RETURN_IF_ERROR(ref::execute_op(op, in, out));
+  NG_RETURN_IF_ERROR(reference_execute(op, in, out));
   return &values.at(id);
 }
 
@@ -57,12 +57,12 @@ StatusOr<std::vector<double>> from_dst_condition_scales(const Graph& g,
   for (int64_t c = 0; c < d.channels; ++c) {
     const double gamma = stat(3, c), beta = stat(4, c);
     double acc = 0.0;
-    ref::for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-      const double v = load_as_double(in[0]->data(), ref::offset_of(idx, ys), in[0]->desc.dtype);
-      double dy = load_as_double(in[1]->data(), ref::offset_of(idx, ds), in[1]->desc.dtype);
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double v = load_as_double(in[0]->data(), offset_of(idx, ys), in[0]->desc.dtype);
+      double dy = load_as_double(in[1]->data(), offset_of(idx, ds), in[1]->desc.dtype);
       double y = v >= 0 ? v : v / d.alpha;
       if (in[5]) {
-        y -= load_as_double(in[5]->data(), ref::offset_of(idx, in[5]->desc.effective_strides()),
+        y -= load_as_double(in[5]->data(), offset_of(idx, in[5]->desc.effective_strides()),
                             in[5]->desc.dtype);
       }
       dy = v >= 0 ? dy : dy * d.alpha;
@@ -94,12 +94,12 @@ StatusOr<std::vector<double>> condition_scales(const Graph& g,
     const double s =
         d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
     double acc = 0.0;
-    ref::for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-      const double g_dy = load_as_double(dy->data(), ref::offset_of(idx, ds), dy->desc.dtype);
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double g_dy = load_as_double(dy->data(), offset_of(idx, ds), dy->desc.dtype);
       if (port == 2) {
         acc += std::fabs(g_dy);
       } else {
-        const double xv = load_as_double(x->data(), ref::offset_of(idx, xs), x->desc.dtype);
+        const double xv = load_as_double(x->data(), offset_of(idx, xs), x->desc.dtype);
         acc += std::fabs(g_dy * (xv - m) * s);
       }
     });

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <set>
 
-#include <normgrad/backends/ref/ref_indexing.hpp>
-#include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/backends/backend.hpp>
+#include <normgrad/graph/indexing.hpp>
 #include <normgrad/graph/npy.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
 #include <normgrad/ops/op_registry.hpp>
@@ -50,8 +50,8 @@ void fill_random(Buffer& b, const std::string& role, Rng& rng, double data_offse
   if (b.desc.dtype == DataType::kU8) lo = 0.0, hi = 200.0;
   const Dims strides = b.desc.effective_strides();
   bool all_one = true;
-  ref::for_each_index(b.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
-    const int64_t off = ref::offset_of(idx, strides);
+  for_each_index(b.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+    const int64_t off = offset_of(idx, strides);
     store_from_double(b.data(), off, b.desc.dtype, rng.uniform(lo, hi));
     all_one = all_one && load_as_double(b.data(), off, b.desc.dtype) == 1.0;
   });
@@ -68,13 +68,13 @@ Status set_batch_statistics(const Op& op, const Buffer& src, Buffer& mean, Buffe
   const int64_t ms = mean.desc.effective_strides()[0], vs = var.desc.effective_strides()[0];
   for (int64_t c = 0; c < d.channels; ++c) {
     double sum = 0.0;
-    ref::for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-      sum += load_as_double(src.data(), ref::offset_of(idx, xs), src.desc.dtype);
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      sum += load_as_double(src.data(), offset_of(idx, xs), src.desc.dtype);
     });
     const double m = d.reduce_size > 0 ? sum / static_cast<double>(d.reduce_size) : 0.0;
     double sq = 0.0;
-    ref::for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
-      const double t = load_as_double(src.data(), ref::offset_of(idx, xs), src.desc.dtype) - m;
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double t = load_as_double(src.data(), offset_of(idx, xs), src.desc.dtype) - m;
       sq += t * t;
     });
     double v = d.reduce_size > 0 ? sq / static_cast<double>(d.reduce_size) : 0.0;
@@ -205,7 +205,7 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
       NG_ASSIGN_OR_RETURN(Buffer b, allocate(lt));
       out.push_back(values.emplace(lt.id, std::move(b)).first->second.data());
     }
-    NG_RETURN_IF_ERROR(ref::execute_op(op, in, out));
+    NG_RETURN_IF_ERROR(reference_execute(op, in, out));
   }
   return inputs;
 }
@@ -214,9 +214,9 @@ ErrorStats compare(const Buffer& got, const Buffer& want) {
   ErrorStats e;
   double num = 0.0, den = 0.0;
   const Dims gs = got.desc.effective_strides(), ws = want.desc.effective_strides();
-  ref::for_each_index(want.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
-    const double g = load_as_double(got.data(), ref::offset_of(idx, gs), got.desc.dtype);
-    const double w = load_as_double(want.data(), ref::offset_of(idx, ws), want.desc.dtype);
+  for_each_index(want.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+    const double g = load_as_double(got.data(), offset_of(idx, gs), got.desc.dtype);
+    const double w = load_as_double(want.data(), offset_of(idx, ws), want.desc.dtype);
     if (std::isnan(g) || std::isnan(w)) {
       if (std::isnan(g) != std::isnan(w)) ++e.nan_mismatch;
       return;

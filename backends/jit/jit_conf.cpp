@@ -95,13 +95,13 @@ std::string BnConf::kernel_name() const {
     return std::string("jit:") + dtype_name(d.data_dt) + "/" + dtype_name(d.stats_dt) + ":empty";
   std::string n = std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
                   dtype_name(d.stats_dt) + ":" +
-                  (walk == Walk::kRows ? (channel_group > 0 ? "rows_grouped" : "rows")
-                   : pixel_group > 0   ? "pixels_blocked"
-                                       : "pixels");
+                  (walk.kind == Walk::kRows ? (walk.channel_group > 0 ? "rows_grouped" : "rows")
+                   : walk.pixel_group > 0   ? "pixels_blocked"
+                                            : "pixels");
   if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
   if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+staged";
-  if (strided_native) n += "+strided";
+  if (walk.strided_native) n += "+strided";
   if (d.phase == BackwardPhase::kReduce) n += ":reduce";
   if (d.phase == BackwardPhase::kApply) n += ":apply";
   return n;
@@ -109,12 +109,13 @@ std::string BnConf::kernel_name() const {
 
 std::string BnConf::key() const {
   // The generated code depends on the ISA, dtypes, walk, the inner length and strides.
-  return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + (streaming_stores ? "+nt" : "") +
-         ":cols=" + std::to_string(cols) + ":rs=" + std::to_string(row_stride) +
-         ":cs=" + std::to_string(channel_stride) + ":dxrs=" + std::to_string(dx_row_stride) +
-         ":dxcs=" + std::to_string(dx_channel_stride) + ":cg=" + std::to_string(channel_group) +
-         (apply_prefetch ? "" : ":nopf") + (reduce_prefetch_rows ? ":rpf" : "") +
-         (apply_prefetch_next_channel ? ":pfc" : "") +
+  return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + (stream.nt_stores ? "+nt" : "") +
+         ":cols=" + std::to_string(walk.cols) + ":rs=" + std::to_string(walk.row_stride) +
+         ":cs=" + std::to_string(walk.channel_stride) +
+         ":dxrs=" + std::to_string(walk.dx_row_stride) +
+         ":dxcs=" + std::to_string(walk.dx_channel_stride) +
+         ":cg=" + std::to_string(walk.channel_group) + (prefetch.apply ? "" : ":nopf") +
+         (prefetch.reduce_rows ? ":rpf" : "") + (prefetch.next_channel ? ":pfc" : "") +
          (x_fuse == Fuse::kLeakyInverse || x_fuse == Fuse::kLeakyInverseSub
               ? ":alpha=" + std::to_string(alpha)
               : "");
@@ -125,9 +126,9 @@ std::optional<StridedWalk> strided_walk(const BnConf& c, const Dims& st, bool sp
   const BatchNormDesc& d = c.d;
   const auto rank = static_cast<int>(d.dims.size());
   StridedWalk w;
-  w.rows = c.rows;
-  w.cols = c.cols;
-  if (c.walk == Walk::kRows) {
+  w.rows = c.walk.rows;
+  w.cols = c.walk.cols;
+  if (c.walk.kind == Walk::kRows) {
     const Dims sp(d.dims.begin() + 2, d.dims.end()), sps(st.begin() + 2, st.end());
     if (!split_rows && sps == dense_strides(sp)) {  // the spatial block is dense within a channel
       w.row_stride = st[0];
@@ -183,16 +184,16 @@ int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel) {
 constexpr int64_t kAvx512Lanes = 16;
 
 int64_t bounce_block_bytes(const BnConf& c) {
-  if (c.isa != Isa::kAvx512 || c.walk != Walk::kRows || c.channel_group == 0 ||
-      !c.streaming_stores || c.cols % kAvx512Lanes == 0)
+  if (c.isa != Isa::kAvx512 || c.walk.kind != Walk::kRows || c.walk.channel_group == 0 ||
+      !c.stream.nt_stores || c.walk.cols % kAvx512Lanes == 0)
     return 0;
-  return c.channel_group * c.cols * dtype_size(c.d.data_dt);
+  return c.walk.channel_group * c.walk.cols * dtype_size(c.d.data_dt);
 }
 
 std::vector<int64_t> grouped_linear_phases(const BnConf& c) {
   // Groups start c0 * S elements in, c0 a multiple of the group, so in a
   // tensor on a line their blocks start at multiples of gcd(group bytes, 64).
-  const int64_t es = dtype_size(c.d.data_dt), group_bytes = c.channel_group * c.cols * es;
+  const int64_t es = dtype_size(c.d.data_dt), group_bytes = c.walk.channel_group * c.walk.cols * es;
   const int64_t step = std::gcd(group_bytes, int64_t{64});
   std::vector<int64_t> phases;
   for (int64_t p = 0; p < 64; p += step) phases.push_back(p);
@@ -201,43 +202,45 @@ std::vector<int64_t> grouped_linear_phases(const BnConf& c) {
 
 bool grouped_linear_blocks(const BnConf& c) {
   constexpr int64_t kMaxLinearVectors = 256;
-  if (c.isa != Isa::kAvx512 || c.walk != Walk::kRows || c.channel_group == 0 ||
-      c.cols % kAvx512Lanes == 0)
+  if (c.isa != Isa::kAvx512 || c.walk.kind != Walk::kRows || c.walk.channel_group == 0 ||
+      c.walk.cols % kAvx512Lanes == 0)
     return false;
   const int64_t es = dtype_size(c.d.data_dt), vector_bytes = kAvx512Lanes * es;
-  const int64_t block_bytes = c.channel_group * c.cols * es;
+  const int64_t block_bytes = c.walk.channel_group * c.walk.cols * es;
   const auto phases = static_cast<int64_t>(grouped_linear_phases(c).size());
   return phases * (block_bytes / vector_bytes + 2) <= kMaxLinearVectors &&
-         (c.dx_row_stride * es) % 64 == 0 && c.dx_channel_stride == c.cols &&
-         c.channel_stride == c.cols;
+         (c.walk.dx_row_stride * es) % 64 == 0 && c.walk.dx_channel_stride == c.walk.cols &&
+         c.walk.channel_stride == c.walk.cols;
 }
 
 namespace {
 
-// kRows: what the apply prefetches (see BnConf::apply_prefetch and
-// apply_prefetch_next_channel). A task's inputs are its channels' rows over
+// kRows: what the apply prefetches (see PrefetchConf::apply and
+// next_channel). A task's inputs are its channels' rows over
 // the batch: src and diff_dst, or the two operands of each fused producer.
 void set_apply_prefetch(BnConf* c) {
-  if (c->walk != Walk::kRows) return;
+  if (c->walk.kind != Walk::kRows) return;
   const int64_t es = dtype_size(c->d.data_dt);
   const int tensors = (uses_second(c->x_fuse) ? 2 : 1) + (uses_second(c->dy_fuse) ? 2 : 1);
-  const int64_t task_bytes = std::max(1, c->channel_group) * c->cols * c->rows * es * tensors;
-  c->apply_prefetch = task_bytes > cache_sizes().l2_bytes / 2;
+  const int64_t task_bytes =
+      std::max(1, c->walk.channel_group) * c->walk.cols * c->walk.rows * es * tensors;
+  c->prefetch.apply = task_bytes > cache_sizes().l2_bytes / 2;
   // The next channel's line is a 32-bit displacement from the current one's;
   // packed (staged) channels are not adjacent, per-image calls not one channel.
-  c->apply_prefetch_next_channel =
-      c->channel_group == 0 && c->batch_calls == 0 &&
-      c->cols * es >= kNextChannelPrefetchRowBytes && c->d.channels > 1 && c->x_strides.empty() &&
-      c->dy_strides.empty() && (c->channel_stride + c->cols) * es <= INT32_MAX;
+  c->prefetch.next_channel = c->walk.channel_group == 0 && c->walk.batch_calls == 0 &&
+                             c->walk.cols * es >= kNextChannelPrefetchRowBytes &&
+                             c->d.channels > 1 && c->x_strides.empty() && c->dy_strides.empty() &&
+                             (c->walk.channel_stride + c->walk.cols) * es <= INT32_MAX;
   // Measured on an Intel Xeon host (L2 2 MiB, 2 threads): 32x64x112x112 f32
   // 16.6 -> 12.3 ms, bf16 9.2 -> 7.2, 32x256x56x56 f32 13.5 -> 11.5; 56x56
   // bf16 (a quarter of the L2 per channel) 5.6 -> 6.0 and 28x28 f32 with
   // a call per row 5.0 -> 6.2, so channels that fit keep the forward call.
-  if (c->channel_group == 0 && c->batch_calls == 0 && c->x_strides.empty() &&
-      c->dy_strides.empty() && c->dx_strides.empty() && c->rows > 1 && c->needs_reduction &&
+  if (c->walk.channel_group == 0 && c->walk.batch_calls == 0 && c->x_strides.empty() &&
+      c->dy_strides.empty() && c->dx_strides.empty() && c->walk.rows > 1 && c->needs_reduction &&
       task_bytes > cache_sizes().l2_bytes / 4) {
-    const int64_t row_bytes = std::max<int64_t>(1, c->cols * es);
-    c->apply_reverse_rows = std::min(c->rows, (kReverseApplyCallBytes + row_bytes - 1) / row_bytes);
+    const int64_t row_bytes = std::max<int64_t>(1, c->walk.cols * es);
+    c->stream.reverse_rows =
+        std::min(c->walk.rows, (kReverseApplyCallBytes + row_bytes - 1) / row_bytes);
   }
 }
 
@@ -282,17 +285,17 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   const int64_t n = d.dims[0];
   const int64_t spatial = d.reduce_size / n;
   if (d.format == DataFormat::kNCX && spatial > 1) {
-    c.walk = Walk::kRows;
-    c.rows = n;
-    c.cols = spatial;
-    c.row_stride = d.channels * spatial;
-    c.channel_stride = spatial;
+    c.walk.kind = Walk::kRows;
+    c.walk.rows = n;
+    c.walk.cols = spatial;
+    c.walk.row_stride = d.channels * spatial;
+    c.walk.channel_stride = spatial;
   } else {
-    c.walk = Walk::kPixels;
-    c.rows = d.reduce_size;
-    c.cols = d.channels;
-    c.row_stride = d.channels;
-    c.channel_stride = 1;
+    c.walk.kind = Walk::kPixels;
+    c.walk.rows = d.reduce_size;
+    c.walk.cols = d.channels;
+    c.walk.row_stride = d.channels;
+    c.walk.channel_stride = 1;
   }
   // Strided data the kernels walk in place: src and diff_dst share one stride
   // set, diff_src may have its own, and each is regular enough for the walk:
@@ -314,29 +317,29 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     }
     if (xs == dys && x_walk && dx_walk && x_walk->rows == dx_walk->rows &&
         x_walk->cols == dx_walk->cols && x_walk->batch_calls == dx_walk->batch_calls) {
-      c.rows = x_walk->rows;
-      c.cols = x_walk->cols;
-      c.batch_calls = x_walk->batch_calls;
-      c.row_stride = x_walk->row_stride;
-      c.channel_stride = x_walk->channel_stride;
-      c.batch_stride = x_walk->batch_stride;
-      c.dx_row_stride = dx_walk->row_stride;
-      c.dx_channel_stride = dx_walk->channel_stride;
-      c.dx_batch_stride = dx_walk->batch_stride;
+      c.walk.rows = x_walk->rows;
+      c.walk.cols = x_walk->cols;
+      c.walk.batch_calls = x_walk->batch_calls;
+      c.walk.row_stride = x_walk->row_stride;
+      c.walk.channel_stride = x_walk->channel_stride;
+      c.walk.batch_stride = x_walk->batch_stride;
+      c.walk.dx_row_stride = dx_walk->row_stride;
+      c.walk.dx_channel_stride = dx_walk->channel_stride;
+      c.walk.dx_batch_stride = dx_walk->batch_stride;
       c.x_strides.clear();  // walked in place: no staging
       c.dy_strides.clear();
       c.dx_strides.clear();
-      c.strided_native = true;
+      c.walk.strided_native = true;
     }
   }
-  if (!c.strided_native) {
-    c.dx_row_stride = c.row_stride;
-    c.dx_channel_stride = c.channel_stride;
+  if (!c.walk.strided_native) {
+    c.walk.dx_row_stride = c.walk.row_stride;
+    c.walk.dx_channel_stride = c.walk.channel_stride;
   }
   c.needs_reduction = d.phase == BackwardPhase::kReduce ||
                       (d.phase == BackwardPhase::kWhole &&
                        (d.mode == BackwardMode::kTraining || d.diff_scale_shift));
-  c.chunk_rows = pixel_chunk_rows(c.rows, 2 * c.cols * dtype_size(d.data_dt));
+  c.walk.chunk_rows = pixel_chunk_rows(c.walk.rows, 2 * c.walk.cols * dtype_size(d.data_dt));
   // Rows wider than the registers (C > 64 on AVX-512) take the channel-blocked
   // pixel kernels, groups of 8 pixels, when src and diff_dst fit in half the
   // L3: there the kernel is bound by instructions, and blocked measured
@@ -349,26 +352,26 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
-  if (c.walk == Walk::kPixels && isa == Isa::kAvx512 && c.cols > 64 &&
+  if (c.walk.kind == Walk::kPixels && isa == Isa::kAvx512 && c.walk.cols > 64 &&
       (cache_resident || nxc_blocked_from_dram(d.data_dt)))
-    c.pixel_group = kPixelGroup;
+    c.walk.pixel_group = kPixelGroup;
   // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
   // grouped rows kernels: each image's rows of a channel group are one
   // contiguous block.
   const bool dense_rows = c.x_strides.empty() && c.dy_strides.empty() && c.dx_strides.empty() &&
-                          c.batch_calls == 0 && c.channel_stride == c.cols &&
-                          c.dx_channel_stride == c.cols;
-  if (c.walk == Walk::kRows && dense_rows && d.channels > 1 &&
-      c.cols * dtype_size(d.data_dt) <= kShortRowBytes)
-    c.channel_group = isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
+                          c.walk.batch_calls == 0 && c.walk.channel_stride == c.walk.cols &&
+                          c.walk.dx_channel_stride == c.walk.cols;
+  if (c.walk.kind == Walk::kRows && dense_rows && d.channels > 1 &&
+      c.walk.cols * dtype_size(d.data_dt) <= kShortRowBytes)
+    c.walk.channel_group = isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
   set_apply_prefetch(&c);
   // The prefetches' displacement (the row offset plus a line's) is a 32-bit immediate.
   const int64_t prefetch_ahead =
-      (kReducePrefetchRows * c.row_stride + c.cols) * dtype_size(d.data_dt);
-  c.reduce_prefetch_rows = c.walk == Walk::kRows && c.channel_group == 0 &&
+      (kReducePrefetchRows * c.walk.row_stride + c.walk.cols) * dtype_size(d.data_dt);
+  c.prefetch.reduce_rows = c.walk.kind == Walk::kRows && c.walk.channel_group == 0 &&
                            dtype_size(d.data_dt) == 2 &&
-                           c.cols * dtype_size(d.data_dt) > kShortRowBytes &&
-                           c.row_stride != c.cols && prefetch_ahead <= INT32_MAX;
+                           c.walk.cols * dtype_size(d.data_dt) > kShortRowBytes &&
+                           c.walk.row_stride != c.walk.cols && prefetch_ahead <= INT32_MAX;
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off unless all three tensors stay in the cache from
   // one use to the next. Cached diff_src stores read each line for ownership
@@ -379,7 +382,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // 2x192x71x71 f32 (23 MB) 18%, and 4x512x14x14 f32 (4.8 MB) lost 15%;
   // so: stream when the three take more than a quarter
   // of the L3. The AVX-512 path has them (the AVX2 path keeps ordinary stores).
-  c.streaming_stores = isa == Isa::kAvx512 && 3 * data_bytes > cache_sizes().l3_bytes / 4;
+  c.stream.nt_stores = isa == Isa::kAvx512 && 3 * data_bytes > cache_sizes().l3_bytes / 4;
   return c;
 }
 
@@ -504,13 +507,14 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
 
 Status apply_variant(const std::string& variant, BnConf* c) {
   if (variant.empty()) return ok_status();
-  const bool wide_pixels = c->walk == Walk::kPixels && c->isa == Isa::kAvx512 && c->cols > 64;
+  const bool wide_pixels =
+      c->walk.kind == Walk::kPixels && c->isa == Isa::kAvx512 && c->walk.cols > 64;
   if (variant == "nxc-blocked") {
-    if (wide_pixels && !c->empty) c->pixel_group = kPixelGroup;
+    if (wide_pixels && !c->empty) c->walk.pixel_group = kPixelGroup;
     return ok_status();
   }
   if (variant == "nxc-per-pixel") {
-    c->pixel_group = 0;
+    c->walk.pixel_group = 0;
     return ok_status();
   }
   return invalid_argument("unknown JIT variant '" + variant +

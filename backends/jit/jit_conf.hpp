@@ -81,16 +81,16 @@ static_assert(kRowGroupAvx2 <= kRowGroupAvx512, "the driver sizes its arrays for
 // are read as one contiguous block instead of a row per channel.
 constexpr int64_t kShortRowBytes = 1024;
 // kRows, long 16-bit rows far apart: the reduce prefetches the rows this many
-// rows ahead (BnConf::reduce_prefetch_rows).
+// rows ahead (PrefetchConf::reduce_rows).
 constexpr int64_t kReducePrefetchRows = 2;
 // kRows: rows at least this long prefetch the next channel in the apply
-// (BnConf::apply_prefetch_next_channel). 40x40 to 112x112 f32 and 56x56 bf16
+// (PrefetchConf::next_channel). 40x40 to 112x112 f32 and 56x56 bf16
 // measured 5-14% faster with it; 28x28 f32 rows (3 KiB) 2-12% slower, for
 // reasons not found.
 constexpr int64_t kNextChannelPrefetchRowBytes = 4096;
 // kRows, channels whose inputs exceed a quarter of the L2: the apply walks a
 // channel's rows last first in calls of about this many bytes per tensor
-// (BnConf::apply_reverse_rows).
+// (StreamConf::reverse_rows).
 constexpr int64_t kReverseApplyCallBytes = 16 * 1024;
 // Images per grouped reduce call: bounds how many rows the f32 vector sums
 // take before they are added into the f64 totals (fixed by the shape only).
@@ -107,11 +107,10 @@ constexpr int64_t kManyChunks = 64;
 constexpr int64_t kChunkMultiple = 8;
 int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel);
 
-struct BnConf {
-  BatchNormDesc d;
-  Isa isa = Isa::kPortable;
-  bool avx512_bf16 = false;  // vcvtneps2bf16 for bf16 stores
-  Walk walk = Walk::kRows;
+// How the kernels walk the data (the file comment's two walks) and how the
+// driver splits the walk into tasks: chosen from the shape and strides.
+struct WalkConf {
+  Walk kind = Walk::kRows;
   int64_t rows = 0;  // kRows: N; kPixels: P = N * spatial
   int64_t cols = 0;  // kRows: S; kPixels: C
   int64_t row_stride =
@@ -125,22 +124,20 @@ struct BnConf {
   // channels per kernel call, each image's rows of the group one contiguous
   // block (0: one channel per call).
   int channel_group = 0;
-  // kRows, short rows: the apply kernel prefetches the next image's rows too.
-  // Off when a task's inputs fit in half the L2: the apply then reads what the
-  // reduce has just read, and the prefetches only cost instructions.
-  bool apply_prefetch = true;
-  // kRows, long rows (one channel per call) of 16-bit data, rows far apart:
-  // the reduce prefetches, line by line, the row kReducePrefetchRows ahead.
-  // Every row is a new stream for the hardware prefetchers, and a 16-bit row
-  // (6 KiB at 56x56) ends before they run far enough ahead; f32 rows are twice
-  // as long per element and measured no faster with it.
-  bool reduce_prefetch_rows = false;
-  // kRows, long rows, one call per channel: while the apply computes channel
-  // c it prefetches, line by line, channel c + 1's inputs into the L2, so that
-  // the next reduce's DRAM reads overlap this apply's stores instead of
-  // following them (the calls of a thread take adjacent channels). The
-  // driver says per call whether c + 1 exists (KernelArgs::prefetch_next).
-  bool apply_prefetch_next_channel = false;
+  // Strided data walked in place (row_stride/channel_stride set from it).
+  bool strided_native = false;
+  // kRows over padded rows: per channel, one call per image (batch_calls of
+  // them, batch_stride apart), each over `rows` rows of `cols`.
+  int64_t batch_calls = 0;
+  int64_t batch_stride = 0;
+  // diff_src's own strides for the same walk (equal to the above when dense).
+  int64_t dx_row_stride = 0, dx_channel_stride = 0, dx_batch_stride = 0;
+};
+
+// How diff_src leaves and in which order the apply meets the data the
+// reduce left in cache.
+struct StreamConf {
+  bool nt_stores = false;  // non-temporal dx stores: only when dx does not fit in cache
   // kRows, long rows, one call per channel whose inputs exceed a quarter of
   // the L2: the apply takes the channel's rows last first, this many per call
   // (0: one call, first row first). The reduce has just read the rows in
@@ -150,29 +147,50 @@ struct BnConf {
   // elementwise: the order changes no bits. Only the last call (the first
   // rows) prefetches the next channel, the rows its reduce starts on: spread
   // over every call those prefetches evicted the rows the walk relies on.
-  int64_t apply_reverse_rows = 0;
+  int64_t reverse_rows = 0;
+};
+
+// Software prefetches, each where a measurement found the hardware
+// prefetchers short.
+struct PrefetchConf {
+  // kRows, short rows: the apply kernel prefetches the next image's rows too.
+  // Off when a task's inputs fit in half the L2: the apply then reads what the
+  // reduce has just read, and the prefetches only cost instructions.
+  bool apply = true;
+  // kRows, long rows (one channel per call) of 16-bit data, rows far apart:
+  // the reduce prefetches, line by line, the row kReducePrefetchRows ahead.
+  // Every row is a new stream for the hardware prefetchers, and a 16-bit row
+  // (6 KiB at 56x56) ends before they run far enough ahead; f32 rows are twice
+  // as long per element and measured no faster with it.
+  bool reduce_rows = false;
+  // kRows, long rows, one call per channel: while the apply computes channel
+  // c it prefetches, line by line, channel c + 1's inputs into the L2, so that
+  // the next reduce's DRAM reads overlap this apply's stores instead of
+  // following them (the calls of a thread take adjacent channels). The
+  // driver says per call whether c + 1 exists (KernelArgs::prefetch_next).
+  bool next_channel = false;
+};
+
+struct BnConf {
+  BatchNormDesc d;
+  Isa isa = Isa::kPortable;
+  bool avx512_bf16 = false;  // vcvtneps2bf16 for bf16 stores
+  WalkConf walk;
+  StreamConf stream;
+  PrefetchConf prefetch;
   bool needs_reduction = false;
   // An empty batch (N or a spatial dim 0, C > 0): no data to read or write;
   // the driver writes zero sums (and count), diff_gamma and diff_beta.
   bool empty = false;
-  bool single_thread = false;     // small problems skip the task overhead
-  bool streaming_stores = false;  // non-temporal dx stores: only when dx does not fit in cache
-  float alpha = 1.f;              // the kLeaky* fuses' slope (BatchNormDesc::alpha)
-  Fuse x_fuse = Fuse::kNone;      // src computed from a fused producer
-  Fuse dy_fuse = Fuse::kNone;     // diff_dst computed from a fused producer
+  bool single_thread = false;  // small problems skip the task overhead
+  float alpha = 1.f;           // the kLeaky* fuses' slope (BatchNormDesc::alpha)
+  Fuse x_fuse = Fuse::kNone;   // src computed from a fused producer
+  Fuse dy_fuse = Fuse::kNone;  // diff_dst computed from a fused producer
   PortMap ports;
   int64_t total_elements = 0;
   // Strided (e.g. padded) src, diff_dst or diff_src: the driver packs them into
   // dense scratch around the dense kernels. Empty: dense, used in place.
   Dims x_strides, dy_strides, dx_strides;
-  // Strided data walked in place (row_stride/channel_stride set from it).
-  bool strided_native = false;
-  // kRows over padded rows: per channel, one call per image (batch_calls of
-  // them, batch_stride apart), each over `rows` rows of `cols`.
-  int64_t batch_calls = 0;
-  int64_t batch_stride = 0;
-  // diff_src's own strides for the same walk (equal to the above when dense).
-  int64_t dx_row_stride = 0, dx_channel_stride = 0, dx_batch_stride = 0;
 
   // "jit:avx512:bf16/f32:rows" and the like, for verbose lines.
   std::string kernel_name() const;

@@ -55,5 +55,20 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
 // The conf of the kernels that run on per-thread staging buffers.
 BnConf staged_conf(const BnConf& conf);
 
+// Strided src/diff_dst/diff_src are staged per task: the rows of one channel
+// (rows walk) or one chunk of pixels (pixels walk) are gathered into
+// per-thread dense buffers that stay in L2, the kernels built for that
+// buffer layout run on them, and diff_src is scattered back. DRAM traffic is
+// the dense kernels' (full-line strided reads aside), unlike a whole-tensor copy.
+struct Staging {
+  const KernelSet* kernels = nullptr;      // built for the staged buffers
+  Dims x_strides, dy_strides, dx_strides;  // effective strides of the three tensors
+};
+
+// One backward over dense buffers, or staged ones when `stage` is given
+// (jit_dense.cpp); the batch is not empty.
+Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector<const void*>& in,
+                 const std::vector<void*>& out, const Staging* stage = nullptr);
+
 }  // namespace jit
 }  // namespace normgrad

@@ -43,10 +43,10 @@ BnGenerator::BnGenerator(const BnConf& c, Kind kind)
       lanes_(avx512_ ? 16 : 8),
       es_(static_cast<int>(dtype_size(c.d.data_dt))),
       cp_(padded_channels(c.d.channels)),
-      tail_(c.cols % lanes_) {
-  if (c.walk == Walk::kRows && c.channel_group > 0) {
+      tail_(c.walk.cols % lanes_) {
+  if (c.walk.kind == Walk::kRows && c.walk.channel_group > 0) {
     kind == Kind::kReduce ? rows_reduce_grouped() : rows_apply_grouped();
-  } else if (c.walk == Walk::kRows) {
+  } else if (c.walk.kind == Walk::kRows) {
     kind == Kind::kReduce ? rows_reduce() : rows_apply();
   } else {
     kind == Kind::kReduce ? pixels_reduce() : pixels_apply();
@@ -73,7 +73,7 @@ void BnGenerator::prologue() {
   }
   // The grouped rows kernels keep the call's channel count in rdi (the
   // arguments are all loaded by now).
-  if (c_.walk == Walk::kRows && c_.channel_group > 0)
+  if (c_.walk.kind == Walk::kRows && c_.walk.channel_group > 0)
     mov(rdi, ptr[rdi + offsetof(KernelArgs, channels)]);
   if (tail_ == 0) return;
   if (avx512_) {
@@ -85,13 +85,13 @@ void BnGenerator::prologue() {
 }
 
 void BnGenerator::next_row(bool with_dx) {
-  mov(rax, c_.row_stride * es_);
+  mov(rax, c_.walk.row_stride * es_);
   add(rsi, rax);
   add(rdx, rax);
   if (uses_second(c_.x_fuse)) add(r12, rax);
   if (uses_second(c_.dy_fuse)) add(r13, rax);
   if (with_dx) {  // diff_src may be laid out with its own row stride
-    mov(rax, c_.dx_row_stride * es_);
+    mov(rax, c_.walk.dx_row_stride * es_);
     add(rcx, rax);
   }
 }
@@ -315,7 +315,7 @@ void BnGenerator::store(const Reg64& base, int64_t off, int src, bool tail, bool
 
 // Walks one row of `cols` elements: step(j, offset, tail) with j the unroll slot.
 void BnGenerator::cols_loop(const std::function<void(int, int64_t, bool)>& step) {
-  const int64_t nvec = c_.cols / lanes_;
+  const int64_t nvec = c_.walk.cols / lanes_;
   const int64_t groups = nvec / kUnroll, rem = nvec % kUnroll;
   xor_(r11, r11);
   if (groups > 0) {

@@ -71,7 +71,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   bool fused() const { return c_.x_fuse != Fuse::kNone || c_.dy_fuse != Fuse::kNone; }
 
   // Vectors per pixel row, the last one partial when there is a tail.
-  int64_t row_vectors() const { return (c_.cols + lanes_ - 1) / lanes_; }
+  int64_t row_vectors() const { return (c_.walk.cols + lanes_ - 1) / lanes_; }
 
   // jit_generator.cpp: shared pieces.
   void prologue();

@@ -4,7 +4,7 @@
 // Rows that fit the registers (up to 8 vectors for the reduction, 4 for the
 // apply on AVX-512) keep sums or coefficients in zmm16..31 for the whole call.
 // Wider f32 rows on AVX-512 take the channel-blocked kernels: pixels in groups
-// of conf.pixel_group, each group walked one block of channels at a time with
+// of conf.walk.pixel_group, each group walked one block of channels at a time with
 // the block's sums or coefficients in registers, so memory operands are paid
 // once per group instead of once per pixel (1.5-2x on C = 256..2048, measured
 // on cache-resident data; docs/performance.md). The rest use memory operands per vector.
@@ -25,13 +25,13 @@ void BnGenerator::each_vector(const std::function<void(int, int64_t, bool)>& ste
 
 // Moves the data pointers `n` pixel rows on.
 void BnGenerator::advance_rows(int64_t n, bool with_dx) {
-  mov(rax, n * c_.row_stride * es_);
+  mov(rax, n * c_.walk.row_stride * es_);
   add(rsi, rax);
   add(rdx, rax);
   if (uses_second(c_.x_fuse)) add(r12, rax);
   if (uses_second(c_.dy_fuse)) add(r13, rax);
   if (with_dx) {
-    mov(rax, n * c_.dx_row_stride * es_);
+    mov(rax, n * c_.walk.dx_row_stride * es_);
     add(rcx, rax);
   }
 }
@@ -39,7 +39,7 @@ void BnGenerator::advance_rows(int64_t n, bool with_dx) {
 // The pixel loop of the channel-blocked kernels: body(g) for whole groups of
 // g pixels, then body(1) for the pixels left over (`rows` is a runtime count).
 void BnGenerator::pixel_groups(bool with_dx, const std::function<void(int)>& body) {
-  const int g = c_.pixel_group;
+  const int g = c_.walk.pixel_group;
   Label group, rest, single, done;
   L(group);
   cmp(r10, g);
@@ -63,7 +63,7 @@ void BnGenerator::pixel_groups(bool with_dx, const std::function<void(int)>& bod
 // runtime loop (r11 = the block's first channel), then the vectors left
 // over, the tail last. block(nv, tail) emits one block of nv vectors.
 void BnGenerator::channel_blocks(int b, const std::function<void(int, bool)>& block) {
-  const int64_t whole = c_.cols / lanes_;
+  const int64_t whole = c_.walk.cols / lanes_;
   const int64_t nblocks = whole / b;
   const int left = static_cast<int>(whole % b) + (tail_ != 0 ? 1 : 0);
   xor_(r11, r11);
@@ -132,7 +132,7 @@ void BnGenerator::pixels_reduce_blocked() {
       zero_sums(nv);
       for (int p = 0; p < g; ++p) {
         for (int v = 0; v < nv; ++v)
-          sum_vector(v, p * c_.row_stride + v * lanes_, v * lanes_, tail_last && v == nv - 1);
+          sum_vector(v, p * c_.walk.row_stride + v * lanes_, v * lanes_, tail_last && v == nv - 1);
       }
       add_sums_to_memory(nv);
     });
@@ -148,8 +148,8 @@ void BnGenerator::pixels_apply_blocked() {
         load_coefs(nv);
         for (int p = 0; p < g; ++p) {
           for (int v = 0; v < nv; ++v) {
-            apply_vector(v, p * c_.row_stride + v * lanes_, p * c_.dx_row_stride + v * lanes_,
-                         tail_last && v == nv - 1, nt);
+            apply_vector(v, p * c_.walk.row_stride + v * lanes_,
+                         p * c_.walk.dx_row_stride + v * lanes_, tail_last && v == nv - 1, nt);
           }
         }
       });
@@ -158,7 +158,7 @@ void BnGenerator::pixels_apply_blocked() {
   // Streaming stores need every vector aligned: the call's first diff_src
   // row, and a row stride of whole vectors.
   Label plain, done;
-  if (c_.streaming_stores && (c_.dx_row_stride % lanes_) == 0) {
+  if (c_.stream.nt_stores && (c_.walk.dx_row_stride % lanes_) == 0) {
     test(rcx, lanes_ * es_ - 1);
     jnz(plain, T_NEAR);
     groups(true);
@@ -177,7 +177,7 @@ void BnGenerator::pixels_apply_blocked() {
 void BnGenerator::pixels_reduce() {
   prologue();
   const bool in_regs = avx512_ && row_vectors() <= 8;
-  if (!in_regs && c_.pixel_group > 0) {
+  if (!in_regs && c_.walk.pixel_group > 0) {
     pixels_reduce_blocked();
     epilogue();
     return;
@@ -219,7 +219,7 @@ void BnGenerator::pixels_reduce() {
 void BnGenerator::pixels_apply() {
   prologue();
   const bool in_regs = avx512_ && row_vectors() <= 4;
-  if (!in_regs && c_.pixel_group > 0) {
+  if (!in_regs && c_.walk.pixel_group > 0) {
     pixels_apply_blocked();
     epilogue();
     return;

@@ -3,7 +3,7 @@
 //
 // Long rows take one channel per call (rows_reduce / rows_apply). Short rows
 // (up to kShortRowBytes, e.g. 7x7 and 14x14 f32) of adjacent channels take
-// the grouped kernels: up to conf.channel_group channels per call, walked
+// the grouped kernels: up to conf.walk.channel_group channels per call, walked
 // image by image, so each image's rows of the group are one contiguous block
 // (8 x 49 f32 = 1.5 KiB) instead of one 196-byte row per channel 400 KiB
 // from the next -- the pattern that defeated the hardware prefetchers and the
@@ -33,10 +33,10 @@ constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum 
 void BnGenerator::prefetch_next_row() {
   // A group's rows of one image are one block: the next image's block (two or
   // four images ahead measured no faster, no prefetch slower).
-  if (c_.walk != Walk::kRows || c_.cols * es_ > kShortRowBytes) return;
-  if (kind_ == Kind::kApply && !c_.apply_prefetch) return;
-  const int64_t row_bytes = c_.cols * es_ * std::max(1, c_.channel_group);
-  mov(rax, c_.row_stride * es_);
+  if (c_.walk.kind != Walk::kRows || c_.walk.cols * es_ > kShortRowBytes) return;
+  if (kind_ == Kind::kApply && !c_.prefetch.apply) return;
+  const int64_t row_bytes = c_.walk.cols * es_ * std::max(1, c_.walk.channel_group);
+  mov(rax, c_.walk.row_stride * es_);
   for (int64_t off = 0; off < row_bytes; off += 64) {
     prefetcht0(ptr[rsi + rax + off]);
     prefetcht0(ptr[rdx + rax + off]);
@@ -62,7 +62,7 @@ void BnGenerator::rows_reduce() {
   // Short rows keep their vector sums across rows (a horizontal sum per row
   // would cost more than the row); long rows are summed per row and
   // accumulated in f64. Both orders are fixed, so results do not depend on threads.
-  const bool per_row = c_.cols >= kPerRowSumCols;
+  const bool per_row = c_.walk.cols >= kPerRowSumCols;
   prologue();
   vbroadcastss(vmm(12), ptr[r8 + 12]);
   vxorpd(Xmm(13), Xmm(13), Xmm(13));
@@ -93,7 +93,7 @@ void BnGenerator::rows_reduce() {
     if (per_row) zero_sums();
     cols_loop([&](int j, int64_t off, bool tail) {
       if (ahead && !tail && (off * es_) % 64 == 0)
-        prefetch_inputs_l2(off, kReducePrefetchRows * c_.row_stride);
+        prefetch_inputs_l2(off, kReducePrefetchRows * c_.walk.row_stride);
       load_port(0, 8, 10, off, tail);
       load_port(1, 9, 10, off, tail);
       vaddps(vmm(j), vmm(j), vmm(9));
@@ -105,7 +105,7 @@ void BnGenerator::rows_reduce() {
     dec(r10);
   };
   if (!per_row) zero_sums();
-  if (c_.reduce_prefetch_rows) {
+  if (c_.prefetch.reduce_rows) {
     // All but the last kReducePrefetchRows rows prefetch: the rows after
     // those are not this call's (or not the tensor's).
     Label ahead_row, rest;
@@ -134,7 +134,7 @@ void BnGenerator::rows_reduce() {
 // start is vector-aligned takes the non-temporal copy of the body; others (and
 // tails) use ordinary stores.
 void BnGenerator::apply_rows(bool allow_nt, const std::function<void(bool)>& body) {
-  const bool nt = c_.streaming_stores && allow_nt;
+  const bool nt = c_.stream.nt_stores && allow_nt;
   Label row, plain, row_end, done;
   test(r10, r10);
   jz(done, T_NEAR);
@@ -163,8 +163,8 @@ void BnGenerator::apply_rows(bool allow_nt, const std::function<void(bool)>& bod
 // the row is split does not change a bit. AVX-512 only, as are the streaming
 // stores; grouped rows have their own linear blocks.
 bool BnGenerator::realigned_row_stores() const {
-  return avx512_ && kind_ == Kind::kApply && c_.streaming_stores && c_.walk == Walk::kRows &&
-         c_.channel_group == 0 && c_.cols >= 2 * lanes_;
+  return avx512_ && kind_ == Kind::kApply && c_.stream.nt_stores && c_.walk.kind == Walk::kRows &&
+         c_.walk.channel_group == 0 && c_.walk.cols >= 2 * lanes_;
 }
 
 // One row as step(j, off, tail, nt), with the vectors placed on diff_src's
@@ -188,20 +188,20 @@ void BnGenerator::cols_loop_dx_aligned(const std::function<void(int, int64_t, bo
   L(head_done);
   L(unrolled);
   lea(rax, ptr[r11 + kUnroll * lanes_]);
-  cmp(rax, static_cast<int>(c_.cols));
+  cmp(rax, static_cast<int>(c_.walk.cols));
   jg(single, T_NEAR);
   for (int j = 0; j < kUnroll; ++j) step(j, j * lanes_, false, true);
   add(r11, static_cast<int>(kUnroll * lanes_));
   jmp(unrolled, T_NEAR);
   L(single);
   lea(rax, ptr[r11 + lanes_]);
-  cmp(rax, static_cast<int>(c_.cols));
+  cmp(rax, static_cast<int>(c_.walk.cols));
   jg(rest, T_NEAR);
   step(0, 0, false, true);
   add(r11, static_cast<int>(lanes_));
   jmp(single, T_NEAR);
   L(rest);
-  mov(eax, static_cast<int>(c_.cols));
+  mov(eax, static_cast<int>(c_.walk.cols));
   sub(eax, r11d);
   jz(row_done, T_NEAR);
   mov(edi, -1);
@@ -234,20 +234,20 @@ void BnGenerator::rows_apply_vector(int x, int cf, int64_t off, const Reg64& out
 }
 
 // rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
-// With apply_prefetch_next_channel, a call whose next channel exists takes the
+// With PrefetchConf::next_channel, a call whose next channel exists takes the
 // copy of the loop that also prefetches that channel's lines.
 void BnGenerator::rows_apply() {
   prologue();
   broadcast_coefs(12, 0);
   Label last_channel, done;
-  if (c_.apply_prefetch_next_channel) {
+  if (c_.prefetch.next_channel) {
     cmp(qword[rdi + offsetof(KernelArgs, prefetch_next)], 0);
     je(last_channel, T_NEAR);
   }
   auto rows = [&](bool next_channel) {
     auto step = [&](int j, int64_t off, bool tail, bool nt) {
       if (next_channel && !tail && (off * es_) % 64 == 0)
-        prefetch_inputs_l2(off, c_.channel_stride);
+        prefetch_inputs_l2(off, c_.walk.channel_stride);
       rows_apply_vector(j, 12, off, rcx, off, tail, nt);
     };
     apply_rows(true, [&](bool nt) {
@@ -258,8 +258,8 @@ void BnGenerator::rows_apply() {
       }
     });
   };
-  rows(c_.apply_prefetch_next_channel);
-  if (c_.apply_prefetch_next_channel) {
+  rows(c_.prefetch.next_channel);
+  if (c_.prefetch.next_channel) {
     jmp(done, T_NEAR);
     L(last_channel);
     rows(false);
@@ -272,7 +272,7 @@ void BnGenerator::rows_apply() {
 // at least one), the others only while g < the call's channel count (rdi).
 void BnGenerator::each_group_channel(const std::function<void(int)>& body) {
   Label end;
-  for (int g = 0; g < c_.channel_group; ++g) {
+  for (int g = 0; g < c_.walk.channel_group; ++g) {
     if (g > 0) {
       cmp(rdi, g);
       jle(end, T_NEAR);
@@ -285,7 +285,7 @@ void BnGenerator::each_group_channel(const std::function<void(int)>& body) {
 // The sum registers of channel g of a group: zmm16..23 / zmm24..31 on AVX-512
 // (groups of 8), ymm0..3 / ymm4..7 on AVX2 (groups of 4).
 int BnGenerator::group_sum(int g, int which) const {
-  return avx512_ ? 16 + which * c_.channel_group + g : which * c_.channel_group + g;
+  return avx512_ ? 16 + which * c_.walk.channel_group + g : which * c_.walk.channel_group + g;
 }
 
 // rows_reduce over a channel group: both sums of each channel in registers for
@@ -294,7 +294,7 @@ int BnGenerator::group_sum(int g, int which) const {
 // v10, mean v12, f64 conversion xmm15.
 void BnGenerator::rows_reduce_grouped() {
   prologue();
-  for (int g = 0; g < c_.channel_group; ++g) {
+  for (int g = 0; g < c_.walk.channel_group; ++g) {
     for (int which = 0; which < 2; ++which) {
       const int r = group_sum(g, which);
       vxorps(Xmm(r), Xmm(r), Xmm(r));
@@ -308,7 +308,7 @@ void BnGenerator::rows_reduce_grouped() {
   each_group_channel([&](int g) {
     vbroadcastss(vmm(12), ptr[r8 + 16 * g + 12]);
     cols_loop([&](int, int64_t off, bool tail) {
-      const int64_t o = off + g * c_.channel_stride;
+      const int64_t o = off + g * c_.walk.channel_stride;
       load_port(0, 8, 10, o, tail);
       load_port(1, 9, 10, o, tail);
       vaddps(vmm(group_sum(g, 0)), vmm(group_sum(g, 0)), vmm(9));
@@ -395,8 +395,8 @@ void BnGenerator::rows_apply_grouped() {
     each_group_channel([&](int g) {
       broadcast_coefs(12, g);
       cols_loop([&](int j, int64_t off, bool tail) {
-        rows_apply_vector(j, 12, off + g * c_.channel_stride, out, off + g * c_.dx_channel_stride,
-                          tail, nt);
+        rows_apply_vector(j, 12, off + g * c_.walk.channel_stride, out,
+                          off + g * c_.walk.dx_channel_stride, tail, nt);
       });
     });
   };
@@ -419,7 +419,7 @@ void BnGenerator::rows_apply_grouped() {
       next_row(true);
       dec(r10);
       jnz(linear_row, T_NEAR);
-      if (c_.streaming_stores) sfence();
+      if (c_.stream.nt_stores) sfence();
       jmp(done, T_NEAR);
       L(other);
     }
@@ -437,7 +437,7 @@ void BnGenerator::rows_apply_grouped() {
     jnz(row, T_NEAR);
     sfence();
   } else {
-    apply_rows(c_.cols % lanes_ == 0, [&](bool nt) { group_rows(rcx, nt); });
+    apply_rows(c_.walk.cols % lanes_ == 0, [&](bool nt) { group_rows(rcx, nt); });
   }
   L(done);
   epilogue();
@@ -470,7 +470,7 @@ bool BnGenerator::linear_block_stores() const {
 // first lane on. Registers: v0/v4 data, v8..v10 store scratch, v12..15 the
 // current channel's a, b, c, mean, v16..19 the next channel's, v20..23 blended.
 void BnGenerator::linear_block(int64_t lead) {
-  const int64_t s = c_.cols, full = c_.channel_group * s;
+  const int64_t s = c_.walk.cols, full = c_.walk.channel_group * s;
   const int64_t nvec = (lead + full + lanes_ - 1) / lanes_;
   // Lanes [lo, hi) of the vector at element `off`; masked unless all 16, and
   // streamed only when the whole line is the block's (a 16-bit vector is half
@@ -479,7 +479,7 @@ void BnGenerator::linear_block(int64_t lead) {
   auto compute = [&](int cf, int64_t off, int64_t lo, int64_t hi) {
     const bool masked = lo > 0 || hi < lanes_;
     const int64_t line_start = (off + lead) / line * line - lead;
-    const bool nt = c_.streaming_stores && !masked && line_start >= 0 && line_start + line <= full;
+    const bool nt = c_.stream.nt_stores && !masked && line_start >= 0 && line_start + line <= full;
     if (masked) {
       mov(eax, static_cast<uint32_t>(((1u << hi) - 1) & ~((1u << lo) - 1)));
       kmovw(k1, eax);
@@ -535,7 +535,7 @@ void BnGenerator::linear_block(int64_t lead) {
 void BnGenerator::stream_block() {
   const Zmm t(kScratch0);
   Label lines, lines_done;
-  imul(rax, rdi, static_cast<int>(c_.cols * es_));  // block bytes
+  imul(rax, rdi, static_cast<int>(c_.walk.cols * es_));  // block bytes
   mov(r11, rcx);
   neg(r11);
   and_(r11, 63);  // bytes up to the first line boundary

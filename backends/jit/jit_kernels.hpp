@@ -40,7 +40,7 @@ struct KernelArgs {
   // Rows walk: channels in this call, 1..conf.channel_group (1 when the conf
   // has no channel group).
   int64_t channels = 1;
-  // rows_apply with conf.apply_prefetch_next_channel: nonzero when channel
+  // rows_apply with conf.prefetch.next_channel: nonzero when channel
   // c + 1 (channel_stride on) exists, whose rows the call then prefetches.
   int64_t prefetch_next = 0;
 };

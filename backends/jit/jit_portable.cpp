@@ -44,17 +44,17 @@ class PortableKernels final : public KernelSet {
   }
 
   void reduce(const KernelArgs& a) const override {
-    if (c_.walk == Walk::kRows) {
+    if (c_.walk.kind == Walk::kRows) {
       for (int64_t g = 0; g < a.channels; ++g) {
         const float mean = a.coef[4 * g + 3];  // coef = {a, b, c, mean} per channel
         double* out = static_cast<double*>(a.acc) + 2 * g;
-        const int64_t base = g * c_.channel_stride;
+        const int64_t base = g * c_.walk.channel_stride;
         for (int64_t r = 0; r < a.rows; ++r) {
           // Eight partial sums per row, as a vector unit would keep them.
           float s0[8] = {}, s1[8] = {};
-          for (int64_t i = 0; i < c_.cols; ++i) {
-            const float dy = value(a, 1, base + r * c_.row_stride + i);
-            const float xm = value(a, 0, base + r * c_.row_stride + i) - mean;
+          for (int64_t i = 0; i < c_.walk.cols; ++i) {
+            const float dy = value(a, 1, base + r * c_.walk.row_stride + i);
+            const float xm = value(a, 0, base + r * c_.walk.row_stride + i) - mean;
             s0[i % 8] += dy;
             s1[i % 8] += dy * xm;
           }
@@ -68,23 +68,23 @@ class PortableKernels final : public KernelSet {
     }
     float* acc = static_cast<float*>(a.acc);
     for (int64_t r = 0; r < a.rows; ++r) {
-      for (int64_t ch = 0; ch < c_.cols; ++ch) {
-        const float dy = value(a, 1, r * c_.row_stride + ch);
+      for (int64_t ch = 0; ch < c_.walk.cols; ++ch) {
+        const float dy = value(a, 1, r * c_.walk.row_stride + ch);
         acc[ch] += dy;
-        acc[cp_ + ch] += dy * (value(a, 0, r * c_.row_stride + ch) - a.coef[ch]);
+        acc[cp_ + ch] += dy * (value(a, 0, r * c_.walk.row_stride + ch) - a.coef[ch]);
       }
     }
   }
 
   void apply(const KernelArgs& a) const override {
     const DataType dt = c_.d.data_dt;
-    if (c_.walk == Walk::kRows) {
+    if (c_.walk.kind == Walk::kRows) {
       for (int64_t g = 0; g < a.channels; ++g) {
         const float* k = a.coef + 4 * g;  // {a, b, c, mean}
         for (int64_t r = 0; r < a.rows; ++r) {
-          for (int64_t i = 0; i < c_.cols; ++i) {
-            const int64_t e = g * c_.channel_stride + r * c_.row_stride + i;
-            store_element(a.dx, g * c_.dx_channel_stride + r * c_.dx_row_stride + i, dt,
+          for (int64_t i = 0; i < c_.walk.cols; ++i) {
+            const int64_t e = g * c_.walk.channel_stride + r * c_.walk.row_stride + i;
+            store_element(a.dx, g * c_.walk.dx_channel_stride + r * c_.walk.dx_row_stride + i, dt,
                           k[0] * value(a, 1, e) + (k[1] * (value(a, 0, e) - k[3]) + k[2]));
           }
         }
@@ -92,10 +92,10 @@ class PortableKernels final : public KernelSet {
       return;
     }
     for (int64_t r = 0; r < a.rows; ++r) {
-      for (int64_t i = 0; i < c_.cols; ++i) {
-        const int64_t e = r * c_.row_stride + i;
+      for (int64_t i = 0; i < c_.walk.cols; ++i) {
+        const int64_t e = r * c_.walk.row_stride + i;
         store_element(
-            a.dx, r * c_.dx_row_stride + i, dt,
+            a.dx, r * c_.walk.dx_row_stride + i, dt,
             a.coef[i] * value(a, 1, e) +
                 (a.coef[cp_ + i] * (value(a, 0, e) - a.coef[3 * cp_ + i]) + a.coef[2 * cp_ + i]));
       }

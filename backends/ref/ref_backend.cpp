@@ -108,4 +108,9 @@ const Backend* ref_backend() {
   return &backend;
 }
 
+Status reference_execute(const Op& op, const std::vector<const void*>& inputs,
+                         const std::vector<void*>& outputs) {
+  return ref::execute_op(op, inputs, outputs);
+}
+
 }  // namespace normgrad

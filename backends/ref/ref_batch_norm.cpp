@@ -8,8 +8,8 @@
 //   diff_src   = gamma s dy                                     (frozen statistics)
 #include <cmath>
 
-#include <normgrad/backends/ref/ref_indexing.hpp>
 #include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/graph/indexing.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {

@@ -12,8 +12,8 @@
 // The derivation is in docs/ops/BatchNormTrainingBackwardFromDst.md.
 #include <cmath>
 
-#include <normgrad/backends/ref/ref_indexing.hpp>
 #include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/graph/indexing.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
 #include <normgrad/ops/op_ports.hpp>
 

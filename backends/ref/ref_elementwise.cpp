@@ -1,6 +1,6 @@
 // Reference ReLU, LeakyReLU, ReLUBackward, Add, TypeCast and StaticTranspose on strided buffers.
-#include <normgrad/backends/ref/ref_indexing.hpp>
 #include <normgrad/backends/ref/ref_ops.hpp>
+#include <normgrad/graph/indexing.hpp>
 
 namespace normgrad {
 namespace ref {

@@ -155,11 +155,11 @@ TEST(JitBackend, StreamingStoresOnLargeOutputs) {
     auto conf = jit::make_conf(op, isa);
     ASSERT_TRUE(conf.ok());
     const int64_t bytes = conf->total_elements * dtype_size(c.dt);
-    EXPECT_EQ(conf->streaming_stores, isa == jit::Isa::kAvx512 && streams(bytes))
+    EXPECT_EQ(conf->stream.nt_stores, isa == jit::Isa::kAvx512 && streams(bytes))
         << dims_to_string(c.shape);
     if (c.shape[0] == n7 || c.shape[0] == n14) {  // the second rule alone
       EXPECT_LE(bytes, l3 / 2) << dims_to_string(c.shape);
-      EXPECT_EQ(conf->streaming_stores, isa == jit::Isa::kAvx512) << dims_to_string(c.shape);
+      EXPECT_EQ(conf->stream.nt_stores, isa == jit::Isa::kAvx512) << dims_to_string(c.shape);
     }
     const auto r = compare_with_ref(one_op(op), "jit", 3);
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
@@ -205,7 +205,7 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
     auto dram_conf = jit::make_conf(dram, jit::Isa::kAvx512);
     ASSERT_TRUE(dram_conf.ok());
     const bool blocked = jit::nxc_blocked_from_dram(dt);
-    EXPECT_EQ(dram_conf->pixel_group, blocked ? jit::kPixelGroup : 0) << dtype_name(dt);
+    EXPECT_EQ(dram_conf->walk.pixel_group, blocked ? jit::kPixelGroup : 0) << dtype_name(dt);
     if (dt == DataType::kF32) {  // the walk this CPU takes at this size, against ref
       const auto r = compare_with_ref(one_op(dram), "jit", 77);
       ASSERT_TRUE(r.status.ok()) << r.status.to_string();
@@ -216,7 +216,7 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
     const Op cached = bn_bwd({4, 14, 14, 512}, "NXC", dt, DataType::kF32, true, 3);
     auto cached_conf = jit::make_conf(cached, jit::Isa::kAvx512);
     ASSERT_TRUE(cached_conf.ok());
-    EXPECT_EQ(cached_conf->pixel_group,
+    EXPECT_EQ(cached_conf->walk.pixel_group,
               4 * 14 * 14 * 512 * 2 * static_cast<int64_t>(dtype_size(dt)) <=
                       jit::cache_sizes().l3_bytes / 2
                   ? jit::kPixelGroup
@@ -239,9 +239,9 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
   Op big = bn_bwd({4, 32, 32, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3);
   auto conf = jit::make_conf(big, jit::Isa::kAvx512);
   ASSERT_TRUE(conf.ok());
-  EXPECT_EQ(conf->streaming_stores, streams(conf->total_elements * 4));
+  EXPECT_EQ(conf->stream.nt_stores, streams(conf->total_elements * 4));
   const bool resident = 2 * conf->total_elements * 4 <= jit::cache_sizes().l3_bytes / 2;
-  EXPECT_EQ(conf->pixel_group, resident ? jit::kPixelGroup : 0);
+  EXPECT_EQ(conf->walk.pixel_group, resident ? jit::kPixelGroup : 0);
   if (resident) check(one_op(big), "4x32x32x320", ":pixels");
   // The groups and blocks are fixed by the shape: same bits for 1, 2 and 4 threads.
   expect_same_bits_for_1_2_4_threads(

@@ -78,8 +78,8 @@ TEST(JitBackend, GroupedRowsKernels) {
     Op big = bn_bwd({33, 512, 16, 16}, "NCX", DataType::kF32, DataType::kF32, true, 3);
     auto conf = jit::make_conf(big, jit::detect_isa());
     ASSERT_TRUE(conf.ok());
-    EXPECT_GT(conf->channel_group, 0);
-    EXPECT_EQ(conf->streaming_stores, isa == "avx512" && streams(conf->total_elements * 4));
+    EXPECT_GT(conf->walk.channel_group, 0);
+    EXPECT_EQ(conf->stream.nt_stores, isa == "avx512" && streams(conf->total_elements * 4));
     check(one_op(big), "33x512x16x16", true);
     // The groups and reduce calls are fixed by the shape: same bits for 1, 2 and 4 threads.
     expect_same_bits_for_1_2_4_threads(
@@ -97,7 +97,7 @@ TEST(JitBackend, LongSixteenBitRowsPrefetchAhead) {
   for (const std::string& isa : isas()) {
     IsaScope scope(isa);
     const RefCheck check(isa, 0, &ran);
-    auto prefetches = [](const Op& op) { return conf_for(op).reduce_prefetch_rows; };
+    auto prefetches = [](const Op& op) { return conf_for(op).prefetch.reduce_rows; };
     for (DataType dt : {DataType::kBF16, DataType::kF16}) {
       for (int64_t n : {1, 2, 3, 5}) {
         for (int form = 0; form < 6; form += 2) {
@@ -145,7 +145,7 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
   for (const std::string& isa : isas()) {
     IsaScope scope(isa);
     const RefCheck check(isa, 100, &ran);
-    auto prefetches = [](const Op& op) { return conf_for(op).apply_prefetch_next_channel; };
+    auto prefetches = [](const Op& op) { return conf_for(op).prefetch.next_channel; };
     const struct {
       Dims shape;
       DataType dt;
@@ -188,8 +188,8 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
     check(one_op(staged), "staged");
     const jit::BnConf dense =
         conf_for(bn_bwd({2, 3, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3));
-    EXPECT_TRUE(dense.apply_prefetch_next_channel);
-    EXPECT_FALSE(jit::staged_conf(dense).apply_prefetch_next_channel);
+    EXPECT_TRUE(dense.prefetch.next_channel);
+    EXPECT_FALSE(jit::staged_conf(dense).prefetch.next_channel);
     expect_same_bits_for_1_2_4_threads(
         one_op(bn_bwd({6, 24, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
   }
@@ -209,7 +209,7 @@ TEST(JitBackend, LargeChannelsApplyLastRowsFirst) {
   for (const std::string& isa : isas()) {
     IsaScope scope(isa);
     const RefCheck check(isa, 400, &ran);
-    auto rows_per_call = [](const Op& op) { return conf_for(op).apply_reverse_rows; };
+    auto rows_per_call = [](const Op& op) { return conf_for(op).stream.reverse_rows; };
     // One long row per image: 3 rows of over a sixth of a quarter L2 each.
     const int64_t long_cols = quarter_l2 / 24 + 37;
     const Op long_rows = form_op({3, 3, 1, long_cols}, "NCX", DataType::kF32, 0);
@@ -282,9 +282,9 @@ TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
     const std::string what = dims_to_string({n, k.c, k.h, k.w}) + " " + dtype_name(k.dt);
     auto conf = jit::make_conf(op, jit::Isa::kAvx512);
     ASSERT_TRUE(conf.ok());
-    EXPECT_GT(conf->channel_group, 0) << what;
-    EXPECT_TRUE(conf->streaming_stores) << what;
-    EXPECT_NE(conf->cols % 16, 0) << what;
+    EXPECT_GT(conf->walk.channel_group, 0) << what;
+    EXPECT_TRUE(conf->stream.nt_stores) << what;
+    EXPECT_NE(conf->walk.cols % 16, 0) << what;
     EXPECT_GT(jit::bounce_block_bytes(*conf), 0) << what;
     EXPECT_FALSE(jit::grouped_linear_blocks(*conf)) << what;
     const auto r = compare_with_ref(one_op(op), "jit", static_cast<uint64_t>(ran++));
@@ -423,8 +423,8 @@ TEST(JitBackend, GroupedRowsLinearBlocks) {
                                " diff_src images " + std::to_string(k.dx_image_stride);
       auto conf = jit::make_conf(op, jit::Isa::kAvx512);
       ASSERT_TRUE(conf.ok());
-      EXPECT_GT(conf->channel_group, 0) << what;
-      EXPECT_EQ(conf->streaming_stores, streaming) << what;
+      EXPECT_GT(conf->walk.channel_group, 0) << what;
+      EXPECT_EQ(conf->stream.nt_stores, streaming) << what;
       EXPECT_TRUE(jit::grouped_linear_blocks(*conf)) << what;
       EXPECT_EQ(jit::grouped_linear_phases(*conf).size(), k.phases) << what;
       const auto r = compare_with_ref(one_op(op), "jit", static_cast<uint64_t>(ran++));
@@ -439,7 +439,7 @@ TEST(JitBackend, GroupedRowsLinearBlocks) {
     auto conf = jit::make_conf(bn_bwd(shape, "NCX", DataType::kF32, DataType::kF32, true, 3),
                                jit::Isa::kAvx512);
     ASSERT_TRUE(conf.ok());
-    EXPECT_GT(conf->channel_group, 0) << dims_to_string(shape);
+    EXPECT_GT(conf->walk.channel_group, 0) << dims_to_string(shape);
     EXPECT_FALSE(jit::grouped_linear_blocks(*conf)) << dims_to_string(shape);
   }
   for (bool streaming : {true, false}) {
@@ -487,9 +487,9 @@ TEST(JitBackend, LongRowsStreamRealigned) {
       for (int form = 0; form < 6; ++form) {
         const Op op = form_op(shape, "NCX", k.dt, form);
         const jit::BnConf conf = conf_for(op);
-        EXPECT_EQ(conf.streaming_stores, isa == "avx512");
-        EXPECT_EQ(conf.channel_group, 0);
-        EXPECT_NE(conf.cols % 16, 0);
+        EXPECT_EQ(conf.stream.nt_stores, isa == "avx512");
+        EXPECT_EQ(conf.walk.channel_group, 0);
+        EXPECT_NE(conf.walk.cols % 16, 0);
         check(one_op(op),
               dims_to_string(shape) + " " + dtype_name(k.dt) + " form " + std::to_string(form));
       }

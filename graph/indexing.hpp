@@ -1,9 +1,9 @@
-// Strided index walking for the reference kernels.
+// Strided index walking: a logical index space and its element offsets.
 //
-// The reference backend addresses every tensor through its own strides, so it
-// runs any layout the IR can describe. These helpers enumerate a logical index
-// space and hand out the matching element offsets; they favour obviousness
-// over speed.
+// The reference backend and the test oracle address every tensor through its
+// own strides, so they run any layout the IR can describe. These helpers
+// enumerate a logical index space and hand out the matching element offsets;
+// they favour obviousness over speed.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,6 @@
 #include <normgrad/graph/logical_tensor.hpp>
 
 namespace normgrad {
-namespace ref {
 
 // Offset of logical index `idx` under `strides`.
 inline int64_t offset_of(const std::vector<int64_t>& idx, const Dims& strides) {
@@ -43,5 +42,4 @@ void for_each_index(const Dims& dims, int fixed_axis, int64_t fixed_value, Fn&& 
   }
 }
 
-}  // namespace ref
 }  // namespace normgrad

@@ -1,0 +1,516 @@
+// JIT dense driver: one backward over dense (or per-task staged) buffers.
+//
+// DenseRun holds what every walk shares: the per-channel statistics in f64,
+// the kernel arguments, and the outputs. run() loads the statistics, runs
+// the walk the conf chose, and writes what is left. The rows walks reduce and
+// apply a channel (or a group of adjacent channels) in one task, so a
+// channel's data is read from cache the second time; the pixels walk runs
+// its phases over every channel in turn: reduce per fixed chunk of pixels,
+// merge the chunks in index order, coefficients, apply (last chunks first).
+// The reductions are partitioned by the shape alone, so any thread count
+// gives the same bits.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <normgrad/backends/jit/jit_driver.hpp>
+#include <normgrad/backends/jit/jit_forward.hpp>
+
+namespace normgrad {
+namespace jit {
+namespace {
+
+struct Channel {
+  double mean = 0.0, s = 0.0, gamma = 1.0;
+};
+
+// Per-channel coefficients of dx = a dy + b (x - mean) + c, and the reductions.
+// `m` is the element count per channel the sums cover (all processes' for Apply).
+void coefficients(const BnConf& conf, double m, const Channel& ch, double sum_dy, double sum_dyxm,
+                  float* a, float* b, float* c, double* diff_gamma, double* diff_beta) {
+  const double g = ch.gamma, s = ch.s;
+  *diff_beta = sum_dy;
+  *diff_gamma = s * sum_dyxm;
+  *a = static_cast<float>(g * s);
+  if (conf.d.mode == BackwardMode::kTraining) {
+    *b = static_cast<float>(-g * s * s * (*diff_gamma) / m);
+    *c = static_cast<float>(-g * s * sum_dy / m);
+  } else {
+    *b = 0.f;
+    *c = 0.f;
+  }
+}
+
+// run_dense's per-channel arrays, kept per thread between calls. Allocated
+// and freed on every call, their 100-200 KB at the heap's top were trimmed by
+// glibc after each call and page-faulted back in on the next: 16-44 faults
+// per call, 1x7x7x2048 NXC f32 0.116 ms against 0.036 ms without the trim
+// (measured). assign() keeps the capacity.
+struct DriverScratch {
+  std::vector<Channel> ch;
+  std::vector<double> red0, red1, diff_gamma, diff_beta, s0, s1;
+  std::vector<float> coef, partial;
+};
+
+using ScratchLease = ScratchLeaseOf<DriverScratch>;
+
+// Per-thread staging buffers, grown on demand and kept: fresh pages would
+// fault on every task.
+char* stage_buffer(int which, size_t bytes) {
+  thread_local std::vector<char> buffers[3];
+  std::vector<char>& b = buffers[which];
+  if (b.size() < bytes + 64) b.resize(bytes + 64);
+  const auto p = reinterpret_cast<uintptr_t>(b.data());
+  return b.data() + ((64 - p % 64) % 64);
+}
+
+// Walks the rows of `dims` (all but the last dim, row-major order), calling
+// fn(row, offset of the row in elements under `strides`); offsets advance
+// like an odometer, with no division per row.
+template <typename Fn>
+void for_each_row(const Dims& dims, const Dims& strides, const Fn& fn) {
+  const size_t rank = dims.size();
+  if (rank == 0) return;
+  int64_t outer = 1;
+  for (size_t k = 0; k + 1 < rank; ++k) outer *= dims[k];
+  std::vector<int64_t> idx(rank, 0);
+  int64_t off = 0;
+  for (int64_t row = 0; row < outer; ++row) {
+    fn(row, off);
+    for (size_t k = rank - 1; k-- > 0;) {  // next row: carry through the outer dims
+      off += strides[k];
+      if (++idx[k] < dims[k]) break;
+      off -= strides[k] * dims[k];
+      idx[k] = 0;
+    }
+  }
+}
+
+// Copies the elements of `dims` (row-major order) from strided `src` into dense `dst`.
+void gather_dense(const char* src, const Dims& strides, const Dims& dims, int64_t es, char* dst) {
+  if (dims.empty()) return;
+  const int64_t inner = dims.back(), is = strides.back();
+  for_each_row(dims, strides, [&](int64_t row, int64_t off) {
+    const char* s = src + off * es;
+    char* d = dst + row * inner * es;
+    if (is == 1) {
+      std::memcpy(d, s, static_cast<size_t>(inner * es));
+    } else {
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(d + j * es, s + j * is * es, static_cast<size_t>(es));
+    }
+  });
+}
+
+// The reverse: dense `src` into strided `dst`.
+void scatter_dense(const char* src, char* dst, const Dims& strides, const Dims& dims, int64_t es) {
+  if (dims.empty()) return;
+  const int64_t inner = dims.back(), is = strides.back();
+  for_each_row(dims, strides, [&](int64_t row, int64_t off) {
+    const char* s = src + row * inner * es;
+    char* d = dst + off * es;
+    if (is == 1) {
+      std::memcpy(d, s, static_cast<size_t>(inner * es));
+    } else {
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(d + j * is * es, s + j * es, static_cast<size_t>(es));
+    }
+  });
+}
+
+// Pixels [r0, r0 + len) of a tensor (every index but the channel's, in
+// row-major order), each pixel's C values, between strided memory and a dense
+// [len][C] buffer.
+template <bool kGather>
+void move_pixels(char* dense, char* strided, const Dims& strides, const Dims& dims, int axis,
+                 int64_t es, int64_t r0, int64_t len) {
+  const auto rank = static_cast<int>(dims.size());
+  const int64_t c = dims[axis], cs = strides[axis];
+  for (int64_t p = r0; p < r0 + len; ++p) {
+    int64_t off = 0, rest = p;
+    for (int k = rank - 1; k >= 0; --k) {
+      if (k == axis) continue;
+      off += (rest % dims[k]) * strides[k];
+      rest /= dims[k];
+    }
+    char* row = dense + (p - r0) * c * es;
+    char* mem = strided + off * es;
+    if (cs == 1) {
+      if (kGather) {
+        std::memcpy(row, mem, static_cast<size_t>(c * es));
+      } else {
+        std::memcpy(mem, row, static_cast<size_t>(c * es));
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < c; ++j) {
+      if (kGather) {
+        std::memcpy(row + j * es, mem + j * cs * es, static_cast<size_t>(es));
+      } else {
+        std::memcpy(mem + j * cs * es, row + j * es, static_cast<size_t>(es));
+      }
+    }
+  }
+}
+
+// The sub-tensor of one channel (dims without the channel axis, and their strides).
+void channel_view(const Dims& dims, const Dims& strides, int axis, Dims* sub_dims,
+                  Dims* sub_strides) {
+  sub_dims->clear();
+  sub_strides->clear();
+  for (size_t k = 0; k < dims.size(); ++k) {
+    if (static_cast<int>(k) == axis) continue;
+    sub_dims->push_back(dims[k]);
+    sub_strides->push_back(strides[k]);
+  }
+}
+
+class DenseRun {
+ public:
+  DenseRun(const BnConf& conf, const KernelSet& dense_kernels, const std::vector<const void*>& in,
+           const std::vector<void*>& out, const Staging* stage)
+      : conf_(conf),
+        d_(conf.d),
+        pm_(conf.ports),
+        kernels_(stage ? *stage->kernels : dense_kernels),
+        in_(in),
+        out_(out),
+        stage_(stage),
+        scratch_(lease_.get()),
+        nc_(d_.channels),
+        cp_(padded_channels(d_.channels)),
+        es_(dtype_size(d_.data_dt)),
+        reduce_only_(d_.phase == BackwardPhase::kReduce),
+        given_sums_(d_.phase == BackwardPhase::kApply),
+        x_(input(pm_.x)),
+        x2_(input(pm_.x_second)),
+        dy_(input(pm_.dy)),
+        dy2_(input(pm_.dy_second)),
+        dx_(static_cast<char*>(out[0])) {}
+
+  Status run();
+
+ private:
+  const char* input(int index) const {
+    return index < 0 ? nullptr : static_cast<const char*>(in_[index]);
+  }
+  // Channel c's statistics in f64 (bf16 statistics and the inverse-std
+  // convention handled here). The rows walks load each channel's in the task
+  // that owns it, so this scalar work (a square root and a division) runs in
+  // parallel; the pixels walk needs every channel's at once. With thousands
+  // of channels and few elements each (7x7, small batches) the serial loops
+  // were a measured share of the time.
+  void load_channel(int64_t c);
+  double given(int port, int64_t c) const { return load_as_double(in_[port], c, DataType::kF32); }
+  // Channel c's sums are final: Reduce keeps them (returns false); otherwise
+  // the coefficients go to a, b, cc and diff_gamma/diff_beta are stored.
+  bool finish_channel(int64_t c, double sum_dy, double sum_dyxm, float* a, float* b, float* cc);
+  void store_diffs(int64_t c);
+  // Kernel arguments for the inputs at byte offset `off` and diff_src at `dx_off`.
+  KernelArgs args(int64_t off, int64_t dx_off, bool with_dx, const float* coef, void* acc,
+                  int64_t rows) const {
+    return KernelArgs{
+        x_ + off, dy_ + off, with_dx ? dx_ + dx_off : nullptr, coef,
+        acc,      rows,      x2_ ? x2_ + off : nullptr,        dy2_ ? dy2_ + off : nullptr};
+  }
+
+  // The walks.
+  void rows_staged();
+  void rows_grouped();
+  void rows_per_channel();
+  void pixels();
+  // The pixels walk's phases.
+  void pixels_reduce(int64_t nchunks, std::vector<float>& coef);
+  void pixels_apply(int64_t nchunks, const std::vector<float>& coef);
+  void pixels_stage(char* bx, char* bdy, int64_t r0, int64_t len) const;
+
+  const BnConf& conf_;
+  const BatchNormDesc& d_;
+  const PortMap& pm_;
+  const KernelSet& kernels_;
+  const std::vector<const void*>& in_;
+  const std::vector<void*>& out_;
+  const Staging* stage_;
+  ScratchLease lease_;
+  DriverScratch& scratch_;
+  const int64_t nc_, cp_, es_;
+  const bool reduce_only_;  // Reduce: the per-channel sums out
+  const bool given_sums_;   // Apply: the global sums and count in
+  double m_ = 0.0;          // elements per channel the sums cover
+  const char* x_;
+  const char* x2_;
+  const char* dy_;
+  const char* dy2_;
+  char* dx_;
+};
+
+void DenseRun::load_channel(int64_t c) {
+  Channel& h = scratch_.ch[c];
+  h.mean = load_as_double(in_[pm_.mean], c, d_.stats_dt);
+  if (pm_.variance < 0) return;  // Reduce: the sums need the mean only
+  const double v = load_as_double(in_[pm_.variance], c, d_.stats_dt);
+  h.s = d_.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d_.epsilon));
+  h.gamma = d_.use_gamma ? load_as_double(in_[pm_.gamma], c, d_.stats_dt) : 1.0;
+  if (d_.from_dst) {
+    // The kernels sum dy (y - beta) = gamma sum dy xhat (mean = beta), so
+    // the coefficients take s' = 1/gamma in place of s and gamma' = gamma^2 s:
+    // diff_gamma = s' sum, a = gamma' s' = gamma s, b = -gamma' s'^2 diff_gamma/M
+    // = -s diff_gamma/M (times y - beta = gamma xhat), c = -gamma s diff_beta/M.
+    const double gamma = h.gamma;
+    h.gamma = gamma * gamma * h.s;
+    h.s = 1.0 / gamma;
+  }
+}
+
+void DenseRun::store_diffs(int64_t c) {
+  if (!d_.diff_scale_shift) return;
+  store_from_double(out_[1], c, d_.stats_dt, scratch_.diff_gamma[c]);
+  store_from_double(out_[2], c, d_.stats_dt, scratch_.diff_beta[c]);
+}
+
+bool DenseRun::finish_channel(int64_t c, double sum_dy, double sum_dyxm, float* a, float* b,
+                              float* cc) {
+  if (reduce_only_) {
+    scratch_.red0[c] = sum_dy, scratch_.red1[c] = sum_dyxm;
+    return false;
+  }
+  coefficients(conf_, m_, scratch_.ch[c], sum_dy, sum_dyxm, a, b, cc, &scratch_.diff_gamma[c],
+               &scratch_.diff_beta[c]);
+  return true;
+}
+
+Status DenseRun::run() {
+  scratch_.ch.assign(static_cast<size_t>(nc_), Channel{});
+  const bool per_task_stats = conf_.walk.kind == Walk::kRows;
+  for (int64_t c = 0; c < nc_ && !per_task_stats; ++c) load_channel(c);
+  m_ = static_cast<double>(d_.reduce_size);
+  if (given_sums_) {
+    m_ = load_as_double(in_[pm_.count], 0, DataType::kS64);
+    NG_RETURN_IF_ERROR(check_global_count("BatchNormBackwardApply", d_, m_));
+  }
+  scratch_.red0.assign(reduce_only_ ? static_cast<size_t>(nc_) : 0, 0.0);
+  scratch_.red1.assign(reduce_only_ ? static_cast<size_t>(nc_) : 0, 0.0);
+  scratch_.diff_gamma.assign(static_cast<size_t>(nc_), 0.0);
+  scratch_.diff_beta.assign(static_cast<size_t>(nc_), 0.0);
+  if (conf_.walk.kind == Walk::kRows && stage_) {
+    rows_staged();
+  } else if (conf_.walk.kind == Walk::kRows && conf_.walk.channel_group > 0) {
+    rows_grouped();
+  } else if (conf_.walk.kind == Walk::kRows) {
+    rows_per_channel();
+  } else {
+    pixels();
+  }
+  if (reduce_only_) {
+    for (int64_t c = 0; c < nc_; ++c) {
+      store_from_double(out_[0], c, DataType::kF32, scratch_.red0[c]);
+      store_from_double(out_[1], c, DataType::kF32, scratch_.red1[c]);
+    }
+    store_from_double(out_[2], 0, DataType::kS64, static_cast<double>(d_.reduce_size));
+    return ok_status();
+  }
+  for (int64_t c = 0; c < nc_ && !per_task_stats; ++c) store_diffs(c);
+  return ok_status();
+}
+
+// Strided rows: each channel's data gathered into per-thread buffers.
+void DenseRun::rows_staged() {
+  Dims sub_dims, xs_sub, dys_sub, dxs_sub;
+  const int axis = d_.channel_axis;
+  channel_view(d_.dims, stage_->x_strides, axis, &sub_dims, &xs_sub);
+  channel_view(d_.dims, stage_->dy_strides, axis, &sub_dims, &dys_sub);
+  channel_view(d_.dims, stage_->dx_strides, axis, &sub_dims, &dxs_sub);
+  const size_t bytes = static_cast<size_t>(d_.reduce_size * es_);
+  parallel_range(conf_.single_thread, nc_, [&](int64_t c) {
+    char* bx = stage_buffer(0, bytes);
+    char* bdy = stage_buffer(1, bytes);
+    char* bdx = stage_buffer(2, bytes);
+    gather_dense(x_ + c * stage_->x_strides[axis] * es_, xs_sub, sub_dims, es_, bx);
+    gather_dense(dy_ + c * stage_->dy_strides[axis] * es_, dys_sub, sub_dims, es_, bdy);
+    load_channel(c);
+    float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(scratch_.ch[c].mean)};
+    double sums[2] = {0.0, 0.0};
+    if (given_sums_) {
+      sums[0] = given(pm_.sum_dy, c), sums[1] = given(pm_.sum_dy_xm, c);
+    } else if (conf_.needs_reduction) {
+      kernels_.reduce(KernelArgs{bx, bdy, nullptr, coef, sums, conf_.walk.rows, nullptr, nullptr});
+    }
+    if (!finish_channel(c, sums[0], sums[1], &coef[0], &coef[1], &coef[2])) return;
+    store_diffs(c);
+    kernels_.apply(KernelArgs{bx, bdy, bdx, coef, nullptr, conf_.walk.rows, nullptr, nullptr});
+    scatter_dense(bdx, dx_ + c * stage_->dx_strides[axis] * es_, dxs_sub, sub_dims, es_);
+  });
+}
+
+// Short rows: one task per group of adjacent channels, the kernels walking
+// the group image by image. Each channel's sums are in a fixed order (its
+// rows in order, the reduce calls in blocks of images fixed by the shape),
+// whichever group or thread computes them.
+void DenseRun::rows_grouped() {
+  const int64_t group = conf_.walk.channel_group;
+  const auto bounce_bytes = static_cast<size_t>(bounce_block_bytes(conf_));
+  const int64_t ngroups = (nc_ + group - 1) / group;
+  parallel_range(conf_.single_thread, ngroups, [&](int64_t gi) {
+    const int64_t c0 = gi * group, cnt = std::min(group, nc_ - c0);
+    const int64_t base = c0 * conf_.walk.channel_stride * es_;
+    const int64_t dx_base = c0 * conf_.walk.dx_channel_stride * es_;
+    float coef[4 * kRowGroupAvx512] = {};
+    double sums[2 * kRowGroupAvx512] = {};
+    for (int64_t g = 0; g < cnt; ++g) {
+      load_channel(c0 + g);
+      coef[4 * g + 3] = static_cast<float>(scratch_.ch[c0 + g].mean);
+      if (given_sums_)
+        sums[2 * g] = given(pm_.sum_dy, c0 + g), sums[2 * g + 1] = given(pm_.sum_dy_xm, c0 + g);
+    }
+    for (int64_t r0 = 0; r0 < conf_.walk.rows && conf_.needs_reduction;
+         r0 += kRowsPerGroupedReduce) {
+      const int64_t off = base + r0 * conf_.walk.row_stride * es_;
+      KernelArgs a =
+          args(off, off, false, coef, sums, std::min(kRowsPerGroupedReduce, conf_.walk.rows - r0));
+      a.channels = cnt;
+      kernels_.reduce(a);
+    }
+    for (int64_t g = 0; g < cnt; ++g) {
+      if (!finish_channel(c0 + g, sums[2 * g], sums[2 * g + 1], &coef[4 * g], &coef[4 * g + 1],
+                          &coef[4 * g + 2]))
+        continue;
+      store_diffs(c0 + g);
+    }
+    if (reduce_only_) return;
+    void* bounce = bounce_bytes > 0 ? stage_buffer(0, bounce_bytes) : nullptr;
+    KernelArgs a = args(base, dx_base, true, coef, bounce, conf_.walk.rows);
+    a.channels = cnt;
+    kernels_.apply(a);
+  });
+}
+
+// One call per channel, or per (channel, image) over padded rows; the reduce
+// kernel adds each row's sums into `sums` in order, so the calls split
+// nothing that the bits depend on beyond the shape.
+void DenseRun::rows_per_channel() {
+  const int64_t calls = conf_.walk.batch_calls > 0 ? conf_.walk.batch_calls : 1;
+  parallel_range(conf_.single_thread, nc_, [&](int64_t c) {
+    const int64_t base = c * conf_.walk.channel_stride * es_;
+    const int64_t dx_base = c * conf_.walk.dx_channel_stride * es_;
+    load_channel(c);
+    float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(scratch_.ch[c].mean)};
+    double sums[2] = {0.0, 0.0};
+    if (given_sums_) sums[0] = given(pm_.sum_dy, c), sums[1] = given(pm_.sum_dy_xm, c);
+    for (int64_t b = 0; b < calls && conf_.needs_reduction; ++b) {
+      const int64_t off = base + b * conf_.walk.batch_stride * es_;
+      kernels_.reduce(args(off, off, false, coef, sums, conf_.walk.rows));
+    }
+    if (!finish_channel(c, sums[0], sums[1], &coef[0], &coef[1], &coef[2])) return;
+    store_diffs(c);
+    if (conf_.stream.reverse_rows > 0) {  // last rows first (StreamConf::reverse_rows)
+      const int64_t step = conf_.stream.reverse_rows;
+      for (int64_t r0 = (conf_.walk.rows - 1) / step * step; r0 >= 0; r0 -= step) {
+        KernelArgs a = args(base + r0 * conf_.walk.row_stride * es_,
+                            dx_base + r0 * conf_.walk.dx_row_stride * es_, true, coef, nullptr,
+                            std::min(step, conf_.walk.rows - r0));
+        a.prefetch_next = r0 == 0 && c + 1 < nc_ ? 1 : 0;
+        kernels_.apply(a);
+      }
+      return;
+    }
+    for (int64_t b = 0; b < calls; ++b) {
+      KernelArgs a = args(base + b * conf_.walk.batch_stride * es_,
+                          dx_base + b * conf_.walk.dx_batch_stride * es_, true, coef, nullptr,
+                          conf_.walk.rows);
+      a.prefetch_next = c + 1 < nc_ ? 1 : 0;
+      kernels_.apply(a);
+    }
+  });
+}
+
+// Pixels [r0, r0 + len) of strided src and diff_dst into the staging buffers.
+void DenseRun::pixels_stage(char* bx, char* bdy, int64_t r0, int64_t len) const {
+  move_pixels<true>(bx, const_cast<char*>(x_), stage_->x_strides, d_.dims, d_.channel_axis, es_, r0,
+                    len);
+  move_pixels<true>(bdy, const_cast<char*>(dy_), stage_->dy_strides, d_.dims, d_.channel_axis, es_,
+                    r0, len);
+}
+
+// Phase 1: each fixed chunk of pixels sums into its own partial (the means
+// are coef's fourth row); phase 2 merges the partials in chunk order.
+void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
+  const int64_t chunk = conf_.walk.chunk_rows, row_bytes = conf_.walk.row_stride * es_;
+  std::vector<double>& s0 = scratch_.s0;
+  std::vector<double>& s1 = scratch_.s1;
+  s0.assign(static_cast<size_t>(nc_), 0.0);
+  s1.assign(static_cast<size_t>(nc_), 0.0);
+  for (int64_t c = 0; c < nc_ && given_sums_; ++c)
+    s0[c] = given(pm_.sum_dy, c), s1[c] = given(pm_.sum_dy_xm, c);
+  if (!conf_.needs_reduction) return;
+  std::vector<float>& partial = scratch_.partial;
+  partial.assign(static_cast<size_t>(nchunks * 2 * cp_), 0.f);
+  const float* means = coef.data() + 3 * cp_;
+  parallel_range(conf_.single_thread, nchunks, [&](int64_t k) {
+    const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
+    float* out = partial.data() + k * 2 * cp_;
+    if (stage_) {
+      char* bx = stage_buffer(0, static_cast<size_t>(len * row_bytes));
+      char* bdy = stage_buffer(1, static_cast<size_t>(len * row_bytes));
+      pixels_stage(bx, bdy, r0, len);
+      kernels_.reduce(KernelArgs{bx, bdy, nullptr, means, out, len, nullptr, nullptr});
+      return;
+    }
+    kernels_.reduce(args(r0 * row_bytes, r0 * row_bytes, false, means, out, len));
+  });
+  // Chunks in index order for every channel: sequential in memory, fixed in order.
+  for (int64_t k = 0; k < nchunks; ++k) {
+    const float* p = partial.data() + k * 2 * cp_;
+    for (int64_t c = 0; c < nc_; ++c) {
+      s0[c] += p[c];
+      s1[c] += p[cp_ + c];
+    }
+  }
+}
+
+// Phase 4: diff_src, last chunks first: the reduction just read them, so they
+// are still in cache.
+void DenseRun::pixels_apply(int64_t nchunks, const std::vector<float>& coef) {
+  const int64_t chunk = conf_.walk.chunk_rows, row_bytes = conf_.walk.row_stride * es_;
+  parallel_range(conf_.single_thread, nchunks, [&](int64_t k_rev) {
+    const int64_t r0 = (nchunks - 1 - k_rev) * chunk;
+    const int64_t len = std::min(chunk, conf_.walk.rows - r0);
+    if (stage_) {
+      const auto bytes = static_cast<size_t>(len * row_bytes);
+      char* bx = stage_buffer(0, bytes);
+      char* bdy = stage_buffer(1, bytes);
+      char* bdx = stage_buffer(2, bytes);
+      pixels_stage(bx, bdy, r0, len);
+      kernels_.apply(KernelArgs{bx, bdy, bdx, coef.data(), nullptr, len, nullptr, nullptr});
+      move_pixels<false>(bdx, dx_, stage_->dx_strides, d_.dims, d_.channel_axis, es_, r0, len);
+      return;
+    }
+    kernels_.apply(
+        args(r0 * row_bytes, r0 * conf_.walk.dx_row_stride * es_, true, coef.data(), nullptr, len));
+  });
+}
+
+void DenseRun::pixels() {
+  std::vector<float>& coef = scratch_.coef;  // rows a, b, c and the means, cp_ apart
+  coef.assign(static_cast<size_t>(4 * cp_), 0.f);
+  for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = static_cast<float>(scratch_.ch[c].mean);
+  const int64_t nchunks = (conf_.walk.rows + conf_.walk.chunk_rows - 1) / conf_.walk.chunk_rows;
+  pixels_reduce(nchunks, coef);
+  // Phase 3: the coefficients (Reduce: the sums are the output).
+  bool apply = true;
+  for (int64_t c = 0; c < nc_; ++c) {
+    apply = finish_channel(c, scratch_.s0[c], scratch_.s1[c], &coef[c], &coef[cp_ + c],
+                           &coef[2 * cp_ + c]);
+  }
+  if (apply) pixels_apply(nchunks, coef);
+}
+
+}  // namespace
+
+Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector<const void*>& in,
+                 const std::vector<void*>& out, const Staging* stage) {
+  return DenseRun(conf, kernels, in, out, stage).run();
+}
+
+}  // namespace jit
+}  // namespace normgrad

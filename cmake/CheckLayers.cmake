@@ -1,0 +1,45 @@
+# The layer check, run as a build step (cmake -DNG_SOURCE_DIR=... -P CheckLayers.cmake):
+# every #include <normgrad/...> in the library folders names a layer at or
+# below its own, a backend includes no other backend's folder, and the code
+# above the library (testing, tools, python, bench) includes public headers
+# only (cmake/Layers.cmake lists them). A violation fails the build, naming
+# the file, the line and the rule.
+#
+#   graph < ops < passes < backends < compile
+cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/PublicHeaders.cmake)
+set(ng_allowed_graph graph)
+set(ng_allowed_ops graph ops)
+set(ng_allowed_passes graph ops passes)
+set(ng_allowed_backends graph ops passes backends)
+set(ng_allowed_compile graph ops passes backends compile)
+set(violations "")
+foreach(layer graph ops passes backends compile testing tools python bench)
+  file(GLOB_RECURSE files ${NG_SOURCE_DIR}/${layer}/*.cpp ${NG_SOURCE_DIR}/${layer}/*.hpp)
+  foreach(f ${files})
+    file(RELATIVE_PATH rel ${NG_SOURCE_DIR} ${f})
+    file(STRINGS ${f} lines REGEX "^#include <normgrad/")
+    foreach(line ${lines})
+      string(REGEX REPLACE "^#include <normgrad/([^>]+)>.*" "\\1" header "${line}")
+      string(REGEX REPLACE "/.*" "" target_layer "${header}")
+      if(DEFINED ng_allowed_${layer})
+        if(NOT target_layer IN_LIST ng_allowed_${layer})
+          string(APPEND violations "  ${rel}: ${line} (${layer} may include ${ng_allowed_${layer}})\n")
+        elseif(rel MATCHES "^backends/([a-z]+)/" AND header MATCHES "^backends/([a-z]+)/")
+          string(REGEX REPLACE "^backends/([a-z]+)/.*" "\\1" own "${rel}")
+          string(REGEX REPLACE "^backends/([a-z]+)/.*" "\\1" other "${header}")
+          if(NOT own STREQUAL other)
+            string(APPEND violations "  ${rel}: ${line} (backends never include each other)\n")
+          endif()
+        elseif(NOT rel MATCHES "^backends/" AND header MATCHES "^backends/[a-z]+/")
+          string(APPEND violations "  ${rel}: ${line} (a backend's own folder is private to it)\n")
+        endif()
+      elseif(NOT header IN_LIST ng_public_headers AND NOT header MATCHES "^(testing/|graph/version.hpp$|normgrad.hpp$)")
+        string(APPEND violations "  ${rel}: ${line} (${layer} uses public headers only)\n")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(violations)
+  message(FATAL_ERROR "normgrad layer check: includes that reach above their layer:\n${violations}")
+endif()
