@@ -251,9 +251,13 @@ Status print_partitions(Graph g, const std::string& backend, bool as_json, bool 
     // order, and what it answered (the last one that matched won); an op a
     // pattern anchored elsewhere took says so.
     for (const Op& op : r.p->ops) {
-      if (op.id() != r.p->anchor && r.p->anchor >= 0)
-        o << "    " << op.label() << ": taken by " << r.p->pattern << " (anchored at op "
+      if (op.id() != r.p->anchor && r.p->anchor >= 0) {
+        std::string role;
+        for (const BoundOp& b : r.p->roles)
+          role = b.op_id == op.id() ? std::string(" as ") + fusion_role_name(b.role) : role;
+        o << "    " << op.label() << ": taken by " << r.p->pattern << role << " (anchored at op "
           << r.p->anchor << ")\n";
+      }
       auto [first, last] = trials.equal_range(op.id());
       for (auto it = first; it != last; ++it) {
         const PatternTrial& t = *it->second;

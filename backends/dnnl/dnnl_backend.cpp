@@ -117,7 +117,8 @@ class DnnlBackend final : public Backend {
 
   // Plans are cached by signature, so supports() followed by compile() builds once.
   static StatusOr<std::shared_ptr<const Kernel>> build(const Partition& partition) {
-    if (partition.pattern == "dnnl.int8_bn_chain") return build_chain(partition);
+    // The int8 chain's match bound a Dequantize (passes/pattern.hpp).
+    if (partition.bound(FusionRole::kDequantize) != nullptr) return build_chain(partition);
     const Op& op = partition.ops[0];
     if (op.kind() == OpKind::kBatchNormInference || op.kind() == OpKind::kBatchNormForwardTraining)
       return dnnl_impl::make_batch_norm_forward(partition);

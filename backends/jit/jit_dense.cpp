@@ -7,18 +7,102 @@
 // channel's data is read from cache the second time; the pixels walk runs
 // its phases over every channel in turn: reduce per fixed chunk of pixels,
 // merge the chunks in index order, coefficients, apply (last chunks first).
-// The reductions are partitioned by the shape alone, so any thread count
-// gives the same bits.
+// The reductions are partitioned by the shape alone and the tasks run on
+// oneTBB (or std::threads under ThreadSanitizer), so any thread count gives
+// the same bits.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <normgrad/backends/backend.hpp>
 
 #include <normgrad/backends/jit/jit_driver.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
 
 namespace normgrad {
 namespace jit {
+namespace {
+
+std::atomic<int>& last_concurrency() {
+  static std::atomic<int> v{0};
+  return v;
+}
+void note_concurrency(int c) {
+  last_concurrency().store(c);
+}
+
+#ifndef NORMGRAD_STD_THREADS
+// One arena per thread cap, shared by concurrent executions (an arena is
+// thread-safe); replaced when the cap changes.
+std::shared_ptr<tbb::task_arena> capped_arena(int cap) {
+  static std::mutex mu;
+  static std::shared_ptr<tbb::task_arena> arena;
+  static int arena_cap = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!arena || arena_cap != cap) {
+    arena = std::make_shared<tbb::task_arena>(cap);
+    arena_cap = cap;
+  }
+  return arena;
+}
+#endif
+
+// Runs body(i) for i in [0, n): serially for small problems, else on oneTBB, or
+// on plain std::threads in NORMGRAD_STD_THREADS builds (ThreadSanitizer runs:
+// Debian's oneTBB is not instrumented). Work items are independent, so either
+// gives the same bits.
+template <typename Body>
+void for_range(bool serial, int64_t n, const Body& body) {
+  if (serial || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#ifdef NORMGRAD_STD_THREADS
+  const int cap = num_threads();
+  const int64_t cores = cap > 0 ? cap : std::max(1u, std::thread::hardware_concurrency());
+  note_concurrency(static_cast<int>(cores));
+  const int64_t workers = std::min<int64_t>(n, cores);
+  std::vector<std::thread> threads;
+  for (int64_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t i = w * n / workers; i < (w + 1) * n / workers; ++i) body(i);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+#else
+  auto run = [&] {
+    note_concurrency(tbb::this_task_arena::max_concurrency());
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
+    });
+  };
+  if (const int cap = num_threads(); cap > 0) {
+    capped_arena(cap)->execute(run);  // normgrad::set_num_threads: our own arena
+  } else {
+    run();
+  }
+#endif
+}
+
+}  // namespace
+
+void parallel_range(bool serial, int64_t n, const std::function<void(int64_t)>& body) {
+  for_range(serial, n, body);
+}
+
+int last_max_concurrency() {
+  return last_concurrency().load();
+}
+
 namespace {
 
 struct Channel {
@@ -322,7 +406,7 @@ void DenseRun::rows_staged() {
   channel_view(d_.dims, stage_->dy_strides, axis, &sub_dims, &dys_sub);
   channel_view(d_.dims, stage_->dx_strides, axis, &sub_dims, &dxs_sub);
   const size_t bytes = static_cast<size_t>(d_.reduce_size * es_);
-  parallel_range(conf_.single_thread, nc_, [&](int64_t c) {
+  for_range(conf_.single_thread, nc_, [&](int64_t c) {
     char* bx = stage_buffer(0, bytes);
     char* bdy = stage_buffer(1, bytes);
     char* bdx = stage_buffer(2, bytes);
@@ -351,7 +435,7 @@ void DenseRun::rows_grouped() {
   const int64_t group = conf_.walk.channel_group;
   const auto bounce_bytes = static_cast<size_t>(bounce_block_bytes(conf_));
   const int64_t ngroups = (nc_ + group - 1) / group;
-  parallel_range(conf_.single_thread, ngroups, [&](int64_t gi) {
+  for_range(conf_.single_thread, ngroups, [&](int64_t gi) {
     const int64_t c0 = gi * group, cnt = std::min(group, nc_ - c0);
     const int64_t base = c0 * conf_.walk.channel_stride * es_;
     const int64_t dx_base = c0 * conf_.walk.dx_channel_stride * es_;
@@ -390,7 +474,7 @@ void DenseRun::rows_grouped() {
 // nothing that the bits depend on beyond the shape.
 void DenseRun::rows_per_channel() {
   const int64_t calls = conf_.walk.batch_calls > 0 ? conf_.walk.batch_calls : 1;
-  parallel_range(conf_.single_thread, nc_, [&](int64_t c) {
+  for_range(conf_.single_thread, nc_, [&](int64_t c) {
     const int64_t base = c * conf_.walk.channel_stride * es_;
     const int64_t dx_base = c * conf_.walk.dx_channel_stride * es_;
     load_channel(c);
@@ -446,7 +530,7 @@ void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
   std::vector<float>& partial = scratch_.partial;
   partial.assign(static_cast<size_t>(nchunks * 2 * cp_), 0.f);
   const float* means = coef.data() + 3 * cp_;
-  parallel_range(conf_.single_thread, nchunks, [&](int64_t k) {
+  for_range(conf_.single_thread, nchunks, [&](int64_t k) {
     const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
     float* out = partial.data() + k * 2 * cp_;
     if (stage_) {
@@ -472,7 +556,7 @@ void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
 // are still in cache.
 void DenseRun::pixels_apply(int64_t nchunks, const std::vector<float>& coef) {
   const int64_t chunk = conf_.walk.chunk_rows, row_bytes = conf_.walk.row_stride * es_;
-  parallel_range(conf_.single_thread, nchunks, [&](int64_t k_rev) {
+  for_range(conf_.single_thread, nchunks, [&](int64_t k_rev) {
     const int64_t r0 = (nchunks - 1 - k_rev) * chunk;
     const int64_t len = std::min(chunk, conf_.walk.rows - r0);
     if (stage_) {

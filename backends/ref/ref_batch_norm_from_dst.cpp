@@ -66,13 +66,14 @@ Status batch_norm_backward_from_dst(const Op& op, const std::vector<const void*>
       double y, dy;
       pre(idx, &y, &dy);
       const double xhat = (y - beta) / gamma;
-      store_from_double(out[0], offset_of(idx, xs), op.outputs()[0].dtype,
+      store_from_double(out[Ports::diff_src_port()], offset_of(idx, xs), ports.diff_src().dtype,
                         gamma * s * (dy - diff_beta / m - xhat * diff_gamma / m));
     });
     if (d.diff_scale_shift) {
-      store_from_double(out[1], c * op.outputs()[1].effective_strides()[0], op.outputs()[1].dtype,
+      const LogicalTensor &dg = ports.diff_gamma(), &db = ports.diff_beta();
+      store_from_double(out[Ports::diff_gamma_port()], c * dg.effective_strides()[0], dg.dtype,
                         diff_gamma);
-      store_from_double(out[2], c * op.outputs()[2].effective_strides()[0], op.outputs()[2].dtype,
+      store_from_double(out[Ports::diff_beta_port()], c * db.effective_strides()[0], db.dtype,
                         diff_beta);
     }
   }
