@@ -32,6 +32,7 @@ _ACTIVATIONS = ("leaky_relu", "identity")
 
 
 def _check_activation(name, activation, slope):
+    """The activation and its slope; returns the slope (leaky_relu's default 0.01)."""
     if activation == "relu":
         raise _ng.Error("normgrad.torch.%s: activation 'relu' has no inverse (every negative value "
                         "becomes 0, so the backward cannot recover its input from the output); "
@@ -39,9 +40,16 @@ def _check_activation(name, activation, slope):
     if activation not in _ACTIVATIONS:
         raise _ng.Error("normgrad.torch.%s: activation %r is not supported (leaky_relu, identity)"
                         % (name, activation))
-    if activation == "leaky_relu" and not (slope > 0 and slope == slope and slope != float("inf")):
+    if activation == "identity":
+        if slope is not None:
+            raise _ng.Error("normgrad.torch.%s: activation_param %r is only read with leaky_relu; "
+                            "identity takes none" % (name, slope))
+        return None
+    slope = 0.01 if slope is None else slope
+    if not (slope > 0 and slope == slope and slope != float("inf")):
         raise _ng.Error("normgrad.torch.%s: activation_param %r must be finite and > 0 (leaky_relu "
                         "is inverted by dividing by it)" % (name, slope))
+    return slope
 
 
 def _check_in_place(name, x):
@@ -61,15 +69,6 @@ def _scale_shift(weight, bias, eps, c):
     if weight is None:
         return _g.constant(c, 1.0), _g.constant(c, 0.0)
     return (weight.detach().float().abs() + eps).contiguous(), bias.detach().float().contiguous()
-
-
-def _update_running(running_mean, running_var, mean, var, momentum, n):
-    if running_mean is None:
-        return
-    with _torch.no_grad():
-        running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-        running_var.mul_(1 - momentum).add_((var * (n / max(n - 1, 1))).to(running_var.dtype),
-                                            alpha=momentum)
 
 
 def _param_grads(weight, dgamma, dbeta):
@@ -104,7 +103,7 @@ class _InPlaceABNFunction(_torch.autograd.Function):
         scratch = _torch.empty(2 * c, dtype=_torch.float32)
         _g.run(cg, inputs, {_g.forward_output_id(has_res, leaky): xv, _g.ORM: scratch[:c],
                             _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
-        _update_running(running_mean, running_var, mean, var, momentum, x.numel() // c)
+        _g.update_running(running_mean, running_var, mean, var, momentum, x.numel() // c)
         ctx.eps, ctx.slope, ctx.has_res = eps, slope, has_res
         ctx.mark_dirty(x)
         ctx.save_for_backward(x, var, weight, bias, residual)
@@ -151,7 +150,7 @@ class _InPlaceABNSyncFunction(_torch.autograd.Function):
         mean64 = stats[:c] / n
         var64 = (stats[c:2 * c] / n - mean64 * mean64).clamp_min(0)
         mean, var = mean64.float(), var64.float()
-        _update_running(running_mean, running_var, mean, var, momentum, n)
+        _g.update_running(running_mean, running_var, mean, var, momentum, n)
         fmt, xv = _g.layout(xd)
         gamma, beta = _scale_shift(weight, bias, eps, c)
         cg = _g.inference_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, eps, False)
@@ -205,15 +204,17 @@ class _InPlaceABNSyncFunction(_torch.autograd.Function):
 
 class InPlaceABN(_nn.Module):
     """act(batch_norm(x)) written over x, with mapillary/inplace_abn's signature:
-    activation "leaky_relu" (slope activation_param) or "identity". The scale
+    activation "leaky_relu" (slope activation_param, 0.01 when None) or
+    "identity" (which takes no activation_param: one given is an error, not
+    ignored). The scale
     is |weight| + eps. In training the forward is in place and the backward
     reads only the output; with frozen statistics (eval) it is in place when
     no gradient is needed, and an ordinary out-of-place computation otherwise."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 activation="leaky_relu", activation_param=0.01):
+                 activation="leaky_relu", activation_param=None):
         super().__init__()
-        _check_activation(type(self).__name__, activation, activation_param)
+        activation_param = _check_activation(type(self).__name__, activation, activation_param)
         self.num_features, self.eps, self.momentum, self.affine = num_features, eps, momentum, affine
         self.activation, self.activation_param = activation, activation_param
         if affine:
@@ -291,7 +292,7 @@ class InPlaceABNSync(InPlaceABN):
     an initialized group of more than one process it is InPlaceABN."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 activation="leaky_relu", activation_param=0.01, group=None):
+                 activation="leaky_relu", activation_param=None, group=None):
         super().__init__(num_features, eps, momentum, affine, activation, activation_param)
         self.group = group
 
@@ -415,8 +416,8 @@ def convert_inplace_abn(model, bn_types):
                                  for u in users):
             leave("an in-place op overwrites its output, which InPlaceABN saves")
             continue
-        _set_module(gm, node.target, _abn_like(bn, "leaky_relu" if slope is not None else
-                                               "identity", slope if slope is not None else 0.01))
+        _set_module(gm, node.target,
+                    _abn_like(bn, "leaky_relu" if slope is not None else "identity", slope))
         if slope is not None:
             users[0].replace_all_uses_with(node)
             gm.graph.erase_node(users[0])

@@ -24,6 +24,24 @@ X, DY, MEAN, VAR, GAMMA, DX, DGAMMA, DBETA, Y, G = 0, 1, 2, 3, 4, 5, 6, 7, 10, 1
 RM, RV, BETA, Y0, ORM, ORV, BM, BV, RES, ADD_OUT, RELU_OUT = range(30, 41)
 
 
+def update_running(running_mean, running_var, mean, var, factor, n):
+    """torch's running-statistics update: momentum `factor` towards the batch's
+    mean and variance, the variance unbiased by n / (n - 1). Contiguous f32
+    buffers take the C++ update (in f64, as torch's CPU kernel); others torch ops."""
+    if running_mean is None:
+        return
+    c, unbias = mean.numel(), n / max(n - 1, 1)
+    if (running_mean.dtype == running_var.dtype == _torch.float32
+            and running_mean.is_contiguous() and running_var.is_contiguous()):
+        _ng._normgrad._update_running(running_mean.data_ptr(), running_var.data_ptr(),
+                                      mean.data_ptr(), var.data_ptr(), c, float(factor),
+                                      float(unbias))
+        return
+    with _torch.no_grad():
+        running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
+        running_var.mul_(1 - factor).add_((var * unbias).to(running_var.dtype), alpha=factor)
+
+
 def channels_last(x):
     """Whether x (rank 4 or 5) is in channels_last order and not also plain contiguous."""
     if x.dim() == 4:

@@ -122,21 +122,7 @@ class _BatchNormFunction(_torch.autograd.Function):
             scratch = _torch.empty(2 * c, dtype=_torch.float32)  # oneDNN's running outputs, unused
             _g.run(cg, inputs, {_g.forward_output_id(residual is not None, fuse_relu): yv,
                                 _g.ORM: scratch[:c], _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
-            if running_mean is not None:
-                # torch's update: momentum towards the batch, the variance unbiased.
-                n = x.numel() // c
-                unbias = n / max(n - 1, 1)
-                if (running_mean.dtype == running_var.dtype == _torch.float32
-                        and running_mean.is_contiguous() and running_var.is_contiguous()):
-                    _ng._normgrad._update_running(running_mean.data_ptr(), running_var.data_ptr(),
-                                                  mean.data_ptr(), var.data_ptr(), c,
-                                                  float(factor), float(unbias))
-                else:
-                    with _torch.no_grad():
-                        running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype),
-                                                           alpha=factor)
-                        running_var.mul_(1 - factor).add_((var * unbias).to(running_var.dtype),
-                                                          alpha=factor)
+            _g.update_running(running_mean, running_var, mean, var, factor, x.numel() // c)
         else:
             mean = running_mean.detach().float().contiguous()
             var = running_var.detach().float().contiguous()

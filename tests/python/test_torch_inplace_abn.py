@@ -32,7 +32,7 @@ def test_forward_in_place_and_gradients_match_float64(channels_last, activation,
     x0 = torch.randn(4, 24, 9, 7) * 2 + 0.5
     if channels_last:
         x0 = x0.contiguous(memory_format=torch.channels_last)
-    m = ngt.InPlaceABN(24, activation=activation, activation_param=slope or 0.01)
+    m = ngt.InPlaceABN(24, activation=activation, activation_param=slope)
     with torch.no_grad():
         m.weight.uniform_(-1.5, 1.5)
         m.bias.uniform_(-0.5, 0.5)
@@ -153,10 +153,16 @@ def test_convert_swaps_bn_leaky_relu_and_matches_torch_gradients():
     ({"activation": "elu"}, "not supported"),
     ({"activation_param": 0.0}, "must be finite and > 0"),
     ({"activation_param": -1.0}, "must be finite and > 0"),
+    ({"activation": "identity", "activation_param": 0.01}, "only read with leaky_relu"),
 ])
 def test_bad_activation_is_named(kwargs, message):
     with pytest.raises(normgrad.Error, match=message):
         ngt.InPlaceABN(8, **kwargs)
+
+
+def test_leaky_relu_slope_defaults_to_mapillarys():
+    assert ngt.InPlaceABN(8).activation_param == 0.01
+    assert ngt.InPlaceABN(8, activation="identity").activation_param is None
 
 
 def test_leaf_that_requires_grad_is_refused():
