@@ -10,6 +10,7 @@ batch and prints both loss curves.
 
 Run: PYTHONPATH=build/python /usr/bin/python3 examples/python/sync_batch_norm.py
 """
+import gc
 import os
 import tempfile
 
@@ -58,6 +59,13 @@ def worker(rank, out):
         half = slice(rank * 8, rank * 8 + 8)
         losses = train(net, x[half], y[half])
         torch.save({"losses": losses, "state": net.module.state_dict()}, os.path.join(out, "%d.pt" % rank))
+        # Tear DDP down while the process group still lives, after every
+        # collective has finished: torch 1.13's DDP Reducer, freed last, joins
+        # gloo's threads while holding the GIL, and deadlocks when one of them
+        # is freeing a Python tensor at that moment.
+        dist.barrier()
+        del net
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
