@@ -7,102 +7,19 @@
 // channel's data is read from cache the second time; the pixels walk runs
 // its phases over every channel in turn: reduce per fixed chunk of pixels,
 // merge the chunks in index order, coefficients, apply (last chunks first).
-// The reductions are partitioned by the shape alone and the tasks run on
-// oneTBB (or std::threads under ThreadSanitizer), so any thread count gives
-// the same bits.
+// The reductions are partitioned by the shape alone and the tasks run on the
+// pool (jit_parallel.hpp), so any thread count gives the same bits.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
-
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-#include <tbb/task_arena.h>
-
-#include <normgrad/backends/backend.hpp>
 
 #include <normgrad/backends/jit/jit_driver.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
+#include <normgrad/backends/jit/jit_parallel.hpp>
 
 namespace normgrad {
 namespace jit {
-namespace {
-
-std::atomic<int>& last_concurrency() {
-  static std::atomic<int> v{0};
-  return v;
-}
-void note_concurrency(int c) {
-  last_concurrency().store(c);
-}
-
-#ifndef NORMGRAD_STD_THREADS
-// One arena per thread cap, shared by concurrent executions (an arena is
-// thread-safe); replaced when the cap changes.
-std::shared_ptr<tbb::task_arena> capped_arena(int cap) {
-  static std::mutex mu;
-  static std::shared_ptr<tbb::task_arena> arena;
-  static int arena_cap = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!arena || arena_cap != cap) {
-    arena = std::make_shared<tbb::task_arena>(cap);
-    arena_cap = cap;
-  }
-  return arena;
-}
-#endif
-
-// Runs body(i) for i in [0, n): serially for small problems, else on oneTBB, or
-// on plain std::threads in NORMGRAD_STD_THREADS builds (ThreadSanitizer runs:
-// Debian's oneTBB is not instrumented). Work items are independent, so either
-// gives the same bits.
-template <typename Body>
-void for_range(bool serial, int64_t n, const Body& body) {
-  if (serial || n <= 1) {
-    for (int64_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-#ifdef NORMGRAD_STD_THREADS
-  const int cap = num_threads();
-  const int64_t cores = cap > 0 ? cap : std::max(1u, std::thread::hardware_concurrency());
-  note_concurrency(static_cast<int>(cores));
-  const int64_t workers = std::min<int64_t>(n, cores);
-  std::vector<std::thread> threads;
-  for (int64_t w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      for (int64_t i = w * n / workers; i < (w + 1) * n / workers; ++i) body(i);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-#else
-  auto run = [&] {
-    note_concurrency(tbb::this_task_arena::max_concurrency());
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
-    });
-  };
-  if (const int cap = num_threads(); cap > 0) {
-    capped_arena(cap)->execute(run);  // normgrad::set_num_threads: our own arena
-  } else {
-    run();
-  }
-#endif
-}
-
-}  // namespace
-
-void parallel_range(bool serial, int64_t n, const std::function<void(int64_t)>& body) {
-  for_range(serial, n, body);
-}
-
-int last_max_concurrency() {
-  return last_concurrency().load();
-}
-
 namespace {
 
 struct Channel {

@@ -1,16 +1,54 @@
-// JIT driver: the backward's entry and its empty-batch path.
+// JIT driver: the backward's entry, its empty-batch path, and the pool's state.
 //
 // run_batch_norm_backward checks what every path needs (FromDst's gamma),
 // answers an empty batch itself, and hands dense or staged buffers to
-// run_dense (jit_dense.cpp: the walks and the thread pool they run on).
+// run_dense (jit_dense.cpp, the walks, on the pool of jit_parallel.hpp).
+#include <atomic>
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #include <normgrad/backends/jit/jit_driver.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
+#include <normgrad/backends/jit/jit_parallel.hpp>
 
 namespace normgrad {
 namespace jit {
+
+namespace {
+
+std::atomic<int>& last_concurrency() {
+  static std::atomic<int> v{0};
+  return v;
+}
+
+}  // namespace
+
+void note_concurrency(int c) {
+  last_concurrency().store(c);
+}
+
+int last_max_concurrency() {
+  return last_concurrency().load();
+}
+
+#ifndef NORMGRAD_STD_THREADS
+std::shared_ptr<tbb::task_arena> capped_arena(int cap) {
+  static std::mutex mu;
+  static std::shared_ptr<tbb::task_arena> arena;
+  static int arena_cap = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!arena || arena_cap != cap) {
+    arena = std::make_shared<tbb::task_arena>(cap);
+    arena_cap = cap;
+  }
+  return arena;
+}
+#endif
+
+void parallel_range(bool serial, int64_t n, const std::function<void(int64_t)>& body) {
+  for_range(serial, n, body);
+}
 
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out,

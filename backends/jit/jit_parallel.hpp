@@ -1,0 +1,67 @@
+// The JIT's thread pool: for_range runs independent work items on oneTBB,
+// in its own arena under set_num_threads' cap, or on std::threads in
+// NORMGRAD_STD_THREADS builds. A template, so the walks' task bodies inline.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <normgrad/backends/backend.hpp>
+
+namespace normgrad {
+namespace jit {
+
+// Records the parallelism a run had (last_max_concurrency, jit_driver.hpp).
+void note_concurrency(int c);
+#ifndef NORMGRAD_STD_THREADS
+// One arena per thread cap, shared by concurrent executions (an arena is
+// thread-safe); replaced when the cap changes.
+std::shared_ptr<tbb::task_arena> capped_arena(int cap);
+#endif
+
+// Runs body(i) for i in [0, n): serially for small problems, else on oneTBB, or
+// on plain std::threads in NORMGRAD_STD_THREADS builds (ThreadSanitizer runs:
+// Debian's oneTBB is not instrumented). Work items are independent, so either
+// gives the same bits.
+template <typename Body>
+void for_range(bool serial, int64_t n, const Body& body) {
+  if (serial || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#ifdef NORMGRAD_STD_THREADS
+  const int cap = num_threads();
+  const int64_t cores = cap > 0 ? cap : std::max(1u, std::thread::hardware_concurrency());
+  note_concurrency(static_cast<int>(cores));
+  const int64_t workers = std::min<int64_t>(n, cores);
+  std::vector<std::thread> threads;
+  for (int64_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t i = w * n / workers; i < (w + 1) * n / workers; ++i) body(i);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+#else
+  auto run = [&] {
+    note_concurrency(tbb::this_task_arena::max_concurrency());
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
+    });
+  };
+  if (const int cap = num_threads(); cap > 0) {
+    capped_arena(cap)->execute(run);  // normgrad::set_num_threads: our own arena
+  } else {
+    run();
+  }
+#endif
+}
+
+}  // namespace jit
+}  // namespace normgrad
