@@ -430,22 +430,23 @@ std::vector<std::pair<int64_t, int64_t>> CompiledGraph::inplace_pairs() const {
   for (const Op& op : graph_.ops()) {
     std::vector<std::pair<size_t, size_t>> ports;  // (input port, output port)
     switch (op.kind()) {
-      case OpKind::kBatchNormTrainingBackward: {
-        using P = BatchNormTrainingBackwardPorts;
-        ports = {{P::diff_dst_port(), P::diff_src_port()}};
-        break;
-      }
+      case OpKind::kBatchNormTrainingBackward:  // diff_src over diff_dst
       case OpKind::kBatchNormTrainingBackwardFromDst: {
-        using P = BatchNormTrainingBackwardFromDstPorts;
+        using P = BatchNormTrainingBackwardPorts;
+        using F = BatchNormTrainingBackwardFromDstPorts;
+        static_assert(
+            P::diff_dst_port() == F::diff_dst_port() && P::diff_src_port() == F::diff_src_port(),
+            "op_ports.def: the two backward kinds disagree on diff_dst/diff_src");
         ports = {{P::diff_dst_port(), P::diff_src_port()}};
         break;
       }
-      case OpKind::kBatchNormInference:
-        ports = {{BatchNormInferencePorts::src_port(), BatchNormInferencePorts::dst_port()}};
-        break;
+      case OpKind::kBatchNormInference:  // dst over src
       case OpKind::kBatchNormForwardTraining: {
-        using P = BatchNormForwardTrainingPorts;
-        ports = {{P::src_port(), P::dst_port()}};
+        using I = BatchNormInferencePorts;
+        using T = BatchNormForwardTrainingPorts;
+        static_assert(I::src_port() == T::src_port() && I::dst_port() == T::dst_port(),
+                      "op_ports.def: the two forward kinds disagree on src/dst");
+        ports = {{T::src_port(), T::dst_port()}};
         break;
       }
       case OpKind::kReLUBackward:  // (src/dst, diff_dst) -> diff_src

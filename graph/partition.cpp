@@ -26,11 +26,6 @@ const char* fusion_role_name(FusionRole role) {
 }
 
 const Op* Partition::bound(FusionRole role) const {
-  // A partition put together before roles existed names its anchor only.
-  const bool by_anchor = role == FusionRole::kAnchor && roles.empty();
-  for (const Op& op : ops) {
-    if (by_anchor && op.id() == anchor) return &op;
-  }
   for (const BoundOp& b : roles) {
     if (b.role != role) continue;
     for (const Op& op : ops) {

@@ -18,42 +18,30 @@
 
 namespace normgrad {
 
-#define NG_IN(name, i)                    \
+// One accessor (and its index) on the op's `list` of ports; the optional
+// form asks has_<name>() first.
+#define NG_PORT_(name, i, list)           \
   const LogicalTensor& name() const {     \
-    return op_.inputs()[i];               \
+    return op_.list()[i];                 \
   }                                       \
   static constexpr size_t name##_port() { \
     return i;                             \
   }
-#define NG_IN_OPT(name, i)                                        \
-  bool has_##name() const {                                       \
-    return op_.inputs().size() > i;                               \
-  }                                                               \
-  const LogicalTensor& name() const {                             \
-    assert(has_##name() && "optional input " #name " is absent"); \
-    return op_.inputs()[i];                                       \
-  }                                                               \
-  static constexpr size_t name##_port() {                         \
-    return i;                                                     \
+#define NG_PORT_OPT_(name, i, list)                              \
+  bool has_##name() const {                                      \
+    return op_.list().size() > i;                                \
+  }                                                              \
+  const LogicalTensor& name() const {                            \
+    assert(has_##name() && "optional port " #name " is absent"); \
+    return op_.list()[i];                                        \
+  }                                                              \
+  static constexpr size_t name##_port() {                        \
+    return i;                                                    \
   }
-#define NG_OUT(name, i)                   \
-  const LogicalTensor& name() const {     \
-    return op_.outputs()[i];              \
-  }                                       \
-  static constexpr size_t name##_port() { \
-    return i;                             \
-  }
-#define NG_OUT_OPT(name, i)                                        \
-  bool has_##name() const {                                        \
-    return op_.outputs().size() > i;                               \
-  }                                                                \
-  const LogicalTensor& name() const {                              \
-    assert(has_##name() && "optional output " #name " is absent"); \
-    return op_.outputs()[i];                                       \
-  }                                                                \
-  static constexpr size_t name##_port() {                          \
-    return i;                                                      \
-  }
+#define NG_IN(name, i) NG_PORT_(name, i, inputs)
+#define NG_IN_OPT(name, i) NG_PORT_OPT_(name, i, inputs)
+#define NG_OUT(name, i) NG_PORT_(name, i, outputs)
+#define NG_OUT_OPT(name, i) NG_PORT_OPT_(name, i, outputs)
 #define NG_OP_PORTS(Kind, inputs, outputs)                                          \
   class Kind##Ports {                                                               \
    public:                                                                          \
@@ -66,6 +54,8 @@ namespace normgrad {
         private : const Op& op_;                                                    \
   };
 #include <normgrad/ops/op_ports.def>
+#undef NG_PORT_
+#undef NG_PORT_OPT_
 
 // Adds the ports op_ports.def declares for `schema`'s kind, in order (the
 // schemas of the kinds listed there call it instead of naming ports).

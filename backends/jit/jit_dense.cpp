@@ -498,12 +498,9 @@ void DenseRun::pixels() {
   const int64_t nchunks = (conf_.walk.rows + conf_.walk.chunk_rows - 1) / conf_.walk.chunk_rows;
   pixels_reduce(nchunks, coef);
   // Phase 3: the coefficients (Reduce: the sums are the output).
-  bool apply = true;
-  for (int64_t c = 0; c < nc_; ++c) {
-    apply = finish_channel(c, scratch_.s0[c], scratch_.s1[c], &coef[c], &coef[cp_ + c],
-                           &coef[2 * cp_ + c]);
-  }
-  if (apply) pixels_apply(nchunks, coef);
+  for (int64_t c = 0; c < nc_; ++c)
+    finish_channel(c, scratch_.s0[c], scratch_.s1[c], &coef[c], &coef[cp_ + c], &coef[2 * cp_ + c]);
+  if (!reduce_only_) pixels_apply(nchunks, coef);
 }
 
 }  // namespace

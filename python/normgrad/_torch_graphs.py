@@ -31,8 +31,8 @@ def update_running(running_mean, running_var, mean, var, factor, n):
     if running_mean is None:
         return
     c, unbias = mean.numel(), n / max(n - 1, 1)
-    if (running_mean.dtype == running_var.dtype == _torch.float32
-            and running_mean.is_contiguous() and running_var.is_contiguous()):
+    if (all(t.dtype == _torch.float32 and t.is_contiguous()
+            for t in (running_mean, running_var, mean, var))):
         _ng._normgrad._update_running(running_mean.data_ptr(), running_var.data_ptr(),
                                       mean.data_ptr(), var.data_ptr(), c, float(factor),
                                       float(unbias))
