@@ -43,9 +43,11 @@ struct CompileOptions {
   bool allow_reference = true;
   // A named JIT kernel variant instead of the JIT's own choice, for comparing
   // variants interleaved in one run (`normgrad bench --jit-variant`): "" (the
-  // JIT decides), "nxc-blocked" or "nxc-per-pixel" (the channel-blocked or
-  // per-pixel walk for NXC rows wider than the registers). Under an unknown
-  // name the JIT declines, saying so.
+  // JIT decides), or a walk for NXC rows wider than the registers:
+  // "nxc-per-pixel", "nxc-blocked[-PIXELS]" (channel blocks over groups of 8,
+  // or PIXELS, pixels) or "nxc-swept[-KIB]" (channel blocks over calls of 256,
+  // or KIB, KiB of src + diff_dst). Under an unknown name the JIT declines,
+  // saying so.
   std::string jit_variant{};
   // The process group of each AllReduce `group` name (the synchronized
   // batch-norm backward's collective): see backends/communicator.hpp. Empty:

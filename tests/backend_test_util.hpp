@@ -42,10 +42,14 @@ inline StatusOr<std::map<int64_t, oracle::Buffer>> run_outputs(
   return out;
 }
 
+// `jit_variant`: CompileOptions::jit_variant for the backend under test.
 inline Comparison compare_with_ref(const Graph& graph, const std::string& backend,
-                                   uint64_t seed = 1, double data_offset = 0.0) {
+                                   uint64_t seed = 1, double data_offset = 0.0,
+                                   const std::string& jit_variant = "") {
   Comparison c;
-  auto cg = CompiledGraph::compile(graph, CompileOptions{backend});
+  CompileOptions options{backend};
+  options.jit_variant = jit_variant;
+  auto cg = CompiledGraph::compile(graph, options);
   if (!cg.ok()) {
     c.status = cg.status();
     return c;

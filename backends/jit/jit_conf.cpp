@@ -1,8 +1,6 @@
 // JIT conf: ISA detection, cache sizes from sysfs, and the walk and chunking.
 #include <normgrad/backends/jit/jit_conf.hpp>
 
-#include <cpuid.h>
-
 #include <numeric>
 #include <optional>
 
@@ -53,18 +51,6 @@ Isa detect_isa(const std::string& forced) {
   return env ? parse_isa(env, best) : best;
 }
 
-bool nxc_blocked_from_dram(DataType dt) {
-  static const bool zen5_or_later = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
-    const bool amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;  // AuthenticAMD
-    if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
-    const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);
-    return family >= 0x1a;
-  }();
-  return dt == DataType::kF32 && zen5_or_later;
-}
-
 bool cpu_has_avx512_bf16() {
   static const bool has = Xbyak::util::Cpu().has(Xbyak::util::Cpu::tAVX512_BF16);
   return has;
@@ -96,6 +82,7 @@ std::string BnConf::kernel_name() const {
   std::string n = std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
                   dtype_name(d.stats_dt) + ":" +
                   (walk.kind == Walk::kRows ? (walk.channel_group > 0 ? "rows_grouped" : "rows")
+                   : walk.sweep_rows > 0    ? "pixels_swept"
                    : walk.pixel_group > 0   ? "pixels_blocked"
                                             : "pixels");
   if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
@@ -114,7 +101,8 @@ std::string BnConf::key() const {
          ":cs=" + std::to_string(walk.channel_stride) +
          ":dxrs=" + std::to_string(walk.dx_row_stride) +
          ":dxcs=" + std::to_string(walk.dx_channel_stride) +
-         ":cg=" + std::to_string(walk.channel_group) + (prefetch.apply ? "" : ":nopf") +
+         ":cg=" + std::to_string(walk.channel_group) + ":pg=" + std::to_string(walk.pixel_group) +
+         (walk.sweep_rows > 0 ? ":swept" : "") + (prefetch.apply ? "" : ":nopf") +
          (prefetch.reduce_rows ? ":rpf" : "") + (prefetch.next_channel ? ":pfc" : "") +
          (x_fuse == Fuse::kLeakyInverse || x_fuse == Fuse::kLeakyInverseSub
               ? ":alpha=" + std::to_string(alpha)
@@ -340,21 +328,27 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
                       (d.phase == BackwardPhase::kWhole &&
                        (d.mode == BackwardMode::kTraining || d.diff_scale_shift));
   c.walk.chunk_rows = pixel_chunk_rows(c.walk.rows, 2 * c.walk.cols * dtype_size(d.data_dt));
-  // Rows wider than the registers (C > 64 on AVX-512) take the channel-blocked
-  // pixel kernels, groups of 8 pixels, when src and diff_dst fit in half the
-  // L3: there the kernel is bound by instructions, and blocked measured
-  // 1.2-1.5x faster (cached cases, 32x7x7x2048 f32). Streamed from DRAM the
-  // per-pixel walk keeps the reads sequential, and hosts differ: on a Zen 4
-  // host blocked f32 took 1.1-2.2x the per-pixel time (32x56x56x256 19.9 ms
-  // against 9.1), on Zen 5 hosts per-pixel took 1.07-1.45x the blocked time,
-  // and for 16-bit data per-pixel was 1.2-1.5x faster on all of them. So
-  // f32 from DRAM takes blocked on Zen 5 and later (nxc_blocked_from_dram).
+  // Rows wider than the registers (C > 64 on AVX-512). f32 takes the
+  // channel-swept kernels: every load a fixed stride from its previous one
+  // (what the stride prefetchers follow, as in oneDNN's nspc kernel), sums and
+  // coefficients in registers, a call's rows re-read from the L2. Interleaved
+  // on a Zen 5 host they beat the channel-blocked walk (groups of 8 pixels)
+  // by 1.04-1.2x from DRAM and cached, and the per-pixel walk by 1.2-2x. The
+  // blocked walk had measured 1.1-2.2x slower than per-pixel on a Zen 4 host,
+  // where its loads jump between 8 pixels and back. 16-bit data takes the
+  // per-pixel walk from DRAM (swept and blocked were up to 1.9x slower on
+  // every host measured) and the blocked walk when src and diff_dst fit in
+  // half the L3 (1.2-1.5x on 32x7x7x2048).
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
-  if (c.walk.kind == Walk::kPixels && isa == Isa::kAvx512 && c.walk.cols > 64 &&
-      (cache_resident || nxc_blocked_from_dram(d.data_dt)))
-    c.walk.pixel_group = kPixelGroup;
+  if (c.walk.kind == Walk::kPixels && isa == Isa::kAvx512 && c.walk.cols > 64) {
+    if (d.data_dt == DataType::kF32) {
+      c.walk.sweep_rows = sweep_call_rows(c, kSweepCallBytes);
+    } else if (cache_resident) {
+      c.walk.pixel_group = kPixelGroup;
+    }
+  }
   // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
   // grouped rows kernels: each image's rows of a channel group are one
   // contiguous block.
@@ -505,20 +499,51 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   return c;
 }
 
+namespace {
+
+// The number after `prefix` and a dash ("nxc-blocked-4"), `fallback` when the
+// variant is the prefix alone, -1 when it is neither.
+int64_t variant_number(const std::string& variant, const std::string& prefix, int64_t fallback) {
+  if (variant == prefix) return fallback;
+  if (variant.size() <= prefix.size() + 1 || variant.compare(0, prefix.size() + 1, prefix + "-"))
+    return -1;
+  int64_t n = 0;
+  for (size_t i = prefix.size() + 1; i < variant.size(); ++i) {
+    if (variant[i] < '0' || variant[i] > '9' || n > 1000000) return -1;
+    n = n * 10 + (variant[i] - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
+int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes) {
+  const int64_t pixel_bytes = 2 * c.walk.cols * dtype_size(c.d.data_dt);
+  return std::max<int64_t>(1, call_bytes / std::max<int64_t>(1, pixel_bytes));
+}
+
 Status apply_variant(const std::string& variant, BnConf* c) {
   if (variant.empty()) return ok_status();
   const bool wide_pixels =
-      c->walk.kind == Walk::kPixels && c->isa == Isa::kAvx512 && c->walk.cols > 64;
-  if (variant == "nxc-blocked") {
-    if (wide_pixels && !c->empty) c->walk.pixel_group = kPixelGroup;
+      c->walk.kind == Walk::kPixels && c->isa == Isa::kAvx512 && c->walk.cols > 64 && !c->empty;
+  if (const int64_t g = variant_number(variant, "nxc-blocked", kPixelGroup); g >= 1 && g <= 16) {
+    c->walk.sweep_rows = 0;
+    if (wide_pixels) c->walk.pixel_group = static_cast<int>(g);
+    return ok_status();
+  }
+  if (const int64_t kib = variant_number(variant, "nxc-swept", kSweepCallBytes >> 10);
+      kib >= 1 && kib <= 65536) {
+    c->walk.pixel_group = 0;
+    if (wide_pixels) c->walk.sweep_rows = sweep_call_rows(*c, kib << 10);
     return ok_status();
   }
   if (variant == "nxc-per-pixel") {
     c->walk.pixel_group = 0;
+    c->walk.sweep_rows = 0;
     return ok_status();
   }
   return invalid_argument("unknown JIT variant '" + variant +
-                          "' (known: nxc-blocked, nxc-per-pixel)");
+                          "' (known: nxc-per-pixel, nxc-blocked[-PIXELS], nxc-swept[-KIB])");
 }
 
 }  // namespace jit

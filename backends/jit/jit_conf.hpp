@@ -71,6 +71,11 @@ using normgrad::CacheSizes;
 // 6 and 16 on C = 256..2048, f32).
 constexpr int kPixelGroup = 8;
 
+// Bytes of src + diff_dst per call of the channel-swept pixel kernels
+// (WalkConf::sweep_rows): a quarter of a 1 MiB L2, so the blocks after the
+// first find the call's rows there.
+constexpr int64_t kSweepCallBytes = 256 * 1024;
+
 // Channels per call of the grouped rows kernels (short NCX rows): as many as
 // keep both sums in registers (zmm16..31 on AVX-512, ymm0..7 on AVX2; the
 // portable path takes the AVX2 group, so the driver has one rows walk per shape).
@@ -120,6 +125,14 @@ struct WalkConf {
   // kPixels, rows wider than the registers: pixels per group of the
   // channel-blocked kernels (0: the per-pixel kernels with memory operands).
   int pixel_group = 0;
+  // kPixels, rows wider than the registers: the channel-swept kernels, which
+  // take one block of channels over every pixel of a call, its sums or
+  // coefficients in registers, then the next block; the driver splits each
+  // chunk into calls of at most this many pixels so that a call's rows stay
+  // in the L2 for the blocks after the first (0: not swept). Every load is a
+  // fixed stride from the same instruction's previous one, the pattern the
+  // stride prefetchers follow.
+  int64_t sweep_rows = 0;
   // kRows, short rows whose channels are adjacent (channel_stride == cols):
   // channels per kernel call, each image's rows of the group one contiguous
   // block (0: one channel per call).
@@ -231,12 +244,9 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa);
 // the batch norm is its anchor, and any other op is the ReLUBackward or Add
 // the pattern found feeding its src or diff_dst.
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
-// Whether wide f32 NXC rows streamed from DRAM take the channel-blocked walk
-// on this CPU (AMD Zen 5 and later), where interleaved A/B runs measured it
-// 1.2-1.45x faster than the per-pixel walk; elsewhere the per-pixel walk
-// (Zen 4: blocked up to 2.2x slower; Intel Xeon: blocked 1.16x slower at
-// 56x56, level below). 16-bit data keeps the per-pixel walk on all three.
-bool nxc_blocked_from_dram(DataType dt);
+// Pixels per call of the channel-swept kernels for calls of about
+// `call_bytes` of src + diff_dst.
+int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes);
 
 // Applies CompileOptions::jit_variant to a conf make_conf chose.
 Status apply_variant(const std::string& variant, BnConf* conf);

@@ -216,6 +216,16 @@ class DenseRun {
         acc,      rows,      x2_ ? x2_ + off : nullptr,        dy2_ ? dy2_ + off : nullptr};
   }
 
+  // call(r, n) over [0, len) in the kernel calls of one chunk: the whole
+  // chunk, or pieces of sweep_rows pixels for the channel-swept kernels (the
+  // reduce's calls add into the chunk's partial in order, so the bits still
+  // depend on the shape alone).
+  template <typename Call>
+  void calls(int64_t len, const Call& call) const {
+    const int64_t step = conf_.walk.sweep_rows > 0 ? conf_.walk.sweep_rows : len;
+    for (int64_t r = 0; r < len; r += step) call(r, std::min(step, len - r));
+  }
+
   // The walks.
   void rows_staged();
   void rows_grouped();
@@ -454,10 +464,15 @@ void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
       char* bx = stage_buffer(0, static_cast<size_t>(len * row_bytes));
       char* bdy = stage_buffer(1, static_cast<size_t>(len * row_bytes));
       pixels_stage(bx, bdy, r0, len);
-      kernels_.reduce(KernelArgs{bx, bdy, nullptr, means, out, len, nullptr, nullptr});
+      calls(len, [&](int64_t r, int64_t n) {
+        kernels_.reduce(KernelArgs{bx + r * row_bytes, bdy + r * row_bytes, nullptr, means, out, n,
+                                   nullptr, nullptr});
+      });
       return;
     }
-    kernels_.reduce(args(r0 * row_bytes, r0 * row_bytes, false, means, out, len));
+    calls(len, [&](int64_t r, int64_t n) {
+      kernels_.reduce(args((r0 + r) * row_bytes, 0, false, means, out, n));
+    });
   });
   // Chunks in index order for every channel: sequential in memory, fixed in order.
   for (int64_t k = 0; k < nchunks; ++k) {
@@ -482,12 +497,17 @@ void DenseRun::pixels_apply(int64_t nchunks, const std::vector<float>& coef) {
       char* bdy = stage_buffer(1, bytes);
       char* bdx = stage_buffer(2, bytes);
       pixels_stage(bx, bdy, r0, len);
-      kernels_.apply(KernelArgs{bx, bdy, bdx, coef.data(), nullptr, len, nullptr, nullptr});
+      calls(len, [&](int64_t r, int64_t n) {
+        kernels_.apply(KernelArgs{bx + r * row_bytes, bdy + r * row_bytes, bdx + r * row_bytes,
+                                  coef.data(), nullptr, n, nullptr, nullptr});
+      });
       move_pixels<false>(bdx, dx_, stage_->dx_strides, d_.dims, d_.channel_axis, es_, r0, len);
       return;
     }
-    kernels_.apply(
-        args(r0 * row_bytes, r0 * conf_.walk.dx_row_stride * es_, true, coef.data(), nullptr, len));
+    calls(len, [&](int64_t r, int64_t n) {
+      kernels_.apply(args((r0 + r) * row_bytes, (r0 + r) * conf_.walk.dx_row_stride * es_, true,
+                          coef.data(), nullptr, n));
+    });
   });
 }
 

@@ -111,15 +111,19 @@ class BnGenerator : public Xbyak::CodeGenerator {
   // jit_generator_pixels.cpp: the pixels walk.
   void each_vector(const std::function<void(int, int64_t, bool)>& step);
   void advance_rows(int64_t n, bool with_dx);
-  void pixel_groups(bool with_dx, const std::function<void(int)>& body);
+  void pixel_groups(int g, bool with_dx, const std::function<void(int)>& body);
+  void rewound(bool with_dx, const std::function<void()>& walk);
   void channel_blocks(int b, const std::function<void(int, bool)>& block);
   void zero_sums(int nv);
-  void sum_vector(int v, int64_t off, int64_t mean_off, bool tail);
+  int mean_reg(int v) const;
+  void load_means(int nv);
+  void sum_vector(int v, int64_t off, bool tail);
   void add_sums_to_memory(int nv);
   void load_coefs(int nv);
   void apply_vector(int v, int64_t off, int64_t dx_off, bool tail, bool nt);
   void pixels_reduce_blocked();
-  void pixels_apply_blocked();
+  void pixels_reduce_swept();
+  void pixels_apply_wide();
   void pixels_reduce();
   void pixels_apply();
 

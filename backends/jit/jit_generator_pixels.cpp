@@ -7,7 +7,9 @@
 // of conf.walk.pixel_group, each group walked one block of channels at a time with
 // the block's sums or coefficients in registers, so memory operands are paid
 // once per group instead of once per pixel (1.5-2x on C = 256..2048, measured
-// on cache-resident data; docs/performance.md). The rest use memory operands per vector.
+// on cache-resident data; docs/performance.md). The channel-swept kernels
+// (conf.walk.sweep_rows) instead take one block of channels over every pixel
+// of the call before the next block. The rest use memory operands per vector.
 #include <normgrad/backends/jit/jit_generator.hpp>
 
 namespace normgrad {
@@ -38,8 +40,7 @@ void BnGenerator::advance_rows(int64_t n, bool with_dx) {
 
 // The pixel loop of the channel-blocked kernels: body(g) for whole groups of
 // g pixels, then body(1) for the pixels left over (`rows` is a runtime count).
-void BnGenerator::pixel_groups(bool with_dx, const std::function<void(int)>& body) {
-  const int g = c_.walk.pixel_group;
+void BnGenerator::pixel_groups(int g, bool with_dx, const std::function<void(int)>& body) {
   Label group, rest, single, done;
   L(group);
   cmp(r10, g);
@@ -57,6 +58,25 @@ void BnGenerator::pixel_groups(bool with_dx, const std::function<void(int)>& bod
   dec(r10);
   jnz(single, T_NEAR);
   L(done);
+}
+
+// Runs `walk`, which moves the data pointers and counts the rows down, and
+// puts them back, so that the next channel block starts on the call's first row.
+void BnGenerator::rewound(bool with_dx, const std::function<void()>& walk) {
+  const bool x2 = uses_second(c_.x_fuse), dy2 = uses_second(c_.dy_fuse);
+  push(rsi);
+  push(rdx);
+  push(r10);
+  if (with_dx) push(rcx);
+  if (x2) push(r12);
+  if (dy2) push(r13);
+  walk();
+  if (dy2) pop(r13);
+  if (x2) pop(r12);
+  if (with_dx) pop(rcx);
+  pop(r10);
+  pop(rdx);
+  pop(rsi);
 }
 
 // The channel blocks of one pixel group: whole blocks of `b` vectors in a
@@ -87,12 +107,22 @@ void BnGenerator::zero_sums(int nv) {
   }
 }
 
-void BnGenerator::sum_vector(int v, int64_t off, int64_t mean_off, bool tail) {
-  const int x = 2 * (v % 4), dy = x + 1;
-  load_port(0, x, 8, off, tail);
-  load_port(1, dy, 8, off, tail);
+// The mean of vector v of a block: zmm4..7 and zmm12..15 (the data takes
+// zmm0..3, the fused loads' scratch zmm8..10).
+int BnGenerator::mean_reg(int v) const {
+  return v < 4 ? 4 + v : 8 + v;
+}
+
+void BnGenerator::load_means(int nv) {
+  for (int v = 0; v < nv; ++v) vmovups(Zmm(mean_reg(v)), f32_at(r8, v * lanes_));
+}
+
+void BnGenerator::sum_vector(int v, int64_t off, bool tail) {
+  const int x = 2 * (v % 2), dy = x + 1;
+  load_port(0, x, kScratch0, off, tail);
+  load_port(1, dy, kScratch0, off, tail);
   vaddps(Zmm(16 + 2 * v), Zmm(16 + 2 * v), vmm(dy));
-  vsubps(vmm(x), vmm(x), f32_at(r8, mean_off));
+  vsubps(vmm(x), vmm(x), Zmm(mean_reg(v)));
   vfmadd231ps(Zmm(17 + 2 * v), vmm(dy), vmm(x));
 }
 
@@ -124,34 +154,66 @@ void BnGenerator::apply_vector(int v, int64_t off, int64_t dx_off, bool tail, bo
 }
 
 // pixels_reduce for rows longer than the registers (AVX-512): blocks of 8
-// vectors keep both sums in zmm16..31 over a group of pixels, then add them
-// into the memory arrays once per group instead of once per pixel.
+// vectors keep both sums and the means in registers over a group of pixels,
+// then add the sums into the memory arrays once per group instead of once per
+// pixel.
 void BnGenerator::pixels_reduce_blocked() {
-  pixel_groups(false, [&](int g) {
+  pixel_groups(c_.walk.pixel_group, false, [&](int g) {
     channel_blocks(8, [&](int nv, bool tail_last) {
       zero_sums(nv);
+      load_means(nv);
       for (int p = 0; p < g; ++p) {
         for (int v = 0; v < nv; ++v)
-          sum_vector(v, p * c_.walk.row_stride + v * lanes_, v * lanes_, tail_last && v == nv - 1);
+          sum_vector(v, p * c_.walk.row_stride + v * lanes_, tail_last && v == nv - 1);
       }
       add_sums_to_memory(nv);
     });
   });
 }
 
-// pixels_apply for rows longer than the registers (AVX-512): blocks of 4
-// vectors hold a, b, c and mean in zmm16..31 over a group of pixels.
-void BnGenerator::pixels_apply_blocked() {
-  auto groups = [&](bool nt) {
-    pixel_groups(true, [&](int g) {
+// The channel-swept reduce: per block of 8 vectors, the sums over every
+// pixel of the call in registers (two pixels per iteration).
+void BnGenerator::pixels_reduce_swept() {
+  channel_blocks(8, [&](int nv, bool tail_last) {
+    zero_sums(nv);
+    load_means(nv);
+    rewound(false, [&] {
+      pixel_groups(2, false, [&](int g) {
+        for (int p = 0; p < g; ++p) {
+          for (int v = 0; v < nv; ++v)
+            sum_vector(v, p * c_.walk.row_stride + v * lanes_, tail_last && v == nv - 1);
+        }
+      });
+    });
+    add_sums_to_memory(nv);
+  });
+}
+
+// The apply's channel-blocked and channel-swept kernels, given how they walk
+// the pixels with blocks of 4 vectors whose a, b, c and mean are in zmm16..31.
+void BnGenerator::pixels_apply_wide() {
+  const bool swept = c_.walk.sweep_rows > 0;
+  auto block_rows = [&](int nv, bool tail_last, int g, bool nt) {
+    for (int p = 0; p < g; ++p) {
+      for (int v = 0; v < nv; ++v) {
+        apply_vector(v, p * c_.walk.row_stride + v * lanes_, p * c_.walk.dx_row_stride + v * lanes_,
+                     tail_last && v == nv - 1, nt);
+      }
+    }
+  };
+  auto walk = [&](bool nt) {
+    if (swept) {
       channel_blocks(4, [&](int nv, bool tail_last) {
         load_coefs(nv);
-        for (int p = 0; p < g; ++p) {
-          for (int v = 0; v < nv; ++v) {
-            apply_vector(v, p * c_.walk.row_stride + v * lanes_,
-                         p * c_.walk.dx_row_stride + v * lanes_, tail_last && v == nv - 1, nt);
-          }
-        }
+        rewound(true,
+                [&] { pixel_groups(2, true, [&](int g) { block_rows(nv, tail_last, g, nt); }); });
+      });
+      return;
+    }
+    pixel_groups(c_.walk.pixel_group, true, [&](int g) {
+      channel_blocks(4, [&](int nv, bool tail_last) {
+        load_coefs(nv);
+        block_rows(nv, tail_last, g, nt);
       });
     });
   };
@@ -161,12 +223,12 @@ void BnGenerator::pixels_apply_blocked() {
   if (c_.stream.nt_stores && (c_.walk.dx_row_stride % lanes_) == 0) {
     test(rcx, lanes_ * es_ - 1);
     jnz(plain, T_NEAR);
-    groups(true);
+    walk(true);
     sfence();
     jmp(done, T_NEAR);
   }
   L(plain);
-  groups(false);
+  walk(false);
   L(done);
 }
 
@@ -177,18 +239,26 @@ void BnGenerator::pixels_apply_blocked() {
 void BnGenerator::pixels_reduce() {
   prologue();
   const bool in_regs = avx512_ && row_vectors() <= 8;
-  if (!in_regs && c_.walk.pixel_group > 0) {
-    pixels_reduce_blocked();
+  if (!in_regs && (c_.walk.pixel_group > 0 || c_.walk.sweep_rows > 0)) {
+    if (c_.walk.sweep_rows > 0) {
+      pixels_reduce_swept();
+    } else {
+      pixels_reduce_blocked();
+    }
     epilogue();
     return;
   }
   Label row, done;
-  if (in_regs) zero_sums(static_cast<int>(row_vectors()));
+  if (in_regs) {
+    xor_(r11, r11);
+    zero_sums(static_cast<int>(row_vectors()));
+    load_means(static_cast<int>(row_vectors()));
+  }
   test(r10, r10);
   jz(done, T_NEAR);
   L(row);
   if (in_regs) {
-    each_vector([&](int v, int64_t off, bool tail) { sum_vector(v, off, off, tail); });
+    each_vector([&](int v, int64_t off, bool tail) { sum_vector(v, off, tail); });
   } else {
     cols_loop([&](int j, int64_t off, bool tail) {
       const int x = 2 * j, dy = 2 * j + 1;  // v0..v7
@@ -219,8 +289,8 @@ void BnGenerator::pixels_reduce() {
 void BnGenerator::pixels_apply() {
   prologue();
   const bool in_regs = avx512_ && row_vectors() <= 4;
-  if (!in_regs && c_.walk.pixel_group > 0) {
-    pixels_apply_blocked();
+  if (!in_regs && (c_.walk.pixel_group > 0 || c_.walk.sweep_rows > 0)) {
+    pixels_apply_wide();
     epilogue();
     return;
   }

@@ -171,18 +171,24 @@ TEST(JitBackend, StreamingStoresOnLargeOutputs) {
 // registers, AVX-512, when src and diff_dst fit in half the L3): whole channel blocks, leftover
 // vectors, channel tails, groups of pixels and the single pixels after them, every output form and
 // dtype, fused producers, padded rows, streaming stores, and the same bits for any thread count.
-TEST(JitBackend, ChannelBlockedPixelKernels) {
-  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the blocked kernels are AVX-512";
+// Wide NXC rows (C > 64 on AVX-512): f32 takes the channel-swept kernels,
+// 16-bit data the channel-blocked ones when src and diff_dst fit in half the
+// L3 and the per-pixel ones from DRAM.
+TEST(JitBackend, WidePixelKernels) {
+  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the wide-row kernels are AVX-512";
   int ran = 0;
-  auto check = [&](const Graph& g, const std::string& what, const char* feature) {
+  auto check = [&](const Graph& g, const std::string& what, const char* walk, const char* feature) {
     SCOPED_TRACE(what);
     const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran++));
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    EXPECT_NE(r.kernel.find("pixels_blocked"), std::string::npos) << r.kernel;
+    EXPECT_NE(r.kernel.find(std::string(":") + walk), std::string::npos) << r.kernel;
     EXPECT_NE(r.kernel.find(feature), std::string::npos) << r.kernel;
     EXPECT_LE(r.worst_ratio, 1.0) << r.report;
   };
-  // C = 65: apply blocked, one vector and a tail; 129: reduce blocked too;
+  auto walk_for = [](DataType dt) {
+    return dt == DataType::kF32 ? "pixels_swept" : "pixels_blocked";
+  };
+  // C = 65: the apply wide, one vector and a tail; 129: the reduce wide too;
   // 320: two reduce blocks and 4 vectors left, no tail; 1000: 7 blocks and a tail.
   // Pixels: 7 (single pixels only), 30 (3 groups and 6 singles), 128.
   for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
@@ -191,63 +197,139 @@ TEST(JitBackend, ChannelBlockedPixelKernels) {
         const Op op = form_op({px[0], px[1], px[2], c}, "NXC", dt, ran % 6);
         check(one_op(op),
               std::string(dtype_name(dt)) + " C " + std::to_string(c) + " " + dims_to_string(px),
-              ":pixels");
+              walk_for(dt), ":pixels");
       }
     }
   }
-  // Data streamed from DRAM keeps the per-pixel kernels (faster there, or
-  // the smaller risk), except f32 on CPUs where the blocked walk measured
-  // faster (nxc_blocked_from_dram): src + diff_dst larger than the L3
-  // whatever this host reports (3.2 MB per image in 16 bits).
+  // Data streamed from DRAM: src + diff_dst larger than the L3 whatever this
+  // host reports (3.2 MB per image in 16 bits).
   const int64_t images = jit::cache_sizes().l3_bytes / (56 * 56 * 256 * 2 * 2) + 1;
   for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+    const bool f32 = dt == DataType::kF32;
     const Op dram = bn_bwd({images, 56, 56, 256}, "NXC", dt, DataType::kF32, true, 3);
     auto dram_conf = jit::make_conf(dram, jit::Isa::kAvx512);
     ASSERT_TRUE(dram_conf.ok());
-    const bool blocked = jit::nxc_blocked_from_dram(dt);
-    EXPECT_EQ(dram_conf->walk.pixel_group, blocked ? jit::kPixelGroup : 0) << dtype_name(dt);
-    if (dt == DataType::kF32) {  // the walk this CPU takes at this size, against ref
+    EXPECT_EQ(dram_conf->walk.pixel_group, 0) << dtype_name(dt);
+    EXPECT_EQ(dram_conf->walk.sweep_rows, f32 ? jit::kSweepCallBytes / (2 * 256 * 4) : 0);
+    if (f32) {  // the walk at this size, against ref
       const auto r = compare_with_ref(one_op(dram), "jit", 77);
       ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-      EXPECT_NE(r.kernel.find(blocked ? ":pixels_blocked" : ":pixels"), std::string::npos)
-          << r.kernel;
+      EXPECT_NE(r.kernel.find(":pixels_swept"), std::string::npos) << r.kernel;
       EXPECT_LE(r.worst_ratio, 1.0) << r.report;
     }
     const Op cached = bn_bwd({4, 14, 14, 512}, "NXC", dt, DataType::kF32, true, 3);
     auto cached_conf = jit::make_conf(cached, jit::Isa::kAvx512);
     ASSERT_TRUE(cached_conf.ok());
-    EXPECT_EQ(cached_conf->walk.pixel_group,
-              4 * 14 * 14 * 512 * 2 * static_cast<int64_t>(dtype_size(dt)) <=
-                      jit::cache_sizes().l3_bytes / 2
-                  ? jit::kPixelGroup
-                  : 0)
+    const bool resident = 4 * 14 * 14 * 512 * 2 * static_cast<int64_t>(dtype_size(dt)) <=
+                          jit::cache_sizes().l3_bytes / 2;
+    EXPECT_EQ(cached_conf->walk.pixel_group, !f32 && resident ? jit::kPixelGroup : 0)
         << dtype_name(dt);
+    EXPECT_EQ(cached_conf->walk.sweep_rows > 0, f32) << dtype_name(dt);
   }
   // Fused producers on either port.
   for (int port : {0, 1}) {
     check(fused_on_port({3, 5, 7, 200}, "NXC", port), "fused on port " + std::to_string(port),
-          port == 0 ? "+src_" : "+diff_dst_");
+          "pixels_swept", port == 0 ? "+src_" : "+diff_dst_");
   }
   // Rows padded from 150 to 160 channels in src and diff_dst, to 176 in diff_src.
   Op padded = bn_bwd({2, 5, 7, 150}, "NXC", DataType::kF32, DataType::kF32, true, 3);
   padded.mutable_inputs()[0].strides = {5 * 7 * 160, 7 * 160, 160, 1};
   padded.mutable_inputs()[1].strides = {5 * 7 * 160, 7 * 160, 160, 1};
   padded.mutable_outputs()[0].strides = {5 * 7 * 176, 7 * 176, 176, 1};
-  check(one_op(padded), "padded rows", "+strided");
+  check(one_op(padded), "padded rows", "pixels_swept", "+strided");
   // 5.2 MB per tensor: on a 32 MiB L3 the three take more than a quarter of
-  // it (streaming stores) and src + diff_dst fit half of it (blocked).
+  // it (streaming stores).
   Op big = bn_bwd({4, 32, 32, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3);
   auto conf = jit::make_conf(big, jit::Isa::kAvx512);
   ASSERT_TRUE(conf.ok());
   EXPECT_EQ(conf->stream.nt_stores, streams(conf->total_elements * 4));
-  const bool resident = 2 * conf->total_elements * 4 <= jit::cache_sizes().l3_bytes / 2;
-  EXPECT_EQ(conf->walk.pixel_group, resident ? jit::kPixelGroup : 0);
-  if (resident) check(one_op(big), "4x32x32x320", ":pixels");
-  // The groups and blocks are fixed by the shape: same bits for 1, 2 and 4 threads.
+  check(one_op(big), "4x32x32x320", "pixels_swept", ":pixels");
+  // The chunks, groups and calls are fixed by the shape: same bits for 1, 2 and 4 threads.
   expect_same_bits_for_1_2_4_threads(
       one_op(bn_bwd({16, 14, 14, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3)));
   expect_same_bits_for_1_2_4_threads(
       one_op(bn_bwd({4, 14, 14, 520}, "NXC", DataType::kBF16, DataType::kF32, true, 3)));
+}
+
+// Every NXC walk a bench variant can pick for wide rows, against ref: the
+// per-pixel, channel-blocked (groups of 2, 4 and 8 pixels) and channel-swept
+// kernels (calls of the default size, and of 16 KiB so that a chunk takes
+// several calls into one partial), on the shapes of ChannelBlockedPixelKernels.
+TEST(JitBackend, NxcVariantsMatchRef) {
+  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the wide-row kernels are AVX-512";
+  const std::vector<std::pair<std::string, std::string>> variants = {
+      {"nxc-per-pixel", "pixels"},         {"nxc-blocked-2", "pixels_blocked"},
+      {"nxc-blocked-4", "pixels_blocked"}, {"nxc-blocked", "pixels_blocked"},
+      {"nxc-swept", "pixels_swept"},       {"nxc-swept-16", "pixels_swept"}};
+  // The walk in a kernel name: "pixels_swept" in "jit:avx512:f32/f32:pixels_swept+strided".
+  auto walk_of = [](const std::string& kernel) {
+    size_t at = 0;
+    for (int i = 0; i < 3 && at != std::string::npos; ++i) at = kernel.find(':', at + (i > 0));
+    if (at == std::string::npos) return std::string();
+    const size_t end = kernel.find_first_of("+:", at + 1);
+    return kernel.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
+  };
+  uint64_t seed = 0;
+  for (const auto& [variant, feature] : variants) {
+    auto check = [&, variant = variant, feature = feature](const Graph& g, const std::string& what,
+                                                           bool wide = true) {
+      SCOPED_TRACE(variant + " " + what);
+      const auto r = compare_with_ref(g, "jit", ++seed, 0.0, variant);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      if (wide) {
+        EXPECT_EQ(walk_of(r.kernel), feature) << r.kernel;
+      }
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    };
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      for (int64_t c : {65, 129, 320, 1000}) {
+        for (const Dims& px : {Dims{1, 1, 7}, Dims{2, 3, 5}, Dims{2, 8, 8}}) {
+          const Op op = form_op({px[0], px[1], px[2], c}, "NXC", dt, static_cast<int>(seed % 6));
+          check(one_op(op),
+                std::string(dtype_name(dt)) + " C " + std::to_string(c) + " " + dims_to_string(px));
+        }
+      }
+    }
+    for (int port : {0, 1}) {
+      check(fused_on_port({3, 5, 7, 200}, "NXC", port), "fused on port " + std::to_string(port));
+      check(fused_on_port({3, 5, 7, 200}, "NXC", port, DataType::kBF16),
+            "bf16 fused on port " + std::to_string(port));
+    }
+    Op padded = bn_bwd({2, 5, 7, 150}, "NXC", DataType::kF32, DataType::kF32, true, 3);
+    padded.mutable_inputs()[0].strides = {5 * 7 * 160, 7 * 160, 160, 1};
+    padded.mutable_inputs()[1].strides = {5 * 7 * 160, 7 * 160, 160, 1};
+    padded.mutable_outputs()[0].strides = {5 * 7 * 176, 7 * 176, 176, 1};
+    check(one_op(padded), "padded rows");
+    // Short rows keep the kernels that hold every channel in registers.
+    check(one_op(bn_bwd({2, 5, 7, 48}, "NXC", DataType::kF32, DataType::kF32, true, 3)), "C 48",
+          false);
+  }
+  // 4 MiB of src + diff_dst in 16 KiB calls: several calls per chunk, and the
+  // same bits for 1, 2 and 4 threads.
+  const Graph g = one_op(bn_bwd({8, 16, 16, 1000}, "NXC", DataType::kF32, DataType::kF32, true, 3));
+  auto runs = [&](int threads) {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
+                              static_cast<size_t>(threads));
+    CompileOptions options{"jit"};
+    options.jit_variant = "nxc-swept-16";
+    auto cg = CompiledGraph::compile(g, options);
+    EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+    auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, nullptr);
+    EXPECT_TRUE(inputs.ok());
+    auto outs = testing_util::run_outputs(*cg, *inputs);
+    EXPECT_TRUE(outs.ok()) << outs.status().to_string();
+    std::map<int64_t, std::vector<char>> bytes;
+    for (auto& [id, b] : *outs) bytes[id].assign(b.bytes.begin(), b.bytes.end());
+    return bytes;
+  };
+  const auto one = runs(1), two = runs(2), four = runs(4);
+  for (const auto& [id, b] : one) {
+    EXPECT_EQ(b, two.at(id)) << "tensor " << id;
+    EXPECT_EQ(b, four.at(id)) << "tensor " << id;
+  }
+  CompileOptions bad{"jit"};
+  bad.jit_variant = "nxc-blocked-99";
+  EXPECT_FALSE(CompiledGraph::compile(g, bad).ok());
 }
 
 // The pixels walk's reduction partition: a function of the shape alone, chunks
