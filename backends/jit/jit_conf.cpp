@@ -335,7 +335,11 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // on a Zen 5 host they beat the channel-blocked walk (groups of 8 pixels)
   // by 1.04-1.2x from DRAM and cached, and the per-pixel walk by 1.2-2x. The
   // blocked walk had measured 1.1-2.2x slower than per-pixel on a Zen 4 host,
-  // where its loads jump between 8 pixels and back. 16-bit data takes the
+  // where its loads jump between 8 pixels and back. Rows so wide that a call
+  // has fewer than kMinSweepRows pixels (C >= 1024) take the blocked walk:
+  // there swept and blocked were level within the noise on Zen 5, and on
+  // Zen 4 blocked was level with per-pixel at 14x14 and 1.5x ahead at 7x7.
+  // 16-bit data takes the
   // per-pixel walk from DRAM (swept and blocked were up to 1.9x slower on
   // every host measured) and the blocked walk when src and diff_dst fit in
   // half the L3 (1.2-1.5x on 32x7x7x2048).
@@ -343,9 +347,10 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
   if (c.walk.kind == Walk::kPixels && isa == Isa::kAvx512 && c.walk.cols > 64) {
-    if (d.data_dt == DataType::kF32) {
-      c.walk.sweep_rows = sweep_call_rows(c, kSweepCallBytes);
-    } else if (cache_resident) {
+    const int64_t call_rows = sweep_call_rows(c, kSweepCallBytes);
+    if (d.data_dt == DataType::kF32 && call_rows >= kMinSweepRows) {
+      c.walk.sweep_rows = call_rows;
+    } else if (d.data_dt == DataType::kF32 || cache_resident) {
       c.walk.pixel_group = kPixelGroup;
     }
   }

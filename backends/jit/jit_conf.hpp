@@ -75,6 +75,9 @@ constexpr int kPixelGroup = 8;
 // (WalkConf::sweep_rows): a quarter of a 1 MiB L2, so the blocks after the
 // first find the call's rows there.
 constexpr int64_t kSweepCallBytes = 256 * 1024;
+// Fewest pixels per call for the swept kernels: with fewer, each channel
+// block's pass is too short for its setup and for the stride prefetchers.
+constexpr int64_t kMinSweepRows = 64;
 
 // Channels per call of the grouped rows kernels (short NCX rows): as many as
 // keep both sums in registers (zmm16..31 on AVX-512, ymm0..7 on AVX2; the

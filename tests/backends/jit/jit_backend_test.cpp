@@ -171,9 +171,10 @@ TEST(JitBackend, StreamingStoresOnLargeOutputs) {
 // registers, AVX-512, when src and diff_dst fit in half the L3): whole channel blocks, leftover
 // vectors, channel tails, groups of pixels and the single pixels after them, every output form and
 // dtype, fused producers, padded rows, streaming stores, and the same bits for any thread count.
-// Wide NXC rows (C > 64 on AVX-512): f32 takes the channel-swept kernels,
-// 16-bit data the channel-blocked ones when src and diff_dst fit in half the
-// L3 and the per-pixel ones from DRAM.
+// Wide NXC rows (C > 64 on AVX-512): f32 takes the channel-swept kernels
+// (the channel-blocked ones from 1024 channels), 16-bit data the
+// channel-blocked ones when src and diff_dst fit in half the L3 and the
+// per-pixel ones from DRAM.
 TEST(JitBackend, WidePixelKernels) {
   if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the wide-row kernels are AVX-512";
   int ran = 0;
@@ -185,8 +186,9 @@ TEST(JitBackend, WidePixelKernels) {
     EXPECT_NE(r.kernel.find(feature), std::string::npos) << r.kernel;
     EXPECT_LE(r.worst_ratio, 1.0) << r.report;
   };
-  auto walk_for = [](DataType dt) {
-    return dt == DataType::kF32 ? "pixels_swept" : "pixels_blocked";
+  // f32 rows of up to 512 channels give a call kMinSweepRows pixels or more.
+  auto walk_for = [](DataType dt, int64_t c) {
+    return dt == DataType::kF32 && c <= 512 ? "pixels_swept" : "pixels_blocked";
   };
   // C = 65: the apply wide, one vector and a tail; 129: the reduce wide too;
   // 320: two reduce blocks and 4 vectors left, no tail; 1000: 7 blocks and a tail.
@@ -197,7 +199,7 @@ TEST(JitBackend, WidePixelKernels) {
         const Op op = form_op({px[0], px[1], px[2], c}, "NXC", dt, ran % 6);
         check(one_op(op),
               std::string(dtype_name(dt)) + " C " + std::to_string(c) + " " + dims_to_string(px),
-              walk_for(dt), ":pixels");
+              walk_for(dt, c), ":pixels");
       }
     }
   }
@@ -226,6 +228,15 @@ TEST(JitBackend, WidePixelKernels) {
         << dtype_name(dt);
     EXPECT_EQ(cached_conf->walk.sweep_rows > 0, f32) << dtype_name(dt);
   }
+  // f32 rows too wide for kMinSweepRows pixels per call take the blocked walk.
+  static_assert(jit::kSweepCallBytes / (2 * 512 * 4) >= jit::kMinSweepRows &&
+                    jit::kSweepCallBytes / (2 * 1024 * 4) < jit::kMinSweepRows,
+                "walk_for's 512 channels");
+  const Op widest = bn_bwd({2, 3, 7, 2048}, "NXC", DataType::kF32, DataType::kF32, true, 3);
+  auto widest_conf = jit::make_conf(widest, jit::Isa::kAvx512);
+  ASSERT_TRUE(widest_conf.ok());
+  EXPECT_EQ(widest_conf->walk.sweep_rows, 0);
+  check(one_op(widest), "2x3x7x2048", "pixels_blocked", ":pixels");
   // Fused producers on either port.
   for (int port : {0, 1}) {
     check(fused_on_port({3, 5, 7, 200}, "NXC", port), "fused on port " + std::to_string(port),
