@@ -104,6 +104,7 @@ std::string BnConf::key() const {
          ":cg=" + std::to_string(walk.channel_group) + ":pg=" + std::to_string(walk.pixel_group) +
          (walk.sweep_rows > 0 ? ":swept" : "") + (prefetch.apply ? "" : ":nopf") +
          (prefetch.reduce_rows ? ":rpf" : "") + (prefetch.next_channel ? ":pfc" : "") +
+         (prefetch.sweep_ahead > 0 ? ":pfa=" + std::to_string(prefetch.sweep_ahead) : "") +
          (x_fuse == Fuse::kLeakyInverse || x_fuse == Fuse::kLeakyInverseSub
               ? ":alpha=" + std::to_string(alpha)
               : "");
@@ -533,22 +534,36 @@ Status apply_variant(const std::string& variant, BnConf* c) {
       c->walk.kind == Walk::kPixels && c->isa == Isa::kAvx512 && c->walk.cols > 64 && !c->empty;
   if (const int64_t g = variant_number(variant, "nxc-blocked", kPixelGroup); g >= 1 && g <= 16) {
     c->walk.sweep_rows = 0;
+    c->prefetch.sweep_ahead = 0;
     if (wide_pixels) c->walk.pixel_group = static_cast<int>(g);
     return ok_status();
   }
   if (const int64_t kib = variant_number(variant, "nxc-swept", kSweepCallBytes >> 10);
       kib >= 1 && kib <= 65536) {
     c->walk.pixel_group = 0;
+    c->prefetch.sweep_ahead = 0;
     if (wide_pixels) c->walk.sweep_rows = sweep_call_rows(*c, kib << 10);
+    return ok_status();
+  }
+  if (const int64_t ahead = variant_number(variant, "nxc-swept-ahead", 8);
+      ahead >= 1 && ahead <= 4096) {
+    c->walk.pixel_group = 0;
+    c->prefetch.sweep_ahead = 0;
+    if (wide_pixels) {
+      c->walk.sweep_rows = sweep_call_rows(*c, kSweepCallBytes);
+      c->prefetch.sweep_ahead = ahead;
+    }
     return ok_status();
   }
   if (variant == "nxc-per-pixel") {
     c->walk.pixel_group = 0;
     c->walk.sweep_rows = 0;
+    c->prefetch.sweep_ahead = 0;
     return ok_status();
   }
   return invalid_argument("unknown JIT variant '" + variant +
-                          "' (known: nxc-per-pixel, nxc-blocked[-PIXELS], nxc-swept[-KIB])");
+                          "' (known: nxc-per-pixel, nxc-blocked[-PIXELS], nxc-swept[-KIB], "
+                          "nxc-swept-ahead[-PIXELS])");
 }
 
 }  // namespace jit

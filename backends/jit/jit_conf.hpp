@@ -185,6 +185,10 @@ struct PrefetchConf {
   // following them (the calls of a thread take adjacent channels). The
   // driver says per call whether c + 1 exists (KernelArgs::prefetch_next).
   bool next_channel = false;
+  // kPixels, swept kernels: every load also prefetches into the L2 the line
+  // this many pixels on (0: none). A walk that steps C x 4 bytes opens a new
+  // 4 KiB page every few loads, where hardware prefetchers stop.
+  int64_t sweep_ahead = 0;
 };
 
 struct BnConf {

@@ -122,6 +122,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void load_coefs(int nv);
   void apply_vector(int v, int64_t off, int64_t dx_off, bool tail, bool nt);
   void pixels_reduce_blocked();
+  void prefetch_ahead(int v, int64_t off);
   void pixels_reduce_swept();
   void pixels_apply_wide();
   void pixels_reduce();

@@ -265,13 +265,15 @@ TEST(JitBackend, WidePixelKernels) {
 // Every NXC walk a bench variant can pick for wide rows, against ref: the
 // per-pixel, channel-blocked (groups of 2, 4 and 8 pixels) and channel-swept
 // kernels (calls of the default size, and of 16 KiB so that a chunk takes
-// several calls into one partial), on the shapes of ChannelBlockedPixelKernels.
+// several calls into one partial), and with software prefetches, on the
+// shapes of WidePixelKernels.
 TEST(JitBackend, NxcVariantsMatchRef) {
   if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the wide-row kernels are AVX-512";
   const std::vector<std::pair<std::string, std::string>> variants = {
       {"nxc-per-pixel", "pixels"},         {"nxc-blocked-2", "pixels_blocked"},
       {"nxc-blocked-4", "pixels_blocked"}, {"nxc-blocked", "pixels_blocked"},
-      {"nxc-swept", "pixels_swept"},       {"nxc-swept-16", "pixels_swept"}};
+      {"nxc-swept", "pixels_swept"},       {"nxc-swept-16", "pixels_swept"},
+      {"nxc-swept-ahead", "pixels_swept"}, {"nxc-swept-ahead-64", "pixels_swept"}};
   // The walk in a kernel name: "pixels_swept" in "jit:avx512:f32/f32:pixels_swept+strided".
   auto walk_of = [](const std::string& kernel) {
     size_t at = 0;

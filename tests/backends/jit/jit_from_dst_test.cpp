@@ -65,8 +65,8 @@ TEST(FromDst, ClosedFormOnEveryBackend) {
   }
 }
 
-// Both walks (NCX rows, short and grouped; NXC pixels, in registers and
-// channel-blocked), tails, the three dtypes and activations, on each ISA.
+// Both walks (NCX rows, short and grouped; NXC pixels, in registers,
+// channel-swept and channel-blocked), tails, the three dtypes and activations, on each ISA.
 TEST(FromDst, JitAgainstRefSweep) {
   int ran = 0;
   for (const std::string& isa : jit_test::isas()) {
