@@ -530,6 +530,31 @@ int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes) {
 
 Status apply_variant(const std::string& variant, BnConf* c) {
   if (variant.empty()) return ok_status();
+  // "A+B": each part in turn.
+  if (const size_t plus = variant.find('+'); plus != std::string::npos) {
+    NG_RETURN_IF_ERROR(apply_variant(variant.substr(0, plus), c));
+    return apply_variant(variant.substr(plus + 1), c);
+  }
+  const bool long_rows = c->walk.kind == Walk::kRows && c->walk.channel_group == 0 && !c->empty;
+  if (variant == "ncx-no-next-channel") {
+    c->prefetch.next_channel = false;
+    return ok_status();
+  }
+  if (variant == "ncx-forward-apply") {
+    c->stream.reverse_rows = 0;
+    return ok_status();
+  }
+  if (variant == "ncx-reduce-prefetch") {
+    const int64_t ahead =
+        (kReducePrefetchRows * c->walk.row_stride + c->walk.cols) * dtype_size(c->d.data_dt);
+    if (long_rows && c->walk.row_stride != c->walk.cols && ahead <= INT32_MAX)
+      c->prefetch.reduce_rows = true;
+    return ok_status();
+  }
+  if (variant == "ncx-no-nt") {
+    c->stream.nt_stores = false;
+    return ok_status();
+  }
   const bool wide_pixels =
       c->walk.kind == Walk::kPixels && c->isa == Isa::kAvx512 && c->walk.cols > 64 && !c->empty;
   if (const int64_t g = variant_number(variant, "nxc-blocked", kPixelGroup); g >= 1 && g <= 16) {
@@ -563,7 +588,8 @@ Status apply_variant(const std::string& variant, BnConf* c) {
   }
   return invalid_argument("unknown JIT variant '" + variant +
                           "' (known: nxc-per-pixel, nxc-blocked[-PIXELS], nxc-swept[-KIB], "
-                          "nxc-swept-ahead[-PIXELS])");
+                          "nxc-swept-ahead[-PIXELS], ncx-no-next-channel, ncx-forward-apply, "
+                          "ncx-reduce-prefetch, ncx-no-nt; A+B for both)");
 }
 
 }  // namespace jit

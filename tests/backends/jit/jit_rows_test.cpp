@@ -253,6 +253,39 @@ TEST(JitBackend, LargeChannelsApplyLastRowsFirst) {
   }
 }
 
+// The rows walk's bench variants (forward apply, no next-channel or an
+// added reduce prefetch, ordinary stores, and combinations), against ref on
+// channels that take the reversed apply and the prefetches by default.
+TEST(JitBackend, NcxVariantsMatchRef) {
+  const int64_t quarter_l2 = jit::cache_sizes().l2_bytes / 4;
+  uint64_t seed = 900;
+  for (const char* variant :
+       {"ncx-forward-apply", "ncx-no-next-channel", "ncx-reduce-prefetch", "ncx-no-nt",
+        "ncx-forward-apply+ncx-no-next-channel", "ncx-reduce-prefetch+ncx-no-nt"}) {
+    for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+      const int64_t n = quarter_l2 / (2 * 1000 * dtype_size(dt)) + 3;
+      for (int form : {0, 1, 4}) {
+        SCOPED_TRACE(std::string(variant) + " " + dtype_name(dt) + " form " + std::to_string(form));
+        const auto r = compare_with_ref(one_op(form_op({n, 3, 10, 100}, "NCX", dt, form)), "jit",
+                                        ++seed, 0.0, variant);
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_NE(r.kernel.find(":rows"), std::string::npos) << r.kernel;
+        EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+      }
+    }
+    // A row of 9000 f32 per image: one row per call, next-channel prefetches.
+    const auto r = compare_with_ref(
+        one_op(bn_bwd({5, 4, 90, 100}, "NCX", DataType::kF32, DataType::kF32, true, 3)), "jit",
+        ++seed, 0.0, variant);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+  }
+  CompileOptions bad{"jit"};
+  bad.jit_variant = "ncx-forward-apply+nope";
+  EXPECT_FALSE(
+      CompiledGraph::compile(one_op(form_op({2, 3, 4, 5}, "NCX", DataType::kF32, 0)), bad).ok());
+}
+
 // Grouped short rows that do not start on a vector (7x7, 14x14) stream
 // diff_src through a 64-byte-aligned bounce block when it is larger than half
 // the L3 (AVX-512) and the linear blocks cannot take it (diff_src's images
