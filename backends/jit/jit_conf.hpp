@@ -100,6 +100,8 @@ constexpr int64_t kNextChannelPrefetchRowBytes = 4096;
 // channel's rows last first in calls of about this many bytes per tensor
 // (StreamConf::reverse_rows).
 constexpr int64_t kReverseApplyCallBytes = 16 * 1024;
+// ...on hosts whose L2 is at least this large (StreamConf::reverse_rows).
+constexpr int64_t kReverseApplyMinL2Bytes = int64_t{2} << 20;
 // Images per grouped reduce call: bounds how many rows the f32 vector sums
 // take before they are added into the f64 totals (fixed by the shape only).
 constexpr int64_t kRowsPerGroupedReduce = 256;
@@ -254,6 +256,10 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
 // Pixels per call of the channel-swept kernels for calls of about
 // `call_bytes` of src + diff_dst.
 int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes);
+
+// The rows per call of the reversed apply for `c` (StreamConf::reverse_rows),
+// whatever the L2's size; 0 where the apply stays forward.
+int64_t reverse_apply_rows(const BnConf& c);
 
 // Applies CompileOptions::jit_variant to a conf make_conf chose.
 Status apply_variant(const std::string& variant, BnConf* conf);

@@ -202,14 +202,22 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
 // each and rows several to a call with a partial last call, f32 and 16-bit,
 // every output form, fused producers, channels padded apart (walked in place),
 // and bits that do not depend on the thread count. Channels that fit, padded
-// rows (a call per image) and staged tensors keep one forward call.
+// rows (a call per image) and staged tensors keep one forward call. The JIT
+// reverses only on an L2 of kReverseApplyMinL2Bytes; the test forces it with
+// the ncx-reverse-apply variant, so every host runs the reversed kernels.
 TEST(JitBackend, LargeChannelsApplyLastRowsFirst) {
   const int64_t quarter_l2 = jit::cache_sizes().l2_bytes / 4;
+  const bool by_default = jit::cache_sizes().l2_bytes >= jit::kReverseApplyMinL2Bytes;
+  const std::string reverse = "ncx-reverse-apply";
   int ran = 0;
   for (const std::string& isa : isas()) {
     IsaScope scope(isa);
-    const RefCheck check(isa, 400, &ran);
-    auto rows_per_call = [](const Op& op) { return conf_for(op).stream.reverse_rows; };
+    const RefCheck check(isa, 400, &ran, reverse);
+    auto rows_per_call = [&](const Op& op) {
+      const int64_t rows = conf_for(op, reverse).stream.reverse_rows;
+      EXPECT_EQ(conf_for(op).stream.reverse_rows, by_default ? rows : 0);
+      return rows;
+    };
     // One long row per image: 3 rows of over a sixth of a quarter L2 each.
     const int64_t long_cols = quarter_l2 / 24 + 37;
     const Op long_rows = form_op({3, 3, 1, long_cols}, "NCX", DataType::kF32, 0);
@@ -249,7 +257,7 @@ TEST(JitBackend, LargeChannelsApplyLastRowsFirst) {
     const Op many =
         bn_bwd({quarter_l2 / 8000 + 3, 4, 10, 100}, "NCX", DataType::kF32, DataType::kF32, true, 3);
     EXPECT_EQ(rows_per_call(many), 5);
-    expect_same_bits_for_1_2_4_threads(one_op(many));
+    expect_same_bits_for_1_2_4_threads(one_op(many), reverse);
   }
 }
 

@@ -54,17 +54,20 @@ inline const char* fused_rows_feature(int port) {
 }
 
 // Runs `g` on the JIT with `threads` threads, capped through oneTBB's
-// global_control or, with `through_api`, normgrad::set_num_threads; returns
-// every output's bytes.
+// global_control or, with `through_api`, normgrad::set_num_threads, under
+// `jit_variant` when given; returns every output's bytes.
 inline std::map<int64_t, std::vector<char>> run_with_threads(const Graph& g, int threads,
-                                                             bool through_api = false) {
+                                                             bool through_api = false,
+                                                             const std::string& jit_variant = "") {
   tbb::global_control limit(
       tbb::global_control::max_allowed_parallelism,
       through_api ? tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism)
                   : static_cast<size_t>(threads));
   if (through_api) set_num_threads(threads);
   std::map<int64_t, std::vector<char>> bytes;
-  auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
+  CompileOptions options{"jit"};
+  options.jit_variant = jit_variant;
+  auto cg = CompiledGraph::compile(g, options);
   EXPECT_TRUE(cg.ok()) << cg.status().to_string();
   if (!cg.ok()) return bytes;
   auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 11, nullptr);
@@ -77,9 +80,11 @@ inline std::map<int64_t, std::vector<char>> run_with_threads(const Graph& g, int
   return bytes;
 }
 
-inline void expect_same_bits_for_1_2_4_threads(const Graph& g) {
-  const auto one = run_with_threads(g, 1);
-  const auto two = run_with_threads(g, 2), four = run_with_threads(g, 4);
+inline void expect_same_bits_for_1_2_4_threads(const Graph& g,
+                                               const std::string& jit_variant = "") {
+  const auto one = run_with_threads(g, 1, false, jit_variant);
+  const auto two = run_with_threads(g, 2, false, jit_variant);
+  const auto four = run_with_threads(g, 4, false, jit_variant);
   for (const auto& [id, b] : one) {
     EXPECT_EQ(b, two.at(id)) << "tensor " << id;
     EXPECT_EQ(b, four.at(id)) << "tensor " << id;
@@ -126,8 +131,9 @@ void check_fused_rows(const Check& check, const Dims& shape, DataType dt) {
 // on `isa`'s code when one is given, with `feature` in its kernel name, and
 // every output within its tolerance.
 inline void expect_jit_matches_ref(const Graph& g, uint64_t seed, const std::string& isa = "",
-                                   const std::string& feature = "") {
-  const auto r = testing_util::compare_with_ref(g, "jit", seed);
+                                   const std::string& feature = "",
+                                   const std::string& jit_variant = "") {
+  const auto r = testing_util::compare_with_ref(g, "jit", seed, 0.0, jit_variant);
   ASSERT_TRUE(r.status.ok()) << r.status.to_string();
   if (!isa.empty()) {
     EXPECT_EQ(r.kernel.find("jit:" + isa + ":"), 0u) << r.kernel;
@@ -137,29 +143,36 @@ inline void expect_jit_matches_ref(const Graph& g, uint64_t seed, const std::str
 }
 
 // check(graph, what[, feature]) for a test that sweeps the ISAs:
-// expect_jit_matches_ref on `isa`, traced with `what`, each call on the next
-// seed from `seed_base` (the counter runs on across the ISAs of the test).
+// expect_jit_matches_ref on `isa` (with `jit_variant` when given), traced with
+// `what`, each call on the next seed from `seed_base` (the counter runs on
+// across the ISAs of the test).
 class RefCheck {
  public:
-  RefCheck(std::string isa, uint64_t seed_base, int* ran)
-      : isa_(std::move(isa)), seed_base_(seed_base), ran_(ran) {}
+  RefCheck(std::string isa, uint64_t seed_base, int* ran, std::string jit_variant = "")
+      : isa_(std::move(isa)), variant_(std::move(jit_variant)), seed_base_(seed_base), ran_(ran) {}
   void operator()(const Graph& g, const std::string& what, const std::string& feature = "") const {
     SCOPED_TRACE(isa_ + " " + what);
-    expect_jit_matches_ref(g, seed_base_ + static_cast<uint64_t>((*ran_)++), isa_, feature);
+    expect_jit_matches_ref(g, seed_base_ + static_cast<uint64_t>((*ran_)++), isa_, feature,
+                           variant_);
   }
 
  private:
   std::string isa_;
+  std::string variant_;
   uint64_t seed_base_;
   int* ran_;
 };
 
-// The JIT's conf for `op` on the ISA that NORMGRAD_JIT selects; a conf that
-// fails is a test failure (and gives a default conf, every choice off).
-inline jit::BnConf conf_for(const Op& op) {
+// The JIT's conf for `op` on the ISA that NORMGRAD_JIT selects, under
+// `jit_variant` when given; a conf that fails is a test failure (and gives a
+// default conf, every choice off).
+inline jit::BnConf conf_for(const Op& op, const std::string& jit_variant = "") {
   auto conf = jit::make_conf(op, jit::detect_isa());
   EXPECT_TRUE(conf.ok()) << conf.status().to_string();
-  return conf.ok() ? *conf : jit::BnConf{};
+  if (!conf.ok()) return jit::BnConf{};
+  const Status s = jit::apply_variant(jit_variant, &*conf);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return *conf;
 }
 
 // Whether the AVX-512 JIT streams diff_src of `tensor_bytes`: past half the
