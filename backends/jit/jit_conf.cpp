@@ -550,6 +550,10 @@ Status apply_variant(const std::string& variant, BnConf* c) {
     return apply_variant(variant.substr(plus + 1), c);
   }
   const bool long_rows = c->walk.kind == Walk::kRows && c->walk.channel_group == 0 && !c->empty;
+  if (variant == "nxc-contiguous-split") {
+    c->walk.contiguous_split = c->walk.kind == Walk::kPixels;
+    return ok_status();
+  }
   if (variant == "ncx-no-next-channel") {
     c->prefetch.next_channel = false;
     return ok_status();
@@ -606,7 +610,8 @@ Status apply_variant(const std::string& variant, BnConf* c) {
   }
   return invalid_argument("unknown JIT variant '" + variant +
                           "' (known: nxc-per-pixel, nxc-blocked[-PIXELS], nxc-swept[-KIB], "
-                          "nxc-swept-ahead[-PIXELS], ncx-no-next-channel, ncx-forward-apply, "
+                          "nxc-swept-ahead[-PIXELS], nxc-contiguous-split, ncx-no-next-channel, "
+                          "ncx-forward-apply, "
                           "ncx-reverse-apply, "
                           "ncx-reduce-prefetch, ncx-no-nt; A+B for both)");
 }

@@ -138,6 +138,10 @@ struct WalkConf {
   // fixed stride from the same instruction's previous one, the pattern the
   // stride prefetchers follow.
   int64_t sweep_rows = 0;
+  // kPixels: each thread takes one contiguous share of the chunks, as oneDNN
+  // splits the batch between threads, instead of oneTBB's adaptive split
+  // (for_range's `contiguous`). The chunks, so the bits, are the same.
+  bool contiguous_split = false;
   // kRows, short rows whose channels are adjacent (channel_stride == cols):
   // channels per kernel call, each image's rows of the group one contiguous
   // block (0: one channel per call).

@@ -457,23 +457,26 @@ void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
   std::vector<float>& partial = scratch_.partial;
   partial.assign(static_cast<size_t>(nchunks * 2 * cp_), 0.f);
   const float* means = coef.data() + 3 * cp_;
-  for_range(conf_.single_thread, nchunks, [&](int64_t k) {
-    const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
-    float* out = partial.data() + k * 2 * cp_;
-    if (stage_) {
-      char* bx = stage_buffer(0, static_cast<size_t>(len * row_bytes));
-      char* bdy = stage_buffer(1, static_cast<size_t>(len * row_bytes));
-      pixels_stage(bx, bdy, r0, len);
-      calls(len, [&](int64_t r, int64_t n) {
-        kernels_.reduce(KernelArgs{bx + r * row_bytes, bdy + r * row_bytes, nullptr, means, out, n,
-                                   nullptr, nullptr});
-      });
-      return;
-    }
-    calls(len, [&](int64_t r, int64_t n) {
-      kernels_.reduce(args((r0 + r) * row_bytes, 0, false, means, out, n));
-    });
-  });
+  for_range(
+      conf_.single_thread, nchunks,
+      [&](int64_t k) {
+        const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
+        float* out = partial.data() + k * 2 * cp_;
+        if (stage_) {
+          char* bx = stage_buffer(0, static_cast<size_t>(len * row_bytes));
+          char* bdy = stage_buffer(1, static_cast<size_t>(len * row_bytes));
+          pixels_stage(bx, bdy, r0, len);
+          calls(len, [&](int64_t r, int64_t n) {
+            kernels_.reduce(KernelArgs{bx + r * row_bytes, bdy + r * row_bytes, nullptr, means, out,
+                                       n, nullptr, nullptr});
+          });
+          return;
+        }
+        calls(len, [&](int64_t r, int64_t n) {
+          kernels_.reduce(args((r0 + r) * row_bytes, 0, false, means, out, n));
+        });
+      },
+      conf_.walk.contiguous_split);
   // Chunks in index order for every channel: sequential in memory, fixed in order.
   for (int64_t k = 0; k < nchunks; ++k) {
     const float* p = partial.data() + k * 2 * cp_;
@@ -488,27 +491,30 @@ void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
 // are still in cache.
 void DenseRun::pixels_apply(int64_t nchunks, const std::vector<float>& coef) {
   const int64_t chunk = conf_.walk.chunk_rows, row_bytes = conf_.walk.row_stride * es_;
-  for_range(conf_.single_thread, nchunks, [&](int64_t k_rev) {
-    const int64_t r0 = (nchunks - 1 - k_rev) * chunk;
-    const int64_t len = std::min(chunk, conf_.walk.rows - r0);
-    if (stage_) {
-      const auto bytes = static_cast<size_t>(len * row_bytes);
-      char* bx = stage_buffer(0, bytes);
-      char* bdy = stage_buffer(1, bytes);
-      char* bdx = stage_buffer(2, bytes);
-      pixels_stage(bx, bdy, r0, len);
-      calls(len, [&](int64_t r, int64_t n) {
-        kernels_.apply(KernelArgs{bx + r * row_bytes, bdy + r * row_bytes, bdx + r * row_bytes,
-                                  coef.data(), nullptr, n, nullptr, nullptr});
-      });
-      move_pixels<false>(bdx, dx_, stage_->dx_strides, d_.dims, d_.channel_axis, es_, r0, len);
-      return;
-    }
-    calls(len, [&](int64_t r, int64_t n) {
-      kernels_.apply(args((r0 + r) * row_bytes, (r0 + r) * conf_.walk.dx_row_stride * es_, true,
-                          coef.data(), nullptr, n));
-    });
-  });
+  for_range(
+      conf_.single_thread, nchunks,
+      [&](int64_t k_rev) {
+        const int64_t r0 = (nchunks - 1 - k_rev) * chunk;
+        const int64_t len = std::min(chunk, conf_.walk.rows - r0);
+        if (stage_) {
+          const auto bytes = static_cast<size_t>(len * row_bytes);
+          char* bx = stage_buffer(0, bytes);
+          char* bdy = stage_buffer(1, bytes);
+          char* bdx = stage_buffer(2, bytes);
+          pixels_stage(bx, bdy, r0, len);
+          calls(len, [&](int64_t r, int64_t n) {
+            kernels_.apply(KernelArgs{bx + r * row_bytes, bdy + r * row_bytes, bdx + r * row_bytes,
+                                      coef.data(), nullptr, n, nullptr, nullptr});
+          });
+          move_pixels<false>(bdx, dx_, stage_->dx_strides, d_.dims, d_.channel_axis, es_, r0, len);
+          return;
+        }
+        calls(len, [&](int64_t r, int64_t n) {
+          kernels_.apply(args((r0 + r) * row_bytes, (r0 + r) * conf_.walk.dx_row_stride * es_, true,
+                              coef.data(), nullptr, n));
+        });
+      },
+      conf_.walk.contiguous_split);
 }
 
 void DenseRun::pixels() {

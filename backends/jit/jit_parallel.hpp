@@ -29,9 +29,10 @@ std::shared_ptr<tbb::task_arena> capped_arena(int cap);
 // Runs body(i) for i in [0, n): serially for small problems, else on oneTBB, or
 // on plain std::threads in NORMGRAD_STD_THREADS builds (ThreadSanitizer runs:
 // Debian's oneTBB is not instrumented). Work items are independent, so either
-// gives the same bits.
+// gives the same bits. `contiguous`: each thread takes one contiguous share of
+// [0, n) (oneTBB's static partitioner) instead of oneTBB's adaptive split.
 template <typename Body>
-void for_range(bool serial, int64_t n, const Body& body) {
+void for_range(bool serial, int64_t n, const Body& body, bool contiguous = false) {
   if (serial || n <= 1) {
     for (int64_t i = 0; i < n; ++i) body(i);
     return;
@@ -51,9 +52,14 @@ void for_range(bool serial, int64_t n, const Body& body) {
 #else
   auto run = [&] {
     note_concurrency(tbb::this_task_arena::max_concurrency());
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), [&](const tbb::blocked_range<int64_t>& r) {
+    auto each = [&](const tbb::blocked_range<int64_t>& r) {
       for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
-    });
+    };
+    if (contiguous) {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), each, tbb::static_partitioner());
+    } else {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), each);
+    }
   };
   if (const int cap = num_threads(); cap > 0) {
     capped_arena(cap)->execute(run);  // normgrad::set_num_threads: our own arena

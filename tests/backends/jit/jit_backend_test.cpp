@@ -273,7 +273,7 @@ TEST(JitBackend, NxcVariantsMatchRef) {
       {"nxc-per-pixel", "pixels"},         {"nxc-blocked-2", "pixels_blocked"},
       {"nxc-blocked-4", "pixels_blocked"}, {"nxc-blocked", "pixels_blocked"},
       {"nxc-swept", "pixels_swept"},       {"nxc-swept-16", "pixels_swept"},
-      {"nxc-swept-ahead", "pixels_swept"}, {"nxc-swept-ahead-64", "pixels_swept"}};
+      {"nxc-swept-ahead", "pixels_swept"}, {"nxc-swept-ahead-64", "pixels_swept"}, {"nxc-swept+nxc-contiguous-split", "pixels_swept"}};
   // The walk in a kernel name: "pixels_swept" in "jit:avx512:f32/f32:pixels_swept+strided".
   auto walk_of = [](const std::string& kernel) {
     size_t at = 0;
@@ -318,13 +318,13 @@ TEST(JitBackend, NxcVariantsMatchRef) {
           false);
   }
   // 4 MiB of src + diff_dst in 16 KiB calls: several calls per chunk, and the
-  // same bits for 1, 2 and 4 threads.
+  // same bits for 1, 2 and 4 threads, each taking a contiguous share.
   const Graph g = one_op(bn_bwd({8, 16, 16, 1000}, "NXC", DataType::kF32, DataType::kF32, true, 3));
   auto runs = [&](int threads) {
     tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
                               static_cast<size_t>(threads));
     CompileOptions options{"jit"};
-    options.jit_variant = "nxc-swept-16";
+    options.jit_variant = "nxc-swept-16+nxc-contiguous-split";
     auto cg = CompiledGraph::compile(g, options);
     EXPECT_TRUE(cg.ok()) << cg.status().to_string();
     auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, nullptr);
