@@ -596,7 +596,9 @@ Status apply_variant(const std::string& variant, BnConf* c) {
       ahead >= 1 && ahead <= 4096) {
     c->walk.pixel_group = 0;
     c->prefetch.sweep_ahead = 0;
-    if (wide_pixels) {
+    // The prefetches' displacement is a 32-bit immediate.
+    if (wide_pixels && (ahead * c->walk.row_stride + c->walk.cols) * dtype_size(c->d.data_dt) <=
+                           INT32_MAX) {
       c->walk.sweep_rows = sweep_call_rows(*c, kSweepCallBytes);
       c->prefetch.sweep_ahead = ahead;
     }
