@@ -597,8 +597,8 @@ Status apply_variant(const std::string& variant, BnConf* c) {
     c->walk.pixel_group = 0;
     c->prefetch.sweep_ahead = 0;
     // The prefetches' displacement is a 32-bit immediate.
-    if (wide_pixels && (ahead * c->walk.row_stride + c->walk.cols) * dtype_size(c->d.data_dt) <=
-                           INT32_MAX) {
+    if (wide_pixels &&
+        (ahead * c->walk.row_stride + c->walk.cols) * dtype_size(c->d.data_dt) <= INT32_MAX) {
       c->walk.sweep_rows = sweep_call_rows(*c, kSweepCallBytes);
       c->prefetch.sweep_ahead = ahead;
     }

@@ -270,10 +270,15 @@ TEST(JitBackend, WidePixelKernels) {
 TEST(JitBackend, NxcVariantsMatchRef) {
   if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the wide-row kernels are AVX-512";
   const std::vector<std::pair<std::string, std::string>> variants = {
-      {"nxc-per-pixel", "pixels"},         {"nxc-blocked-2", "pixels_blocked"},
-      {"nxc-blocked-4", "pixels_blocked"}, {"nxc-blocked", "pixels_blocked"},
-      {"nxc-swept", "pixels_swept"},       {"nxc-swept-16", "pixels_swept"},
-      {"nxc-swept-ahead", "pixels_swept"}, {"nxc-swept-ahead-64", "pixels_swept"}, {"nxc-swept+nxc-contiguous-split", "pixels_swept"}};
+      {"nxc-per-pixel", "pixels"},
+      {"nxc-blocked-2", "pixels_blocked"},
+      {"nxc-blocked-4", "pixels_blocked"},
+      {"nxc-blocked", "pixels_blocked"},
+      {"nxc-swept", "pixels_swept"},
+      {"nxc-swept-16", "pixels_swept"},
+      {"nxc-swept-ahead", "pixels_swept"},
+      {"nxc-swept-ahead-64", "pixels_swept"},
+      {"nxc-swept+nxc-contiguous-split", "pixels_swept"}};
   // The walk in a kernel name: "pixels_swept" in "jit:avx512:f32/f32:pixels_swept+strided".
   auto walk_of = [](const std::string& kernel) {
     size_t at = 0;
