@@ -38,6 +38,7 @@ void for_range(bool serial, int64_t n, const Body& body, bool contiguous = false
     return;
   }
 #ifdef NORMGRAD_STD_THREADS
+  (void)contiguous;  // each std::thread takes a contiguous share anyway
   const int cap = num_threads();
   const int64_t cores = cap > 0 ? cap : std::max(1u, std::thread::hardware_concurrency());
   note_concurrency(static_cast<int>(cores));
