@@ -46,8 +46,9 @@ struct CompileOptions {
   // JIT decides), or a walk for NXC rows wider than the registers:
   // "nxc-per-pixel", "nxc-blocked[-PIXELS]" (channel blocks over groups of 8,
   // or PIXELS, pixels) or "nxc-swept[-KIB]" (channel blocks over calls of 256,
-  // or KIB, KiB of src + diff_dst), "nxc-swept-ahead[-PIXELS]"; or a
-  // streaming choice for NCX rows: "ncx-forward-apply", "ncx-no-next-channel",
+  // or KIB, KiB of src + diff_dst), "nxc-swept-ahead[-PIXELS]",
+  // "nxc-contiguous-split"; or a streaming choice for NCX rows:
+  // "ncx-forward-apply", "ncx-reverse-apply", "ncx-no-next-channel",
   // "ncx-reduce-prefetch", "ncx-no-nt"; "A+B" for both (docs/cli.md). Under
   // an unknown name the JIT declines, saying so.
   std::string jit_variant{};

@@ -207,13 +207,26 @@ namespace {
 // kRows: what the apply prefetches (see PrefetchConf::apply and
 // next_channel). A task's inputs are its channels' rows over
 // the batch: src and diff_dst, or the two operands of each fused producer.
+int64_t rows_task_bytes(const BnConf& c) {
+  const int tensors = (uses_second(c.x_fuse) ? 2 : 1) + (uses_second(c.dy_fuse) ? 2 : 1);
+  return std::max(1, c.walk.channel_group) * c.walk.cols * c.walk.rows * dtype_size(c.d.data_dt) *
+         tensors;
+}
+
+// kRows: whether the reduce can prefetch kReducePrefetchRows rows ahead
+// (PrefetchConf::reduce_rows): one channel per call, rows apart, and the
+// prefetches' displacement (the row offset plus a line's) a 32-bit immediate.
+bool reduce_prefetch_fits(const BnConf& c) {
+  const int64_t ahead =
+      (kReducePrefetchRows * c.walk.row_stride + c.walk.cols) * dtype_size(c.d.data_dt);
+  return c.walk.kind == Walk::kRows && c.walk.channel_group == 0 &&
+         c.walk.row_stride != c.walk.cols && ahead <= INT32_MAX;
+}
+
 void set_apply_prefetch(BnConf* c) {
   if (c->walk.kind != Walk::kRows) return;
   const int64_t es = dtype_size(c->d.data_dt);
-  const int tensors = (uses_second(c->x_fuse) ? 2 : 1) + (uses_second(c->dy_fuse) ? 2 : 1);
-  const int64_t task_bytes =
-      std::max(1, c->walk.channel_group) * c->walk.cols * c->walk.rows * es * tensors;
-  c->prefetch.apply = task_bytes > cache_sizes().l2_bytes / 2;
+  c->prefetch.apply = rows_task_bytes(*c) > cache_sizes().l2_bytes / 2;
   // The next channel's line is a 32-bit displacement from the current one's;
   // packed (staged) channels are not adjacent, per-image calls not one channel.
   c->prefetch.next_channel = c->walk.channel_group == 0 && c->walk.batch_calls == 0 &&
@@ -234,20 +247,13 @@ void set_apply_prefetch(BnConf* c) {
 }  // namespace
 
 int64_t reverse_apply_rows(const BnConf& c) {
-  if (c.walk.kind != Walk::kRows) return 0;
-  const int64_t es = dtype_size(c.d.data_dt);
-  const int tensors = (uses_second(c.x_fuse) ? 2 : 1) + (uses_second(c.dy_fuse) ? 2 : 1);
-  const int64_t task_bytes =
-      std::max(1, c.walk.channel_group) * c.walk.cols * c.walk.rows * es * tensors;
-  if (c.walk.channel_group != 0 || c.walk.batch_calls != 0 || !c.x_strides.empty() ||
-      !c.dy_strides.empty() || !c.dx_strides.empty() || c.walk.rows <= 1 || !c.needs_reduction ||
-      task_bytes <= cache_sizes().l2_bytes / 4)
+  if (c.walk.kind != Walk::kRows || c.walk.channel_group != 0 || c.walk.batch_calls != 0 ||
+      !c.x_strides.empty() || !c.dy_strides.empty() || !c.dx_strides.empty() || c.walk.rows <= 1 ||
+      !c.needs_reduction || rows_task_bytes(c) <= cache_sizes().l2_bytes / 4)
     return 0;
-  const int64_t row_bytes = std::max<int64_t>(1, c.walk.cols * es);
+  const int64_t row_bytes = std::max<int64_t>(1, c.walk.cols * dtype_size(c.d.data_dt));
   return std::min(c.walk.rows, (kReverseApplyCallBytes + row_bytes - 1) / row_bytes);
 }
-
-namespace {}  // namespace
 
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
@@ -354,10 +360,9 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // has fewer than kMinSweepRows pixels (C >= 1024) take the blocked walk:
   // there swept and blocked were level within the noise on Zen 5, and on
   // Zen 4 blocked was level with per-pixel at 14x14 and 1.5x ahead at 7x7.
-  // 16-bit data takes the
-  // per-pixel walk from DRAM (swept and blocked were up to 1.9x slower on
-  // every host measured) and the blocked walk when src and diff_dst fit in
-  // half the L3 (1.2-1.5x on 32x7x7x2048).
+  // 16-bit data takes the per-pixel walk from DRAM (swept and blocked were up
+  // to 1.9x slower on every host measured) and the blocked walk when src and
+  // diff_dst fit in half the L3 (1.2-1.5x on 32x7x7x2048).
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
@@ -379,13 +384,8 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
       c.walk.cols * dtype_size(d.data_dt) <= kShortRowBytes)
     c.walk.channel_group = isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
   set_apply_prefetch(&c);
-  // The prefetches' displacement (the row offset plus a line's) is a 32-bit immediate.
-  const int64_t prefetch_ahead =
-      (kReducePrefetchRows * c.walk.row_stride + c.walk.cols) * dtype_size(d.data_dt);
-  c.prefetch.reduce_rows = c.walk.kind == Walk::kRows && c.walk.channel_group == 0 &&
-                           dtype_size(d.data_dt) == 2 &&
-                           c.walk.cols * dtype_size(d.data_dt) > kShortRowBytes &&
-                           c.walk.row_stride != c.walk.cols && prefetch_ahead <= INT32_MAX;
+  c.prefetch.reduce_rows = reduce_prefetch_fits(c) && dtype_size(d.data_dt) == 2 &&
+                           c.walk.cols * dtype_size(d.data_dt) > kShortRowBytes;
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off unless all three tensors stay in the cache from
   // one use to the next. Cached diff_src stores read each line for ownership
@@ -549,7 +549,6 @@ Status apply_variant(const std::string& variant, BnConf* c) {
     NG_RETURN_IF_ERROR(apply_variant(variant.substr(0, plus), c));
     return apply_variant(variant.substr(plus + 1), c);
   }
-  const bool long_rows = c->walk.kind == Walk::kRows && c->walk.channel_group == 0 && !c->empty;
   if (variant == "nxc-contiguous-split") {
     c->walk.contiguous_split = c->walk.kind == Walk::kPixels;
     return ok_status();
@@ -567,10 +566,7 @@ Status apply_variant(const std::string& variant, BnConf* c) {
     return ok_status();
   }
   if (variant == "ncx-reduce-prefetch") {
-    const int64_t ahead =
-        (kReducePrefetchRows * c->walk.row_stride + c->walk.cols) * dtype_size(c->d.data_dt);
-    if (long_rows && c->walk.row_stride != c->walk.cols && ahead <= INT32_MAX)
-      c->prefetch.reduce_rows = true;
+    if (!c->empty && reduce_prefetch_fits(*c)) c->prefetch.reduce_rows = true;
     return ok_status();
   }
   if (variant == "ncx-no-nt") {

@@ -212,7 +212,7 @@ void BnGenerator::pixels_apply_wide() {
       for (int v = 0; v < nv; ++v) {
         apply_vector(v, p * c_.walk.row_stride + v * lanes_, p * c_.walk.dx_row_stride + v * lanes_,
                      tail_last && v == nv - 1, nt);
-        if (swept) prefetch_ahead(v, p * c_.walk.row_stride + v * lanes_);
+        prefetch_ahead(v, p * c_.walk.row_stride + v * lanes_);
       }
     }
   };

@@ -261,30 +261,45 @@ TEST(JitBackend, LargeChannelsApplyLastRowsFirst) {
   }
 }
 
-// The rows walk's bench variants (forward apply, no next-channel or an
-// added reduce prefetch, ordinary stores, and combinations), against ref on
-// channels that take the reversed apply and the prefetches by default.
+// The rows walk's bench variants (reversed or forward apply, no next-channel
+// prefetch, an added reduce prefetch, ordinary stores, and combinations): each
+// changes the conf as it says, on channels large enough for the reversed
+// apply and the prefetches, and every output still matches ref.
 TEST(JitBackend, NcxVariantsMatchRef) {
   const int64_t quarter_l2 = jit::cache_sizes().l2_bytes / 4;
   uint64_t seed = 900;
-  for (const char* variant :
-       {"ncx-forward-apply", "ncx-no-next-channel", "ncx-reduce-prefetch", "ncx-no-nt",
-        "ncx-forward-apply+ncx-no-next-channel", "ncx-reduce-prefetch+ncx-no-nt"}) {
+  const std::string variants[] = {"ncx-reverse-apply",
+                                  "ncx-reverse-apply+ncx-forward-apply",
+                                  "ncx-reverse-apply+ncx-no-next-channel",
+                                  "ncx-reduce-prefetch",
+                                  "ncx-no-nt",
+                                  "ncx-reduce-prefetch+ncx-no-nt"};
+  auto has = [](const std::string& variant, const char* part) {
+    return variant.find(part) != std::string::npos;
+  };
+  for (const std::string& variant : variants) {
     for (DataType dt : {DataType::kF32, DataType::kBF16}) {
       const int64_t n = quarter_l2 / (2 * 1000 * dtype_size(dt)) + 3;
       for (int form : {0, 1, 4}) {
-        SCOPED_TRACE(std::string(variant) + " " + dtype_name(dt) + " form " + std::to_string(form));
-        const auto r = compare_with_ref(one_op(form_op({n, 3, 10, 100}, "NCX", dt, form)), "jit",
-                                        ++seed, 0.0, variant);
+        SCOPED_TRACE(variant + " " + dtype_name(dt) + " form " + std::to_string(form));
+        const Op op = form_op({n, 3, 10, 100}, "NCX", dt, form);
+        const jit::BnConf conf = conf_for(op, variant);
+        const bool reversed = has(variant, "reverse") && !has(variant, "forward");
+        EXPECT_EQ(conf.stream.reverse_rows > 0, reversed);
+        EXPECT_TRUE(!has(variant, "reduce-prefetch") || conf.prefetch.reduce_rows);
+        EXPECT_TRUE(!has(variant, "no-nt") || !conf.stream.nt_stores);
+        const auto r = compare_with_ref(one_op(op), "jit", ++seed, 0.0, variant);
         ASSERT_TRUE(r.status.ok()) << r.status.to_string();
         EXPECT_NE(r.kernel.find(":rows"), std::string::npos) << r.kernel;
         EXPECT_LE(r.worst_ratio, 1.0) << r.report;
       }
     }
-    // A row of 9000 f32 per image: one row per call, next-channel prefetches.
-    const auto r = compare_with_ref(
-        one_op(bn_bwd({5, 4, 90, 100}, "NCX", DataType::kF32, DataType::kF32, true, 3)), "jit",
-        ++seed, 0.0, variant);
+    // A row of 9000 f32 per image: one row per call, next-channel prefetches
+    // unless the variant turns them off.
+    const Op op = bn_bwd({5, 4, 90, 100}, "NCX", DataType::kF32, DataType::kF32, true, 3);
+    EXPECT_EQ(conf_for(op, variant).prefetch.next_channel, !has(variant, "no-next-channel"))
+        << variant;
+    const auto r = compare_with_ref(one_op(op), "jit", ++seed, 0.0, variant);
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
     EXPECT_LE(r.worst_ratio, 1.0) << r.report;
   }
