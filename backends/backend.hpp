@@ -9,9 +9,11 @@
 // strided buffers already checked against the partition's tensors.
 #pragma once
 
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,28 @@ class AllocatorScope {
  private:
   const Allocator* previous_;
 };
+
+// A std::vector allocator on 64-byte lines, as frameworks allocate tensors
+// and as streaming stores and full-vector memory operands want (from
+// malloc's 16-byte alignment every vector load of such an array splits two
+// cache lines).
+template <typename T>
+struct LineAllocator {
+  using value_type = T;
+  LineAllocator() = default;
+  template <typename U>
+  LineAllocator(const LineAllocator<U>&) {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  bool operator==(const LineAllocator&) const { return true; }
+  bool operator!=(const LineAllocator&) const { return false; }
+};
+template <typename T>
+using LineVector = std::vector<T, LineAllocator<T>>;
 
 // Scratch bytes from the current allocator (or the heap), 64-byte aligned,
 // released on destruction. data() is nullptr when the allocation failed.

@@ -42,12 +42,14 @@ struct CompileOptions {
   // backends declined, instead of a silent slow path.
   bool allow_reference = true;
   // A named JIT kernel variant instead of the JIT's own choice, for comparing
-  // variants interleaved in one run (`normgrad bench --jit-variant`): "" (the
-  // JIT decides), or a walk for NXC rows wider than the registers:
+  // variants interleaved in one run (`normgrad bench --jit-variant`): "" or
+  // "default" (the JIT decides), or a walk for NXC rows wider than the registers:
   // "nxc-per-pixel", "nxc-blocked[-PIXELS]" (channel blocks over groups of 8,
   // or PIXELS, pixels) or "nxc-swept[-KIB]" (channel blocks over calls of 256,
   // or KIB, KiB of src + diff_dst), "nxc-swept-ahead[-PIXELS]",
-  // "nxc-contiguous-split"; or a streaming choice for NCX rows:
+  // or how NXC threads share the chunks and in what order the apply takes
+  // them: "nxc-contiguous-split", "nxc-adaptive-split", "nxc-last-first-apply",
+  // "nxc-forward-apply"; or a streaming choice for NCX rows:
   // "ncx-forward-apply", "ncx-reverse-apply", "ncx-no-next-channel",
   // "ncx-reduce-prefetch", "ncx-no-nt"; "A+B" for both (docs/cli.md). Under
   // an unknown name the JIT declines, saying so.

@@ -5,39 +5,21 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <map>
-#include <new>
 #include <string>
 #include <vector>
 
+#include <normgrad/backends/backend.hpp>
 #include <normgrad/graph/graph.hpp>
 #include <normgrad/graph/status.hpp>
 
 namespace normgrad {
 namespace oracle {
 
-// 64-byte aligned storage, as frameworks allocate tensors (and as streaming stores want).
-template <typename T>
-struct AlignedAllocator {
-  using value_type = T;
-  AlignedAllocator() = default;
-  template <typename U>
-  AlignedAllocator(const AlignedAllocator<U>&) {}  // NOLINT: rebinding
-  T* allocate(size_t n) {
-    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
-    if (p == nullptr) throw std::bad_alloc();
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, size_t) { std::free(p); }
-  bool operator==(const AlignedAllocator&) const { return true; }
-  bool operator!=(const AlignedAllocator&) const { return false; }
-};
-
 // Owned dense-or-strided storage for one tensor.
 struct Buffer {
   LogicalTensor desc;
-  std::vector<char, AlignedAllocator<char>> bytes;
+  LineVector<char> bytes;  // 64-byte aligned, as frameworks allocate tensors
   void* data() { return bytes.data(); }
   const void* data() const { return bytes.data(); }
 };

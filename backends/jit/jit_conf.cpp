@@ -543,14 +543,19 @@ int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes) {
 }
 
 Status apply_variant(const std::string& variant, BnConf* c) {
-  if (variant.empty()) return ok_status();
+  // "default": the JIT's own choice again, a control column for the bench.
+  if (variant.empty() || variant == "default") return ok_status();
   // "A+B": each part in turn.
   if (const size_t plus = variant.find('+'); plus != std::string::npos) {
     NG_RETURN_IF_ERROR(apply_variant(variant.substr(0, plus), c));
     return apply_variant(variant.substr(plus + 1), c);
   }
-  if (variant == "nxc-contiguous-split") {
-    c->walk.contiguous_split = c->walk.kind == Walk::kPixels;
+  if (variant == "nxc-contiguous-split" || variant == "nxc-adaptive-split") {
+    c->walk.contiguous_split = variant == "nxc-contiguous-split";
+    return ok_status();
+  }
+  if (variant == "nxc-last-first-apply" || variant == "nxc-forward-apply") {
+    c->walk.apply_last_first = variant == "nxc-last-first-apply";
     return ok_status();
   }
   if (variant == "ncx-no-next-channel") {
@@ -607,10 +612,10 @@ Status apply_variant(const std::string& variant, BnConf* c) {
     return ok_status();
   }
   return invalid_argument("unknown JIT variant '" + variant +
-                          "' (known: nxc-per-pixel, nxc-blocked[-PIXELS], nxc-swept[-KIB], "
-                          "nxc-swept-ahead[-PIXELS], nxc-contiguous-split, ncx-no-next-channel, "
-                          "ncx-forward-apply, "
-                          "ncx-reverse-apply, "
+                          "' (known: default, nxc-per-pixel, nxc-blocked[-PIXELS], "
+                          "nxc-swept[-KIB], nxc-swept-ahead[-PIXELS], nxc-contiguous-split, "
+                          "nxc-adaptive-split, nxc-last-first-apply, nxc-forward-apply, "
+                          "ncx-forward-apply, ncx-reverse-apply, ncx-no-next-channel, "
                           "ncx-reduce-prefetch, ncx-no-nt; A+B for both)");
 }
 

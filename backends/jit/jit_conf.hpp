@@ -139,9 +139,17 @@ struct WalkConf {
   // stride prefetchers follow.
   int64_t sweep_rows = 0;
   // kPixels: each thread takes one contiguous share of the chunks, as oneDNN
-  // splits the batch between threads, instead of oneTBB's adaptive split
-  // (for_range's `contiguous`). The chunks, so the bits, are the same.
+  // splits the batch, the same share in the reduce and the apply (false:
+  // oneTBB's adaptive split, which balances a VM's uneven cores). The chunks,
+  // so the bits, are the same either way.
   bool contiguous_split = false;
+  // kPixels: the apply takes the chunks last first, to start on what the
+  // reduce left in the caches: with the contiguous split each thread its own
+  // share's last chunks, with the adaptive split the whole range's last ones,
+  // whichever thread read them. On a Zen 5 VM whose two cores each have their
+  // own L3 neither gained, and the reversed whole range was 5-30% slower at
+  // 7x7 to 28x28 (docs/performance.md), so the apply runs front to back.
+  bool apply_last_first = false;
   // kRows, short rows whose channels are adjacent (channel_stride == cols):
   // channels per kernel call, each image's rows of the group one contiguous
   // block (0: one channel per call).

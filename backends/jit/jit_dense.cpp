@@ -51,7 +51,7 @@ void coefficients(const BnConf& conf, double m, const Channel& ch, double sum_dy
 struct DriverScratch {
   std::vector<Channel> ch;
   std::vector<double> red0, red1, diff_gamma, diff_beta, s0, s1;
-  std::vector<float> coef, partial;
+  LineVector<float> coef, partial;  // vectors of channels: on lines
 };
 
 using ScratchLease = ScratchLeaseOf<DriverScratch>;
@@ -232,8 +232,8 @@ class DenseRun {
   void rows_per_channel();
   void pixels();
   // The pixels walk's phases.
-  void pixels_reduce(int64_t nchunks, std::vector<float>& coef);
-  void pixels_apply(int64_t nchunks, const std::vector<float>& coef);
+  void pixels_reduce(int64_t nchunks, LineVector<float>& coef);
+  void pixels_apply(int64_t nchunks, const LineVector<float>& coef);
   void pixels_stage(char* bx, char* bdy, int64_t r0, int64_t len) const;
 
   const BnConf& conf_;
@@ -445,7 +445,7 @@ void DenseRun::pixels_stage(char* bx, char* bdy, int64_t r0, int64_t len) const 
 
 // Phase 1: each fixed chunk of pixels sums into its own partial (the means
 // are coef's fourth row); phase 2 merges the partials in chunk order.
-void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
+void DenseRun::pixels_reduce(int64_t nchunks, LineVector<float>& coef) {
   const int64_t chunk = conf_.walk.chunk_rows, row_bytes = conf_.walk.row_stride * es_;
   std::vector<double>& s0 = scratch_.s0;
   std::vector<double>& s1 = scratch_.s1;
@@ -454,7 +454,7 @@ void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
   for (int64_t c = 0; c < nc_ && given_sums_; ++c)
     s0[c] = given(pm_.sum_dy, c), s1[c] = given(pm_.sum_dy_xm, c);
   if (!conf_.needs_reduction) return;
-  std::vector<float>& partial = scratch_.partial;
+  LineVector<float>& partial = scratch_.partial;
   partial.assign(static_cast<size_t>(nchunks * 2 * cp_), 0.f);
   const float* means = coef.data() + 3 * cp_;
   for_range(
@@ -476,7 +476,7 @@ void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
           kernels_.reduce(args((r0 + r) * row_bytes, 0, false, means, out, n));
         });
       },
-      conf_.walk.contiguous_split);
+      conf_.walk.contiguous_split ? Split::kContiguous : Split::kAdaptive);
   // Chunks in index order for every channel: sequential in memory, fixed in order.
   for (int64_t k = 0; k < nchunks; ++k) {
     const float* p = partial.data() + k * 2 * cp_;
@@ -487,14 +487,22 @@ void DenseRun::pixels_reduce(int64_t nchunks, std::vector<float>& coef) {
   }
 }
 
-// Phase 4: diff_src, last chunks first: the reduction just read them, so they
-// are still in cache.
-void DenseRun::pixels_apply(int64_t nchunks, const std::vector<float>& coef) {
+// Phase 4: diff_src. Last chunks first (WalkConf::apply_last_first): each
+// thread starts on the chunks the reduce just read, which may still be in its
+// caches. With the adaptive split that is the whole range reversed, so a
+// thread may start on the other thread's last chunks.
+void DenseRun::pixels_apply(int64_t nchunks, const LineVector<float>& coef) {
   const int64_t chunk = conf_.walk.chunk_rows, row_bytes = conf_.walk.row_stride * es_;
+  const bool contiguous = conf_.walk.contiguous_split, last_first = conf_.walk.apply_last_first;
+  const bool whole_range_reversed = last_first && !contiguous;
+  const Split split = !contiguous  ? Split::kAdaptive
+                      : last_first ? Split::kContiguousLastFirst
+                                   : Split::kContiguous;
   for_range(
       conf_.single_thread, nchunks,
-      [&](int64_t k_rev) {
-        const int64_t r0 = (nchunks - 1 - k_rev) * chunk;
+      [&](int64_t i) {
+        const int64_t k = whole_range_reversed ? nchunks - 1 - i : i;
+        const int64_t r0 = k * chunk;
         const int64_t len = std::min(chunk, conf_.walk.rows - r0);
         if (stage_) {
           const auto bytes = static_cast<size_t>(len * row_bytes);
@@ -514,11 +522,11 @@ void DenseRun::pixels_apply(int64_t nchunks, const std::vector<float>& coef) {
                               coef.data(), nullptr, n));
         });
       },
-      conf_.walk.contiguous_split);
+      split);
 }
 
 void DenseRun::pixels() {
-  std::vector<float>& coef = scratch_.coef;  // rows a, b, c and the means, cp_ apart
+  LineVector<float>& coef = scratch_.coef;  // rows a, b, c and the means, cp_ apart
   coef.assign(static_cast<size_t>(4 * cp_), 0.f);
   for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = static_cast<float>(scratch_.ch[c].mean);
   const int64_t nchunks = (conf_.walk.rows + conf_.walk.chunk_rows - 1) / conf_.walk.chunk_rows;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include <normgrad/backends/backend.hpp>
 #include <normgrad/backends/jit/jit_kernels.hpp>
 
 namespace normgrad {

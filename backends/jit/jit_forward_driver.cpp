@@ -105,7 +105,7 @@ float* f32_out(const std::vector<void*>& out, int i) {
 
 // The pixels walk's per-channel arrays, kept per thread (ScratchLeaseOf).
 struct FwdScratch {
-  std::vector<float> shift, coef;
+  LineVector<float> shift, coef;  // vectors of channels: on lines
   std::vector<double> partial;
 };
 
@@ -236,7 +236,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   // partials alone are 2 MB, which a fresh allocation would fault in per call.
   ScratchLeaseOf<FwdScratch> lease;
   FwdScratch& scratch = lease.get();
-  std::vector<float>& shift = scratch.shift;
+  LineVector<float>& shift = scratch.shift;
   shift.assign(static_cast<size_t>(cp), 0.f);
   const int64_t k0 = std::min<int64_t>(c.pixels, 8);
   for (int64_t ch = 0; ch < c.c; ++ch) {
@@ -248,7 +248,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
   parallel_range(c.single_thread, groups, [&](int64_t g) {
     // The chunk's f32 sums: the task's thread keeps them (no call inside waits).
-    thread_local std::vector<float> f;
+    thread_local LineVector<float> f;
     f.resize(static_cast<size_t>(2 * cp));
     double* d1 = &partial[static_cast<size_t>(g * 2 * cp)];
     double* d2 = d1 + cp;
@@ -268,7 +268,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
       }
     }
   });
-  std::vector<float>& coef = scratch.coef;
+  LineVector<float>& coef = scratch.coef;
   coef.assign(static_cast<size_t>(4 * cp), 0.f);
   const Finish fin{c, in, out, static_cast<double>(c.pixels)};
   for (int64_t ch = 0; ch < c.c; ++ch) {

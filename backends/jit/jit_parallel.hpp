@@ -26,19 +26,30 @@ void note_concurrency(int c);
 std::shared_ptr<tbb::task_arena> capped_arena(int cap);
 #endif
 
+// How for_range shares [0, n) among the threads.
+enum class Split {
+  kAdaptive,    // oneTBB's adaptive split (stealing)
+  kContiguous,  // one contiguous share per thread, the same thread per share on every call
+  // kContiguous, each share walked from its end: a thread first takes what
+  // it touched last in a kContiguous loop over the same range.
+  kContiguousLastFirst,
+};
+
 // Runs body(i) for i in [0, n): serially for small problems, else on oneTBB, or
 // on plain std::threads in NORMGRAD_STD_THREADS builds (ThreadSanitizer runs:
-// Debian's oneTBB is not instrumented). Work items are independent, so either
-// gives the same bits. `contiguous`: each thread takes one contiguous share of
-// [0, n) (oneTBB's static partitioner) instead of oneTBB's adaptive split.
+// Debian's oneTBB is not instrumented). Work items are independent, so any
+// split gives the same bits. kContiguous takes oneTBB's static partitioner,
+// whose shares keep their threads from call to call (a deterministic
+// affinity pattern).
 template <typename Body>
-void for_range(bool serial, int64_t n, const Body& body, bool contiguous = false) {
+void for_range(bool serial, int64_t n, const Body& body, Split split = Split::kAdaptive) {
+  const bool last_first = split == Split::kContiguousLastFirst;
   if (serial || n <= 1) {
-    for (int64_t i = 0; i < n; ++i) body(i);
+    for (int64_t i = 0; i < n; ++i) body(last_first ? n - 1 - i : i);
     return;
   }
 #ifdef NORMGRAD_STD_THREADS
-  (void)contiguous;  // each std::thread takes a contiguous share anyway
+  // Each std::thread takes a contiguous share whatever `split` asks.
   const int cap = num_threads();
   const int64_t cores = cap > 0 ? cap : std::max(1u, std::thread::hardware_concurrency());
   note_concurrency(static_cast<int>(cores));
@@ -46,7 +57,8 @@ void for_range(bool serial, int64_t n, const Body& body, bool contiguous = false
   std::vector<std::thread> threads;
   for (int64_t w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
-      for (int64_t i = w * n / workers; i < (w + 1) * n / workers; ++i) body(i);
+      const int64_t begin = w * n / workers, end = (w + 1) * n / workers;
+      for (int64_t i = begin; i < end; ++i) body(last_first ? end - 1 - (i - begin) : i);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -54,12 +66,13 @@ void for_range(bool serial, int64_t n, const Body& body, bool contiguous = false
   auto run = [&] {
     note_concurrency(tbb::this_task_arena::max_concurrency());
     auto each = [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t i = r.begin(); i != r.end(); ++i) body(i);
+      for (int64_t i = r.begin(); i != r.end(); ++i)
+        body(last_first ? r.end() - 1 - (i - r.begin()) : i);
     };
-    if (contiguous) {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), each, tbb::static_partitioner());
-    } else {
+    if (split == Split::kAdaptive) {
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), each);
+    } else {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n), each, tbb::static_partitioner());
     }
   };
   if (const int cap = num_threads(); cap > 0) {

@@ -265,8 +265,8 @@ TEST(JitBackend, WidePixelKernels) {
 // Every NXC walk a bench variant can pick for wide rows, against ref: the
 // per-pixel, channel-blocked (groups of 2, 4 and 8 pixels) and channel-swept
 // kernels (calls of the default size, and of 16 KiB so that a chunk takes
-// several calls into one partial), and with software prefetches, on the
-// shapes of WidePixelKernels.
+// several calls into one partial), with software prefetches, and with each
+// split and apply order, on the shapes of WidePixelKernels.
 TEST(JitBackend, NxcVariantsMatchRef) {
   if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the wide-row kernels are AVX-512";
   const std::vector<std::pair<std::string, std::string>> variants = {
@@ -278,7 +278,10 @@ TEST(JitBackend, NxcVariantsMatchRef) {
       {"nxc-swept-16", "pixels_swept"},
       {"nxc-swept-ahead", "pixels_swept"},
       {"nxc-swept-ahead-64", "pixels_swept"},
-      {"nxc-swept+nxc-contiguous-split", "pixels_swept"}};
+      {"nxc-swept+nxc-contiguous-split", "pixels_swept"},
+      {"nxc-swept+nxc-contiguous-split+nxc-last-first-apply", "pixels_swept"},
+      {"nxc-blocked+nxc-last-first-apply", "pixels_blocked"},
+      {"nxc-per-pixel+nxc-adaptive-split+nxc-forward-apply", "pixels"}};
   // The walk in a kernel name: "pixels_swept" in "jit:avx512:f32/f32:pixels_swept+strided".
   auto walk_of = [](const std::string& kernel) {
     size_t at = 0;
@@ -287,6 +290,17 @@ TEST(JitBackend, NxcVariantsMatchRef) {
     const size_t end = kernel.find_first_of("+:", at + 1);
     return kernel.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
   };
+  // The split and order variants change the conf as they say; by default the
+  // split is adaptive and the apply runs front to back.
+  const Op wide = bn_bwd({2, 8, 8, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3);
+  EXPECT_FALSE(jit_test::conf_for(wide).walk.contiguous_split);
+  EXPECT_FALSE(jit_test::conf_for(wide).walk.apply_last_first);
+  EXPECT_TRUE(jit_test::conf_for(wide, "nxc-contiguous-split").walk.contiguous_split);
+  EXPECT_TRUE(jit_test::conf_for(wide, "nxc-last-first-apply").walk.apply_last_first);
+  EXPECT_FALSE(
+      jit_test::conf_for(wide, "nxc-last-first-apply+nxc-forward-apply").walk.apply_last_first);
+  EXPECT_FALSE(
+      jit_test::conf_for(wide, "nxc-contiguous-split+nxc-adaptive-split").walk.contiguous_split);
   uint64_t seed = 0;
   for (const auto& [variant, feature] : variants) {
     auto check = [&, variant = variant, feature = feature](const Graph& g, const std::string& what,
@@ -323,13 +337,14 @@ TEST(JitBackend, NxcVariantsMatchRef) {
           false);
   }
   // 4 MiB of src + diff_dst in 16 KiB calls: several calls per chunk, and the
-  // same bits for 1, 2 and 4 threads, each taking a contiguous share.
+  // same bits for 1, 2 and 4 threads, each taking a contiguous share and
+  // applying it last chunk first.
   const Graph g = one_op(bn_bwd({8, 16, 16, 1000}, "NXC", DataType::kF32, DataType::kF32, true, 3));
   auto runs = [&](int threads) {
     tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
                               static_cast<size_t>(threads));
     CompileOptions options{"jit"};
-    options.jit_variant = "nxc-swept-16+nxc-contiguous-split";
+    options.jit_variant = "nxc-swept-16+nxc-contiguous-split+nxc-last-first-apply";
     auto cg = CompiledGraph::compile(g, options);
     EXPECT_TRUE(cg.ok()) << cg.status().to_string();
     auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 5, nullptr);

@@ -375,7 +375,7 @@ std::map<int64_t, std::vector<char>> run_jit_into(const Dims& shape, int64_t dx_
   if (!inputs.ok()) return {};
   std::map<int64_t, const void*> in;
   for (auto& [id, b] : *inputs) in[id] = b.data();
-  std::map<int64_t, std::vector<char, oracle::AlignedAllocator<char>>> storage;
+  std::map<int64_t, LineVector<char>> storage;
   std::map<int64_t, std::pair<void*, size_t>> p;
   std::map<int64_t, void*> out;
   for (const LogicalTensor& lt : cg->outputs()) {
