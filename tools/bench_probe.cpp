@@ -188,6 +188,15 @@ TwoPassTraffic two_pass_traffic(const std::string& layout, int64_t n, int64_t c,
   return {3.0 * tensor + reread, 3.0 + reread / tensor};
 }
 
+std::vector<int64_t> williams_order(int64_t n, int64_t it) {
+  std::vector<int64_t> first(static_cast<size_t>(std::max<int64_t>(0, n)));
+  for (int64_t j = 1, lo = 1, hi = n - 1; j < n; ++j) first[j] = j % 2 == 1 ? lo++ : hi--;
+  const bool mirrored = n % 2 == 1 && (it / n) % 2 == 1;
+  std::vector<int64_t> row(first.size());
+  for (int64_t j = 0; j < n; ++j) row[j] = (first[mirrored ? n - 1 - j : j] + it) % n;
+  return row;
+}
+
 void flush_caches(int64_t bytes) {
   // Written once, then only read: the lines it leaves in the caches are clean,
   // so the timed run that follows evicts them without write-backs. (Writing it

@@ -81,6 +81,13 @@ TwoPassTraffic two_pass_traffic(const std::string& layout, int64_t n, int64_t c,
 // so a --cold run pays no write-backs of an earlier run's data.
 void flush_caches(int64_t bytes = int64_t{96} << 20);
 
+// The order of n columns in iteration `it` of an interleaved run: the rows of
+// a Williams design (a row-complete Latin square: 0, 1, n-1, 2, n-2, ...
+// shifted by `it`, mirrored every other n rows when n is odd), so that over
+// every n iterations (2n for odd n) each column runs right after every other
+// one equally often, and first equally often.
+std::vector<int64_t> williams_order(int64_t n, int64_t it);
+
 // Writes back and drops every cache line of [p, p + bytes) (clflush). --cold
 // also needs this: flush_caches alone left part of a 25.7 MB input pair in
 // this host's L3 (apparently kept as lines read twice, by the reduce and the

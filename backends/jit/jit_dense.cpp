@@ -6,7 +6,8 @@
 // apply a channel (or a group of adjacent channels) in one task, so a
 // channel's data is read from cache the second time; the pixels walk runs
 // its phases over every channel in turn: reduce per fixed chunk of pixels,
-// merge the chunks in index order, coefficients, apply (last chunks first).
+// merge the chunks in index order, coefficients, apply (WalkConf says in
+// what order and how the threads share the chunks).
 // The reductions are partitioned by the shape alone and the tasks run on the
 // pool (jit_parallel.hpp), so any thread count gives the same bits.
 #include <algorithm>

@@ -16,6 +16,7 @@ namespace normgrad {
 namespace {
 
 using cli::two_pass_traffic;
+using cli::williams_order;
 
 constexpr int64_t kL3 = int64_t{32} << 20;
 
@@ -161,6 +162,35 @@ TEST(CliBench, PhasesAndVariants) {
   EXPECT_EQ(reduce, apply);
   EXPECT_GE(reduce, 2);
   EXPECT_GE(blocked_runs, 2);
+}
+
+// The bench's column order: every row a permutation, and over a full cycle
+// of rows each column right after every other one equally often and first
+// equally often, for even and odd column counts.
+TEST(WilliamsOrder, EachColumnFollowsEveryOtherEquallyOften) {
+  for (int64_t n = 1; n <= 9; ++n) {
+    const int64_t rows = n % 2 == 0 ? n : 2 * n;
+    std::vector<std::vector<int>> follows(n, std::vector<int>(n, 0));
+    std::vector<int> first(n, 0);
+    for (int64_t it = 0; it < 3 * rows; ++it) {
+      const std::vector<int64_t> row = williams_order(n, it);
+      ASSERT_EQ(static_cast<int64_t>(row.size()), n);
+      std::vector<int64_t> sorted = row;
+      std::sort(sorted.begin(), sorted.end());
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(sorted[j], j) << "n " << n << " row " << it;
+      if (it >= rows) continue;
+      ++first[row[0]];
+      for (int64_t j = 1; j < n; ++j) ++follows[row[j - 1]][row[j]];
+    }
+    for (int64_t a = 0; a < n; ++a) {
+      EXPECT_EQ(first[a], rows / n) << "n " << n;
+      for (int64_t b = 0; b < n; ++b) {
+        if (a == b) continue;
+        EXPECT_EQ(follows[a][b], rows / n) << "n " << n << " " << a << "->" << b;
+      }
+    }
+  }
+  EXPECT_TRUE(williams_order(0, 3).empty());
 }
 
 }  // namespace
