@@ -229,6 +229,7 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
   for (int64_t it = 0; it < opt.iters; ++it) {
     for (int64_t k : williams_order(nr, it)) {
       Runner& r = runners[live[static_cast<size_t>(k)]];
+      if (!active(r)) continue;  // its run failed: the reason stands, no more timings
       if (opt.cold) {
         flush_caches();
         evict(r);
