@@ -1,5 +1,5 @@
 """In-place activated batch norm (InPlace-ABN) on normgrad: the module, its
-synchronized twin and the model conversion.
+synchronized twin.
 
 ``InPlaceABN`` follows mapillary/inplace_abn's signature and semantics. The
 forward writes act(bn(x)) over x (one JIT partition: BatchNormForwardTraining
@@ -14,19 +14,22 @@ sign(weight).
 backward runs BatchNormBackwardReduce / all_reduce / BatchNormBackwardApply
 on y and the gradient recovered through the activation (two elementwise
 torch passes that InPlaceABN itself does not need).
-"""
-import operator
-import warnings
 
+Both keep torch's BatchNorm buffers, ``num_batches_tracked`` included (and
+``momentum=None`` as a cumulative average), so a torch BatchNorm checkpoint
+loads; a checkpoint without ``num_batches_tracked`` (mapillary's) loads too.
+The swap from a model's batch norms is convert's (_torch_fx.py).
+"""
 import torch as _torch
 import torch.distributed as _dist
+import torch.fx as _fx
 import torch.nn as _nn
 import torch.nn.functional as _F
 
 import normgrad as _ng
 
+from . import _batch_norm as _bn
 from . import _torch_graphs as _g
-from .torch import _apply_graph, _check, _like, _reduce_graph, _SUM_DY, _SUM_DYXM, _COUNT
 
 _ACTIVATIONS = ("leaky_relu", "identity")
 
@@ -80,7 +83,7 @@ def _param_grads(weight, dgamma, dbeta):
 
 class _InPlaceABNFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope, name,
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope,
                 residual=None):
         fmt, xv = _g.layout(x.detach())  # a view: x is dense in one of the two orders
         dt = _g.DTYPES[x.dtype]
@@ -94,11 +97,7 @@ class _InPlaceABNFunction(_torch.autograd.Function):
         inputs = {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0),
                   _g.GAMMA: gamma, _g.BETA: beta}
         if has_res:
-            if residual.shape != x.shape or residual.dtype != x.dtype:
-                raise _ng.Error("normgrad.torch.%s: the residual is %s %s, expected %s %s like "
-                                "the input" % (name, tuple(residual.shape), residual.dtype,
-                                               tuple(x.shape), x.dtype))
-            residual = _like(residual.detach(), x)  # in x's memory format (a copy if not)
+            residual = _g.like(residual.detach(), x)  # in x's memory format (a copy if not)
             inputs[_g.RES] = _g.view_as_fmt(residual, fmt)
         scratch = _torch.empty(2 * c, dtype=_torch.float32)
         _g.run(cg, inputs, {_g.forward_output_id(has_res, leaky): xv, _g.ORM: scratch[:c],
@@ -111,12 +110,13 @@ class _InPlaceABNFunction(_torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        _bn.no_double_backward("InPlaceABN")
         y, var, weight, bias, residual = ctx.saved_tensors
         y = y.detach()
         fmt, yv = _g.layout(y)
         dt = _g.DTYPES[y.dtype]
         c = y.shape[1]
-        g = _like(grad.detach().to(y.dtype), y)
+        g = _g.like(grad.detach().to(y.dtype), y)
         gv = _g.view_as_fmt(g, fmt)
         gamma, beta = _scale_shift(weight, bias, ctx.eps, c)
         cg = _g.from_dst_graph(tuple(yv.shape), fmt, dt, c, ctx.eps, ctx.slope, ctx.has_res)
@@ -133,7 +133,7 @@ class _InPlaceABNFunction(_torch.autograd.Function):
         _g.run(cg, inputs,
                {_g.DX: _g.view_as_fmt(dx, fmt), _g.DGAMMA: dgamma, _g.DBETA: dbeta})
         dw, db = _param_grads(weight, dgamma, dbeta)
-        return dx, dw, db, None, None, None, None, None, None, d_residual
+        return dx, dw, db, None, None, None, None, None, d_residual
 
 
 class _InPlaceABNSyncFunction(_torch.autograd.Function):
@@ -165,41 +165,58 @@ class _InPlaceABNSyncFunction(_torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        _bn.no_double_backward("InPlaceABNSync")
         y, var, weight, bias = ctx.saved_tensors
         y = y.detach()
-        g = _like(grad.detach().to(y.dtype), y)
+        g = _g.like(grad.detach().to(y.dtype), y)
         if ctx.slope is not None:  # back through the activation: y and dy before it
             neg = y < 0
             y = _torch.where(neg, y / ctx.slope, y)
             g = _torch.where(neg, g * ctx.slope, g)
-        fmt, yv = _g.layout(y)
-        gv = _g.view_as_fmt(_like(g, y), fmt)
-        dt = _g.DTYPES[y.dtype]
         c = y.shape[1]
-        shape = tuple(yv.shape)
         gamma, beta = _scale_shift(weight, bias, ctx.eps, c)
-        sums = _torch.empty(2 * c, dtype=_torch.float32)
-        count = _torch.empty(1, dtype=_torch.int64)
-        # Sums around beta: sum dy (y - beta) = gamma sum dy x̂.
-        _reduce_graph(shape, fmt, dt, c).execute(
-            {_g.X: yv, _g.DY: gv, _g.MEAN: beta},
-            {_SUM_DY: sums[:c], _SUM_DYXM: sums[c:], _COUNT: count})
-        packed = _torch.cat([sums.double(), count.double()])
-        _dist.all_reduce(packed, group=ctx.group)
-        g_sums = packed[:2 * c].float()
-        g_count = packed[2 * c:].round().to(_torch.int64)
-        # Apply with mean = beta, "inverse std" = 1/gamma and gamma' = gamma^2 s gives
+        # Sums around beta: sum dy (y - beta) = gamma sum dy x̂. Apply with
+        # mean = beta, "inverse std" = 1/gamma and gamma' = gamma^2 s gives
         # x̂ = (y - beta)/gamma and gamma s (dy - sum_dy/M - x̂ diff_gamma/M).
         s = _torch.rsqrt(var + ctx.eps)
-        dx = _g.pooled_like(y, fmt)
-        _apply_graph(shape, fmt, dt, c, True).execute(
-            {_g.X: yv, _g.DY: gv, _g.MEAN: beta, _g.VAR: (1.0 / gamma).contiguous(),
-             _SUM_DY + 10: g_sums[:c].contiguous(), _SUM_DYXM + 10: g_sums[c:].contiguous(),
-             _COUNT + 10: g_count, _g.GAMMA: (gamma * gamma * s).contiguous()},
-            {_g.DX: _g.view_as_fmt(dx, fmt)})
+        dx, sums = _bn.group_sums_backward(y, g, beta, 1.0 / gamma, gamma * gamma * s, ctx.group)
         # This process's parameter gradients (DDP reduces them), as SyncBatchNorm.
         dw, db = _param_grads(weight, sums[c:] / gamma, sums[:c])
         return dx, dw, db, None, None, None, None, None, None
+
+
+def _momentum(m):
+    """torch's momentum factor for this step (num_batches_tracked counted)."""
+    m.num_batches_tracked.add_(1)
+    return 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+
+
+def inplace_abn_module_forward(m, x, residual=None):
+    """act(bn(x)) written over x; act(bn(x) + residual) when a residual is given
+    (convert's BN -> Add -> LeakyReLU), whose gradient is then returned too.
+    torch.fx records it as one call."""
+    name = type(m).__name__
+    _g.check_input(name, x, m.num_features, m.training)
+    _g.check_vectors(name, m.num_features, weight=m.weight, bias=m.bias,
+                     running_mean=m.running_mean, running_var=m.running_var)
+    if residual is not None:
+        _g.check_residual(name, x, residual)
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise _ng.Error("normgrad.torch.%s: the residual is %s %s, expected %s %s like the "
+                            "input (rule: residual shape and dtype == input's)"
+                            % (name, tuple(residual.shape), residual.dtype, tuple(x.shape),
+                               x.dtype))
+    if not m.training:
+        y = m._frozen(x, residual is not None)
+        if residual is None:
+            return y
+        y = y + residual
+        return _F.leaky_relu(y, m._slope()) if m._slope() is not None else y
+    _check_in_place(name, x)
+    return m._train(x, residual)
+
+
+_fx.wrap("inplace_abn_module_forward")
 
 
 class InPlaceABN(_nn.Module):
@@ -209,7 +226,10 @@ class InPlaceABN(_nn.Module):
     ignored). The scale
     is |weight| + eps. In training the forward is in place and the backward
     reads only the output; with frozen statistics (eval) it is in place when
-    no gradient is needed, and an ordinary out-of-place computation otherwise."""
+    no gradient is needed, and an ordinary out-of-place computation otherwise.
+    momentum=None is a cumulative average, as in torch's BatchNorm."""
+
+    _version = 2  # state_dict version: 2 has num_batches_tracked, as torch's BatchNorm
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  activation="leaky_relu", activation_param=None):
@@ -225,38 +245,41 @@ class InPlaceABN(_nn.Module):
             self.register_parameter("bias", None)
         self.register_buffer("running_mean", _torch.zeros(num_features))
         self.register_buffer("running_var", _torch.ones(num_features))
+        self.register_buffer("num_batches_tracked", _torch.tensor(0, dtype=_torch.long))
 
     def reset_parameters(self):
         self.running_mean.zero_()
         self.running_var.fill_(1)
+        self.num_batches_tracked.zero_()
         if self.affine:
             _nn.init.ones_(self.weight)
             _nn.init.zeros_(self.bias)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # A checkpoint without num_batches_tracked (mapillary's InPlaceABN) counts from 0.
+        key = prefix + "num_batches_tracked"
+        if key not in state_dict:
+            state_dict[key] = _torch.tensor(0, dtype=_torch.long)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def _slope(self):
         return self.activation_param if self.activation == "leaky_relu" else None
 
     def forward(self, x, residual=None):
-        """act(bn(x)) written over x; act(bn(x) + residual) when a residual is given
-        (convert's BN -> Add -> LeakyReLU), whose gradient is then returned too."""
-        name = type(self).__name__
-        _check(name, x, self.training)
-        if x.shape[1] != self.num_features:
-            raise _ng.Error("normgrad.torch.%s: input has %d channels, expected num_features=%d"
-                            % (name, x.shape[1], self.num_features))
-        if not self.training:
-            y = self._frozen(x, residual is not None)
-            if residual is None:
-                return y
-            y = y + residual
-            return _F.leaky_relu(y, self._slope()) if self._slope() is not None else y
-        _check_in_place(name, x)
-        return self._train(x, residual)
+        return inplace_abn_module_forward(self, x, residual)
+
+    def __prepare_scriptable__(self):
+        raise _ng.Error("normgrad.torch.%s cannot be compiled by TorchScript: it calls normgrad's "
+                        "kernels through torch.autograd.Function, which TorchScript does not "
+                        "support. Run it in eager mode or trace the model with "
+                        "torch.fx.symbolic_trace" % type(self).__name__)
 
     def _train(self, x, residual=None):
         return _InPlaceABNFunction.apply(x, self.weight, self.bias, self.running_mean,
-                                         self.running_var, self.momentum, self.eps, self._slope(),
-                                         type(self).__name__, residual)
+                                         self.running_var, _momentum(self), self.eps,
+                                         self._slope(), residual)
 
     def _frozen(self, x, no_act=False):
         """bn(x) with the running statistics, then the activation unless no_act."""
@@ -304,129 +327,9 @@ class InPlaceABNSync(InPlaceABN):
             raise _ng.Error("normgrad.torch.InPlaceABNSync: a residual is not supported over "
                             "processes (convert fuses BN -> Add -> LeakyReLU into InPlaceABN only)")
         return _InPlaceABNSyncFunction.apply(x, self.weight, self.bias, self.running_mean,
-                                             self.running_var, self.momentum, self.eps,
+                                             self.running_var, _momentum(self), self.eps,
                                              self._slope(), group)
 
 
-# --- convert(model, inplace_abn=True) ------------------------------------------------
-
-
-def _leaky_slope(node, modules, bn_node):
-    """leaky_relu's slope when `node` is a LeakyReLU applied to bn_node alone, else None."""
-    if node.op == "call_module" and type(modules.get(node.target)) is _nn.LeakyReLU:
-        return modules[node.target].negative_slope if node.args == (bn_node,) else None
-    if node.op == "call_function" and node.target in (_F.leaky_relu, _F.leaky_relu_):
-        if not node.args or node.args[0] is not bn_node:
-            return None
-        slope = node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01)
-        return slope if isinstance(slope, float) else None
-    return None
-
-
-def _modifies_input(node, modules):
-    """Whether `node` may write over its first argument (in-place ops)."""
-    if node.op == "call_method":
-        return node.target.endswith("_")
-    if node.op == "call_function":
-        return node.target is operator.iadd or getattr(node.target, "__name__", "").endswith("_")
-    if node.op == "call_module":
-        return bool(getattr(modules.get(node.target), "inplace", False))
-    return False
-
-
-def _abn_like(bn, activation, slope):
-    """An InPlaceABN with `bn`'s parameters, buffers, dtype and mode."""
-    abn = InPlaceABN(bn.num_features, eps=bn.eps,
-                     momentum=0.1 if bn.momentum is None else bn.momentum, affine=bn.affine,
-                     activation=activation, activation_param=slope)
-    if bn.affine and bool((bn.weight < 0).any()):
-        warnings.warn("normgrad.torch.convert(inplace_abn=True): a batch norm has negative "
-                      "weights; InPlaceABN scales by |weight| + eps", stacklevel=4)
-    with _torch.no_grad():
-        if bn.affine:
-            abn.weight.copy_(bn.weight)
-            abn.bias.copy_(bn.bias)
-        if bn.running_mean is not None:
-            abn.running_mean.copy_(bn.running_mean)
-            abn.running_var.copy_(bn.running_var)
-    return abn.to(bn.weight.dtype if bn.affine else abn.running_mean.dtype).train(bn.training)
-
-
-def _set_module(root, target, module):
-    parent, _, name = target.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, name, module)
-
-
-def convert_inplace_abn(model, bn_types):
-    """Traces `model` with torch.fx and swaps BN -> LeakyReLU for
-    InPlaceABN(leaky_relu) and other batch norms for InPlaceABN(identity)
-    where writing over the BN's input is safe. Returns (GraphModule, swapped,
-    reasons for the ones left), or None when fx cannot trace the model."""
-    import torch.fx as fx
-
-    from ._torch_fx import _is_add, _is_relu, module_calls, trace
-    try:
-        gm = trace(model, bn_types)
-    except Exception as e:  # fx raises many kinds (TraceError, TypeError, ...)
-        warnings.warn("normgrad.torch.convert(inplace_abn=True): torch.fx cannot trace %s (%s: %s);"
-                      " no InPlaceABN swapped" % (type(model).__name__, type(e).__name__, e),
-                      stacklevel=3)
-        return None
-    modules = dict(gm.named_modules())
-    calls = module_calls(gm)
-    swapped, left = 0, {}
-
-    def leave(why):
-        left[why] = left.get(why, 0) + 1
-
-    for node in list(gm.graph.nodes):
-        bn = modules.get(node.target) if node.op == "call_module" else None
-        if not isinstance(bn, bn_types):
-            continue
-        users = list(node.users)
-        src = node.args[0] if len(node.args) == 1 and not node.kwargs else None
-        if calls[node.target] != 1 or not isinstance(src, fx.Node) or len(src.users) != 1:
-            leave("its input is read elsewhere too (or it is called twice), so it cannot be "
-                  "overwritten")
-            continue
-        slope = _leaky_slope(users[0], modules, node) if len(users) == 1 else None
-        if slope is not None and slope <= 0:
-            slope = None
-        # BN -> Add -> LeakyReLU (torchvision's Bottleneck): one InPlaceABN with the
-        # residual, so neither the BN's output nor the sum is kept for the backward.
-        add = users[0] if len(users) == 1 and _is_add(users[0]) else None
-        other = None
-        if add is not None and len(add.users) == 1:
-            other = add.args[1] if add.args[0] is node else add.args[0]
-            act = next(iter(add.users))
-            res_slope = _leaky_slope(act, modules, add)
-            if isinstance(other, fx.Node) and other is not node and res_slope and res_slope > 0:
-                _set_module(gm, node.target, _abn_like(bn, "leaky_relu", res_slope))
-                with gm.graph.inserting_before(add):
-                    fused = gm.graph.call_module(node.target, (src, other))
-                act.replace_all_uses_with(fused)
-                for n in (act, add, node):
-                    gm.graph.erase_node(n)
-                swapped += 1
-                continue
-        if slope is None and any(_is_relu(u, modules) for u in users):
-            leave("ReLU has no inverse, so the backward cannot start from its output")
-            continue
-        if slope is None and any(_modifies_input(u, modules) and u.target is not operator.iadd
-                                 for u in users):
-            leave("an in-place op overwrites its output, which InPlaceABN saves")
-            continue
-        _set_module(gm, node.target,
-                    _abn_like(bn, "leaky_relu" if slope is not None else "identity", slope))
-        if slope is not None:
-            users[0].replace_all_uses_with(node)
-            gm.graph.erase_node(users[0])
-        else:
-            for u in users:  # `out += identity` on the saved output: out of place
-                if u.op == "call_function" and u.target is operator.iadd:
-                    u.target = operator.add
-        swapped += 1
-    gm.graph.lint()
-    gm.recompile()
-    return gm, swapped, left
-
+for _cls in (InPlaceABN, InPlaceABNSync):
+    _cls.__module__ = "normgrad.torch"

@@ -7,10 +7,18 @@ depends on (shape, layout, dtype, strides, fused epilogue, epsilon):
   - forward with frozen statistics (eval): BatchNormInference;
   - backward: BatchNormTrainingBackward, with ReLUBackward on diff_dst when the
     module fused a ReLU.
+  - the synchronized backward's two halves: BatchNormBackwardReduce (this
+    process's sums) and BatchNormBackwardApply (on the group's sums).
 Outputs come from normgrad's caching pool (``pooled_like``): torch frees them
 through their DLPack deleter, which returns the block, so step 2 onward
 takes no page faults.
+
+The graphs run by data pointer (``run``), so this module also holds the
+input rules every module checks first (``check_input``): a tensor that does
+not match the compiled graph must never reach a kernel.
 """
+import contextlib
+
 import torch as _torch
 import torch.utils.dlpack as _dlpack
 
@@ -19,9 +27,109 @@ import normgrad as _ng
 DTYPES = {_torch.float32: "f32", _torch.bfloat16: "bf16", _torch.float16: "f16"}
 CACHE = {}  # graph key -> compiled graph
 
-# Tensor ids.
-X, DY, MEAN, VAR, GAMMA, DX, DGAMMA, DBETA, Y, G = 0, 1, 2, 3, 4, 5, 6, 7, 10, 11
+# Tensor ids, by role. Batch norm's own ports:
+X, DY, MEAN, VAR, GAMMA, DX, DGAMMA, DBETA = range(8)
+Y, G = 10, 11  # a fused ReLUBackward's dst and incoming gradient
+# BatchNormBackwardReduce's outputs, and the group's sums BatchNormBackwardApply reads.
+SUM_DY, SUM_DY_XMU, COUNT = 20, 21, 22
+GROUP_SUM_DY, GROUP_SUM_DY_XMU, GROUP_COUNT = 23, 24, 25
+# The forward's ports: running statistics in and out, beta, dst, batch statistics,
+# the residual and the epilogue's outputs.
 RM, RV, BETA, Y0, ORM, ORV, BM, BV, RES, ADD_OUT, RELU_OUT = range(30, 41)
+
+
+class RankError(_ng.Error, ValueError):
+    """An input of the wrong rank: a ValueError, as torch's batch norm raises,
+    and a normgrad.Error."""
+
+
+def check_input(name, x, num_features, training, rank_check=None):
+    """The rules a batch-norm input must meet before any kernel runs, as errors
+    naming the module `name` and the rule. `rank_check` is the module's
+    _check_input_dim (torch's ValueError becomes a RankError)."""
+    if not isinstance(x, _torch.Tensor):
+        raise TypeError("normgrad.torch.%s: expected a torch.Tensor input, got %s"
+                        % (name, type(x).__name__))
+    if x.device.type != "cpu":
+        raise _ng.Error("normgrad.torch.%s: input is on %s; normgrad runs on the CPU (rule: "
+                        "device == cpu)" % (name, x.device))
+    if x.dtype not in DTYPES:
+        raise _ng.Error("normgrad.torch.%s: %s data is not supported (rule: dtype in float32, "
+                        "bfloat16, float16)" % (name, x.dtype))
+    if rank_check is not None:
+        try:
+            rank_check(x)
+        except ValueError as e:
+            raise RankError("normgrad.torch.%s: %s (rule: the module's input rank)" % (name, e)) \
+                from None
+    if x.dim() < 2:
+        raise RankError("normgrad.torch.%s: expected input of shape (N, C, ...), got %dD input "
+                        "of shape %s (rule: rank >= 2)" % (name, x.dim(), tuple(x.shape)))
+    if x.shape[1] != num_features:
+        raise _ng.Error("normgrad.torch.%s: input of shape %s has %d channels (dim 1), expected "
+                        "num_features=%d (rule: input.shape[1] == num_features)"
+                        % (name, tuple(x.shape), x.shape[1], num_features))
+    if x.shape[0] == 0 or x.numel() == 0:
+        raise _ng.Error("normgrad.torch.%s: input %s is empty; batch statistics need at least one "
+                        "element per channel (rule: N * spatial > 0)" % (name, tuple(x.shape)))
+    if training and x.numel() // x.shape[1] == 1:
+        raise _ng.Error("normgrad.torch.%s: expected more than 1 value per channel when training, "
+                        "got input %s (rule: N * spatial > 1)" % (name, tuple(x.shape)))
+
+
+def check_vectors(name, num_features, **vectors):
+    """Each per-channel tensor given (weight, bias, running_mean, ...; None when
+    absent) is a CPU floating-point vector of num_features elements."""
+    for role, t in vectors.items():
+        if t is None:
+            continue
+        if not isinstance(t, _torch.Tensor):
+            raise TypeError("normgrad.torch.%s: %s is a %s, expected a tensor or None"
+                            % (name, role, type(t).__name__))
+        if t.device.type != "cpu":
+            raise _ng.Error("normgrad.torch.%s: %s is on %s; normgrad runs on the CPU (rule: "
+                            "device == cpu)" % (name, role, t.device))
+        if not t.is_floating_point():
+            raise _ng.Error("normgrad.torch.%s: %s is %s, expected a floating-point tensor "
+                            "(rule: %s dtype)" % (name, role, t.dtype, role))
+        if tuple(t.shape) != (num_features,):
+            raise _ng.Error("normgrad.torch.%s: %s has shape %s, expected (%d,) (rule: one %s "
+                            "value per channel, num_features=%d)"
+                            % (name, role, tuple(t.shape), num_features, role, num_features))
+
+
+def check_residual(name, x, residual):
+    """The residual of a fused BN -> Add: a CPU tensor (its shape and dtype are
+    compared with the input's by the caller, which falls back when they differ)."""
+    if not isinstance(residual, _torch.Tensor):
+        raise TypeError("normgrad.torch.%s: the residual is a %s, expected a tensor"
+                        % (name, type(residual).__name__))
+    if residual.device.type != "cpu":
+        raise _ng.Error("normgrad.torch.%s: the residual is on %s; normgrad runs on the CPU "
+                        "(rule: device == cpu)" % (name, residual.device))
+
+
+def like(grad, x):
+    """grad in x's memory format (a copy only when they differ)."""
+    if channels_last(x):
+        mf = _torch.channels_last if x.dim() == 4 else _torch.channels_last_3d
+        return grad.contiguous(memory_format=mf)
+    return grad.contiguous()
+
+
+_RECORDERS = []
+
+
+@contextlib.contextmanager
+def recording():
+    """Collects the compiled graphs that run inside the block (in order), so a
+    caller can ask which kernels one call ran."""
+    ran = []
+    _RECORDERS.append(ran)
+    try:
+        yield ran
+    finally:
+        _RECORDERS.remove(ran)
 
 
 def update_running(running_mean, running_var, mean, var, factor, n):
@@ -76,6 +184,8 @@ def run(cg, inputs, outputs):
     ids = list(inputs) + list(outputs)
     ptrs = [t.data_ptr() for t in inputs.values()] + [t.data_ptr() for t in outputs.values()]
     cg._execute_unchecked(ids, ptrs, len(inputs))
+    for ran in _RECORDERS:
+        ran.append(cg)
 
 
 def pooled_like(x, fmt, dtype=None):
@@ -198,6 +308,30 @@ def from_dst_graph(shape, fmt, dt, c, eps, alpha, residual=False):
             attrs.update(activation="leaky_relu", alpha=float(alpha))
         g.add_op("BatchNormTrainingBackwardFromDst", ins, outs, attrs, id=0, name="abn_bwd")
     return _compiled(("from_dst", tuple(shape), fmt, dt, float(eps), alpha, residual), build)
+
+
+def reduce_graph(shape, fmt, dt, c):
+    """BatchNormBackwardReduce: this process's sum(dy), sum(dy (x - mean)) and count."""
+    def build(g):
+        g.add_op("BatchNormBackwardReduce",
+                 [_t(X, dt, shape), _t(DY, dt, shape), _t(MEAN, "f32", [c])],
+                 [_t(SUM_DY, "f32", [c]), _t(SUM_DY_XMU, "f32", [c]), _t(COUNT, "s64", [1])],
+                 {"data_format": fmt}, id=0, name="reduce")
+    return _compiled(("reduce", tuple(shape), fmt, dt), build)
+
+
+def apply_graph(shape, fmt, dt, c, affine):
+    """BatchNormBackwardApply on the group's sums; VAR holds the inverse std."""
+    def build(g):
+        ins = [_t(X, dt, shape), _t(DY, dt, shape), _t(MEAN, "f32", [c]), _t(VAR, "f32", [c]),
+               _t(GROUP_SUM_DY, "f32", [c]), _t(GROUP_SUM_DY_XMU, "f32", [c]),
+               _t(GROUP_COUNT, "s64", [1])]
+        if affine:
+            ins.append(_t(GAMMA, "f32", [c]))
+        g.add_op("BatchNormBackwardApply", ins, [_t(DX, dt, shape)],
+                 {"epsilon": 0.0, "data_format": fmt, "variance_is_inv_std": True}, id=0,
+                 name="apply")
+    return _compiled(("apply", tuple(shape), fmt, dt, affine), build)
 
 
 _CONSTANTS = {}

@@ -1,0 +1,392 @@
+"""normgrad.torch's batch norm modules: BatchNorm1d/2d/3d and SyncBatchNorm.
+
+``BatchNorm1d``, ``BatchNorm2d`` and ``BatchNorm3d`` subclass torch's own
+modules, so constructor arguments, parameters, buffers and state_dict are
+torch's. In training the forward is one compiled BatchNormForwardTraining
+partition (JIT: statistics that do not cancel, normalisation, and the fused
+Add/ReLU), and the running buffers are updated exactly as torch does
+(momentum, ``momentum=None`` as a cumulative average, unbiased running_var);
+with frozen statistics it is BatchNormInference. The backward is normgrad's
+BatchNormTrainingBackward (frozen form when the batch statistics are not
+used), with ReLUBackward fused in when the module was built with
+``fuse_relu=True``. A backward asked to build its own graph
+(``create_graph=True``, a gradient penalty) runs torch's differentiable ops
+instead, so double backward works as with torch's modules.
+
+``SyncBatchNorm`` sums its statistics across a ``torch.distributed`` process
+group and runs the backward as normgrad's BatchNormBackwardReduce and
+BatchNormBackwardApply, with the group's ``all_reduce`` between them.
+
+Every module forward goes through one function registered with
+``torch.fx.wrap``: ``torch.fx.symbolic_trace`` records it as one call (the
+module passed by reference) instead of tracing into control flow, and it
+checks every input before a kernel runs, since the compiled graphs read
+memory by pointer.
+"""
+import torch as _torch
+import torch.distributed as _dist
+import torch.fx as _fx
+import torch.nn as _nn
+import torch.nn.functional as _F
+
+import normgrad as _ng
+
+from . import _torch_graphs as _g
+
+
+def _grad_view(grad, x, fmt):
+    """The gradient viewed in src's logical order, and its strides when its memory
+    format differs from src's (the JIT walks or stages it; None when dense)."""
+    gv = _g.view_as_fmt(grad, fmt)
+    if gv.is_contiguous():
+        return gv, None
+    if any(s == 0 for s in gv.stride()) or any(s < 0 for s in gv.stride()):
+        gv = gv.contiguous()  # broadcast (expanded) gradients: one dense copy
+        return gv, None
+    return gv, list(gv.stride())
+
+
+def _differentiable_backward(x, weight, bias, mean, var, y, grad, use_batch_stats, eps, relu,
+                             has_residual):
+    """The backward in torch's differentiable ops, for create_graph=True: the
+    gradients are functions of x, weight, bias and grad, so they can be
+    differentiated again. The statistics are recomputed from x when the
+    batch's were used, as torch's own double backward does."""
+    g = grad * (y > 0).to(grad.dtype) if relu else grad
+    wanted = [t for t in (x, weight, bias) if t is not None and t.requires_grad]
+    grads = {}
+    if wanted:
+        xf = x.float()
+        w = weight.float() if weight is not None else None
+        b = bias.float() if bias is not None else None
+        if use_batch_stats:
+            z = _F.batch_norm(xf, None, None, w, b, True, 0.0, eps)
+        else:
+            z = _F.batch_norm(xf, mean, var, w, b, False, 0.0, eps)
+        got = _torch.autograd.grad(z, wanted, g.float(), create_graph=True)
+        grads = {id(t): d for t, d in zip(wanted, got)}
+    dx = grads.get(id(x))
+    dw = grads.get(id(weight)) if weight is not None else None
+    db = grads.get(id(bias)) if bias is not None else None
+    return (None if dx is None else dx.to(x.dtype),
+            None if dw is None else dw.to(weight.dtype),
+            None if db is None else db.to(bias.dtype),
+            g if has_residual else None)
+
+
+class _BatchNormFunction(_torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, use_batch_stats, factor, eps,
+                fuse_relu, residual):
+        xd = x.detach()  # DLPack exports no autograd-tracked tensors
+        fmt, xv = _g.layout(xd)
+        dt = _g.DTYPES[x.dtype]
+        c = x.shape[1]
+        shape = tuple(xv.shape)
+        affine = weight is not None
+        y = _g.pooled_like(x, fmt)
+        yv = _g.view_as_fmt(y, fmt)
+        gamma = weight.detach().float().contiguous() if affine else _g.constant(c, 1.0)
+        beta = bias.detach().float().contiguous() if affine else _g.constant(c, 0.0)
+        if residual is not None:
+            # Dense in src's order (a copy only when the residual's format differs).
+            rv_view = _g.view_as_fmt(_g.like(residual.detach(), x), fmt)
+        if use_batch_stats:
+            mean = _torch.empty(c, dtype=_torch.float32)
+            var = _torch.empty(c, dtype=_torch.float32)
+            cg = _g.forward_graph(shape, fmt, dt, c, affine, eps, residual is not None, fuse_relu)
+            inputs = {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0)}
+            if affine:
+                inputs[_g.GAMMA], inputs[_g.BETA] = gamma, beta
+            if residual is not None:
+                inputs[_g.RES] = rv_view
+            scratch = _torch.empty(2 * c, dtype=_torch.float32)  # oneDNN's running outputs, unused
+            _g.run(cg, inputs, {_g.forward_output_id(residual is not None, fuse_relu): yv,
+                                _g.ORM: scratch[:c], _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
+            _g.update_running(running_mean, running_var, mean, var, factor, x.numel() // c)
+        else:
+            mean = running_mean.detach().float().contiguous()
+            var = running_var.detach().float().contiguous()
+            cg = _g.inference_graph(shape, fmt, dt, c, eps, fuse_relu and residual is None)
+            out_id = _g.RELU_OUT if fuse_relu and residual is None else _g.Y0
+            _g.run(cg, {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var},
+                   {out_id: yv})
+            if residual is not None:
+                y.add_(residual)
+                if fuse_relu:
+                    y.relu_()
+        ctx.use_batch_stats, ctx.fuse_relu, ctx.eps = use_batch_stats, fuse_relu, eps
+        ctx.has_residual = residual is not None
+        ctx.save_for_backward(x, weight, bias, mean, var, y if fuse_relu else None)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, mean, var, y = ctx.saved_tensors
+        if _torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated
+            dx, dw, db, dres = _differentiable_backward(
+                x, weight, bias, mean, var, y, grad, ctx.use_batch_stats, ctx.eps, ctx.fuse_relu,
+                ctx.has_residual)
+            return dx, dw, db, None, None, None, None, None, None, dres
+        x, grad = x.detach(), grad.detach()  # DLPack exports no autograd-tracked tensors
+        if grad.dtype != x.dtype:
+            grad = grad.to(x.dtype)
+        fmt, xv = _g.layout(x)
+        dt = _g.DTYPES[x.dtype]
+        c = x.shape[1]
+        affine = weight is not None
+        # The saved parameters are read by pointer: they must still be C long.
+        _g.check_vectors("BatchNorm backward", c, weight=weight, mean=mean, variance=var)
+        d_residual = None
+        fuse = ctx.fuse_relu
+        if fuse and (ctx.has_residual or _grad_view(grad, x, fmt)[1] is not None):
+            # The residual needs the masked gradient itself (and a fused
+            # ReLUBackward takes dense operands): one pass, as torch's ReLU does.
+            grad = _torch.ops.aten.threshold_backward(grad, y.detach(), 0)
+            fuse = False
+        if ctx.has_residual:
+            d_residual = grad
+        gv, dy_strides = _grad_view(grad, x, fmt)
+        cg = _g.backward_graph(tuple(xv.shape), fmt, dt, c, affine, ctx.use_batch_stats, fuse,
+                               ctx.eps, dy_strides)
+        dx = _g.pooled_like(x, fmt)
+        inputs = {_g.X: xv, _g.MEAN: mean, _g.VAR: var}
+        if fuse:
+            inputs[_g.Y] = _g.view_as_fmt(y.detach(), fmt)
+            inputs[_g.G] = gv
+        else:
+            inputs[_g.DY] = gv
+        outputs = {_g.DX: _g.view_as_fmt(dx, fmt)}
+        if affine:
+            inputs[_g.GAMMA] = weight.detach().float().contiguous()
+            dgamma = _torch.empty(c, dtype=_torch.float32)
+            dbeta = _torch.empty(c, dtype=_torch.float32)
+            outputs[_g.DGAMMA], outputs[_g.DBETA] = dgamma, dbeta
+        _g.run(cg, inputs, outputs)
+        if not affine:
+            return (dx, None, None, None, None, None, None, None, None, d_residual)
+        return (dx, dgamma.to(weight.dtype), dbeta.to(bias.dtype), None, None, None, None, None,
+                None, d_residual)
+
+
+def forward_state(m, training):
+    """torch's _BatchNorm.forward bookkeeping for module `m`: counts the batch,
+    and returns (momentum factor, whether batch statistics are used, the
+    running buffers to update or read, or None)."""
+    factor = 0.0 if m.momentum is None else m.momentum
+    if training and m.track_running_stats and m.num_batches_tracked is not None:
+        m.num_batches_tracked.add_(1)
+        factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+    use_batch_stats = training or (m.running_mean is None and m.running_var is None)
+    keep = not training or m.track_running_stats
+    return (factor, use_batch_stats, m.running_mean if keep else None,
+            m.running_var if keep else None)
+
+
+def check_module(m, name, x):
+    """Every rule the module's input and its own tensors must meet."""
+    _g.check_input(name, x, m.num_features, m.training, m._check_input_dim)
+    _g.check_vectors(name, m.num_features, weight=m.weight, bias=m.bias,
+                     running_mean=m.running_mean, running_var=m.running_var)
+    if (m.weight is None) != (m.bias is None):
+        raise _ng.Error("normgrad.torch.%s: weight and bias must both be set or both be None "
+                        "(rule: affine)" % name)
+    if (m.running_mean is None) != (m.running_var is None):
+        raise _ng.Error("normgrad.torch.%s: running_mean and running_var must both be set or "
+                        "both be None (rule: track_running_stats)" % name)
+
+
+def batch_norm_module_forward(m, x, residual=None):
+    """The forward of normgrad's BatchNorm1d/2d/3d (torch.fx records it as one call)."""
+    name = type(m).__name__
+    check_module(m, name, x)
+    relu = m.fuse_relu
+    if residual is not None:
+        _g.check_residual(name, x, residual)
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            # A broadcasting or mixed-dtype add (fx saw no shapes): unfused.
+            y = _bn_apply(m, x, None, False) + residual
+            return _torch.relu(y) if relu else y
+    return _bn_apply(m, x, residual, relu)
+
+
+_fx.wrap("batch_norm_module_forward")
+
+
+def _bn_apply(m, x, residual, relu):
+    factor, use_batch_stats, rm, rv = forward_state(m, m.training)
+    return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor, m.eps,
+                                    relu, residual)
+
+
+class _NormgradBatchNorm:
+    """The forward of torch's _BatchNorm, with normgrad's kernels; mixed in
+    front of torch's BatchNorm1d/2d/3d, whose constructor it extends with
+    `fuse_relu`."""
+
+    def __init__(self, *args, fuse_relu=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fuse_relu = fuse_relu
+
+    def forward(self, x, residual=None):
+        """bn(x), or relu(bn(x) + residual) / bn(x) + residual when convert(fuse=True)
+        found BN -> Add [-> ReLU] (fuse_relu says which)."""
+        return batch_norm_module_forward(self, x, residual)
+
+    def __prepare_scriptable__(self):
+        raise _ng.Error(
+            "normgrad.torch.%s cannot be compiled by TorchScript: it calls normgrad's kernels "
+            "through torch.autograd.Function, which TorchScript does not support. Run it in "
+            "eager mode, trace the model with torch.fx.symbolic_trace, or script the torch model "
+            "it was converted from (convert(model, fuse=True) leaves that model unchanged)"
+            % type(self).__name__)
+
+    def extra_repr(self):
+        rep = super().extra_repr()
+        return rep + ", fuse_relu=True" if self.fuse_relu else rep
+
+
+class BatchNorm1d(_NormgradBatchNorm, _nn.BatchNorm1d):
+    pass
+
+
+class BatchNorm2d(_NormgradBatchNorm, _nn.BatchNorm2d):
+    pass
+
+
+class BatchNorm3d(_NormgradBatchNorm, _nn.BatchNorm3d):
+    pass
+
+
+# --- SyncBatchNorm -------------------------------------------------------------
+
+
+def _normalize(x, weight, bias, mean, invstd):
+    """SyncBatchNorm's elementwise forward on the group's statistics."""
+    shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+    y = (x.float() - mean.view(shape)) * invstd.view(shape)
+    if weight is not None:
+        y = y * weight.float().view(shape) + bias.float().view(shape)
+    return _g.like(y.to(x.dtype), x)
+
+
+def group_sums_backward(x, grad, mean, invstd, gamma, group):
+    """The synchronized backward's data path: this process's sums (Reduce), one
+    all_reduce of the two sums and the count (f64), the input gradient
+    (Apply). Returns (dx, this process's sums [sum dy, sum dy (x - mean)])."""
+    fmt, xv = _g.layout(x)
+    dt = _g.DTYPES[x.dtype]
+    c = x.shape[1]
+    shape = tuple(xv.shape)
+    gv = _g.view_as_fmt(_g.like(grad.to(x.dtype), x), fmt)
+    sums = _torch.empty(2 * c, dtype=_torch.float32)
+    count = _torch.empty(1, dtype=_torch.int64)
+    mean = mean.contiguous()
+    _g.run(_g.reduce_graph(shape, fmt, dt, c), {_g.X: xv, _g.DY: gv, _g.MEAN: mean},
+           {_g.SUM_DY: sums[:c], _g.SUM_DY_XMU: sums[c:], _g.COUNT: count})
+    packed = _torch.cat([sums.double(), count.double()])
+    _dist.all_reduce(packed, group=group)
+    g_sums = packed[:2 * c].float()
+    g_count = packed[2 * c:].round().to(_torch.int64)
+    dx = _g.pooled_like(x, fmt)
+    inputs = {_g.X: xv, _g.DY: gv, _g.MEAN: mean, _g.VAR: invstd.contiguous(),
+              _g.GROUP_SUM_DY: g_sums[:c].contiguous(),
+              _g.GROUP_SUM_DY_XMU: g_sums[c:].contiguous(), _g.GROUP_COUNT: g_count}
+    if gamma is not None:
+        inputs[_g.GAMMA] = gamma.contiguous()
+    _g.run(_g.apply_graph(shape, fmt, dt, c, gamma is not None), inputs,
+           {_g.DX: _g.view_as_fmt(dx, fmt)})
+    return dx, sums
+
+
+def no_double_backward(name):
+    if _torch.is_grad_enabled():
+        raise _ng.Error("normgrad.torch.%s: double backward (create_graph=True) is not supported; "
+                        "use normgrad.torch.BatchNorm2d (or torch's batch norm) where the "
+                        "gradient must be differentiated again" % name)
+
+
+class _SyncBatchNormFunction(_torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, factor, eps, group):
+        c = x.shape[1]
+        dims = [0] + list(range(2, x.dim()))
+        xf = x.float()
+        count = x.numel() // c
+        # One all_reduce of the per-channel sums, squares and count (f64).
+        stats = _torch.cat([xf.sum(dims).double(), (xf.double() ** 2).sum(dims),
+                            _torch.tensor([float(count)], dtype=_torch.float64)])
+        _dist.all_reduce(stats, group=group)
+        n = stats[-1].item()
+        mean64 = stats[:c] / max(n, 1.0)
+        var64 = (stats[c:2 * c] / max(n, 1.0) - mean64 * mean64).clamp_min(0)
+        mean, var = mean64.float(), var64.float()
+        invstd = _torch.rsqrt(var + eps)
+        if running_mean is not None:
+            with _torch.no_grad():
+                running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
+                unbiased = var * (n / max(n - 1, 1))
+                running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
+        ctx.group = group
+        ctx.save_for_backward(x, weight, mean, invstd)
+        return _normalize(x, weight, bias, mean, invstd)
+
+    @staticmethod
+    def backward(ctx, grad):
+        no_double_backward("SyncBatchNorm")
+        x, weight, mean, invstd = ctx.saved_tensors
+        gamma = None if weight is None else weight.detach().float()
+        dx, sums = group_sums_backward(x.detach(), grad.detach(), mean, invstd, gamma, ctx.group)
+        if weight is None:
+            return dx, None, None, None, None, None, None, None
+        # Parameter gradients from this process's sums, as torch.nn.SyncBatchNorm
+        # gives them: data parallelism (DDP) then reduces them like every other.
+        c = x.shape[1]
+        dgamma = (invstd * sums[c:]).to(weight.dtype)
+        dbeta = sums[:c].to(weight.dtype)
+        return dx, dgamma, dbeta, None, None, None, None, None
+
+
+def sync_batch_norm_module_forward(m, x):
+    """The forward of normgrad's SyncBatchNorm (torch.fx records it as one call)."""
+    check_module(m, "SyncBatchNorm", x)
+    factor, use_batch_stats, rm, rv = forward_state(m, m.training)
+    group = m.process_group or (_dist.group.WORLD if _dist.is_initialized() else None)
+    if use_batch_stats and group is not None and _dist.get_world_size(group) > 1:
+        return _SyncBatchNormFunction.apply(x, m.weight, m.bias, rm, rv, factor, m.eps, group)
+    return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor, m.eps,
+                                    False, None)
+
+
+_fx.wrap("sync_batch_norm_module_forward")
+
+
+class SyncBatchNorm(_nn.modules.batchnorm._BatchNorm):
+    """torch.nn.SyncBatchNorm's constructor and behaviour, with normgrad's split
+    backward (Reduce, the process group's all_reduce, Apply). Without an
+    initialized process group, or in eval mode, it is normgrad's BatchNorm.
+
+    It derives from torch's _BatchNorm as torch.nn.SyncBatchNorm does, not from
+    torch.nn.SyncBatchNorm itself: DistributedDataParallel refuses any
+    torch.nn.SyncBatchNorm on the CPU ("SyncBatchNorm layers only work with
+    GPU modules"), and this one runs on the CPU."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, process_group=None, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device,
+                         dtype=dtype)
+        self.process_group = process_group
+
+    def _check_input_dim(self, x):
+        if x.dim() < 2:
+            raise ValueError("expected at least 2D input (got {}D input)".format(x.dim()))
+
+    def forward(self, x):
+        return sync_batch_norm_module_forward(self, x)
+
+    __prepare_scriptable__ = _NormgradBatchNorm.__prepare_scriptable__
+
+
+# Public under normgrad.torch (pickles and reprs name it).
+for _cls in (BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm):
+    _cls.__module__ = "normgrad.torch"
