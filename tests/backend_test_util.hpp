@@ -8,6 +8,9 @@
 #include <normgrad/testing/check.hpp>
 #include <normgrad/testing/oracle.hpp>
 #include "tests/test_util.hpp"
+#if NORMGRAD_TEST_WITH_DNNL
+#include "tests/backends/onednn_probe.hpp"
+#endif
 
 namespace normgrad {
 namespace testing_util {
@@ -20,6 +23,33 @@ struct Comparison {
 };
 
 // A graph of one op, added and checked.
+// Whether oneDNN itself builds training batch norm, ReLU backward and binary
+// add on `dt` data on this CPU; false without the dnnl backend. Where it does not,
+// normgrad's dnnl backend must refuse clearly (dnnl_refuses_clearly).
+inline bool dnnl_runs(DataType dt) {
+#if NORMGRAD_TEST_WITH_DNNL
+  auto all = [](DataType d) {
+    return onednn_probe::has_batch_norm(d, true) && onednn_probe::has_relu_backward(d) &&
+           onednn_probe::has_binary_add(d);
+  };
+  static const bool bf16 = all(DataType::kBF16);
+  static const bool f32 = all(DataType::kF32);
+  return dt == DataType::kBF16 ? bf16 : dt == DataType::kF32 && f32;
+#else
+  (void)dt;
+  return false;
+#endif
+}
+
+// The refusal normgrad's dnnl backend gives where oneDNN has no kernel:
+// "oneDNN 2.6 has no bf16 ... it needs AVX-512 [... (status 3)]".
+inline bool dnnl_refuses_clearly(const Status& s) {
+  return s.code() == StatusCode::kUnimplemented &&
+         s.message().find("oneDNN 2.6 has no bf16") != std::string::npos &&
+         s.message().find("it needs AVX-512") != std::string::npos &&
+         s.message().find("status 3") != std::string::npos;
+}
+
 inline Graph one_op(const Op& op) {
   Graph g;
   Status s = g.add_op(op);

@@ -84,6 +84,41 @@ Status guard(const std::string& what, const std::function<void()>& fn) {
   return ok_status();
 }
 
+std::string effective_isa_name() {
+  using dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case cpu_isa::sse41:
+      return "sse41";
+    case cpu_isa::avx:
+      return "avx";
+    case cpu_isa::avx2:
+      return "avx2";
+    case cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case cpu_isa::avx512_core:
+      return "avx512_core";
+    case cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "isa " + std::to_string(static_cast<int>(dnnl::get_effective_cpu_isa()));
+  }
+}
+
+Status explain_decline(Status s, const char* primitive, DataType dt) {
+  if (s.code() != StatusCode::kUnimplemented) return s;
+  const std::string isa = effective_isa_name();
+  // oneDNN 2.6's CPU batch norm and eltwise kernels take bf16 from
+  // avx512_core on; below it there is no implementation at all.
+  std::string need;
+  if (dt == DataType::kBF16 && isa.rfind("avx512", 0) != 0) need = "; it needs AVX-512 (avx512_core)";
+  return unimplemented("oneDNN 2.6 has no " + std::string(dtype_name(dt)) + " " + primitive +
+                       " on this CPU (" + isa + ")" + need + " [" + s.message() + "]");
+}
+
 Scratchpad make_scratchpad(const dnnl::primitive_desc_base& pd) {
   Scratchpad s;
   const dnnl::memory::desc md = pd.scratchpad_desc();

@@ -49,6 +49,15 @@ std::vector<float> channel_values_f32(const void* p, const LogicalTensor& lt, in
 // memory/other map to kUnimplemented/kInvalidArgument/kOutOfRange/kInternal.
 Status guard(const std::string& what, const std::function<void()>& fn);
 
+// The CPU ISA oneDNN dispatches to (ONEDNN_MAX_CPU_ISA caps it), e.g. "avx2".
+std::string effective_isa_name();
+
+// A build-time decline of `primitive` on `dt` data, said as what is missing:
+// "oneDNN 2.6 has no bf16 batch_normalization_backward on this CPU (avx2);
+// it needs AVX-512 (avx512_core) [oneDNN: ... (status 3)]". Other statuses
+// pass through unchanged.
+Status explain_decline(Status s, const char* primitive, DataType dt);
+
 // A per-execute user scratchpad for `pd`, as oneDNN's library scratchpad is
 // not thread-safe.
 struct Scratchpad {

@@ -193,7 +193,7 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
       return unimplemented(std::string(op_kind_name(op.kind())) +
                            " is not lowered to oneDNN (ref runs it)");
   }
-  NG_RETURN_IF_ERROR(s);
+  NG_RETURN_IF_ERROR(explain_decline(s, op_kind_name(op.kind()), src.dtype));
   plan->out_mds = {dst_md};
   plan->impl = plan->pd->impl_info_str();
   return std::shared_ptr<const NeighbourPlan>(std::move(plan));
