@@ -156,7 +156,7 @@ StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
     flags = flags | normalization_flags::use_scale | normalization_flags::use_shift;
   const prop_kind prop = plan->use_scale_shift ? prop_kind::backward : prop_kind::backward_data;
   std::string decline;
-  NG_RETURN_IF_ERROR(explain_decline(guard("batch_normalization_backward primitive descriptor", [&] {
+  const Status built = guard("batch_normalization_backward primitive descriptor", [&] {
     const dnnl::engine& eng = cpu_engine();
     dnnl::batch_normalization_forward::primitive_desc hint(
         dnnl::batch_normalization_forward::desc(prop_kind::forward_training, src_md, d.epsilon,
@@ -174,7 +174,8 @@ StatusOr<std::shared_ptr<const BnPlan>> build_plan(const Op& op) {
     }
     plan->prim = dnnl::batch_normalization_backward(plan->pd);
     plan->impl = plan->pd.impl_info_str();
-  }), "batch_normalization_backward", d.data_dt));
+  });
+  NG_RETURN_IF_ERROR(explain_decline(built, "batch_normalization_backward", d.data_dt));
   if (!decline.empty()) return unimplemented("oneDNN: " + decline);
   return std::shared_ptr<const BnPlan>(std::move(plan));
 }

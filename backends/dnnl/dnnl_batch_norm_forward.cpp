@@ -160,7 +160,7 @@ StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
   const prop_kind prop =
       plan->training ? prop_kind::forward_training : prop_kind::forward_inference;
   std::string decline;  // a decline is a value, not an exception
-  NG_RETURN_IF_ERROR(explain_decline(guard("batch_normalization_forward primitive descriptor", [&] {
+  const Status built = guard("batch_normalization_forward primitive descriptor", [&] {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     plan->pd = dnnl::batch_normalization_forward::primitive_desc(
@@ -176,7 +176,8 @@ StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
     }
     plan->prim = dnnl::batch_normalization_forward(plan->pd);
     plan->impl = plan->pd.impl_info_str();
-  }), "batch_normalization_forward", d.data_dt));
+  });
+  NG_RETURN_IF_ERROR(explain_decline(built, "batch_normalization_forward", d.data_dt));
   if (!decline.empty()) return unimplemented("oneDNN: " + decline);
   return std::shared_ptr<const FwdPlan>(std::move(plan));
 }

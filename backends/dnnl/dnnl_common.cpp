@@ -114,7 +114,8 @@ Status explain_decline(Status s, const char* primitive, DataType dt) {
   // oneDNN 2.6's CPU batch norm and eltwise kernels take bf16 from
   // avx512_core on; below it there is no implementation at all.
   std::string need;
-  if (dt == DataType::kBF16 && isa.rfind("avx512", 0) != 0) need = "; it needs AVX-512 (avx512_core)";
+  if (dt == DataType::kBF16 && isa.rfind("avx512", 0) != 0)
+    need = "; it needs AVX-512 (avx512_core)";
   return unimplemented("oneDNN 2.6 has no " + std::string(dtype_name(dt)) + " " + primitive +
                        " on this CPU (" + isa + ")" + need + " [" + s.message() + "]");
 }
