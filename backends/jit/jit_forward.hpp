@@ -106,7 +106,7 @@ class FwdKernels {
   double generate_ms = 0.0;
 };
 
-// Xbyak code (AVX-512; bf16 needs avx512_bf16) or the portable C++ path.
+// Xbyak code (AVX-512 or AVX2) or the portable C++ path.
 StatusOr<std::shared_ptr<const FwdKernels>> generate_fwd_kernels(const FwdConf& conf);
 std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf);
 

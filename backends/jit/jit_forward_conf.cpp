@@ -122,9 +122,6 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
      : i == 3 ? c.out_batch_mean
               : c.out_batch_var) = o;
   }
-  if (c.isa != Isa::kPortable && c.dt == DataType::kBF16 && !cpu_has_avx512_bf16())
-    c.isa = Isa::kPortable;                         // bf16 stores want vcvtneps2bf16
-  if (c.isa == Isa::kAvx2) c.isa = Isa::kPortable;  // the forward generates AVX-512 only
   const int64_t es = dtype_size(c.dt);
   const int64_t pixel_bytes = std::max<int64_t>(1, c.c * es);
   c.chunk_pixels = kFwdChunkPixels;
@@ -135,7 +132,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   // Whole lines per NCX row or NXC pixel, so every unmasked vector store is
   // a full aligned line (or half of one, for 16-bit data).
   const int64_t line_elems = (c.ncx_rows ? c.spatial : c.c) * es;
-  c.streaming = c.isa == Isa::kAvx512 && line_elems % 64 == 0 &&
+  c.streaming = c.isa != Isa::kPortable && line_elems % 64 == 0 &&
                 (c.residual ? 3 : 2) * total * es > cache_sizes().l3_bytes / 4;
   return c;
 }

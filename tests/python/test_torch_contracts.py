@@ -130,10 +130,12 @@ def resnet(name, leaky):
     return model
 
 
-def no_worse_than_torch(ours, t32, t64, what, floor=1e-5):
-    """A randomly initialised ResNet-50 is ill conditioned in f32 (torch's own
-    f32 gradients are up to 7e-2 off float64 at batch 2): ours must be no
-    further from float64 than 4x torch's f32, or than `floor`."""
+def no_worse_than_torch(ours, t32, t64, what, floor):
+    """Ours must be no further from float64 than 4x torch's f32, or than
+    `floor`. A randomly initialised ResNet-50 is ill conditioned in f32:
+    torch's own f32 gradients are up to 7e-2 off float64 at batch 2, and how
+    far depends on which kernels run (ATEN_CPU_CAPABILITY), so its floor is
+    1e-2 (a gradient scaled by 1.03 still fails it); ResNet-18's is 1e-5."""
     err, err_t = rel_l2(ours, t64), rel_l2(t32, t64)
     assert err <= max(4 * err_t, floor), "%s: %.3g off float64, torch f32 %.3g" % (what, err, err_t)
 
@@ -193,10 +195,11 @@ def test_convert_keeps_parameters_and_the_input_model(name, mode, leaky):
         y.square().mean().backward()
         ys.append(y.detach())
     opt.step()  # the optimizer made before convert trains the converted model
-    no_worse_than_torch(ys[0], ys[1], ys[2], "output")
+    floor = 1e-2 if name == "resnet50" else 1e-5
+    no_worse_than_torch(ys[0], ys[1], ys[2], "output", floor)
     got, g32 = dict(out.named_parameters()), dict(t32.named_parameters())
     for k, p in t64.named_parameters():
-        no_worse_than_torch(got[k].grad, g32[k].grad, p.grad, "gradient of " + k)
+        no_worse_than_torch(got[k].grad, g32[k].grad, p.grad, "gradient of " + k, floor)
     for k, p in model.named_parameters():
         assert torch.equal(p.detach(), before[k].add(p.grad, alpha=-lr)), "%s was not updated" % k
     bufs, b64 = dict(model.named_buffers()), dict(t64.named_buffers())
@@ -204,7 +207,7 @@ def test_convert_keeps_parameters_and_the_input_model(name, mode, leaky):
         if k.endswith("num_batches_tracked"):
             assert int(bufs[k]) == int(b) == 1, k
         else:
-            no_worse_than_torch(bufs[k], b, b64[k], k)
+            no_worse_than_torch(bufs[k], b, b64[k], k, floor)
 
 
 def test_plain_convert_returns_the_same_object_even_for_a_bare_batch_norm():
