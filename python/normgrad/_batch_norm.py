@@ -183,9 +183,9 @@ def forward_state(m, training):
             m.running_var if keep else None)
 
 
-def check_module(m, name, x):
+def check_module(m, name, x, local_batch=True):
     """Every rule the module's input and its own tensors must meet."""
-    _g.check_input(name, x, m.num_features, m.training, m._check_input_dim)
+    _g.check_input(name, x, m.num_features, m.training, m._check_input_dim, local_batch)
     _g.check_vectors(name, m.num_features, weight=m.weight, bias=m.bias,
                      running_mean=m.running_mean, running_var=m.running_var)
     if (m.weight is None) != (m.bias is None):
@@ -261,42 +261,105 @@ class BatchNorm3d(_NormgradBatchNorm, _nn.BatchNorm3d):
 # --- SyncBatchNorm -------------------------------------------------------------
 
 
-def _normalize(x, weight, bias, mean, invstd):
-    """SyncBatchNorm's elementwise forward on the group's statistics."""
-    shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
-    y = (x.float() - mean.view(shape)) * invstd.view(shape)
-    if weight is not None:
-        y = y * weight.float().view(shape) + bias.float().view(shape)
-    return _g.like(y.to(x.dtype), x)
+def _local_moments(x):
+    """This process's count and per-channel mean and M2 = sum (x - mean)^2, in
+    f64, from sums shifted by each channel's first values (so data far from
+    zero does not cancel: a constant channel has M2 = 0 exactly)."""
+    c = x.shape[1]
+    n = x.numel() // c
+    if n == 0:
+        z = _torch.zeros(c, dtype=_torch.float64)
+        return 0, z, z.clone()
+    dims = [0] + list(range(2, x.dim()))
+    xf = x.detach().float()
+    shape = [1, c] + [1] * (x.dim() - 2)
+    k = xf[0].reshape(c, -1)[:, :16].mean(1)  # near the mean: the sums stay small
+    t = xf - k.view(shape)
+    s1 = t.sum(dims, dtype=_torch.float64)
+    s2 = (t * t).sum(dims, dtype=_torch.float64)
+    return n, k.double() + s1 / n, (s2 - s1 * s1 / n).clamp_min(0)
 
 
-def group_sums_backward(x, grad, mean, invstd, gamma, group):
+def group_moments(x, group, name):
+    """The group's count N and per-channel mean and biased variance (f64),
+    merged exactly from every process's (count, mean, M2) by Chan's parallel
+    formula in two all_reduce sums: first the counts and count-weighted means
+    (the global mean), then each process's M2 + n (its mean - the global
+    mean)^2. Every process gets the same bits."""
+    n, mean_r, m2_r = _local_moments(x)
+    c = x.shape[1]
+    first = _torch.cat([_torch.tensor([float(n)], dtype=_torch.float64), n * mean_r])
+    _dist.all_reduce(first, group=group)
+    total = first[0].item()
+    if total == 0:
+        raise _ng.Error("normgrad.torch.%s: every process's batch is empty; batch statistics "
+                        "need at least one value per channel (rule: group count > 0)" % name)
+    if total == 1:
+        raise _ng.Error("normgrad.torch.%s: expected more than 1 value per channel when "
+                        "training, got 1 over the whole group (rule: group count > 1)" % name)
+    mean = first[1:1 + c] / total
+    second = m2_r + n * (mean_r - mean) ** 2
+    _dist.all_reduce(second, group=group)
+    return total, mean, second / total
+
+
+def split_mean(mean64):
+    """The f64 mean as hi + lo, two f32 (x - hi is exact for x near the mean)."""
+    hi = mean64.float()
+    return hi, (mean64 - hi.double()).float()
+
+
+def group_sums_backward(x, grad, mean, invstd, gamma, group, mean_lo=None):
     """The synchronized backward's data path: this process's sums (Reduce), one
     all_reduce of the two sums and the count (f64), the input gradient
-    (Apply). Returns (dx, this process's sums [sum dy, sum dy (x - mean)])."""
+    (Apply). `mean` is the f32 mean the kernels subtract; `mean_lo` the rest
+    of the forward's mean (hi + lo), folded into the sums so the gradient
+    uses the mean at full precision:
+      sum dy (x - mean) = sum dy (x - hi) - lo sum dy, and Apply's
+      (x - hi) s^2 S / M term is corrected through sum_dy' = sum_dy - lo s^2 S.
+    Returns (dx, this process's [sum dy, sum dy (x - mean)], f64)."""
     fmt, xv = _g.layout(x)
     dt = _g.DTYPES[x.dtype]
     c = x.shape[1]
     shape = tuple(xv.shape)
     gv = _g.view_as_fmt(_g.like(grad.to(x.dtype), x), fmt)
-    sums = _torch.empty(2 * c, dtype=_torch.float32)
-    count = _torch.empty(1, dtype=_torch.int64)
+    sums = _torch.zeros(2 * c, dtype=_torch.float32)
+    count = _torch.zeros(1, dtype=_torch.int64)
     mean = mean.contiguous()
-    _g.run(_g.reduce_graph(shape, fmt, dt, c), {_g.X: xv, _g.DY: gv, _g.MEAN: mean},
-           {_g.SUM_DY: sums[:c], _g.SUM_DY_XMU: sums[c:], _g.COUNT: count})
-    packed = _torch.cat([sums.double(), count.double()])
+    empty = x.numel() == 0  # this process's batch is empty: it still joins the all_reduce
+    if not empty:
+        _g.run(_g.reduce_graph(shape, fmt, dt, c), {_g.X: xv, _g.DY: gv, _g.MEAN: mean},
+               {_g.SUM_DY: sums[:c], _g.SUM_DY_XMU: sums[c:], _g.COUNT: count})
+    local = sums.double()
+    if mean_lo is not None:
+        local[c:] -= mean_lo.double() * local[:c]
+    packed = _torch.cat([local, count.double()])
     _dist.all_reduce(packed, group=group)
-    g_sums = packed[:2 * c].float()
+    g_sum_dy, g_sum_dyxm = packed[:c], packed[c:2 * c]
+    if mean_lo is not None:
+        s = invstd.double()
+        g_sum_dy = g_sum_dy - mean_lo.double() * s * s * g_sum_dyxm
     g_count = packed[2 * c:].round().to(_torch.int64)
     dx = _g.pooled_like(x, fmt)
-    inputs = {_g.X: xv, _g.DY: gv, _g.MEAN: mean, _g.VAR: invstd.contiguous(),
-              _g.GROUP_SUM_DY: g_sums[:c].contiguous(),
-              _g.GROUP_SUM_DY_XMU: g_sums[c:].contiguous(), _g.GROUP_COUNT: g_count}
+    if empty:
+        return dx, local
+    inputs = {_g.X: xv, _g.DY: gv, _g.MEAN: mean, _g.VAR: invstd.float().contiguous(),
+              _g.GROUP_SUM_DY: g_sum_dy.float().contiguous(),
+              _g.GROUP_SUM_DY_XMU: g_sum_dyxm.float().contiguous(), _g.GROUP_COUNT: g_count}
     if gamma is not None:
         inputs[_g.GAMMA] = gamma.contiguous()
     _g.run(_g.apply_graph(shape, fmt, dt, c, gamma is not None), inputs,
            {_g.DX: _g.view_as_fmt(dx, fmt)})
-    return dx, sums
+    return dx, local
+
+
+def normalize_split(x, hi, lo, scale, shift):
+    """((x - hi) - lo) scale + shift in f32 per channel (x - hi is exact for x
+    near the mean, so data far from zero keeps its low bits)."""
+    shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
+    y = x.float() - hi.view(shape)
+    y = y.sub_(lo.view(shape)).mul_(scale.view(shape)).add_(shift.view(shape))
+    return y
 
 
 def no_double_backward(name):
@@ -309,50 +372,51 @@ def no_double_backward(name):
 class _SyncBatchNormFunction(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, factor, eps, group):
+        total, mean64, var64 = group_moments(x, group, "SyncBatchNorm")
+        invstd64 = 1.0 / _torch.sqrt(var64 + eps)
+        hi, lo = split_mean(mean64)
+        _g.update_running(running_mean, running_var, mean64.float(), var64.float(), factor,
+                          total)
         c = x.shape[1]
-        dims = [0] + list(range(2, x.dim()))
-        xf = x.float()
-        count = x.numel() // c
-        # One all_reduce of the per-channel sums, squares and count (f64).
-        stats = _torch.cat([xf.sum(dims).double(), (xf.double() ** 2).sum(dims),
-                            _torch.tensor([float(count)], dtype=_torch.float64)])
-        _dist.all_reduce(stats, group=group)
-        n = stats[-1].item()
-        mean64 = stats[:c] / max(n, 1.0)
-        var64 = (stats[c:2 * c] / max(n, 1.0) - mean64 * mean64).clamp_min(0)
-        mean, var = mean64.float(), var64.float()
-        invstd = _torch.rsqrt(var + eps)
-        if running_mean is not None:
-            with _torch.no_grad():
-                running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
-                unbiased = var * (n / max(n - 1, 1))
-                running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
+        scale = invstd64 * (weight.detach().double() if weight is not None else 1.0)
+        shift = bias.detach().float() if bias is not None else _torch.zeros(c)
+        y = normalize_split(x.detach(), hi, lo, scale.float(), shift)
         ctx.group = group
-        ctx.save_for_backward(x, weight, mean, invstd)
-        return _normalize(x, weight, bias, mean, invstd)
+        invstd = invstd64.float()
+        ctx.save_for_backward(x, weight, hi, lo, invstd)
+        return _g.like(y.to(x.dtype), x)
 
     @staticmethod
     def backward(ctx, grad):
         no_double_backward("SyncBatchNorm")
-        x, weight, mean, invstd = ctx.saved_tensors
+        x, weight, hi, lo, invstd = ctx.saved_tensors
         gamma = None if weight is None else weight.detach().float()
-        dx, sums = group_sums_backward(x.detach(), grad.detach(), mean, invstd, gamma, ctx.group)
+        dx, sums = group_sums_backward(x.detach(), grad.detach(), hi, invstd, gamma, ctx.group,
+                                       mean_lo=lo)
         if weight is None:
             return dx, None, None, None, None, None, None, None
         # Parameter gradients from this process's sums, as torch.nn.SyncBatchNorm
         # gives them: data parallelism (DDP) then reduces them like every other.
         c = x.shape[1]
-        dgamma = (invstd * sums[c:]).to(weight.dtype)
+        dgamma = (invstd.double() * sums[c:]).to(weight.dtype)
         dbeta = sums[:c].to(weight.dtype)
         return dx, dgamma, dbeta, None, None, None, None, None
 
 
+def sync_group(group):
+    """The process group to synchronize over (the world by default), or None
+    when there is no initialized group of more than one process."""
+    group = group or (_dist.group.WORLD if _dist.is_initialized() else None)
+    return group if group is not None and _dist.get_world_size(group) > 1 else None
+
+
 def sync_batch_norm_module_forward(m, x):
     """The forward of normgrad's SyncBatchNorm (torch.fx records it as one call)."""
-    check_module(m, "SyncBatchNorm", x)
+    group = sync_group(m.process_group)
+    synced = group is not None and (m.training or m.running_mean is None)
+    check_module(m, "SyncBatchNorm", x, local_batch=not synced)
     factor, use_batch_stats, rm, rv = forward_state(m, m.training)
-    group = m.process_group or (_dist.group.WORLD if _dist.is_initialized() else None)
-    if use_batch_stats and group is not None and _dist.get_world_size(group) > 1:
+    if use_batch_stats and synced:
         return _SyncBatchNormFunction.apply(x, m.weight, m.bias, rm, rv, factor, m.eps, group)
     return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor, m.eps,
                                     False, None)

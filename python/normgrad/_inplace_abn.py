@@ -21,7 +21,6 @@ loads; a checkpoint without ``num_batches_tracked`` (mapillary's) loads too.
 The swap from a model's batch norms is convert's (_torch_fx.py).
 """
 import torch as _torch
-import torch.distributed as _dist
 import torch.fx as _fx
 import torch.nn as _nn
 import torch.nn.functional as _F
@@ -139,25 +138,19 @@ class _InPlaceABNFunction(_torch.autograd.Function):
 class _InPlaceABNSyncFunction(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope, group):
-        c = x.shape[1]
-        dims = [0] + list(range(2, x.dim()))
         xd = x.detach()
-        xf = xd.double()
-        stats = _torch.cat([xf.sum(dims), (xf * xf).sum(dims),
-                            _torch.tensor([float(xd.numel() // c)], dtype=_torch.float64)])
-        _dist.all_reduce(stats, group=group)
-        n = stats[-1].item()
-        mean64 = stats[:c] / n
-        var64 = (stats[c:2 * c] / n - mean64 * mean64).clamp_min(0)
-        mean, var = mean64.float(), var64.float()
-        _g.update_running(running_mean, running_var, mean, var, momentum, n)
-        fmt, xv = _g.layout(xd)
+        total, mean64, var64 = _bn.group_moments(xd, group, "InPlaceABNSync")
+        _g.update_running(running_mean, running_var, mean64.float(), var64.float(), momentum,
+                          total)
+        c = x.shape[1]
         gamma, beta = _scale_shift(weight, bias, eps, c)
-        cg = _g.inference_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, eps, False)
-        _g.run(cg, {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var},
-               {_g.Y0: xv})
+        hi, lo = _bn.split_mean(mean64)
+        scale = (gamma.double() / _torch.sqrt(var64 + eps)).float()
+        y = _bn.normalize_split(xd, hi, lo, scale, beta)
         if slope is not None:
-            _F.leaky_relu_(xd, slope)
+            _F.leaky_relu_(y, slope)
+        xd.copy_(y)  # written over x, in x's dtype and memory format
+        var = var64.float()
         ctx.eps, ctx.slope, ctx.group = eps, slope, group
         ctx.mark_dirty(x)
         ctx.save_for_backward(x, var, weight, bias)
@@ -196,7 +189,7 @@ def inplace_abn_module_forward(m, x, residual=None):
     (convert's BN -> Add -> LeakyReLU), whose gradient is then returned too.
     torch.fx records it as one call."""
     name = type(m).__name__
-    _g.check_input(name, x, m.num_features, m.training)
+    _g.check_input(name, x, m.num_features, m.training, local_batch=m._local_batch())
     _g.check_vectors(name, m.num_features, weight=m.weight, bias=m.bias,
                      running_mean=m.running_mean, running_var=m.running_var)
     if residual is not None:
@@ -267,6 +260,10 @@ class InPlaceABN(_nn.Module):
     def _slope(self):
         return self.activation_param if self.activation == "leaky_relu" else None
 
+    def _local_batch(self):
+        """Whether this process's batch alone must meet the batch rules."""
+        return True
+
     def forward(self, x, residual=None):
         return inplace_abn_module_forward(self, x, residual)
 
@@ -319,9 +316,12 @@ class InPlaceABNSync(InPlaceABN):
         super().__init__(num_features, eps, momentum, affine, activation, activation_param)
         self.group = group
 
+    def _local_batch(self):
+        return not (self.training and _bn.sync_group(self.group) is not None)
+
     def _train(self, x, residual=None):
-        group = self.group or (_dist.group.WORLD if _dist.is_initialized() else None)
-        if group is None or _dist.get_world_size(group) < 2:
+        group = _bn.sync_group(self.group)
+        if group is None:
             return super()._train(x, residual)
         if residual is not None:
             raise _ng.Error("normgrad.torch.InPlaceABNSync: a residual is not supported over "

@@ -43,10 +43,12 @@ class RankError(_ng.Error, ValueError):
     and a normgrad.Error."""
 
 
-def check_input(name, x, num_features, training, rank_check=None):
+def check_input(name, x, num_features, training, rank_check=None, local_batch=True):
     """The rules a batch-norm input must meet before any kernel runs, as errors
     naming the module `name` and the rule. `rank_check` is the module's
-    _check_input_dim (torch's ValueError becomes a RankError)."""
+    _check_input_dim (torch's ValueError becomes a RankError). Without
+    `local_batch` (a synchronized batch norm) this process's batch may be
+    empty or hold one value per channel: the group's count is checked instead."""
     if not isinstance(x, _torch.Tensor):
         raise TypeError("normgrad.torch.%s: expected a torch.Tensor input, got %s"
                         % (name, type(x).__name__))
@@ -69,6 +71,8 @@ def check_input(name, x, num_features, training, rank_check=None):
         raise _ng.Error("normgrad.torch.%s: input of shape %s has %d channels (dim 1), expected "
                         "num_features=%d (rule: input.shape[1] == num_features)"
                         % (name, tuple(x.shape), x.shape[1], num_features))
+    if not local_batch:
+        return
     if x.shape[0] == 0 or x.numel() == 0:
         raise _ng.Error("normgrad.torch.%s: input %s is empty; batch statistics need at least one "
                         "element per channel (rule: N * spatial > 0)" % (name, tuple(x.shape)))
