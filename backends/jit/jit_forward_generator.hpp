@@ -1,0 +1,365 @@
+// The Xbyak code generator of the JIT batch-norm forward kernels (private).
+//
+// One FwdGenerator emits one kernel (stats, apply or streaming apply) for one
+// conf, on AVX-512 or AVX2. The shared pieces (loads and stores with dtype
+// conversion and tails, the epilogue, the rows loop) are inline here; the
+// four walks are in jit_forward_walks.cpp; generate_fwd_kernels is in
+// jit_forward_generator.cpp.
+//
+// AVX2 has no mask registers: a constant tail is a vmaskmovps mask (f32) or
+// word inserts and extracts (16-bit), and the rows walk's run-time tail goes
+// through a zeroed stack buffer. bf16 is rounded to nearest even by integer
+// arithmetic (NaN keeps its top bits and gets the quiet bit) wherever
+// vcvtneps2bf16 is missing: on AVX2, and on AVX-512 without avx512_bf16.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <xbyak/xbyak.h>
+
+#include <normgrad/backends/jit/jit_forward.hpp>
+
+namespace normgrad {
+namespace jit {
+
+constexpr size_t kFwdCodeBytes = 64 * 1024;
+// The AVX2 rows walk's stack buffers for a run-time tail: src, residual, dst.
+constexpr int kBounceX = 0, kBounceR = 32, kBounceY = 64, kBounceBytes = 96;
+
+class FwdGenerator : public Xbyak::CodeGenerator {
+  using Xmm = Xbyak::Xmm;
+  using Ymm = Xbyak::Ymm;
+  using Zmm = Xbyak::Zmm;
+  using Reg64 = Xbyak::Reg64;
+  using RegExp = Xbyak::RegExp;
+  using Address = Xbyak::Address;
+  using Label = Xbyak::Label;
+
+ public:
+  enum class Kind { kStats, kApply, kApplyStreaming };
+  using Fn = void (*)(const FwdArgs*);
+
+  FwdGenerator(const FwdConf& c, Kind kind)
+      : CodeGenerator(kFwdCodeBytes, Xbyak::DontSetProtectRWE),
+        c_(c),
+        avx512_(c.isa == Isa::kAvx512),
+        native_bf16_(avx512_ && cpu_has_avx512_bf16()),
+        lanes_(avx512_ ? 16 : 8),
+        es_(static_cast<int>(dtype_size(c.dt))),
+        cp_(padded_channels(c.c)),
+        nt_(kind == Kind::kApplyStreaming) {
+    if (c.ncx_rows) {
+      kind == Kind::kStats ? rows_stats() : rows_apply();
+    } else {
+      kind == Kind::kStats ? pixels_stats() : pixels_apply();
+    }
+    emit_constants();
+    readyRE();
+    setProtectModeRE();
+  }
+  Fn fn() const { return getCode<Fn>(); }
+
+ private:
+  Xmm vmm(int i) const { return avx512_ ? Xmm(Zmm(i)) : Xmm(Ymm(i)); }
+  // The half-width register holding 16-bit data of a full vector.
+  Xmm half(int i) const { return avx512_ ? Xmm(Ymm(i)) : Xmm(i); }
+
+  // Arguments: rdi points at FwdArgs.
+  void load_args() {
+    mov(r8, ptr[rdi + offsetof(FwdArgs, x)]);
+    mov(r9, ptr[rdi + offsetof(FwdArgs, y)]);
+    mov(r10, ptr[rdi + offsetof(FwdArgs, residual)]);
+    mov(rax, ptr[rdi + offsetof(FwdArgs, coef)]);
+    mov(rdx, ptr[rdi + offsetof(FwdArgs, len)]);
+  }
+
+  // f32 vector `v` from data at `a`. Masked (a tail): AVX-512 lanes outside
+  // k1 read nothing and are zero; on AVX2 the pixels walk's constant tail
+  // (f32 by the mask in vmm(mask_), 16-bit word by word) reads only its lanes.
+  void load(int v, const RegExp& e, bool masked) {
+    const Address a = ptr[e];
+    const Xmm x = vmm(v);
+    if (c_.dt == DataType::kF32) {
+      if (!masked) {
+        vmovups(x, a);
+      } else if (avx512_) {
+        vmovups(Zmm(v) | k1 | T_z, a);
+      } else {
+        vmaskmovps(x, vmm(mask_), a);
+      }
+      return;
+    }
+    const bool words = masked && !avx512_;
+    if (words) {  // AVX2, 16-bit tail: the words one by one
+      vpxor(Xmm(v), Xmm(v), Xmm(v));
+      for (int i = 0; i < tail(); ++i) vpinsrw(Xmm(v), Xmm(v), ptr[e + i * 2], i);
+    }
+    if (c_.dt == DataType::kBF16) {
+      if (masked && avx512_) {
+        vpmovzxwd(Zmm(v) | k1 | T_z, a);
+      } else if (words) {
+        vpmovzxwd(x, Xmm(v));
+      } else {
+        vpmovzxwd(x, a);
+      }
+      vpslld(x, x, 16);
+    } else if (masked && avx512_) {
+      vcvtph2ps(Zmm(v) | k1 | T_z, a);
+    } else if (words) {
+      vcvtph2ps(x, Xmm(v));
+    } else {
+      vcvtph2ps(x, a);
+    }
+  }
+
+  // vmm(t) = the bf16 bits of vmm(v) in each dword, rounded to nearest even;
+  // NaN keeps its top bits and gets the quiet bit (as f32_to_bf16_bits).
+  // Clobbers vmm(n) and, on AVX2, vmm(m).
+  void bf16_dwords(int t, int v, int n, int m) {
+    const Xmm tv = vmm(t), vv = vmm(v), nv = vmm(n);
+    vpsrld(tv, vv, 16);
+    if (avx512_) {
+      vpandd(tv, tv, ptr[rip + c_one_]);
+    } else {
+      vpand(tv, tv, ptr[rip + c_one_]);
+    }
+    vpaddd(tv, tv, ptr[rip + c_7fff_]);
+    vpaddd(tv, tv, vv);
+    vpsrld(tv, tv, 16);
+    vpsrld(nv, vv, 16);
+    if (avx512_) {
+      vpord(nv, nv, ptr[rip + c_0040_]);
+      vcmpps(k2, vv, vv, 3);  // unordered: NaN
+      vmovdqa32(Zmm(t) | k2, Zmm(n));
+    } else {
+      vpor(nv, nv, ptr[rip + c_0040_]);
+      vcmpps(vmm(m), vv, vv, 3);
+      vblendvps(tv, tv, nv, vmm(m));
+    }
+  }
+
+  // Rounds v to the data type and back (the unfused graph stores dst before
+  // the Add or the LeakyReLU reads it); clobbers t, n, m.
+  void round_to_dt(int v, int t, int n, int m) {
+    if (c_.dt == DataType::kF16) {
+      vcvtps2ph(half(t), vmm(v), 0);
+      vcvtph2ps(vmm(v), half(t));
+    } else if (c_.dt == DataType::kBF16 && native_bf16_) {
+      vcvtneps2bf16(Ymm(t), Zmm(v));
+      vpmovzxwd(Zmm(v), Ymm(t));
+      vpslld(Zmm(v), Zmm(v), 16);
+    } else if (c_.dt == DataType::kBF16) {
+      bf16_dwords(t, v, n, m);
+      vpslld(vmm(v), vmm(t), 16);
+    }
+  }
+
+  // Stores vector v at `a`, converted to the data type; clobbers t, n, m.
+  // Unmasked stores stream (non-temporal) in the streaming apply variant,
+  // unless `a` is a stack buffer (may_stream false).
+  void store(const RegExp& e, int v, int t, int n, int m, bool masked, bool may_stream = true) {
+    const Address a = ptr[e];
+    const Xmm x = vmm(v);
+    const bool nt = nt_ && may_stream;
+    if (c_.dt == DataType::kF32) {
+      if (masked && avx512_) {
+        vmovups(a | k1, Zmm(v));
+      } else if (masked) {
+        vmaskmovps(a, vmm(mask_), x);
+      } else if (nt) {
+        vmovntps(a, x);
+      } else {
+        vmovups(a, x);
+      }
+      return;
+    }
+    if (c_.dt == DataType::kF16) {
+      vcvtps2ph(half(t), x, 0);  // round to nearest even
+    } else if (native_bf16_) {
+      vcvtneps2bf16(Ymm(t), Zmm(v));
+    } else {
+      bf16_dwords(n, v, t, m);  // dwords in vmm(n), then packed into half(t)
+      if (avx512_) {
+        vpmovdw(Ymm(t), Zmm(n));
+      } else {
+        vextracti128(Xmm(m), Ymm(n), 1);
+        vpackusdw(Xmm(t), Xmm(n), Xmm(m));
+      }
+    }
+    if (masked && avx512_) {
+      vmovdqu16(a | k1, Ymm(t));
+    } else if (masked) {
+      for (int i = 0; i < tail(); ++i) vpextrw(ptr[e + i * 2], Xmm(t), i);
+    } else if (nt) {
+      vmovntdq(a, half(t));
+    } else {
+      vmovdqu(a, half(t));
+    }
+  }
+
+  // The epilogue on v = the normalised value: [+ r] [relu]; clobbers t, n, m.
+  void epilogue(int v, int t, int n, int m, const RegExp* r_addr, bool masked) {
+    const Xmm x = vmm(v);
+    if (c_.residual) {
+      round_to_dt(v, t, n, m);
+      load(t, *r_addr, masked);
+      vaddps(x, x, vmm(t));
+    }
+    if (c_.relu && c_.leaky) {
+      if (c_.dt != DataType::kF32) round_to_dt(v, t, n, m);  // the LeakyReLU reads dst's dtype
+      if (avx512_) {
+        vcmpps(k2, Zmm(v), Zmm(zero_), 0x11);  // less-than, ordered, quiet: NaN stays NaN
+        vmulps(Zmm(v) | k2, Zmm(v), Zmm(alpha_));
+      } else {
+        vcmpps(vmm(m), x, vmm(zero_), 0x11);
+        vmulps(vmm(t), x, vmm(alpha_));
+        vblendvps(x, x, vmm(t), vmm(m));
+      }
+    } else if (c_.relu) {
+      vmaxps(x, vmm(zero_), x);  // NaN stays NaN (second operand)
+    }
+  }
+
+  void load_alpha() {
+    if (c_.leaky) vbroadcastss(vmm(alpha_), ptr[rip + c_alpha_]);
+  }
+
+  int tail() const { return static_cast<int>(c_.c % lanes_); }
+
+  void hsum(int v, int t) {
+    const Xmm xv(v), xt(t);
+    if (avx512_) {
+      vextractf64x4(Ymm(t), Zmm(v), 1);
+      vaddps(Ymm(v), Ymm(v), Ymm(t));
+    }
+    vextractf128(xt, Ymm(v), 1);
+    vaddps(xv, xv, xt);
+    vpermilps(xt, xv, 0x4e);
+    vaddps(xv, xv, xt);
+    vpermilps(xt, xv, 0xb1);
+    vaddps(xv, xv, xt);
+  }
+
+  RegExp elem(const Reg64& base, int64_t off) {
+    return base + rsi * es_ + static_cast<int>(off * es_);
+  }
+
+  // The rows walk's element loop: rsi counts elements; `body(u, off, masked)`
+  // handles the vector at rsi + off. `unroll` vectors per step, then single
+  // vectors, then the tail of rcx = len - rsi elements: masked by k1 on
+  // AVX-512, and on AVX2 `avx2_tail()` (a stack-buffer bounce).
+  template <typename Body, typename Tail>
+  void row_loop(int unroll, const Body& body, const Tail& avx2_tail) {
+    Label main, single, tail_l, done;
+    xor_(rsi, rsi);
+    mov(rcx, rdx);
+    and_(rcx, ~int64_t{unroll * lanes_ - 1});
+    L(main);
+    cmp(rsi, rcx);
+    jge(single, T_NEAR);
+    for (int u = 0; u < unroll; ++u) body(u, lanes_ * u, false);
+    add(rsi, unroll * lanes_);
+    jmp(main, T_NEAR);
+    L(single);
+    mov(rcx, rdx);
+    and_(rcx, ~int64_t{lanes_ - 1});
+    Label single_loop;
+    L(single_loop);
+    cmp(rsi, rcx);
+    jge(tail_l, T_NEAR);
+    body(0, 0, false);
+    add(rsi, lanes_);
+    jmp(single_loop, T_NEAR);
+    L(tail_l);
+    mov(rcx, rdx);
+    sub(rcx, rsi);
+    jz(done, T_NEAR);
+    if (avx512_) {
+      mov(r11d, 1);  // k1 = the low rcx lanes; rcx in [1, 16)
+      shl(r11d, cl);
+      dec(r11d);
+      kmovw(k1, r11d);
+      body(0, 0, true);
+    } else {
+      avx2_tail();
+    }
+    L(done);
+  }
+
+  // AVX2: the rcx elements at base[rsi] into (in) or out of the stack buffer
+  // at rsp + buf; clobbers r11, r12, r13. A buffer read in is zeroed first
+  // (with vmm(scratch)), so its lanes past the tail hold 0.
+  void copy_tail(int buf, const Reg64& base, bool in, int scratch = -1) {
+    if (in) {
+      vpxor(Ymm(scratch), Ymm(scratch), Ymm(scratch));
+      vmovdqu(ptr[rsp + buf], Ymm(scratch));
+    }
+    lea(r12, ptr[base + rsi * es_]);
+    xor_(r11, r11);
+    Label loop;
+    L(loop);
+    if (es_ == 4) {
+      const Address data = dword[r12 + r11 * 4], stack = dword[rsp + r11 * 4 + buf];
+      mov(r13d, in ? data : stack);
+      mov(in ? stack : data, r13d);
+    } else {
+      const Address data = word[r12 + r11 * 2], stack = word[rsp + r11 * 2 + buf];
+      movzx(r13d, in ? data : stack);
+      mov(in ? stack : data, r13w);
+    }
+    inc(r11);
+    cmp(r11, rcx);
+    jl(loop, T_NEAR);
+  }
+
+  // AVX2: vmm(m) = the low rcx dword lanes set (a window of the mask table).
+  void mask_from_rcx_avx2(int m) {
+    lea(r11, ptr[rip + c_masks_]);
+    mov(r12, rcx);
+    neg(r12);
+    vmovups(Ymm(m), ptr[r11 + r12 * 4 + 32]);
+  }
+
+  // The AVX2 rows kernels keep r12, r13 (callee-saved) and a stack buffer for the tail.
+  void rows_prologue() {
+    if (avx512_) return;
+    push(r12);
+    push(r13);
+    sub(rsp, kBounceBytes);
+  }
+  void rows_epilogue() {
+    if (avx512_) return;
+    add(rsp, kBounceBytes);
+    pop(r13);
+    pop(r12);
+  }
+
+  void zero(int i) {
+    if (avx512_) {
+      vpxord(Zmm(i), Zmm(i), Zmm(i));
+    } else {
+      vpxor(Ymm(i), Ymm(i), Ymm(i));
+    }
+  }
+
+  // The rows walk: `rows` rows of `len` elements, conf.c * conf.spatial apart.
+  int64_t row_stride_bytes() const { return c_.c * c_.spatial * es_; }
+
+  void rows_stats();
+  void rows_apply();
+  void pixels_stats();
+  void pixels_apply();
+  void emit_constants();
+
+  FwdConf c_;
+  bool avx512_, native_bf16_;
+  int lanes_, es_;
+  int64_t cp_;
+  bool nt_;
+  int zero_ = 31, alpha_ = 26, mask_ = 15;
+  Label c_one_, c_7fff_, c_0040_, c_alpha_, c_masks_;
+};
+
+}  // namespace jit
+}  // namespace normgrad

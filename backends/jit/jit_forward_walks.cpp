@@ -1,0 +1,279 @@
+// The four walks of the JIT batch-norm forward (FwdGenerator, declared in
+// jit_forward_generator.hpp), on AVX-512 and AVX2, and their constants.
+//   rows stats    `rows` rows (or a row piece) of one channel: S1, S2 of (x - K);
+//                 four independent vector chains, a masked tail, one fixed
+//                 horizontal sum, so a row's sums depend on its data only
+//   rows apply    y = ((x - hi) - lo) a + b [+ r] [relu] over a channel's rows
+//   pixels stats  `len` pixels of C channels: per channel vector S1, S2; the
+//                 channels in blocks whose sums stay in registers while the
+//                 pixels stream past (8 vectors on AVX-512, 4 on AVX2)
+//   pixels apply  channel blocks with their coefficients in registers, each
+//                 over the call's pixels (4 vectors on AVX-512, 2 on AVX2)
+#include <algorithm>
+#include <cstring>
+
+#include <normgrad/backends/jit/jit_forward_generator.hpp>
+
+namespace normgrad {
+namespace jit {
+
+using namespace Xbyak;
+
+void FwdGenerator::rows_stats() {
+  // AVX-512: sums v0..7, data v8..11, K v31. AVX2: the same, K v15, tail mask v14.
+  const int k = avx512_ ? 31 : 15;
+  push(rbx);
+  rows_prologue();
+  load_args();
+  mov(rbx, ptr[rdi + offsetof(FwdArgs, rows)]);
+  vbroadcastss(vmm(k), ptr[rax]);
+  for (int i = 0; i < 8; ++i) zero(i);
+  auto accumulate = [&](int u, int t) {
+    vaddps(vmm(u), vmm(u), vmm(t));
+    vfmadd231ps(vmm(4 + u), vmm(t), vmm(t));
+  };
+  Label row;
+  L(row);
+  row_loop(
+      4,
+      [&](int u, int64_t off, bool masked) {
+        const int t = 8 + u;
+        load(t, elem(r8, off), masked);
+        if (masked) {
+          vsubps(Zmm(t) | k1 | T_z, Zmm(t), Zmm(k));
+        } else {
+          vsubps(vmm(t), vmm(t), vmm(k));
+        }
+        accumulate(u, t);
+      },
+      [&] {
+        copy_tail(kBounceX, r8, true, 8);
+        load(8, rsp + kBounceX, false);
+        vsubps(vmm(8), vmm(8), vmm(k));
+        mask_from_rcx_avx2(14);
+        vandps(vmm(8), vmm(8), vmm(14));  // lanes past the tail add nothing
+        accumulate(0, 8);
+      });
+  mov(rcx, row_stride_bytes());
+  add(r8, rcx);
+  dec(rbx);
+  jnz(row, T_NEAR);
+  vaddps(vmm(0), vmm(0), vmm(1));
+  vaddps(vmm(2), vmm(2), vmm(3));
+  vaddps(vmm(0), vmm(0), vmm(2));
+  vaddps(vmm(4), vmm(4), vmm(5));
+  vaddps(vmm(6), vmm(6), vmm(7));
+  vaddps(vmm(4), vmm(4), vmm(6));
+  hsum(0, 8);
+  hsum(4, 9);
+  mov(rcx, ptr[rdi + offsetof(FwdArgs, s1)]);
+  vmovss(ptr[rcx], xmm0);
+  mov(rcx, ptr[rdi + offsetof(FwdArgs, s2)]);
+  vmovss(ptr[rcx], xmm4);
+  rows_epilogue();
+  pop(rbx);
+  vzeroupper();
+  ret();
+}
+
+void FwdGenerator::rows_apply() {
+  // AVX-512: data v0..3, scratch v4..11, hi/lo/a/b v27..30, zero v31, alpha v26.
+  // AVX2 (two vectors a step): data v0..1, scratch v2..7, hi/lo/a/b v8..11,
+  // zero v12, alpha v13.
+  const int unroll = avx512_ ? 4 : 2;
+  const int cf = avx512_ ? 27 : 8;
+  zero_ = avx512_ ? 31 : 12;
+  alpha_ = avx512_ ? 26 : 13;
+  push(rbx);
+  rows_prologue();
+  load_args();
+  mov(rbx, ptr[rdi + offsetof(FwdArgs, rows)]);
+  for (int i = 0; i < 4; ++i) vbroadcastss(vmm(cf + i), ptr[rax + 4 * i]);
+  zero(zero_);
+  load_alpha();
+  auto normalise = [&](int v) {
+    vsubps(vmm(v), vmm(v), vmm(cf));
+    vsubps(vmm(v), vmm(v), vmm(cf + 1));
+    vfmadd213ps(vmm(v), vmm(cf + 2), vmm(cf + 3));
+  };
+  // Scratch registers of unroll slot u: t, n, m.
+  auto t_of = [&](int u) { return unroll + u; };
+  auto n_of = [&](int u) { return 2 * unroll + u; };
+  auto m_of = [&](int u) { return 3 * unroll + u; };
+  Label row;
+  L(row);
+  row_loop(
+      unroll,
+      [&](int u, int64_t off, bool masked) {
+        load(u, elem(r8, off), masked);
+        normalise(u);
+        const RegExp ra = elem(r10, off);
+        epilogue(u, t_of(u), n_of(u), m_of(u), &ra, masked);
+        store(elem(r9, off), u, t_of(u), n_of(u), m_of(u), masked);
+      },
+      [&] {
+        copy_tail(kBounceX, r8, true, 0);
+        if (c_.residual) copy_tail(kBounceR, r10, true, 0);
+        load(0, rsp + kBounceX, false);
+        normalise(0);
+        const RegExp ra = rsp + kBounceR;
+        epilogue(0, t_of(0), n_of(0), m_of(0), &ra, false);
+        store(rsp + kBounceY, 0, t_of(0), n_of(0), m_of(0), false, false);
+        copy_tail(kBounceY, r9, false);
+      });
+  mov(rcx, row_stride_bytes());
+  add(r8, rcx);
+  add(r9, rcx);
+  if (c_.residual) add(r10, rcx);
+  dec(rbx);
+  jnz(row, T_NEAR);
+  rows_epilogue();
+  pop(rbx);
+  if (nt_) sfence();
+  vzeroupper();
+  ret();
+}
+
+// Pixels walk. Channel vectors: nv = ceil(C / lanes), the last one masked
+// when C is not a multiple of the lanes (k1 on AVX-512, vmm(mask_) on AVX2).
+void FwdGenerator::pixels_stats() {
+  const int64_t nv = (c_.c + lanes_ - 1) / lanes_;
+  const int block = avx512_ ? 8 : 4;
+  const int vbytes = lanes_ * 4;
+  load_args();
+  if (tail() != 0 && avx512_) {
+    mov(r11d, (1 << tail()) - 1);
+    kmovw(k1, r11d);
+  } else if (tail() != 0 && c_.dt == DataType::kF32) {
+    mask_ = 15;
+    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail()) * 4]);
+  }
+  mov(r9, ptr[rdi + offsetof(FwdArgs, s1)]);
+  mov(r10, ptr[rdi + offsetof(FwdArgs, s2)]);
+  for (int64_t first = 0; first < nv; first += block) {
+    const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
+    // S1 v0.., S2 v<block>..; AVX-512: K v16..23 and data v24..31; AVX2: K
+    // from memory and data v8..11.
+    const int k0 = 16, d0 = avx512_ ? 24 : 8;
+    for (int v = 0; v < b; ++v) {
+      zero(v);
+      zero(block + v);
+      if (avx512_) vmovups(Zmm(k0 + v), ptr[rax + static_cast<int>((first + v) * vbytes)]);
+    }
+    mov(rsi, r8);
+    mov(rcx, rdx);
+    Label pix;
+    L(pix);
+    for (int v = 0; v < b; ++v) {
+      const bool masked = tail() != 0 && first + v == nv - 1;
+      const int t = d0 + v;
+      load(t, rsi + static_cast<int>((first + v) * lanes_ * es_), masked);
+      // K's padded lanes are 0: masked lanes stay 0.
+      if (avx512_) {
+        vsubps(vmm(t), vmm(t), Zmm(k0 + v));
+      } else {
+        vsubps(vmm(t), vmm(t), ptr[rax + static_cast<int>((first + v) * vbytes)]);
+      }
+      vaddps(vmm(v), vmm(v), vmm(t));
+      vfmadd231ps(vmm(block + v), vmm(t), vmm(t));
+    }
+    add(rsi, static_cast<int>(c_.c * es_));
+    dec(rcx);
+    jnz(pix, T_NEAR);
+    for (int v = 0; v < b; ++v) {
+      vmovups(ptr[r9 + static_cast<int>((first + v) * vbytes)], vmm(v));
+      vmovups(ptr[r10 + static_cast<int>((first + v) * vbytes)], vmm(block + v));
+    }
+  }
+  vzeroupper();
+  ret();
+}
+
+// Channel blocks with their hi/lo/a(/b) in registers for the whole call, each
+// block over the call's pixels (few enough to stay in the L1/L2 from one
+// block to the next: conf.apply_pixels).
+void FwdGenerator::pixels_apply() {
+  // AVX-512: blocks of 4; data v0..3, t v4..7, n v8..11, hi/lo/a/b v12..27,
+  // alpha v28, zero v31. AVX2: blocks of 2; data v0..1, t v2..3, n v4, m v5,
+  // alpha v6, hi/lo/a v8..13 (b from memory), zero v14, tail mask v15.
+  const int block = avx512_ ? 4 : 2;
+  const int hi0 = avx512_ ? 12 : 8;
+  zero_ = avx512_ ? 31 : 14;
+  alpha_ = avx512_ ? 28 : 6;
+  mask_ = 15;
+  const int64_t nv = (c_.c + lanes_ - 1) / lanes_;
+  const int vbytes = lanes_ * 4;
+  push(rbx);
+  load_args();
+  if (tail() != 0 && avx512_) {
+    mov(r11d, (1 << tail()) - 1);
+    kmovw(k1, r11d);
+  } else if (tail() != 0 && c_.dt == DataType::kF32) {
+    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail()) * 4]);
+  }
+  zero(zero_);
+  load_alpha();
+  const int row = static_cast<int>(cp_ * 4);
+  for (int64_t first = 0; first < nv; first += block) {
+    const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
+    for (int v = 0; v < b; ++v) {
+      const int f = static_cast<int>((first + v) * vbytes);
+      vmovups(vmm(hi0 + v), ptr[rax + f]);
+      vmovups(vmm(hi0 + block + v), ptr[rax + row + f]);
+      vmovups(vmm(hi0 + 2 * block + v), ptr[rax + 2 * row + f]);
+      if (avx512_) vmovups(vmm(hi0 + 3 * block + v), ptr[rax + 3 * row + f]);
+    }
+    mov(rsi, r8);
+    mov(rcx, r9);
+    mov(r11, r10);
+    mov(rbx, rdx);
+    Label pix;
+    L(pix);
+    for (int v = 0; v < b; ++v) {
+      const bool masked = tail() != 0 && first + v == nv - 1;
+      const int d = static_cast<int>((first + v) * lanes_ * es_);
+      const int t = block + v, n = avx512_ ? 8 + v : 4, m = avx512_ ? 8 + v : 5;
+      load(v, rsi + d, masked);
+      vsubps(vmm(v), vmm(v), vmm(hi0 + v));
+      vsubps(vmm(v), vmm(v), vmm(hi0 + block + v));
+      if (avx512_) {
+        vfmadd213ps(vmm(v), vmm(hi0 + 2 * block + v), vmm(hi0 + 3 * block + v));
+      } else {
+        vfmadd213ps(vmm(v), vmm(hi0 + 2 * block + v),
+                    ptr[rax + 3 * row + static_cast<int>((first + v) * vbytes)]);
+      }
+      const RegExp ra = r11 + d;
+      epilogue(v, t, n, m, &ra, masked);
+      store(rcx + d, v, t, n, m, masked);
+    }
+    add(rsi, static_cast<int>(c_.c * es_));
+    add(rcx, static_cast<int>(c_.c * es_));
+    if (c_.residual) add(r11, static_cast<int>(c_.c * es_));
+    dec(rbx);
+    jnz(pix, T_NEAR);
+  }
+  pop(rbx);
+  if (nt_) sfence();
+  vzeroupper();
+  ret();
+}
+
+void FwdGenerator::emit_constants() {
+  align(64);
+  auto splat = [&](Label& l, uint32_t v) {
+    L(l);
+    for (int i = 0; i < 16; ++i) dd(v);
+  };
+  splat(c_one_, 1);
+  splat(c_7fff_, 0x7fff);
+  splat(c_0040_, 0x40);
+  uint32_t alpha_bits;
+  std::memcpy(&alpha_bits, &c_.alpha, sizeof alpha_bits);
+  splat(c_alpha_, alpha_bits);
+  // AVX2 tail masks: the 8 dwords from entry 8 - n have their low n lanes set.
+  L(c_masks_);
+  for (int i = 0; i < 16; ++i) dd(i < 8 ? 0xffffffffu : 0u);
+}
+
+}  // namespace jit
+}  // namespace normgrad
