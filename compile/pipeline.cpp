@@ -89,6 +89,8 @@ StatusOr<Plan> plan_graph(const Graph& graph, const CompileOptions& options) {
   NG_ASSIGN_OR_RETURN(bool changed, pipeline.run(plan.lowered));
   (void)changed;
   NG_ASSIGN_OR_RETURN(plan.partitions, partition_graph(plan.lowered, options, &plan.trials));
+  // The partitioner keeps partitions convex; a plan that could not run is its bug.
+  NG_RETURN_IF_ERROR(check_partition_order(plan.lowered, plan.partitions));
   return plan;
 }
 

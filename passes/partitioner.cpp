@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include <normgrad/graph/op_checks.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
@@ -28,6 +29,70 @@ bool shapes_known(const Graph& graph, const Partition& p) {
   return std::all_of(p.ops.begin(), p.ops.end(),
                      [&](const Op& op) { return graph.unknown_shape_error(op).ok(); });
 }
+
+// Keeps the partition graph acyclic, so that the plan can run. Every unit
+// (a partition, or an op not yet in one) has a position: a partition's is
+// its last op's index in the topological order, a free op's its own. The
+// invariant: a unit that reads another's output has the larger position.
+// It holds for free ops (the graph's order); a candidate keeps it when every
+// unit it reads from sits before its last op and every unit that reads it
+// sits after. A candidate that fails would need an op outside it that runs
+// between two of its own ops — a path that leaves the group and comes back
+// (not convex), or a consumer the plan would schedule before the partition
+// it reads. Declined: each op then runs apart (or in another pattern's
+// match), and the plan's order by last op is a topological order. The cost
+// is the candidate's edges, so matching stays linear in the graph.
+class UnitOrder {
+ public:
+  explicit UnitOrder(const Graph& graph) : graph_(graph) {}
+
+  int64_t position(int64_t op_id) const {
+    const auto it = pos_.find(op_id);
+    return it != pos_.end() ? it->second : graph_.index_of(op_id);
+  }
+
+  // OK, or why the candidate `ids` (free ops, in topological order) would break the order.
+  Status check(const std::vector<int64_t>& ids) const {
+    const std::set<int64_t> inside(ids.begin(), ids.end());
+    const int64_t last = graph_.index_of(ids.back());
+    const Op& last_op = *graph_.op(ids.back());
+    for (int64_t id : ids) {
+      const Op& op = *graph_.op(id);
+      for (const LogicalTensor& lt : op.inputs()) {
+        const Op* from = graph_.producer(lt.id);
+        if (from == nullptr || inside.count(from->id()) || position(from->id()) < last) continue;
+        return declined(lt.id, *from, "is produced by", last_op);
+      }
+      for (const LogicalTensor& lt : op.outputs()) {
+        for (const Use& u : graph_.uses(lt.id)) {
+          const Op& to = *graph_.op(u.op_id);
+          if (inside.count(u.op_id) || to.kind() == OpKind::kEnd || position(u.op_id) > last)
+            continue;
+          return declined(lt.id, to, "is read by", last_op);
+        }
+      }
+    }
+    return ok_status();
+  }
+
+  void take(const std::vector<int64_t>& ids) {
+    const int64_t last = graph_.index_of(ids.back());
+    for (int64_t id : ids) pos_[id] = last;
+  }
+
+ private:
+  Status declined(int64_t tensor, const Op& other, const char* how, const Op& last_op) const {
+    return unimplemented("not convex: tensor " + std::to_string(tensor) + " " + how + " op " +
+                         std::to_string(other.id()) + " (" + other.label() +
+                         "), which must run between this group's ops (its last is op " +
+                         std::to_string(last_op.id()) + ", " + last_op.label() +
+                         "); fusing would make a cycle of partitions (rule: a partition's ops "
+                         "have no path that leaves the group and comes back)");
+  }
+
+  const Graph& graph_;
+  std::unordered_map<int64_t, int64_t> pos_;
+};
 
 }  // namespace
 
@@ -67,6 +132,7 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
   std::map<int64_t, size_t> owner;  // op id -> index into `found`
   std::vector<Partition> found;
   std::map<int64_t, std::string> answers;  // op id -> what each pattern anchored there said
+  UnitOrder units(graph);
   auto note = [&](const Op& op, const Pattern& pattern, const Status& s,
                   const std::string& left_out = "") {
     if (trials) trials->push_back({op.id(), pattern.full_name(), s, left_out});
@@ -97,6 +163,10 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
       }
       std::sort(ids.begin(), ids.end(),
                 [&](int64_t a, int64_t b) { return graph.index_of(a) < graph.index_of(b); });
+      if (Status order = units.check(ids); !order.ok()) {
+        note(anchor, pattern, order);
+        continue;
+      }
       Partition p = make_partition(graph, ids);
       p.backend = pattern.backend;
       p.pattern = pattern.full_name();
@@ -107,6 +177,7 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
       note(anchor, pattern, s, matched->note);
       if (!s.ok()) continue;
       for (int64_t id : ids) owner[id] = found.size();
+      units.take(ids);
       found.push_back(std::move(p));
     }
   }
@@ -136,6 +207,26 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
     parts.back().id = static_cast<int64_t>(parts.size() - 1);
   }
   return parts;
+}
+
+Status check_partition_order(const Graph& graph, const std::vector<Partition>& parts) {
+  std::unordered_map<int64_t, size_t> part_of;  // op id -> its partition's place in `parts`
+  for (size_t k = 0; k < parts.size(); ++k) {
+    for (const Op& op : parts[k].ops) part_of[op.id()] = k;
+  }
+  for (size_t k = 0; k < parts.size(); ++k) {
+    for (const LogicalTensor& lt : parts[k].inputs) {
+      const Op* from = graph.producer(lt.id);
+      if (from == nullptr) continue;
+      const auto it = part_of.find(from->id());
+      if (it != part_of.end() && it->second >= k)
+        return internal_error("the partition graph has a cycle: partition " + std::to_string(k) +
+                              " reads tensor " + std::to_string(lt.id) + " from partition " +
+                              std::to_string(it->second) + " (op " + from->label() +
+                              "), which cannot run before it");
+    }
+  }
+  return ok_status();
 }
 
 StatusOr<Partition> match_whole(const Graph& graph, const PartitionerOptions& options,

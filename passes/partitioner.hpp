@@ -58,6 +58,13 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
 StatusOr<Partition> match_whole(const Graph& graph, const PartitionerOptions& options,
                                 std::vector<PatternTrial>* trials = nullptr);
 
+// Whether `parts` (in plan order) can run in that order: every input a
+// partition reads from another partition comes from an earlier one, which
+// holds exactly when the partition graph is acyclic and the plan order is a
+// topological order of it. An internal error names the first tensor that
+// would be read before it is written.
+Status check_partition_order(const Graph& graph, const std::vector<Partition>& parts);
+
 // The partition of `ops` (ids, in topological order) of `graph`: its tensors
 // crossing the boundary, nothing assigned yet.
 Partition make_partition(const Graph& graph, const std::vector<int64_t>& ops);

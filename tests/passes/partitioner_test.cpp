@@ -7,6 +7,8 @@
 #include <normgrad/passes/rewrite_util.hpp>
 
 #include <normgrad/compile/compiler.hpp>
+#include <normgrad/compile/pipeline.hpp>
+#include <normgrad/graph/text_io.hpp>
 #include "tests/backend_test_util.hpp"
 
 namespace normgrad {
@@ -248,6 +250,50 @@ TEST(Partitioner, FusedNumbersMatchTheUnfusedGraph) {
       EXPECT_LE(r.worst_ratio, 1.0) << r.report;
     }
   }
+}
+
+// BatchNormForwardTraining -> Add -> ReLU where the Add's other input comes
+// from the same batch norm's batch_mean: fusing the three would need the
+// other Add before and after the partition. The partitioner declines it, the
+// plan runs, and every backend's numbers are ref's.
+constexpr const char* kPathBack = R"(
+%10:f32[2,4,4,8], %11:f32[8], %12:f32[8], %13:f32[8], %14:f32[8] = BatchNormForwardTraining#1 "bn_fwd"(%0:f32[2,4,4,8], %1:f32[8], %2:f32[8], %3:f32[8], %4:f32[8]) {data_format="NXC", epsilon=0.001f, momentum=0.1f}
+%20:f32[2,4,4,8] = Add#2 "mean_plus"(%5:f32[2,4,4,8], %13:f32[8])
+%21:f32[2,4,4,8] = Add#3 "residual"(%10:f32[2,4,4,8], %20:f32[2,4,4,8])
+%22:f32[2,4,4,8] = ReLU#4 "relu"(%21:f32[2,4,4,8])
+)";
+
+TEST(Partitioner, AMatchWithAPathBackIsDeclinedAndThePlanRuns) {
+  auto g = graph_from_text(kPathBack);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  ASSERT_TRUE(g->finalize().ok());
+  std::vector<PatternTrial> trials;
+  const auto parts = parts_of(*g, {}, &trials);
+  for (const Partition& p : parts) EXPECT_LE(p.ops.size(), 1u) << p.pattern;
+  bool explained = false;
+  for (const PatternTrial& t : trials)
+    explained = explained || t.result.message().find("not convex") != std::string::npos;
+  EXPECT_TRUE(explained);
+  EXPECT_TRUE(check_partition_order(*g, parts).ok());
+  for (const char* backend : {"auto", "ref"}) {  // the JIT alone has no Add or ReLU
+    const auto r = testing_util::compare_with_ref(*g, backend, 3);
+    ASSERT_TRUE(r.status.ok()) << backend << ": " << r.status.to_string();
+    EXPECT_LE(r.worst_ratio, 1.0) << backend << ": " << r.report;
+  }
+}
+
+// A plan whose partitions read each other is refused before anything runs.
+TEST(Partitioner, APartitionOrderWithACycleIsAnInternalError) {
+  auto g = graph_from_text(kPathBack);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(g->finalize().ok());
+  // The fusion the partitioner declines, built by hand: {1, 3, 4} and {2}.
+  std::vector<Partition> parts = {make_partition(*g, {1, 3, 4}), make_partition(*g, {2})};
+  const Status s = check_partition_order(*g, parts);
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s.to_string();
+  EXPECT_NE(s.message().find("cycle"), std::string::npos) << s.message();
+  std::swap(parts[0], parts[1]);
+  EXPECT_FALSE(check_partition_order(*g, parts).ok());  // either order: a cycle
 }
 
 }  // namespace
