@@ -138,6 +138,10 @@ class Backend {
   virtual Status supports(const Partition& partition, const CompileContext& ctx) const = 0;
   virtual StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
                                                           const CompileContext& ctx) const = 0;
+  // Whether the backend's own settings (its environment variables) are
+  // valid; a compile that could use the backend fails with this error
+  // rather than quietly running elsewhere.
+  virtual Status configuration() const { return ok_status(); }
 };
 
 // The registry: one entry per backend normgrad knows, in auto-selection

@@ -48,6 +48,7 @@ StatusOr<PartitionerOptions> partitioner_options(const CompileOptions& options,
     if (entry->backend == nullptr)
       return unimplemented("backend '" + wanted + "' is not built into this version of normgrad");
     forced = entry->backend;
+    NG_RETURN_IF_ERROR(forced->configuration());
     po.patterns = forced->patterns();
     po.scope = "backend '" + wanted + "'";
   }
@@ -60,6 +61,7 @@ StatusOr<PartitionerOptions> partitioner_options(const CompileOptions& options,
                                        [](const Pattern& p) { return !p.collective; });
   for (const Backend* b : available_backends()) {
     if (b == forced) continue;
+    if (forced == nullptr) NG_RETURN_IF_ERROR(b->configuration());
     for (Pattern& p : b->patterns()) {
       if (forced == nullptr || (forced_computes && p.collective))
         po.patterns.push_back(std::move(p));

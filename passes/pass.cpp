@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include <normgrad/graph/json_io.hpp>
+#include <normgrad/graph/text_io.hpp>
 #include <normgrad/passes/canonicalize.hpp>
 #include <normgrad/passes/cse.hpp>
 #include <normgrad/passes/dead_code.hpp>
@@ -27,7 +28,7 @@ std::vector<std::string> PassPipeline::pass_names() const {
 }
 
 StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
-                                 std::vector<PassRecord>* records) const {
+                                 std::vector<PassRecord>* records, bool as_text) const {
   if (!graph.finalized()) NG_RETURN_IF_ERROR(graph.finalize());
   bool any = false;
   for (const auto& pass : passes_) {
@@ -43,7 +44,8 @@ StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
     any = any || *changed;
     if (records) records->push_back({pass->name(), *changed, ms});
     if (print_after_all)
-      *print_after_all << "// after " << pass->name() << "\n" << graph_to_json(graph);
+      *print_after_all << "// after " << pass->name() << "\n"
+                       << (as_text ? graph_to_text(graph) : graph_to_json(graph));
   }
   return any;
 }

@@ -38,9 +38,10 @@ class PassPipeline {
   std::vector<std::string> pass_names() const;
 
   // Runs every pass in order. With `print_after_all`, writes
-  // "// after <pass>" and the graph's JSON after each pass.
+  // "// after <pass>" and the graph after each pass: JSON, or the text form
+  // with `as_text`.
   StatusOr<bool> run(Graph& graph, std::ostream* print_after_all = nullptr,
-                     std::vector<PassRecord>* records = nullptr) const;
+                     std::vector<PassRecord>* records = nullptr, bool as_text = false) const;
 
  private:
   std::vector<std::unique_ptr<Pass>> passes_;

@@ -210,14 +210,24 @@ bool Driver::process_in(const std::vector<std::string>& tokens, int depth) {
       std::ifstream in(path);
       if (!in) return std::cerr << "normgrad run: --batch: cannot open " << value << "\n", false;
       std::vector<std::string> words;
-      std::string line;
+      std::string line, pending;
       while (std::getline(in, line)) {
         const size_t hash = line.find('#');
         if (hash != std::string::npos) line.resize(hash);
         std::istringstream ls(line);
         std::string w;
-        while (ls >> w) words.push_back(w);
+        while (ls >> w) {
+          // benchdnn's shell-style break: a word ending in a backslash goes
+          // on with the next word (`--in-shapes=0:1x16,\` then `0:2x16`).
+          if (w.back() == '\\') {
+            pending += w.substr(0, w.size() - 1);
+            continue;
+          }
+          words.push_back(pending + w);
+          pending.clear();
+        }
       }
+      if (!pending.empty()) words.push_back(pending);
       batch_dirs_.push_back(fs::path(path).parent_path().string());
       const bool ok = process_in(words, depth + 1);
       depth_ = depth;
@@ -312,7 +322,8 @@ void Driver::record(const CaseResult& r, const std::string& repro, bool benchdnn
     line << number << ":" << outcome_name(r.outcome);
     if (!r.reason.empty()) line << " (" << r.reason << ")";
     line << " (" << std::fixed << std::setprecision(3) << r.ms << " ms) __REPRO: " << repro;
-    std::cout << line.str() << "\n";
+    // One line per case as it ends, piped or not (benchdnn flushes each too).
+    std::cout << line.str() << std::endl;
     if (r.outcome == Outcome::kFailed || r.outcome == Outcome::kInvalidArguments ||
         r.outcome == Outcome::kUnimplemented)
       failures_.push_back(std::to_string(number) + ":" + outcome_name(r.outcome) +

@@ -1,6 +1,7 @@
 // benchdnn's graph driver, as `normgrad run` speaks it: batch files, comma
 // lists, --reset, case paths, statuses and the summary
-// (../shared/reference/benchdnn/driver_graph.md).
+// (oneDNN's benchdnn documentation, "Graph Driver", tests/benchdnn/doc/driver_graph.md
+// in the oneDNN repository).
 //
 // Global options survive --reset: --mode, --backend, -v/--verbose, --seed,
 // --summary, --engine. Case knobs (cli_knobs.hpp) return to their defaults on

@@ -119,7 +119,7 @@ namespace {
 
 // One case of `opt`: parse, finalize, run the pipeline, print.
 Status opt_one(const std::string& text, const std::string& passes, bool passes_given,
-               bool print_after_all, bool as_text, std::string* out) {
+               bool print_after_all, bool as_text, bool verbose, std::string* out) {
   NG_ASSIGN_OR_RETURN(Graph g, parse_graph(text));
   NG_RETURN_IF_ERROR(g.finalize());
   // Named passes run exactly as listed; none given, the compile pipeline.
@@ -134,9 +134,10 @@ Status opt_one(const std::string& text, const std::string& passes, bool passes_g
   }
   std::vector<PassRecord> records;
   NG_ASSIGN_OR_RETURN(bool changed,
-                      pipeline.run(g, print_after_all ? &std::cerr : nullptr, &records));
+                      pipeline.run(g, print_after_all ? &std::cerr : nullptr, &records, as_text));
   (void)changed;
   for (const PassRecord& r : records) {
+    if (!verbose) break;
     std::cerr << "// pass " << r.name << ": " << (r.changed ? "changed" : "unchanged") << ", "
               << r.ms << " ms\n";
   }
@@ -155,12 +156,16 @@ int opt_command(const std::vector<std::string>& raw_argv) {
       "normgrad opt");
   app.footer(passes_help());
   std::string path, passes, out_path;
-  bool print_after_all = false, as_text = false, split = false;
+  bool print_after_all = false, as_text = false, split = false, verbose = false;
   app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
   auto* passes_opt = app.add_option("--passes", passes,
                                     "comma-separated pass names, or none (default: the pipeline)");
   app.add_flag("--print-after-all", print_after_all, "print the graph after every pass (stderr)");
-  app.add_flag("--text", as_text, "print the text form (one op per line) instead of JSON");
+  app.add_flag("--text", as_text,
+               "print the text form (one op per line) instead of JSON, after every pass too");
+  app.add_flag("--verbose", verbose,
+               "say on stderr whether each pass changed the graph, and how "
+               "long it took");
   app.add_flag("--split-input-file", split,
                "the file holds cases separated by '// -----'; each runs on its own");
   app.add_option("-o", out_path, "write to this file instead of stdout");
@@ -170,7 +175,8 @@ int opt_command(const std::vector<std::string>& raw_argv) {
   const int rc = for_each_case(
       "opt", path, split,
       [&](const std::string& body, std::string* out) {
-        return opt_one(body, passes, passes_opt->count() > 0, print_after_all, as_text, out);
+        return opt_one(body, passes, passes_opt->count() > 0, print_after_all, as_text, verbose,
+                       out);
       },
       &all);
   if (!out_path.empty()) {

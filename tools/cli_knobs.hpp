@@ -1,6 +1,7 @@
 // benchdnn's graph-driver knobs for one case, and how they rewrite a loaded
 // graph before it is finalized, as benchdnn rewrites a --case file
-// (../shared/reference/benchdnn/driver_graph.md):
+// (oneDNN's benchdnn documentation, "Graph Driver", tests/benchdnn/doc/driver_graph.md
+// in the oneDNN repository):
 //
 //   --dt=bf16 | --dt=ID:DT[+ID:DT]   every data tensor (the batch-norm family's
 //                                    statistics stay f32, as in benchdnn), or

@@ -5,6 +5,8 @@
 #include <unistd.h>
 #include <iostream>
 
+#include <normgrad/graph/version.hpp>
+
 #include "tools/cli.hpp"
 #include "tools/cli_args.hpp"
 
@@ -32,6 +34,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     std::cout << usage();
     return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "--version") == 0) {
+    std::cout << "normgrad " << normgrad::version_string() << "\n";
+    return 0;
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);

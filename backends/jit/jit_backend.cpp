@@ -122,6 +122,8 @@ class JitBackend final : public Backend {
         std::make_shared<JitKernel>(std::move(conf), std::move(kernels), std::move(staged)));
   }
 
+  Status configuration() const override { return jit::check_isa_setting(); }
+
  private:
   static bool forward(const Partition& partition) {
     for (const Op& op : partition.ops) {

@@ -51,6 +51,16 @@ Isa detect_isa(const std::string& forced) {
   return env ? parse_isa(env, best) : best;
 }
 
+Status check_isa_setting() {
+  const char* env = std::getenv("NORMGRAD_JIT");
+  if (env == nullptr) return ok_status();
+  const std::string s = env;
+  if (s.empty() || s == "0" || s == "portable" || s == "avx2" || s == "avx512") return ok_status();
+  return invalid_argument("NORMGRAD_JIT='" + s +
+                          "' is not a JIT ISA: use portable (or 0), avx2 or avx512, or unset it "
+                          "for the best this CPU has");
+}
+
 bool cpu_has_avx512_bf16() {
   static const bool has = Xbyak::util::Cpu().has(Xbyak::util::Cpu::tAVX512_BF16);
   return has;

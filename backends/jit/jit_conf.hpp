@@ -31,6 +31,9 @@ const char* isa_name(Isa isa);
 // The best ISA this CPU has, capped by NORMGRAD_JIT (0 or "portable", "avx2",
 // "avx512"); `forced` (same spellings) overrides the environment when not empty.
 Isa detect_isa(const std::string& forced = "");
+// NORMGRAD_JIT's value checked: OK when unset or one of its spellings,
+// otherwise an error that names the choices.
+Status check_isa_setting();
 bool cpu_has_avx512_bf16();
 
 enum class Walk : uint8_t { kRows, kPixels };

@@ -176,6 +176,23 @@ TEST(CliDriver, CasePathsResolveFromTheInputsRoot) {
       << r.output;
 }
 
+TEST(CliDriver, ABackslashContinuesAWordOnTheNextLine) {
+  // oneDNN's batch files break long lists shell-style: `--mb=1,\` then an
+  // indented `2` is the list 1,2.
+  const std::filesystem::path root = ::testing::TempDir() + "/ng_continued";
+  std::filesystem::create_directories(root);
+  std::filesystem::copy_file(kBnBwd, root / "bn.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(root / "harness") << "--reset " << kSmall << " --mb=1,\\\n    2 \\\n"
+                                  << "    --case=bn.json\n";
+  const auto r = run_cli("run --batch=" + (root / "harness").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tests:2 passed:2 skipped:0 mistrusted:0 unimplemented:0 "
+                          "invalid_arguments:0 failed:0"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(CliDriver, ABadLineInABatchIsThatCaseOnly) {
   // A knob that does not parse makes its case INVALID_ARGUMENTS; the batch
   // goes on to the next line and to its summary, as benchdnn's does. An ID

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 #include <normgrad/graph/npy.hpp>
+#include <normgrad/graph/version.hpp>
 #include "tests/cli_test_util.hpp"
 #include "tests/test_util.hpp"
 #include "tools/bench_probe.hpp"
@@ -264,6 +265,25 @@ TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {
       << r.output;
   r = run("run --mode=C --case=" + g);
   EXPECT_NE(r.output.find("0:UNIMPLEMENTED"), std::string::npos) << r.output;
+}
+
+// opt is quiet on stderr unless --verbose; --print-after-all --text prints
+// the text form after every pass; --version names the version.
+TEST(CliGraphTools, OptOutputFollowsItsFlagsAndVersionPrints) {
+  const std::string fused = kData + "/cli/fuse_elementwise.json";
+  Result r = run("opt " + fused + " --text -o /dev/null");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "");
+  r = run("opt " + fused + " --text --verbose -o /dev/null");
+  EXPECT_NE(r.output.find("// pass canonicalize: "), std::string::npos) << r.output;
+  r = run("opt " + fused + " --text --print-after-all -o /dev/null");
+  EXPECT_NE(r.output.find("// after canonicalize\n%"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("\"graph\""), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("{\n"), std::string::npos) << r.output;  // no JSON
+  r = run("--version");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output.rfind("normgrad ", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find(normgrad::version_string()), std::string::npos) << r.output;
 }
 
 TEST(CliGraphTools, OptPartitionsAndDot) {

@@ -69,6 +69,23 @@ TEST(JitBackend, SweepOnEveryCodePath) {
   EXPECT_EQ(ran, static_cast<int>(isas().size()) * 4 * 2 * 4 * 6);
 }
 
+// NORMGRAD_JIT with a value that is no ISA fails the compile with the
+// choices, on the JIT and on auto (never a quiet run on another backend).
+TEST(JitBackend, AnUnknownIsaSettingIsRefused) {
+  IsaScope scope("bogus");
+  const Graph g = one_op(bn_bwd({2, 8, 4, 4}, "NCX", DataType::kF32, DataType::kF32, true, 3));
+  for (const char* backend : {"jit", "auto"}) {
+    const auto cg = CompiledGraph::compile(g, CompileOptions{backend});
+    ASSERT_FALSE(cg.ok()) << backend;
+    EXPECT_EQ(cg.status().code(), StatusCode::kInvalidArgument) << backend;
+    EXPECT_NE(cg.status().message().find("NORMGRAD_JIT='bogus' is not a JIT ISA: use portable"),
+              std::string::npos)
+        << cg.status().to_string();
+  }
+  // ref alone does not read it.
+  EXPECT_TRUE(CompiledGraph::compile(g, CompileOptions{"ref"}).ok());
+}
+
 TEST(JitBackend, TailsSpatialOneAndLargeOffsets) {
   for (const std::string& isa : isas()) {
     IsaScope scope(isa);
