@@ -6,10 +6,16 @@ set -euo pipefail
 
 NG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 NG_BUILD="${NG_BUILD:-$NG_ROOT/build}"
+# What the library and the CLI need (scripts/run installs these alone)...
 NG_PACKAGES=(cmake make g++ libdnnl-dev libtbb-dev libgtest-dev googletest nlohmann-json3-dev
-             libxbyak-dev libbenchmark-dev ocl-icd-opencl-dev pkg-config clang-format
-             libopenmpi-dev openmpi-bin pybind11-dev python3-dev python3-numpy python3-torch
-             python3-pytest python3-torchvision llvm-16-tools libcli11-dev graphviz)
+             libxbyak-dev libbenchmark-dev ocl-icd-opencl-dev pkg-config libcli11-dev)
+# ...and the optional parts and test tools scripts/test adds (ng_add_test_packages):
+# MPI, Python and torch, lit and FileCheck, graphviz, clang-format.
+NG_TEST_PACKAGES=(clang-format libopenmpi-dev openmpi-bin pybind11-dev python3-dev python3-numpy
+                  python3-torch python3-pytest python3-torchvision llvm-16-tools graphviz)
+NG_INSTALLED=0  # set when ng_install_deps installed something: the build then configures again
+
+ng_add_test_packages() { NG_PACKAGES+=("${NG_TEST_PACKAGES[@]}"); }
 
 ng_install_deps() {
   local missing=()
@@ -26,11 +32,14 @@ ng_install_deps() {
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" >/dev/null
+  NG_INSTALLED=1
 }
 
 # ng_build [TARGET...]: configure once, then build the targets (all by default).
 ng_build() {
-  if [ ! -f "$NG_BUILD/CMakeCache.txt" ]; then
+  # Configured once; again after an install, so that optional parts found
+  # missing before (MPI, Python, lit) are searched for anew.
+  if [ ! -f "$NG_BUILD/CMakeCache.txt" ] || [ "$NG_INSTALLED" = 1 ]; then
     echo "== configuring $NG_BUILD"
     cmake -S "$NG_ROOT" -B "$NG_BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
   fi
