@@ -65,10 +65,11 @@ bool all_inputs_known(const Op& op) {
 
 Status Graph::add_op(Op op) {
   NG_RETURN_IF_ERROR(verify_op_structure(op));
-  for (const Op& other : ops_) {
-    if (other.id() == op.id()) {
-      return invalid_graph(op.label() + ": op id " + std::to_string(op.id()) +
-                           " is already used by " + other.label());
+  if (op_ids_.count(op.id())) {
+    for (const Op& other : ops_) {
+      if (other.id() == op.id())
+        return invalid_graph(op.label() + ": op id " + std::to_string(op.id()) +
+                             " is already used by " + other.label());
     }
   }
   if (all_inputs_known(op)) {
@@ -76,6 +77,8 @@ Status Graph::add_op(Op op) {
     Op probe = op;
     NG_RETURN_IF_ERROR(infer_op_shapes(probe));
   }
+  op_ids_.insert(op.id());
+  if (ids_seen_) see_op_ids(op);
   ops_.push_back(std::move(op));
   finalized_ = false;
   return ok_status();
@@ -298,32 +301,142 @@ Status Graph::check_sizes() const {
   return ok_status();
 }
 
-void Graph::see_ids() {
-  auto see = [&](int64_t id) { next_tensor_id_ = std::max(next_tensor_id_, id + 1); };
-  for (const Op& op : ops_) {
-    next_op_id_ = std::max(next_op_id_, op.id() + 1);
-    for (const LogicalTensor& lt : op.inputs()) see(lt.id);
-    for (const LogicalTensor& lt : op.outputs()) see(lt.id);
-  }
-  for (const auto* ports : {&input_ports_, &output_ports_}) {
-    if (*ports) {
-      for (int64_t id : **ports) see(id);
-    }
+void Graph::see_op_ids(const Op& op) {
+  next_op_id_ = std::max(next_op_id_, op.id() + 1);
+  for (const auto* ports : {&op.inputs(), &op.outputs()}) {
+    for (const LogicalTensor& lt : *ports) next_tensor_id_ = std::max(next_tensor_id_, lt.id + 1);
   }
 }
 
+// Once over the graph; from then on every op that joins bumps the counters
+// (see_op_ids), so a new id costs O(1).
+void Graph::see_ids() {
+  for (const Op& op : ops_) see_op_ids(op);
+  for (const auto* ports : {&input_ports_, &output_ports_}) {
+    if (*ports) {
+      for (int64_t id : **ports) next_tensor_id_ = std::max(next_tensor_id_, id + 1);
+    }
+  }
+  ids_seen_ = true;
+}
+
 int64_t Graph::new_op_id() {
-  see_ids();
+  if (!ids_seen_) see_ids();
   return next_op_id_++;
 }
 
 int64_t Graph::new_tensor_id() {
-  see_ids();
+  if (!ids_seen_) see_ids();
   return next_tensor_id_++;
 }
 
+void Graph::unlink(const Op& op) {
+  for (size_t i = 0; i < op.inputs().size(); ++i) {
+    auto it = values_.find(op.inputs()[i].id);
+    if (it == values_.end()) continue;
+    auto& uses = it->second.uses;
+    uses.erase(std::remove_if(uses.begin(), uses.end(),
+                              [&](const Use& u) { return u.op_id == op.id() && u.port == i; }),
+               uses.end());
+  }
+  for (const LogicalTensor& lt : op.outputs()) {
+    auto it = values_.find(lt.id);
+    if (it != values_.end() && it->second.producer == op.id()) it->second.producer = -1;
+  }
+}
+
+Status Graph::link(const Op& op, const std::string& edit) {
+  const bool opaque = op_kind_is_opaque(op.kind());
+  auto merge = [&](const LogicalTensor& lt, const std::string& where) -> Status {
+    auto [it, inserted] = values_.emplace(lt.id, Value{lt, -1, 0, {}});
+    if (inserted) return ok_status();
+    Status s = merge_metadata(it->second.desc, lt, where);
+    if (s.ok() || !opaque) return s.ok() ? s : s.with_context(edit);
+    notes_.push_back(s.message() + "; " + op_ref(op) + " is not run by normgrad: ignored");
+    return ok_status();
+  };
+  for (size_t i = 0; i < op.outputs().size(); ++i) {
+    const LogicalTensor& lt = op.outputs()[i];
+    NG_RETURN_IF_ERROR(merge(lt, op_ref(op) + " output " + std::to_string(i)));
+    Value& v = values_.at(lt.id);
+    if (v.producer >= 0 && v.producer != op.id()) {
+      return invalid_graph(edit + ": tensor " + std::to_string(lt.id) + " is produced by both " +
+                           op_ref(ops_[index_.at(v.producer)]) + " and " + op_ref(op));
+    }
+    v.producer = op.id();
+    v.producer_port = i;
+  }
+  const size_t k = index_.at(op.id());
+  for (size_t i = 0; i < op.inputs().size(); ++i) {
+    const LogicalTensor& lt = op.inputs()[i];
+    NG_RETURN_IF_ERROR(merge(lt, op_ref(op) + " input " + std::to_string(i)));
+    Value& v = values_.at(lt.id);
+    if (v.producer == op.id()) {
+      return invalid_graph(edit + ": cycle: " + op_ref(op) + " consumes its own output tensor " +
+                           std::to_string(lt.id));
+    }
+    // Uses stay in op order (then port order).
+    auto at = std::find_if(v.uses.begin(), v.uses.end(), [&](const Use& u) {
+      const size_t j = index_.at(u.op_id);
+      return j > k || (j == k && u.port > i);
+    });
+    v.uses.insert(at, Use{op.id(), i});
+  }
+  return ok_status();
+}
+
+void Graph::prune(const Op& op) {
+  auto drop = [&](int64_t id) {
+    auto it = values_.find(id);
+    if (it == values_.end() || it->second.producer >= 0 || !it->second.uses.empty()) return;
+    if (input_ports_ &&
+        std::find(input_ports_->begin(), input_ports_->end(), id) != input_ports_->end()) {
+      // An input port a pass made unused stays a graph input, as finalize keeps it.
+      auto kept = port_tensors_.find(id);
+      if (kept != port_tensors_.end()) it->second.desc = kept->second;
+      return;
+    }
+    values_.erase(it);
+  };
+  for (const LogicalTensor& lt : op.inputs()) drop(lt.id);
+  for (const LogicalTensor& lt : op.outputs()) drop(lt.id);
+}
+
+Status Graph::check_order(size_t k, const std::string& edit) const {
+  const Op& op = ops_[k];
+  for (const LogicalTensor& lt : op.inputs()) {
+    const int64_t p = producer_index(lt.id);
+    if (p >= static_cast<int64_t>(k)) {
+      return invalid_graph(edit + ": " + op.label() + " would read tensor " +
+                           std::to_string(lt.id) + " before " +
+                           ops_[static_cast<size_t>(p)].label() + " writes it");
+    }
+  }
+  for (const LogicalTensor& lt : op.outputs()) {
+    auto it = values_.find(lt.id);
+    if (it == values_.end()) continue;
+    for (const Use& u : it->second.uses) {
+      const size_t j = index_.at(u.op_id);
+      if (j <= k) {
+        return invalid_graph(edit + ": " + ops_[j].label() + " would read tensor " +
+                             std::to_string(lt.id) + " before " + op.label() + " writes it");
+      }
+    }
+  }
+  return ok_status();
+}
+
+void Graph::shift_index(size_t from) {
+  for (size_t j = from; j < ops_.size(); ++j) index_[ops_[j].id()] = j;
+}
+
+Status Graph::merge_tensor(LogicalTensor& known, const LogicalTensor& incoming,
+                           const std::string& where) {
+  return merge_metadata(known, incoming, where);
+}
+
 Status Graph::finalize() {
-  see_ids();  // before passes drop ops: their ids stay taken
+  if (!ids_seen_) see_ids();  // before passes drop ops: their ids stay taken
   finalized_ = false;
   if (ops_.empty()) return invalid_graph("the graph has no ops");
   if (static_cast<int64_t>(ops_.size()) > resource_limits().max_ops) {
@@ -420,6 +533,7 @@ Graph Graph::with_ops(std::vector<Op> ops) const {
   g.input_ports_ = input_ports_;
   g.output_ports_ = output_ports_;
   g.ops_ = std::move(ops);
+  for (const Op& op : g.ops_) g.op_ids_.insert(op.id());
   g.next_op_id_ = next_op_id_;
   g.next_tensor_id_ = next_tensor_id_;
   g.see_ids();

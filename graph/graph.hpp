@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <normgrad/graph/op.hpp>
@@ -140,10 +141,28 @@ class Graph {
   int64_t producer_index(int64_t id) const;
   int64_t next_op_id_ = 0, next_tensor_id_ = 0;  // one past every id seen
   void see_ids();
-  // After an edit: the maps again, and the order checked (finalized graphs only).
+  // After an edit that failed its checks: every map rebuilt from ops_ (the
+  // one linear-cost step, taken only to restore a graph).
   Status reindex(const std::string& edit);
-  Status commit(const std::vector<Op>& before, bool was_finalized, const std::string& edit);
   Status check_new_tensors(const Op& op, const std::string& edit) const;
+  // The incremental upkeep of a finalized graph's maps (graph.cpp): an op's
+  // reads and writes leave the tensor table (unlink) or join it (link, which
+  // merges metadata and refuses a second producer or a self-read), and the
+  // tensors no op names any longer leave it (prune). Each costs the op's
+  // ports (and the uses of the tensors they touch), not the graph.
+  void unlink(const Op& op);
+  Status link(const Op& op, const std::string& edit);
+  void prune(const Op& op);
+  // Every read of op ops_[k] follows its write and every read of its outputs
+  // comes after it.
+  Status check_order(size_t k, const std::string& edit) const;
+  // index_ again for ops_[from] onwards (after an insert or erase moved them).
+  void shift_index(size_t from);
+  static Status merge_tensor(LogicalTensor& known, const LogicalTensor& incoming,
+                             const std::string& where);
+  void see_op_ids(const Op& op);
+  std::unordered_set<int64_t> op_ids_;  // every op's id (add_op's duplicate check)
+  bool ids_seen_ = false;
 };
 
 }  // namespace normgrad

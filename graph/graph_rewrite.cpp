@@ -1,9 +1,13 @@
 // The rewriter API of Graph: erase, insert, replace ops and uses by id.
 //
-// Each edit changes ops_ and, on a finalized graph, rebuilds the tensor
-// table and the producer/consumer maps (linear in the ports, no sort, no
-// shape inference) and checks that every read still follows its write, so
-// the graph stays finalized and every query answers for the graph as it now is.
+// Each edit changes ops_ and, on a finalized graph, updates the tensor table
+// and the producer/consumer maps for the ops it touches (link, unlink and
+// prune in graph.cpp: the cost of the edit, not of the graph; no sort, no
+// shape inference), and checks that every read still follows its write, so
+// the graph stays finalized and every query answers for the graph as it now
+// is. An edit that fails its checks is undone, and only then are the maps
+// rebuilt from the ops (linear), to restore exactly the graph before it.
+// Inserting or erasing shifts the later ops' places (integers only).
 #include <normgrad/graph/graph.hpp>
 
 #include <algorithm>
@@ -59,18 +63,16 @@ Status Graph::check_new_tensors(const Op& op, const std::string& edit) const {
   return ok_status();
 }
 
-// Keeps the edit when the graph is still consistent; otherwise puts the ops
-// back as they were and returns why.
-Status Graph::commit(const std::vector<Op>& before, bool was_finalized, const std::string& edit) {
-  Status s = reindex(edit);
-  if (s.ok()) return s;
-  ops_ = before;
-  finalized_ = was_finalized;
-  Status back = reindex(edit);
-  assert(back.ok() && "the graph before an edit must reindex");
-  (void)back;
-  return s;
+namespace {
+
+// Undoes a failed edit: `restore` puts ops_ back, then the maps are rebuilt.
+template <typename Restore>
+Status undo(Status why, Restore&& restore) {
+  restore();
+  return why;
 }
+
+}  // namespace
 
 Status Graph::erase_op(int64_t op_id) {
   const int64_t k = index_of(op_id);
@@ -83,10 +85,15 @@ Status Graph::erase_op(int64_t op_id) {
                              std::to_string(lt.id) + " of " + op.label());
     }
   }
-  const std::vector<Op> before = ops_;
-  const bool was_finalized = finalized_;
+  Op gone = std::move(ops_[static_cast<size_t>(k)]);
   ops_.erase(ops_.begin() + k);
-  return commit(before, was_finalized, "erase_op");
+  op_ids_.erase(op_id);
+  if (!finalized_) return ok_status();
+  unlink(gone);
+  index_.erase(op_id);
+  shift_index(static_cast<size_t>(k));
+  prune(gone);
+  return ok_status();
 }
 
 Status Graph::insert_op(Op op, int64_t before_op_id) {
@@ -99,10 +106,22 @@ Status Graph::insert_op(Op op, int64_t before_op_id) {
     k = index_of(before_op_id);
     if (k < 0) return not_found("insert_op: no op " + std::to_string(before_op_id));
   }
-  const std::vector<Op> before = ops_;
-  const bool was_finalized = finalized_;
+  const size_t at = static_cast<size_t>(k);
+  if (ids_seen_) see_op_ids(op);
+  op_ids_.insert(op.id());
   ops_.insert(ops_.begin() + k, std::move(op));
-  return commit(before, was_finalized, "insert_op");
+  if (!finalized_) return ok_status();
+  shift_index(at);
+  Status s = link(ops_[at], "insert_op");
+  if (s.ok()) s = check_order(at, "insert_op");
+  if (s.ok()) return s;
+  return undo(s, [&] {
+    op_ids_.erase(ops_[at].id());
+    ops_.erase(ops_.begin() + k);
+    Status back = reindex("insert_op");
+    assert(back.ok() && "the graph before an edit must reindex");
+    (void)back;
+  });
 }
 
 Status Graph::replace_op(int64_t op_id, Op replacement) {
@@ -113,22 +132,98 @@ Status Graph::replace_op(int64_t op_id, Op replacement) {
   if (replacement.id() != op_id && index_of(replacement.id()) >= 0)
     return invalid_graph("replace_op: op id " + std::to_string(replacement.id()) +
                          " is already used");
-  const std::vector<Op> before = ops_;
-  const bool was_finalized = finalized_;
-  ops_[static_cast<size_t>(k)] = std::move(replacement);
-  return commit(before, was_finalized, "replace_op");
+  const size_t at = static_cast<size_t>(k);
+  if (ids_seen_) see_op_ids(replacement);
+  Op old = std::move(ops_[at]);
+  ops_[at] = std::move(replacement);
+  op_ids_.erase(op_id);
+  op_ids_.insert(ops_[at].id());
+  if (!finalized_) return ok_status();
+  // A tensor only the old op named leaves first: the replacement's metadata
+  // for it is then the whole truth, as a rebuild from the ops would have it.
+  unlink(old);
+  prune(old);
+  index_.erase(op_id);
+  index_[ops_[at].id()] = at;
+  Status s = link(ops_[at], "replace_op");
+  if (s.ok()) s = check_order(at, "replace_op");
+  if (s.ok()) return s;
+  return undo(s, [&] {
+    op_ids_.erase(ops_[at].id());
+    op_ids_.insert(op_id);
+    ops_[at] = std::move(old);
+    Status back = reindex("replace_op");
+    assert(back.ok() && "the graph before an edit must reindex");
+    (void)back;
+  });
 }
 
 Status Graph::replace_all_uses_with(int64_t from, const LogicalTensor& to) {
   if (from == to.id) return ok_status();
-  const std::vector<Op> before = ops_;
-  const bool was_finalized = finalized_;
-  for (Op& op : ops_) {
-    for (LogicalTensor& lt : op.mutable_inputs()) {
-      if (lt.id == from) lt = to;
+  if (!finalized_) {
+    for (Op& op : ops_) {
+      for (LogicalTensor& lt : op.mutable_inputs()) {
+        if (lt.id == from) lt = to;
+      }
+    }
+    return ok_status();
+  }
+  const std::vector<Use> readers = uses(from);
+  std::vector<LogicalTensor> was;
+  for (const Use& u : readers) {
+    LogicalTensor& lt = ops_[index_.at(u.op_id)].mutable_inputs()[u.port];
+    was.push_back(lt);
+    lt = to;
+  }
+  Status s = ok_status();
+  auto it = values_.find(to.id);
+  if (it == values_.end()) {
+    values_.emplace(to.id, Value{to, -1, 0, {}});
+  } else {
+    LogicalTensor merged = it->second.desc;
+    s = merge_tensor(merged, to, "replace_all_uses_with");
+    if (s.ok()) it->second.desc = merged;
+  }
+  if (s.ok()) {
+    Value& target = values_.at(to.id);
+    for (const Use& u : readers) {
+      const size_t k = index_.at(u.op_id);
+      auto at = std::find_if(target.uses.begin(), target.uses.end(), [&](const Use& v) {
+        const size_t j = index_.at(v.op_id);
+        return j > k || (j == k && v.port > u.port);
+      });
+      target.uses.insert(at, u);
+    }
+    values_.at(from).uses.clear();
+    const int64_t p = producer_index(to.id);
+    for (const Use& u : readers) {
+      if (target.producer == u.op_id) {
+        s = invalid_graph("replace_all_uses_with: cycle: " + op(u.op_id)->label() +
+                          " consumes its own output tensor " + std::to_string(to.id));
+        break;
+      }
+      if (p >= static_cast<int64_t>(index_.at(u.op_id))) {
+        s = invalid_graph("replace_all_uses_with: " + op(u.op_id)->label() + " would read tensor " +
+                          std::to_string(to.id) + " before " +
+                          ops_[static_cast<size_t>(p)].label() + " writes it");
+        break;
+      }
     }
   }
-  return commit(before, was_finalized, "replace_all_uses_with");
+  if (s.ok()) {
+    auto f = values_.find(from);
+    const bool port = input_ports_ && std::find(input_ports_->begin(), input_ports_->end(), from) !=
+                                          input_ports_->end();
+    if (f != values_.end() && f->second.producer < 0 && !port) values_.erase(f);
+    return s;
+  }
+  return undo(s, [&] {
+    for (size_t i = 0; i < readers.size(); ++i)
+      ops_[index_.at(readers[i].op_id)].mutable_inputs()[readers[i].port] = was[i];
+    Status back = reindex("replace_all_uses_with");
+    assert(back.ok() && "the graph before an edit must reindex");
+    (void)back;
+  });
 }
 
 }  // namespace normgrad

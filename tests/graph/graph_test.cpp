@@ -1,5 +1,8 @@
 // Graph: add_op and finalize rules (duplicates, producers, metadata, cycles,
 // dangling inputs) and shape inference through unknown dims.
+#include <random>
+#include <set>
+
 #include <normgrad/graph/graph.hpp>
 
 #include "tests/test_util.hpp"
@@ -275,6 +278,86 @@ TEST(GraphRewriter, EditsKeepQueriesCurrentAndRefuseBrokenOrders) {
   ASSERT_TRUE(g.replace_op(2, good).ok());
   EXPECT_EQ(g.ops()[1].kind(), OpKind::kReLUBackward);
   EXPECT_TRUE(g.finalize().ok());  // and the full check agrees
+}
+
+// The edits keep the maps by updating only what they touch. After every
+// edit of a long random sequence, accepted or refused, every query answers
+// as the same ops finalized from scratch answer.
+void expect_same_queries(const Graph& g, int step) {
+  Graph fresh = g.with_ops(g.ops());
+  ASSERT_TRUE(fresh.finalize().ok()) << "step " << step;
+  ASSERT_EQ(fresh.ops().size(), g.ops().size());
+  std::set<int64_t> ids;
+  for (const Op& op : g.ops()) {
+    EXPECT_EQ(fresh.index_of(op.id()), g.index_of(op.id())) << "step " << step;
+    for (const auto* ports : {&op.inputs(), &op.outputs()})
+      for (const LogicalTensor& t : *ports) ids.insert(t.id);
+  }
+  for (int64_t id : ids) {
+    const auto a = g.value(id), b = fresh.value(id);
+    ASSERT_TRUE(a && b) << "step " << step << " tensor " << id;
+    EXPECT_EQ(a->producer, b->producer) << "step " << step << " tensor " << id;
+    EXPECT_EQ(a->desc.dims, b->desc.dims) << "step " << step << " tensor " << id;
+    ASSERT_EQ(a->uses.size(), b->uses.size()) << "step " << step << " tensor " << id;
+    for (size_t u = 0; u < a->uses.size(); ++u) {
+      EXPECT_EQ(a->uses[u].op_id, b->uses[u].op_id) << "step " << step << " tensor " << id;
+      EXPECT_EQ(a->uses[u].port, b->uses[u].port) << "step " << step << " tensor " << id;
+    }
+  }
+  std::vector<int64_t> in_a, in_b;
+  for (const LogicalTensor& t : g.graph_inputs()) in_a.push_back(t.id);
+  for (const LogicalTensor& t : fresh.graph_inputs()) in_b.push_back(t.id);
+  EXPECT_EQ(in_a, in_b) << "step " << step;
+}
+
+TEST(GraphRewriter, IncrementalMapsMatchAFreshFinalizeOverRandomEdits) {
+  std::mt19937 rng(11);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  auto t = [](int64_t id) { return LogicalTensor(id, DataType::kF32, {4}); };
+  Graph g;
+  for (int64_t i = 1; i <= 40; ++i) {  // ReLUs and Adds over earlier tensors
+    Op op(i, i % 3 == 0 ? OpKind::kAdd : OpKind::kReLU, "op" + std::to_string(i));
+    op.add_input(t(static_cast<int64_t>(rng() % i)));
+    if (op.kind() == OpKind::kAdd) op.add_input(t(static_cast<int64_t>(rng() % i)));
+    op.add_output(t(i));
+    ASSERT_TRUE(g.add_op(op).ok());
+  }
+  ASSERT_TRUE(g.finalize().ok());
+  int accepted = 0, refused = 0;
+  for (int step = 0; step < 400; ++step) {
+    const auto& ops = g.ops();
+    const Op& victim = ops[pick(ops.size())];
+    // A tensor the graph has: an op's output or input.
+    const Op& other = ops[pick(ops.size())];
+    const int64_t some = pick(2) ? other.outputs()[0].id : other.inputs()[0].id;
+    Status s;
+    switch (pick(4)) {
+      case 0: {  // the victim reads another tensor
+        Op r = victim;
+        r.mutable_inputs()[pick(r.inputs().size())] = t(some);
+        s = g.replace_op(victim.id(), r);
+        break;
+      }
+      case 1: {  // a new ReLU of some tensor, somewhere
+        Op n(g.new_op_id(), OpKind::kReLU, "new");
+        n.add_input(t(some)).add_output(t(g.new_tensor_id()));
+        s = g.insert_op(n, pick(3) ? victim.id() : -1);
+        break;
+      }
+      case 2:
+        s = g.erase_op(victim.id());
+        break;
+      default:
+        s = g.replace_all_uses_with(victim.outputs()[0].id, t(some));
+    }
+    (s.ok() ? accepted : refused)++;
+    ASSERT_TRUE(g.finalized()) << "step " << step << ": " << s.to_string();
+    expect_same_queries(g, step);
+    if (::testing::Test::HasFailure()) return;
+    if (g.ops().size() < 5) break;
+  }
+  EXPECT_GT(accepted, 50);
+  EXPECT_GT(refused, 20);
 }
 
 }  // namespace

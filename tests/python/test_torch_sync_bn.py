@@ -21,6 +21,14 @@ def init(rank, out_dir):
                             rank=rank, world_size=2)
 
 
+def finish():
+    """Both processes past their last collective before the group goes: gloo
+    aborts a process (std::terminate on a joinable thread) when one side tears
+    its pairs down while the other still has a receive pending."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def full_problem(channels_last):
     torch.manual_seed(11)
     x = torch.randn(sum(SPLIT), 6, 5, 5)
@@ -50,7 +58,7 @@ def worker(rank, out_dir, channels_last):
                     "rv": model[0].running_var},
                    os.path.join(out_dir, "rank%d.pt" % rank))
     finally:
-        dist.destroy_process_group()
+        finish()
 
 
 def rel(a, b):
@@ -99,7 +107,7 @@ def abn_worker(rank, out_dir, channels_last):
                     "rm": m.running_mean, "rv": m.running_var},
                    os.path.join(out_dir, "rank%d.pt" % rank))
     finally:
-        dist.destroy_process_group()
+        finish()
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -156,7 +164,7 @@ def offset_worker(rank, out_dir, split, channels_last):
                         "rm": m.running_mean.clone(), "rv": m.running_var.clone()}
         torch.save(out, os.path.join(out_dir, "rank%d.pt" % rank))
     finally:
-        dist.destroy_process_group()
+        finish()
 
 
 @pytest.mark.parametrize("split,channels_last", [((4, 4), False), ((7, 2), False),
@@ -203,7 +211,7 @@ def empty_worker(rank, out_dir):
             msg = str(e)
         torch.save(msg, os.path.join(out_dir, "rank%d.pt" % rank))
     finally:
-        dist.destroy_process_group()
+        finish()
 
 
 def test_every_rank_empty_is_a_clear_error_on_every_rank():
@@ -231,7 +239,7 @@ def abn_offset_worker(rank, out_dir):
         torch.save({"y": y.detach(), "dx": leaf.grad, "rm": m.running_mean, "rv": m.running_var},
                    os.path.join(out_dir, "rank%d.pt" % rank))
     finally:
-        dist.destroy_process_group()
+        finish()
 
 
 def test_inplace_abn_sync_offset_data_equals_the_full_batch():
