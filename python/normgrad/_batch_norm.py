@@ -104,6 +104,7 @@ class _BatchNormFunction(_torch.autograd.Function):
             _g.run(cg, inputs, {_g.forward_output_id(residual is not None, fuse_relu): yv,
                                 _g.ORM: scratch[:c], _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
             _g.update_running(running_mean, running_var, mean, var, factor, x.numel() // c)
+            ctx.mean_lo = _mean_lo(xd, mean, var, eps)
         else:
             mean = running_mean.detach().float().contiguous()
             var = running_var.detach().float().contiguous()
@@ -115,6 +116,8 @@ class _BatchNormFunction(_torch.autograd.Function):
                 y.add_(residual)
                 if fuse_relu:
                     y.relu_()
+        if not use_batch_stats:
+            ctx.mean_lo = None
         ctx.use_batch_stats, ctx.fuse_relu, ctx.eps = use_batch_stats, fuse_relu, eps
         ctx.has_residual = residual is not None
         ctx.save_for_backward(x, weight, bias, mean, var, y if fuse_relu else None)
@@ -139,6 +142,8 @@ class _BatchNormFunction(_torch.autograd.Function):
         _g.check_vectors("BatchNorm backward", c, weight=weight, mean=mean, variance=var)
         d_residual = None
         fuse = ctx.fuse_relu
+        if ctx.mean_lo is not None:  # data far from zero: the mean at full precision
+            return _exact_mean_backward(ctx, x, weight, mean, var, y, grad)
         if fuse and (ctx.has_residual or _grad_view(grad, x, fmt)[1] is not None):
             # The residual needs the masked gradient itself (and a fused
             # ReLUBackward takes dense operands): one pass, as torch's ReLU does.
@@ -167,6 +172,40 @@ class _BatchNormFunction(_torch.autograd.Function):
             return (dx, None, None, None, None, None, None, None, None, d_residual)
         return (dx, dgamma.to(weight.dtype), dbeta.to(bias.dtype), None, None, None, None, None,
                 None, d_residual)
+
+
+# Above this many standard deviations of offset (|mean| / std on some
+# channel), the batch mean's f32 rounding (half an ulp of |mean|, 3e-8 |mean|)
+# moves x - mean by more than 5e-7 std: the backward then takes the mean at
+# full precision.
+_OFFSET_SIGMAS = 16.0
+
+
+def _mean_lo(x, mean, var, eps):
+    """The batch mean's low part (mean - f32 mean) per channel when the data
+    is far from zero, else None. One more pass over x, only then."""
+    if x.numel() == 0 or not bool(((mean.abs() * _torch.rsqrt(var + eps)) > _OFFSET_SIGMAS).any()):
+        return None
+    _, mean64, _ = _local_moments(x)
+    return (mean64 - mean.double()).float()
+
+
+def _exact_mean_backward(ctx, x, weight, mean, var, y, grad):
+    """The backward with the mean at full precision (hi + lo): Reduce and Apply
+    on this process's sums, the low part folded in as the synchronized
+    backward folds it (group_sums_backward)."""
+    if ctx.fuse_relu:  # ReLUBackward first, as torch's ReLU does
+        grad = _torch.ops.aten.threshold_backward(grad, y.detach(), 0)
+    invstd = _torch.rsqrt(var.double() + ctx.eps).float()
+    gamma = None if weight is None else weight.detach().float()
+    dx, sums = group_sums_backward(x, grad, mean, invstd, gamma, None, mean_lo=ctx.mean_lo)
+    c = x.shape[1]
+    d_residual = grad if ctx.has_residual else None
+    if weight is None:
+        return (dx, None, None, None, None, None, None, None, None, d_residual)
+    dgamma = (invstd.double() * sums[c:]).to(weight.dtype)
+    dbeta = sums[:c].to(weight.dtype)
+    return (dx, dgamma, dbeta, None, None, None, None, None, None, d_residual)
 
 
 def forward_state(m, training):
@@ -317,7 +356,9 @@ def group_sums_backward(x, grad, mean, invstd, gamma, group, mean_lo=None):
     uses the mean at full precision:
       sum dy (x - mean) = sum dy (x - hi) - lo sum dy, and Apply's
       (x - hi) s^2 S / M term is corrected through sum_dy' = sum_dy - lo s^2 S.
-    Returns (dx, this process's [sum dy, sum dy (x - mean)], f64)."""
+    Returns (dx, this process's [sum dy, sum dy (x - mean)], f64). With
+    `group` None the sums are this process's alone (the single-process module
+    on data far from zero)."""
     fmt, xv = _g.layout(x)
     dt = _g.DTYPES[x.dtype]
     c = x.shape[1]
@@ -334,7 +375,8 @@ def group_sums_backward(x, grad, mean, invstd, gamma, group, mean_lo=None):
     if mean_lo is not None:
         local[c:] -= mean_lo.double() * local[:c]
     packed = _torch.cat([local, count.double()])
-    _dist.all_reduce(packed, group=group)
+    if group is not None:  # None: one process, its own sums are the batch's
+        _dist.all_reduce(packed, group=group)
     g_sum_dy, g_sum_dyxm = packed[:c], packed[c:2 * c]
     if mean_lo is not None:
         s = invstd.double()

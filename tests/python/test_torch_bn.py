@@ -182,3 +182,37 @@ def test_convert_fuses_a_following_relu():
     assert rel(xb.grad, xa.grad) < 1e-5
     kinds = [p.ops for cg in ran for p in cg.partitions]
     assert kinds == [["ReLUBackward", "BatchNormTrainingBackward"]] * 3, kinds
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
+@pytest.mark.parametrize("relu,residual", [(False, False), (True, False), (True, True)])
+def test_data_far_from_zero_keeps_the_mean_at_full_precision(layout, relu, residual):
+    # At an offset of 1e4 standard deviations, a backward that took the batch
+    # mean as one f32 was 2.5e-4 off float64 in the weight gradient.
+    torch.manual_seed(8)
+    x = 2 * torch.randn(8, 6, 5, 5) + 1e4
+    r = torch.randn(8, 6, 5, 5)
+    g = torch.randn(8, 6, 5, 5)
+    if layout == "channels_last":
+        x, r, g = (t.contiguous(memory_format=torch.channels_last) for t in (x, r, g))
+    ours = ngt.BatchNorm2d(6, fuse_relu=relu)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ours.bias.uniform_(-0.5, 0.5)
+    ref = torch.nn.BatchNorm2d(6).double()
+    ref.load_state_dict({k: v.double() if v.is_floating_point() else v
+                         for k, v in ours.state_dict().items()})
+    xo, xr = x.clone().requires_grad_(), x.double().requires_grad_()
+    ro, rr = r.clone().requires_grad_(), r.double().requires_grad_()
+    yo = ours(xo, ro) if residual else ours(xo)
+    yr = ref(xr) + rr if residual else ref(xr)
+    if relu:
+        yr = torch.relu(yr)
+    yo.backward(g)
+    yr.backward(g.double())
+    for what, a, b in (("dst", yo, yr), ("diff_src", xo.grad, xr.grad),
+                       ("diff_gamma", ours.weight.grad, ref.weight.grad),
+                       ("diff_beta", ours.bias.grad, ref.bias.grad)):
+        assert rel(a, b) < 1e-6, (what, rel(a, b))
+    if residual:
+        assert rel(ro.grad, rr.grad) < 1e-6
