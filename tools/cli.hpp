@@ -1,6 +1,7 @@
 // The `normgrad` subcommands.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,10 @@ namespace cli {
 int run_command(const std::vector<std::string>& argv);
 // `normgrad bench`: backends side by side (docs/performance.md).
 int bench_command(const std::vector<std::string>& argv);
+// `normgrad bench --compile`: the compiler's cost per op on generated graphs
+// of each size in `sizes` and each shape (chain, ladder, fan-out).
+int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::string>& shapes,
+                  const std::string& json_out);
 // `normgrad opt`, `partitions`, `dot` (docs/cli.md).
 int opt_command(const std::vector<std::string>& argv);
 int partitions_command(const std::vector<std::string>& argv);

@@ -344,7 +344,30 @@ int bench_command(const std::vector<std::string>& argv) {
                "under mpirun: each layer synchronized over the processes (docs/scale-out.md)");
   app.add_option("--json", opt.json_out, "write the results as JSON");
   app.add_option("--svg", opt.svg_out, "write a chart");
+  bool compile_time = false;
+  std::string compile_ops = "1000,10000,100000", compile_shapes = "chain,ladder,fan-out";
+  app.add_flag("--compile", compile_time,
+               "time the compiler instead (load, passes, partitioning, compile; us per op) on "
+               "generated graphs");
+  app.add_option("--compile-ops", compile_ops,
+                 "with --compile: comma-separated graph sizes in ops (default 1000,10000,100000)");
+  app.add_option("--compile-shapes", compile_shapes,
+                 "with --compile: comma-separated: chain, ladder, fan-out");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
+  if (compile_time) {
+    std::vector<int64_t> sizes;
+    for (const std::string& n : split_list(compile_ops)) {
+      char* end = nullptr;
+      const long long v = std::strtoll(n.c_str(), &end, 10);
+      if (end == n.c_str() || *end != '\0' || v < 2 || v > 10000000) {
+        std::cerr << "normgrad bench: --compile-ops takes sizes from 2 to 10000000, got '" << n
+                  << "'\n";
+        return 2;
+      }
+      sizes.push_back(v);
+    }
+    return bench_compile(sizes, split_list(compile_shapes), opt.json_out);
+  }
   if (opt.shard_batch) {
     // What the sharded run does not do is refused, not ignored.
     for (const char* o : {"graph", "--fused", "--cold", "--json", "--svg", "--warmup"}) {

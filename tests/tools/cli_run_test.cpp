@@ -322,6 +322,26 @@ TEST(CliGraphTools, OptPartitionsAndDot) {
 
 // A functional smoke of `normgrad bench` (no timing is asserted): it runs, and its
 // JSON follows the documented schema and its SVG is a chart.
+// --compile times each phase on each generated shape, and its JSON has the
+// partitions the partitioner made (one per block: the chain's pairs fuse).
+TEST(CliBench, CompileTimesEveryPhaseOnGeneratedGraphs) {
+  const std::string json = ::testing::TempDir() + "/ng_compile.json";
+  const Result r = run("bench --compile --compile-ops=200 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* shape : {"chain", "ladder", "fan-out"})
+    EXPECT_NE(r.output.find(std::string(shape) + " "), std::string::npos) << r.output;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0]["shape"], "chain");
+  EXPECT_EQ(j[0]["ops"], 200);
+  EXPECT_EQ(j[0]["partitions"], 100);  // ReLUBackward + BatchNormTrainingBackward each
+  for (const char* phase : {"text", "json", "finalize", "passes", "partition", "compile"})
+    EXPECT_GE(j[0]["ms"][phase].get<double>(), 0.0) << phase;
+  EXPECT_EQ(run("bench --compile --compile-ops=1").exit_code, 2);
+  EXPECT_EQ(run("bench --compile --compile-shapes=star --compile-ops=10").exit_code, 2);
+}
+
 TEST(CliBench, WritesTheDocumentedJsonAndSvg) {
   const std::string json = ::testing::TempDir() + "/ng_bench.json",
                     svg = ::testing::TempDir() + "/ng_bench.svg";

@@ -1,0 +1,194 @@
+// `normgrad bench --compile`: the compiler's own cost on generated graphs of
+// 10^3 to 10^5 ops, phase by phase (loading the text and the JSON forms,
+// finalize, the pass pipeline, partitioning, and compile end to end), in
+// microseconds per op, with the process's peak memory.
+//
+// Three shapes of graph, each a repeated block:
+//   chain     ReLUBackward -> BatchNormTrainingBackward in oneDNN's
+//             single-output form (the canonicalize pass rewrites every one),
+//             each block's diff_src the next block's gradient: a training
+//             graph's backward;
+//   ladder    ReLU then an Add of the ReLU's output and its input (a residual
+//             block's fan-in), each Add's output the next block's input;
+//   fan-out   one tensor read by every op (ReLUs of the same input).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include <normgrad/compile/compiler.hpp>
+#include <normgrad/compile/pipeline.hpp>
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/graph/text_io.hpp>
+#include "tools/cli.hpp"
+
+namespace normgrad {
+namespace cli {
+namespace {
+
+// The text form of a graph of about `ops` ops of `shape`.
+std::string generate(const std::string& shape, int64_t ops) {
+  std::ostringstream os;
+  const char* t = ":f32[2,8,6]";
+  const char* c = ":f32[8]";
+  if (shape == "chain") {
+    int64_t prev = 0;  // the first block's gradient is a graph input
+    for (int64_t i = 0; i < ops / 2; ++i) {
+      const int64_t b = 10 * i + 100;
+      os << "%" << b + 1 << t << " = ReLUBackward#" << 2 * i + 1 << " \"rb\"(%" << b + 2 << t
+         << ", %" << prev << t << ")\n";
+      os << "%" << b + 3 << t << " = BatchNormTrainingBackward#" << 2 * i + 2 << " \"bn\"(%"
+         << b + 6 << t << ", %" << b + 1 << t << ", %" << b + 7 << c << ", %" << b + 8 << c
+         << ") {data_format=\"NCX\", epsilon=0.001f}\n";
+      prev = b + 3;
+    }
+  } else if (shape == "ladder") {
+    int64_t x = 0;
+    for (int64_t i = 0; i < ops / 2; ++i) {
+      const int64_t b = 10 * i + 100;
+      os << "%" << b + 1 << t << " = ReLU#" << 2 * i + 1 << " \"relu\"(%" << x << t << ")\n";
+      os << "%" << b + 2 << t << " = Add#" << 2 * i + 2 << " \"add\"(%" << b + 1 << t << ", %" << x
+         << t << ")\n";
+      x = b + 2;
+    }
+  } else {  // fan-out
+    for (int64_t i = 0; i < ops; ++i)
+      os << "%" << i + 1 << t << " = ReLU#" << i + 1 << " \"relu\"(%0" << t << ")\n";
+  }
+  return os.str();
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+struct Row {
+  std::string shape;
+  int64_t ops = 0;
+  // Milliseconds per phase.
+  double text = 0, json = 0, finalize = 0, passes = 0, partition = 0, compile = 0;
+  double rss_mb = 0;
+  int64_t partitions = 0;
+  std::string json_note;  // why the JSON form was not loaded
+};
+
+// Times one graph; `what` names the failing phase.
+Status time_one(const std::string& shape, int64_t ops, bool json, Row* row) {
+  row->shape = shape;
+  const std::string text = generate(shape, ops);
+  double t0 = now_ms();
+  NG_ASSIGN_OR_RETURN(Graph g, graph_from_text(text));
+  row->text = now_ms() - t0;
+  row->ops = static_cast<int64_t>(g.ops().size());
+  if (json) {
+    const std::string j = graph_to_json(g);
+    t0 = now_ms();
+    auto from_json = graph_from_json(j);
+    row->json = now_ms() - t0;
+    if (!from_json.ok()) {
+      // Over the loader's size limit (JsonLimits, 64 MB by default): said, not timed.
+      row->json = -1;
+      row->json_note = from_json.status().message();
+    }
+  }
+  t0 = now_ms();
+  NG_RETURN_IF_ERROR(g.finalize());
+  row->finalize = now_ms() - t0;
+  const Graph unlowered = g;
+  NG_ASSIGN_OR_RETURN(PassPipeline pipeline, build_pipeline(CompileOptions{}));
+  t0 = now_ms();
+  NG_ASSIGN_OR_RETURN(bool changed, pipeline.run(g));
+  (void)changed;
+  row->passes = now_ms() - t0;
+  t0 = now_ms();
+  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(g, CompileOptions{}));
+  row->partition = now_ms() - t0;
+  row->partitions = static_cast<int64_t>(parts.size());
+  t0 = now_ms();
+  NG_ASSIGN_OR_RETURN(CompiledGraph cg, CompiledGraph::compile(unlowered, CompileOptions{}));
+  row->compile = now_ms() - t0;
+  row->rss_mb = peak_rss_mb();
+  return ok_status();
+}
+
+}  // namespace
+
+int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::string>& shapes,
+                  const std::string& json_out) {
+  std::cout << "compile time per op (us/op), one run each, 1 thread of work (the compiler is "
+               "serial); peak RSS is the process's so far\n";
+  std::cout << std::left << std::setw(8) << "shape" << std::right << std::setw(8) << "ops"
+            << std::setw(10) << "text" << std::setw(10) << "json" << std::setw(10) << "finalize"
+            << std::setw(10) << "passes" << std::setw(10) << "partition" << std::setw(10)
+            << "compile" << std::setw(12) << "peak MB"
+            << "\n";
+  nlohmann::json out = nlohmann::json::array();
+  int rc = 0;
+  for (const std::string& shape : shapes) {
+    if (shape != "chain" && shape != "ladder" && shape != "fan-out") {
+      std::cerr << "normgrad bench --compile: unknown graph shape '" << shape
+                << "' (chain, ladder, fan-out)\n";
+      return 2;
+    }
+    for (int64_t n : sizes) {
+      Row r;
+      // The JSON form of 10^5 ops is about 100 MB; its DOM is several times that.
+      const Status s = time_one(shape, n, true, &r);
+      if (!s.ok()) {
+        std::cerr << "normgrad bench --compile: " << shape << " " << n << ": " << s.to_string()
+                  << "\n";
+        rc = 1;
+        continue;
+      }
+      const double per = 1000.0 / static_cast<double>(std::max<int64_t>(r.ops, 1));
+      std::cout << std::left << std::setw(8) << r.shape << std::right << std::setw(8) << r.ops
+                << std::fixed << std::setprecision(1) << std::setw(10) << r.text * per;
+      if (r.json < 0) {
+        std::cout << std::setw(10) << "limit";
+      } else {
+        std::cout << std::setw(10) << r.json * per;
+      }
+      std::cout << std::setw(10) << r.finalize * per << std::setw(10) << r.passes * per
+                << std::setw(10) << r.partition * per << std::setw(10) << r.compile * per
+                << std::setw(12) << r.rss_mb << "\n";
+      if (!r.json_note.empty()) std::cout << "  json: " << r.json_note << "\n";
+      std::cout.flush();
+      out.push_back({{"shape", r.shape},
+                     {"ops", r.ops},
+                     {"partitions", r.partitions},
+                     {"ms",
+                      {{"text", r.text},
+                       {"json", r.json < 0 ? nlohmann::json() : nlohmann::json(r.json)},
+                       {"finalize", r.finalize},
+                       {"passes", r.passes},
+                       {"partition", r.partition},
+                       {"compile", r.compile}}},
+                     {"peak_rss_mb", r.rss_mb}});
+    }
+  }
+  if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    if (!(f << out.dump(2) << "\n")) {
+      std::cerr << "normgrad bench --compile: cannot write " << json_out << "\n";
+      return 1;
+    }
+  }
+  return rc;
+}
+
+}  // namespace cli
+}  // namespace normgrad
