@@ -404,9 +404,10 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // bench (each backend's tensors evicted by the others' between its runs):
   // 2x192x71x71 bf16 (11.6 MB for the three) gained 9% from streaming,
   // 2x192x71x71 f32 (23 MB) 18%, and 4x512x14x14 f32 (4.8 MB) lost 15%;
-  // so: stream when the three take more than a quarter
-  // of the L3. The AVX-512 path has them (the AVX2 path keeps ordinary stores).
-  c.stream.nt_stores = isa == Isa::kAvx512 && 3 * data_bytes > cache_sizes().l3_bytes / 4;
+  // so: stream when the three take more than a quarter of the L3. AVX2
+  // streams too (32-byte vmovntps, 16-byte vmovntdq for 16-bit data); the
+  // realigned rows and the grouped rows' linear blocks stay AVX-512's.
+  c.stream.nt_stores = isa != Isa::kPortable && 3 * data_bytes > cache_sizes().l3_bytes / 4;
   return c;
 }
 

@@ -79,7 +79,7 @@ TEST(JitBackend, GroupedRowsKernels) {
     auto conf = jit::make_conf(big, jit::detect_isa());
     ASSERT_TRUE(conf.ok());
     EXPECT_GT(conf->walk.channel_group, 0);
-    EXPECT_EQ(conf->stream.nt_stores, isa == "avx512" && streams(conf->total_elements * 4));
+    EXPECT_EQ(conf->stream.nt_stores, isa != "portable" && streams(conf->total_elements * 4));
     check(one_op(big), "33x512x16x16", true);
     // The groups and reduce calls are fixed by the shape: same bits for 1, 2 and 4 threads.
     expect_same_bits_for_1_2_4_threads(
@@ -543,7 +543,7 @@ TEST(JitBackend, LongRowsStreamRealigned) {
       for (int form = 0; form < 6; ++form) {
         const Op op = form_op(shape, "NCX", k.dt, form);
         const jit::BnConf conf = conf_for(op);
-        EXPECT_EQ(conf.stream.nt_stores, isa == "avx512");
+        EXPECT_EQ(conf.stream.nt_stores, isa != "portable");  // AVX2 streams its aligned rows
         EXPECT_EQ(conf.walk.channel_group, 0);
         EXPECT_NE(conf.walk.cols % 16, 0);
         check(one_op(op),
