@@ -57,7 +57,7 @@ nlohmann::ordered_json bench_json(const std::vector<BenchCase>& cases, const Hos
       rj["roofline_pct"] = r.pct;
       rj["compile_ms"] = r.compile_ms;
       rj["cached_compile_ms"] = r.cached_compile_ms;
-      rj["ratio_vs_dnnl"] = r.ratio;
+      if (r.ratio > 0) rj["ratio_vs_dnnl"] = r.ratio;  // none where oneDNN was not timed
       if (r.bound_pct > 0) rj["bound_pct"] = r.bound_pct;
       rj["kernel"] = r.kernel;
       if (!r.reason.empty()) rj["unsupported"] = r.reason;

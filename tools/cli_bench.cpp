@@ -437,6 +437,12 @@ int bench_command(const std::vector<std::string>& argv) {
             << threads << " threads): " << roof_start << " GB/s at start; 2 reads alone "
             << read_start << " GB/s (a reduction pass's pattern)\n";
   std::vector<BenchCase> cases;
+  // No ratio where oneDNN was not timed or declined (it would read x0.00).
+  auto format_ratio = [](double ratio) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(2) << ratio;
+    return os.str();
+  };
   auto report = [&](const BenchCase& cr) {
     std::cout << "\n"
               << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic; roofline "
@@ -454,8 +460,8 @@ int bench_command(const std::vector<std::string>& argv) {
       }
       std::cout << "  " << std::left << std::setw(13) << r.backend << std::right << std::setw(9)
                 << r.median << " ms  [" << r.min << ", " << r.max << "]  " << std::setw(7) << r.gbps
-                << " GB/s  " << std::setw(5) << r.pct << "% of roofline  x" << r.ratio
-                << " vs dnnl  "
+                << " GB/s  " << std::setw(5) << r.pct << "% of roofline  "
+                << (r.ratio > 0 ? "x" + format_ratio(r.ratio) + " vs dnnl  " : std::string())
                 << (r.bound_pct > 0
                         ? std::to_string(static_cast<int>(r.bound_pct + 0.5)) + "% of its bound  "
                         : std::string())
