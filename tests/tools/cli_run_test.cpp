@@ -355,7 +355,6 @@ TEST(CliBench, WritesTheDocumentedJsonAndSvg) {
   EXPECT_EQ(r.output.find("x0.00 vs dnnl"), std::string::npos) << r.output;
   std::ifstream in(json);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text.find("\"ratio_vs_dnnl\": 0"), std::string::npos);
   for (const char* key :
        {"\"threads\": 1", "\"roofline_gbps\"", "\"cases\"", "\"shape\": [", "\"layout\": \"NXC\"",
         "\"dtype\": \"f16\"", "\"fused\": \"relu\"", "\"backend\": \"jit\"", "\"median_ms\"",
@@ -367,6 +366,9 @@ TEST(CliBench, WritesTheDocumentedJsonAndSvg) {
   const auto doc = nlohmann::json::parse(text);
   double highest = 0.0;
   for (const auto& c : doc.at("cases")) {
+    if (c.at("dtype") == "f16") {  // oneDNN declined: no ratio against it
+      for (const auto& b : c.at("results")) EXPECT_FALSE(b.contains("ratio_vs_dnnl")) << b;
+    }
     const double before = c.at("roofline_before_gbps"), after = c.at("roofline_after_gbps");
     ASSERT_GT(before, 0.0) << c.at("name");
     ASSERT_GT(after, 0.0) << c.at("name");
