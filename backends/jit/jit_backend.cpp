@@ -86,17 +86,18 @@ ForwardCache& forward_cache() {
 
 class JitBackend final : public Backend {
  public:
-  const char* name() const override { return "jit"; }
+  const char* name() const override { return jit::kBackendName; }
 
   // Batch-norm backward, with the ReLUBackward/Add producers its generated
   // code computes while it loads src and diff_dst (jit_conf.hpp, Fuse); and
   // forward training with the Add/ReLU its apply computes before it stores.
   std::vector<Pattern> patterns() const override {
-    return {
-        bn_backward_producers_pattern("jit"), bn_forward_epilogue_pattern("jit"),
-        single_op_pattern("bn_bwd", "jit", bn_backward_kinds()),
-        single_op_pattern("bn_bwd_from_dst", "jit", {OpKind::kBatchNormTrainingBackwardFromDst}),
-        single_op_pattern("bn_fwd", "jit", {OpKind::kBatchNormForwardTraining})};
+    return {bn_backward_producers_pattern(jit::kBackendName),
+            bn_forward_epilogue_pattern(jit::kBackendName),
+            single_op_pattern("bn_bwd", jit::kBackendName, bn_backward_kinds()),
+            single_op_pattern("bn_bwd_from_dst", jit::kBackendName,
+                              {OpKind::kBatchNormTrainingBackwardFromDst}),
+            single_op_pattern("bn_fwd", jit::kBackendName, {OpKind::kBatchNormForwardTraining})};
   }
 
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
@@ -126,10 +127,8 @@ class JitBackend final : public Backend {
 
  private:
   static bool forward(const Partition& partition) {
-    for (const Op& op : partition.ops) {
-      if (op.id() == partition.anchor) return op.kind() == OpKind::kBatchNormForwardTraining;
-    }
-    return false;
+    const Op* anchor = partition.bound(FusionRole::kAnchor);
+    return anchor != nullptr && anchor->kind() == OpKind::kBatchNormForwardTraining;
   }
   static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition) {
     return jit::make_fwd_conf(partition, jit::detect_isa());

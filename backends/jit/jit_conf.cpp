@@ -456,7 +456,7 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   // The pattern that took the partition (jit_backend.cpp) bound the batch
   // norm as its anchor and any ReLUBackward/Add as the src or diff_dst producer.
   const Op* bn = partition.bound(FusionRole::kAnchor);
-  if (bn == nullptr || partition.backend != "jit")
+  if (bn == nullptr || partition.backend != kBackendName)
     return internal_error(
         "the JIT compiles partitions its own patterns matched, not " +
         (partition.pattern.empty() ? std::string("an unmatched one") : partition.pattern));

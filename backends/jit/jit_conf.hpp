@@ -25,6 +25,9 @@
 namespace normgrad {
 namespace jit {
 
+// The backend's name, as its patterns and partitions carry it.
+constexpr const char* kBackendName = "jit";
+
 enum class Isa : uint8_t { kPortable, kAvx2, kAvx512 };
 const char* isa_name(Isa isa);
 
