@@ -150,6 +150,18 @@ def with_leaky_relu(model, slope=0.01, inplace=False):
     return model
 
 
+def without_bn_and_activations(model):
+    """`model` with every batch norm and ReLU/LeakyReLU an nn.Identity: the
+    step's time without them, against which their share is measured."""
+    for name, child in list(model.named_children()):
+        if isinstance(child, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.ReLU,
+                              torch.nn.LeakyReLU)):
+            setattr(model, name, torch.nn.Identity())
+        else:
+            without_bn_and_activations(child)
+    return model
+
+
 def make_model(name, config, leaky_inplace=False):
     """torchvision's `name` (random init, seed 0) for a configuration: torch,
     normgrad (convert with fusion) or normgrad-abn (convert with InPlaceABN);
@@ -160,6 +172,8 @@ def make_model(name, config, leaky_inplace=False):
     if config.startswith("leaky-"):
         model = with_leaky_relu(model, inplace=leaky_inplace)
         config = config[len("leaky-"):]
+    if config == "no-bn":
+        return without_bn_and_activations(model)
     if config == "normgrad":
         return ngt.convert(model, fuse=True)
     if config == "normgrad-abn":
@@ -170,10 +184,11 @@ def make_model(name, config, leaky_inplace=False):
 def run_model(args, out):
     results = []
     prefix = "leaky-" if args.leaky else ""
-    names = ["torch", "normgrad"] + (["normgrad-abn"] if args.leaky else [])
+    names = ["torch", "normgrad"] + (["normgrad-abn"] if args.leaky else []) + ["no-bn"]
     for layout in args.layouts:
         mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-        models = {k: make_model(args.model, prefix + k, args.leaky_inplace) for k in names}
+        models = {k: make_model(args.model, prefix + k if k != "no-bn" else k,
+                                args.leaky_inplace) for k in names}
         x = torch.randn(args.batch, 3, args.size, args.size).contiguous(memory_format=mf)
         labels = torch.randint(0, 1000, (args.batch,))
         steps = {}
@@ -193,11 +208,18 @@ def run_model(args, out):
                 step()
                 times[name].append((time.perf_counter() - t0) * 1e3)
         med = {k: statistics.median(v[1:]) for k, v in times.items()}
-        shares = {k: bn_share(models[k], steps[k], mf) for k in models}
+        shares = {k: bn_share(models[k], steps[k], mf) for k in models if k != "no-bn"}
+        # Batch norm and its activations' share of torch's step, measured as
+        # the same model without them (interleaved above), and how much of
+        # that time normgrad's step wins back.
+        bn_ms = med["torch"] - med["no-bn"]
+        won = (med["torch"] - med["normgrad"]) / bn_ms if bn_ms > 0 else float("nan")
         row = {"model": args.model, "batch": args.batch, "size": args.size, "layout": layout,
                "torch_ms": med["torch"], "normgrad_ms": med["normgrad"],
                "speedup": med["torch"] / med["normgrad"],
                "fused": getattr(models["normgrad"], "normgrad_fused", 0),
+               "no_bn_ms": med["no-bn"], "bn_relu_share": bn_ms / med["torch"],
+               "won_back": won,
                "profile_share": shares}
         if args.leaky:
             row["activation"] = "leaky_relu" + (" (inplace)" if args.leaky_inplace else "")
@@ -209,6 +231,9 @@ def run_model(args, out):
               % (args.model, args.batch, args.size, args.size, layout, med["torch"],
                  med["normgrad"], row["speedup"], 100 * shares["torch"]["batch_norm"],
                  100 * shares["normgrad"]["batch_norm"], row["fused"]), flush=True)
+        print("  without BN and ReLU %8.1f ms: they take %.0f%% of torch's step; normgrad wins "
+              "back %.0f%% of that time" % (med["no-bn"], 100 * bn_ms / med["torch"], 100 * won),
+              flush=True)
         if args.leaky:
             print("  with LeakyReLU: InPlaceABN %8.1f ms (%d swapped), %.2fx torch, %.2fx "
                   "normgrad's BatchNorm" % (med["normgrad-abn"], row["abn_swapped"],
