@@ -1,8 +1,26 @@
 // The graphs `normgrad bench` times (tools/bench_graphs.hpp).
 #include "tools/bench_graphs.hpp"
 
+#include <cstdlib>
+#include <iostream>
+
 namespace normgrad {
 namespace cli {
+namespace {
+
+// The bench's graphs are built from fixed ops: a refusal is a bug here, said
+// and stopped, never a graph timed with an op missing.
+void add_op_or_abort(Graph& g, Op op) {
+  const std::string label = op.label();
+  const Status s = g.add_op(std::move(op));
+  if (!s.ok()) {
+    std::cerr << "normgrad bench: internal: the bench graph refused " << label << ": "
+              << s.to_string() << "\n";
+    std::abort();
+  }
+}
+
+}  // namespace
 
 // The bench graph: BatchNormTrainingBackward with gamma and 3 outputs, optionally
 // fed by ReLUBackward or Add on diff_dst. `nchw` is {N, C, H, W}.
@@ -18,7 +36,7 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
     pre.add_input(LogicalTensor(10, dt, data))
         .add_input(LogicalTensor(11, dt, data))
         .add_output(LogicalTensor(12, dt, data));
-    (void)g.add_op(pre);
+    add_op_or_abort(g, pre);
     dy_id = 12;
   }
   Op bn(0, OpKind::kBatchNormTrainingBackward, "bn");
@@ -28,7 +46,7 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
   bn.add_output(LogicalTensor(5, dt, data))
       .add_output(LogicalTensor(6, DataType::kF32, {c}))
       .add_output(LogicalTensor(7, DataType::kF32, {c}));
-  (void)g.add_op(bn);
+  add_op_or_abort(g, bn);
   return g;
 }
 
@@ -46,20 +64,20 @@ Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType d
   for (int i = 1; i <= 4; ++i) bn.add_input(LogicalTensor(i, DataType::kF32, {c}));
   bn.add_output(LogicalTensor(5, dt, data));
   for (int i = 6; i <= 9; ++i) bn.add_output(LogicalTensor(i, DataType::kF32, {c}));
-  (void)g.add_op(bn);
+  add_op_or_abort(g, bn);
   int64_t y = 5;
   if (fused == "add") {
     Op add(1, OpKind::kAdd, "add");
     add.add_input(LogicalTensor(5, dt, data))
         .add_input(LogicalTensor(10, dt, data))
         .add_output(LogicalTensor(11, dt, data));
-    (void)g.add_op(add);
+    add_op_or_abort(g, add);
     y = 11;
   }
   if (fused != "none") {
     Op relu(2, OpKind::kReLU, "relu");
     relu.add_input(LogicalTensor(y, dt, data)).add_output(LogicalTensor(12, dt, data));
-    (void)g.add_op(relu);
+    add_op_or_abort(g, relu);
   }
   return g;
 }
@@ -87,7 +105,7 @@ Graph make_phase_graph(const Dims& nchw, const std::string& layout, DataType dt,
         .add_input(LogicalTensor(4, DataType::kF32, {c}));
     op.add_output(LogicalTensor(11, dt, data));
   }
-  (void)g.add_op(op);
+  add_op_or_abort(g, op);
   return g;
 }
 
@@ -103,7 +121,7 @@ Graph make_from_dst_graph(const Dims& nchw, const std::string& layout, DataType 
       .add_output(LogicalTensor(6, DataType::kF32, {c}))
       .add_output(LogicalTensor(7, DataType::kF32, {c}));
   Graph g;
-  (void)g.add_op(op);
+  add_op_or_abort(g, op);
   return g;
 }
 

@@ -147,7 +147,11 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
     auto again = CompiledGraph::compile(graph, options);
     r.result.cached_compile_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
-    (void)again;
+    if (!again.ok()) {  // the first compile went through: a second one must too
+      r.result.reason = "the cached compile failed: " + again.status().message();
+      runners.push_back(std::move(r));
+      continue;
+    }
     r.graph = std::make_unique<CompiledGraph>(std::move(cg).value());
     for (const auto& p : r.graph->partitions())
       r.result.kernel += (r.result.kernel.empty() ? "" : "+") + p->kernel_name();
