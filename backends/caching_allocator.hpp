@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -34,15 +35,26 @@ class CachingAllocator {
     int64_t released = 0;              // blocks given back to the system
   };
 
+  // Where blocks come from and go back to: posix_memalign and free by
+  // default; tests give one that fails on purpose.
+  struct System {
+    std::function<void*(size_t bytes, size_t alignment)> allocate;  // nullptr: no memory
+    std::function<void(void*)> release;
+  };
+  static System default_system();
+
   // Free blocks beyond `max_cached_bytes` go back to the system.
-  explicit CachingAllocator(int64_t max_cached_bytes = int64_t{4} << 30);
+  explicit CachingAllocator(int64_t max_cached_bytes = int64_t{4} << 30,
+                            System system = default_system());
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // At least `bytes` (a size class: 4 KiB steps below 1 MiB, then eighths of
-  // a power of two), aligned to max(alignment, 64); nullptr when the system
-  // has no memory. Zero bytes gives a valid block of the smallest class.
+  // a power of two), aligned to max(alignment, 64). When the system has no
+  // memory for it, the cached blocks go back first and the request is tried
+  // once more; nullptr when that fails too. Zero bytes gives a valid block of
+  // the smallest class.
   void* allocate(size_t bytes, size_t alignment = 64);
   // A block from allocate(); nullptr is ignored. A pointer this pool did not
   // hand out is reported on stderr and left alone (never freed twice).
@@ -66,6 +78,7 @@ class CachingAllocator {
   std::unordered_map<void*, size_t> live_;  // handed-out block -> size class
   Stats stats_;
   int64_t max_cached_;
+  System system_;
   Allocator hook_;
 };
 

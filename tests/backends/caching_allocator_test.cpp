@@ -2,6 +2,8 @@
 // keeps, alignment, threads, and serving CompiledGraph::execute as its
 // Allocator hook (steady executions allocate nothing new).
 #include <cstdint>
+#include <cstdlib>
+#include <map>
 #include <set>
 #include <thread>
 #include <vector>
@@ -71,6 +73,42 @@ TEST(CachingAllocator, HonoursLargerAlignments) {
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
   pool.deallocate(p);
+}
+
+// A system with a budget: a request it cannot meet while blocks sit in the
+// cache is met after the pool gives them back; one it cannot meet at all
+// gives nullptr, never a crash.
+TEST(CachingAllocator, ReleasesItsCacheAndRetriesWhenTheSystemIsOut) {
+  size_t in_use = 0;
+  std::map<void*, size_t> sizes;
+  const size_t budget = size_t{6} << 20;
+  CachingAllocator::System fake;
+  fake.allocate = [&](size_t bytes, size_t alignment) -> void* {
+    if (in_use + bytes > budget) return nullptr;
+    void* p = nullptr;
+    if (posix_memalign(&p, alignment, bytes) != 0) return nullptr;
+    in_use += bytes;
+    sizes[p] = bytes;
+    return p;
+  };
+  fake.release = [&](void* p) {
+    in_use -= sizes.at(p);
+    sizes.erase(p);
+    std::free(p);
+  };
+  CachingAllocator pool(int64_t{1} << 30, fake);
+  void* a = pool.allocate(size_t{4} << 20);  // 4 MiB, then cached
+  ASSERT_NE(a, nullptr);
+  pool.deallocate(a);
+  EXPECT_EQ(pool.stats().cached_bytes, int64_t{4} << 20);
+  void* b = pool.allocate(size_t{5} << 20);  // 4 + 5 > 6: only after the cache goes back
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(pool.stats().cached_bytes, 0);
+  EXPECT_EQ(pool.stats().released, 1);
+  EXPECT_EQ(pool.allocate(size_t{2} << 20), nullptr);  // 5 + 2 > 6, nothing cached: refused
+  pool.deallocate(b);
+  pool.empty_cache();
+  EXPECT_EQ(in_use, 0u);
 }
 
 TEST(CachingAllocator, ThreadsShareOnePool) {
