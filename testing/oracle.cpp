@@ -160,8 +160,12 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
   // producer) still gets the statistics of the values it will really see.
   // Only the ops before the last batch norm that needs statistics run; with
   // file inputs or no such batch norm, nothing runs at all.
+  // The batch norm's own backward, and the apply half of a synchronized one
+  // (split-sync-batch-norm: its reduce half reads the same mean).
   auto needs_statistics = [&](const Op& op) {
-    if (op.kind() != OpKind::kBatchNormTrainingBackward) return false;
+    if (op.kind() != OpKind::kBatchNormTrainingBackward &&
+        op.kind() != OpKind::kBatchNormBackwardApply)
+      return false;
     const int64_t mid = op.inputs()[2].id, vid = op.inputs()[3].id;
     return (*sources)[mid] == "random" && (*sources)[vid] == "random" && inputs.count(mid) &&
            inputs.count(vid);
@@ -272,7 +276,8 @@ int64_t reduction_length(const Graph& graph, int64_t tensor_id) {
   if (producer == nullptr) return 0;
   const Op& op = *producer;
   if (op.kind() != OpKind::kBatchNormTrainingBackward &&
-      op.kind() != OpKind::kBatchNormForwardTraining)
+      op.kind() != OpKind::kBatchNormForwardTraining &&
+      op.kind() != OpKind::kBatchNormBackwardApply)  // a synchronized backward's diff_gamma/beta
     return 0;
   for (size_t i = 1; i < op.outputs().size(); ++i) {
     if (op.outputs()[i].id != tensor_id || op.outputs()[i].rank() != 1) continue;

@@ -1,6 +1,7 @@
 // The reduction check (tools/cli_check.hpp) on single-channel, long
 // reductions, where a sum near zero makes plain relative errors meaningless:
 // 100 seeds per backend must pass, and a wrong sum must still fail.
+#include <normgrad/graph/json_io.hpp>
 #include "tests/backend_test_util.hpp"
 
 namespace normgrad {
@@ -70,6 +71,31 @@ TEST(CliCheck, AWrongSumStillFails) {
                                    want.at(diff_beta));
   ASSERT_TRUE(same.ok());
   EXPECT_TRUE(same->pass);
+}
+
+// A synchronized backward checked in one process (split into Reduce,
+// AllReduce and Apply): its mean and variance are the batch's own, as for
+// the plain op, and diff_gamma/diff_beta are held to the reduction limit,
+// not the data limit.
+TEST(CliCheck, ASynchronizedBackwardGetsTrueStatisticsAndTheReductionLimit) {
+  auto g = load_graph(std::string(NORMGRAD_EXAMPLES) + "/sync/bn_sync_backward_f32_ncx.json");
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  ASSERT_TRUE(g->finalize().ok());
+  auto cg = CompiledGraph::compile(*g, CompileOptions{"auto"});
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  std::map<int64_t, std::string> sources;
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 3, &sources);
+  ASSERT_TRUE(inputs.ok()) << inputs.status().to_string();
+  int stats = 0;
+  for (const auto& [id, source] : sources) stats += source == "batch-stats";
+  EXPECT_EQ(stats, 2);
+  int reductions = 0;
+  for (const LogicalTensor& t : cg->outputs()) {
+    if (t.rank() != 1) continue;
+    EXPECT_GT(oracle::reduction_length(cg->lowered_graph(), t.id), 0) << t.id;
+    ++reductions;
+  }
+  EXPECT_EQ(reductions, 2);  // diff_gamma and diff_beta
 }
 
 }  // namespace
