@@ -271,6 +271,50 @@ double threshold_for(DataType dt, int64_t reduction_length) {
                   kReductionSafety * kEpsF32 * std::sqrt(static_cast<double>(reduction_length)));
 }
 
+double test_threshold_for(DataType dt, int64_t reduction_length) {
+  if (reduction_length == 0 && dt == DataType::kF16) return 1e-3;
+  if (reduction_length == 0 && dt == DataType::kBF16) return 1e-2;
+  return threshold_for(dt, reduction_length);
+}
+
+double element_bound_ratio(const Buffer& got, const Buffer& want) {
+  const int mantissa_bits = want.desc.dtype == DataType::kBF16  ? 7
+                            : want.desc.dtype == DataType::kF16 ? 10
+                                                                : 23;
+  const double eps = std::ldexp(1.0, -mantissa_bits);
+  const Dims gs = got.desc.effective_strides(), ws = want.desc.effective_strides();
+  double sum_sq = 0.0;
+  int64_t n = 0;
+  for_each_index(want.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+    const double w = load_as_double(want.data(), offset_of(idx, ws), want.desc.dtype);
+    if (std::isfinite(w)) {
+      sum_sq += w * w;
+      ++n;
+    }
+  });
+  const double rms = n > 0 ? std::sqrt(sum_sq / static_cast<double>(n)) : 0.0;
+  // An all-zero reference (diff_src of one value per channel) has no scale to
+  // bound against: its absolute L2 is compare()'s business.
+  if (rms == 0.0) return 0.0;
+  double worst = 0.0;
+  for_each_index(want.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+    const double g = load_as_double(got.data(), offset_of(idx, gs), got.desc.dtype);
+    const double w = load_as_double(want.data(), offset_of(idx, ws), want.desc.dtype);
+    if (!std::isfinite(g) || !std::isfinite(w)) {
+      const bool same = (std::isnan(g) && std::isnan(w)) || g == w;
+      if (!same) worst = INFINITY;
+      return;
+    }
+    int e = 0;
+    std::frexp(w, &e);  // |w| in [2^(e-1), 2^e)
+    const double ulp = w == 0.0 ? 0.0 : std::ldexp(1.0, e - 1 - mantissa_bits);
+    const double bound = 2.0 * ulp + 2.0 * eps * rms;
+    const double diff = std::fabs(g - w);
+    worst = std::max(worst, bound > 0.0 ? diff / bound : (diff > 0.0 ? INFINITY : 0.0));
+  });
+  return worst;
+}
+
 int64_t reduction_length(const Graph& graph, int64_t tensor_id) {
   const Op* producer = graph.producer(tensor_id);
   if (producer == nullptr) return 0;

@@ -59,6 +59,20 @@ ErrorStats compare(const Buffer& got, const Buffer& want);
 // sqrt(M)) with base 1e-5 f32 and 1e-2 f16/bf16 (docs/cli.md gives the why).
 double threshold_for(DataType dt, int64_t reduction_length);
 
+// The test suite's limits for 16-bit data outputs, tighter than benchdnn's
+// (which `run --check` keeps): relative L2 1e-3 for f16 and 1e-2 for bf16
+// against float64 computed from the same rounded inputs (one output rounding
+// costs about 2.5e-4 and 2e-3); others as threshold_for.
+double test_threshold_for(DataType dt, int64_t reduction_length);
+
+// The largest |got - want| / (2 ulp(want) + 2 eps rms(want)) over the
+// elements (<= 1 passes), eps and ulp of want's dtype: one bound per element
+// that holds near zero too, so a result that is right in L2 but wrong in a
+// few elements (a tail left zero) fails. NaN and Inf must match exactly. An
+// all-zero reference gives 0 (no scale to bound against; compare's absolute
+// L2 still applies).
+double element_bound_ratio(const Buffer& got, const Buffer& want);
+
 // M (elements per channel) when output `tensor_id` of the graph is a
 // per-channel reduction of a batch norm, else 0.
 int64_t reduction_length(const Graph& graph, int64_t tensor_id);

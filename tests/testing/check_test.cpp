@@ -98,5 +98,38 @@ TEST(CliCheck, ASynchronizedBackwardGetsTrueStatisticsAndTheReductionLimit) {
   EXPECT_EQ(reductions, 2);  // diff_gamma and diff_beta
 }
 
+// The suite's limits for 16-bit data outputs reject what benchdnn's would let
+// through: a bf16 diff_src scaled by 1.035 (rel L2 3.5e-2, under 3.9e-2), and
+// one with its last 300 of 401,408 elements zeroed; the JIT's own result passes.
+TEST(OracleLimits, SixteenBitDataLimitsRejectAWrongResult) {
+  const Graph g = one_op(bn_bwd({8, 64, 28, 28}, "NCX", DataType::kBF16, DataType::kF32, true, 3));
+  auto ref = CompiledGraph::compile(g, CompileOptions{"ref"});
+  auto jit = CompiledGraph::compile(g, CompileOptions{"jit"});
+  ASSERT_TRUE(ref.ok() && jit.ok());
+  auto inputs = oracle::make_inputs(ref->graph(), ref->lowered_graph(), "", 9, nullptr);
+  ASSERT_TRUE(inputs.ok());
+  auto want = testing_util::run_outputs(*ref, *inputs);
+  auto got = testing_util::run_outputs(*jit, *inputs);
+  ASSERT_TRUE(want.ok() && got.ok());
+  const int64_t dx = 5;
+  const oracle::Buffer& w = want->at(dx);
+  auto ratio = [&](const oracle::Buffer& b) {
+    return std::max(oracle::compare(b, w).rel_l2 / oracle::test_threshold_for(DataType::kBF16, 0),
+                    oracle::element_bound_ratio(b, w));
+  };
+  EXPECT_LE(ratio(got->at(dx)), 1.0);
+  const int64_t n = 8 * 64 * 28 * 28;
+  oracle::Buffer scaled = w, zeroed = w;
+  for (int64_t i = 0; i < n; ++i) {
+    store_from_double(scaled.data(), i, DataType::kBF16,
+                      1.035 * load_as_double(w.data(), i, DataType::kBF16));
+    if (i >= n - 300) store_from_double(zeroed.data(), i, DataType::kBF16, 0.0);
+  }
+  EXPECT_LE(oracle::compare(scaled, w).rel_l2, oracle::threshold_for(DataType::kBF16, 0));
+  EXPECT_GT(ratio(scaled), 1.0);
+  EXPECT_GT(ratio(zeroed), 1.0);
+  EXPECT_GT(oracle::element_bound_ratio(zeroed, w), 1.0);
+}
+
 }  // namespace
 }  // namespace normgrad
