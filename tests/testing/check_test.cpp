@@ -1,6 +1,8 @@
 // The reduction check (tools/cli_check.hpp) on single-channel, long
 // reductions, where a sum near zero makes plain relative errors meaningless:
 // 100 seeds per backend must pass, and a wrong sum must still fail.
+#include <cmath>
+
 #include <normgrad/graph/json_io.hpp>
 #include "tests/backend_test_util.hpp"
 
@@ -129,6 +131,55 @@ TEST(OracleLimits, SixteenBitDataLimitsRejectAWrongResult) {
   EXPECT_GT(ratio(scaled), 1.0);
   EXPECT_GT(ratio(zeroed), 1.0);
   EXPECT_GT(oracle::element_bound_ratio(zeroed, w), 1.0);
+}
+
+// The mean and variance a backward reads are its inputs, not the data's:
+// cases whose statistics differ from the batch's (frozen statistics, TF's V2,
+// a mean from another step) catch a kernel that recomputes them. Every
+// backend against ref on the same shifted statistics.
+TEST(OracleLimits, StatisticsThatDifferFromTheDataAreUsedAsGiven) {
+  int ran = 0;
+  for (const char* backend : {"jit", "dnnl"}) {
+    if (find_backend(backend) == nullptr) continue;
+    for (const char* fmt : {"NCX", "NXC"}) {
+      for (bool training : {true, false}) {
+        const Dims shape = std::string(fmt) == "NCX" ? Dims{4, 16, 6, 7} : Dims{4, 6, 7, 16};
+        Op op = bn_bwd(shape, fmt, DataType::kF32, DataType::kF32, true, 3);
+        op.set_attr("is_training", training);
+        const Graph g = one_op(op);
+        auto cg = CompiledGraph::compile(g, CompileOptions{backend});
+        auto ref = CompiledGraph::compile(g, CompileOptions{"ref"});
+        ASSERT_TRUE(cg.ok() && ref.ok()) << backend << ": " << cg.status().to_string();
+        auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 4, nullptr);
+        ASSERT_TRUE(inputs.ok());
+        // Statistics 0.3 standard deviations off and a variance 1.7 times the data's.
+        oracle::Buffer& mean = inputs->at(2);
+        oracle::Buffer& var = inputs->at(3);
+        for (int64_t c = 0; c < 16; ++c) {
+          const double v = load_as_double(var.data(), c, DataType::kF32);
+          store_from_double(mean.data(), c, DataType::kF32,
+                            load_as_double(mean.data(), c, DataType::kF32) + 0.3 * std::sqrt(v));
+          store_from_double(var.data(), c, DataType::kF32, 1.7 * v);
+        }
+        auto got = testing_util::run_outputs(*cg, *inputs);
+        auto want = testing_util::run_outputs(*ref, *inputs);
+        ASSERT_TRUE(got.ok() && want.ok());
+        for (const auto& [id, w] : *want) {
+          auto v = oracle::check_output(cg->lowered_graph(), *inputs, id, got->at(id), w);
+          ASSERT_TRUE(v.ok());
+          EXPECT_TRUE(v->pass) << backend << " " << fmt << (training ? " training" : " frozen")
+                               << " tensor " << id << " rel_l2 " << v->error.rel_l2;
+        }
+        // And they matter: the outputs differ from those of the data's own statistics.
+        auto exact = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 4, nullptr);
+        auto plain = testing_util::run_outputs(*ref, *exact);
+        ASSERT_TRUE(plain.ok());
+        EXPECT_GT(oracle::compare(plain->at(5), want->at(5)).rel_l2, 1e-2);
+        ++ran;
+      }
+    }
+  }
+  EXPECT_GE(ran, 4);
 }
 
 }  // namespace
