@@ -1,5 +1,6 @@
 // Reference batch norm against closed-form values and an independent naive
 // float64 implementation written here, over dtypes, layouts, ranks and forms.
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -234,6 +235,94 @@ TEST(RefBatchNormForward, TrainingAndInferenceClosedForm) {
   auto y = run_ref(inf, {{0, {-3, 8}}, {1, {2}}, {2, {1}}, {3, {1}}, {4, {4}}});
   EXPECT_DOUBLE_EQ(get(y, 5, DataType::kF32, 0), -3.0);
   EXPECT_DOUBLE_EQ(get(y, 5, DataType::kF32, 1), 8.0);
+}
+
+// The reference forward against the textbook formulas, written out naively in
+// float64 from the same rounded inputs, over ranks 2-5, both layouts, channel
+// counts with and without tails, every data dtype and epsilon/momentum pairs:
+// ref is the expected value of every JIT forward test, so it is checked on
+// its own here.
+TEST(RefBatchNormForward, SweepAgainstNaiveFormulas) {
+  std::mt19937 rng(21);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  int ran = 0;
+  for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+    for (const char* fmt : {"NCX", "NXC"}) {
+      for (int rank = 2; rank <= 5; ++rank) {
+        for (int64_t c : {1, 3, 17}) {
+          const bool nxc = std::string(fmt) == "NXC";
+          Dims shape = {3, c};
+          for (int i = 2; i < rank; ++i) shape.push_back(2 + i);  // 4, 5, 6
+          if (nxc) std::rotate(shape.begin() + 1, shape.begin() + 2, shape.end());
+          const int axis = nxc ? rank - 1 : 1;
+          const float eps = ran % 2 ? 1e-3f : 0.1f, momentum = ran % 3 ? 0.25f : 0.9f;
+          Op op(0, OpKind::kBatchNormForwardTraining, "f");
+          op.set_attr("epsilon", eps).set_attr("momentum", momentum);
+          op.set_attr("data_format", std::string(fmt));
+          op.add_input(testing_util::lt(0, dt, shape));
+          for (int i = 1; i <= 4; ++i) op.add_input(testing_util::lt(i, DataType::kF32, {c}));
+          op.add_output(testing_util::lt(5, dt, shape));
+          for (int i = 6; i <= 9; ++i) op.add_output(testing_util::lt(i, DataType::kF32, {c}));
+          int64_t n = 1;
+          for (int64_t d : shape) n *= d;
+          // Inputs, rounded to their dtypes first: the formulas see what ref sees.
+          std::map<int64_t, std::vector<double>> in;
+          auto rounded = [](double v, DataType t) {
+            std::vector<char> b(8);
+            store_from_double(b.data(), 0, t, v);
+            return load_as_double(b.data(), 0, t);
+          };
+          for (int64_t i = 0; i < n; ++i) in[0].push_back(rounded(3 * normal(rng) + 2, dt));
+          for (int k = 1; k <= 4; ++k)
+            for (int64_t j = 0; j < c; ++j)
+              in[k].push_back(
+                  rounded(k == 2 ? 1.0 + std::fabs(normal(rng)) : normal(rng), DataType::kF32));
+          auto out = run_ref(op, in);
+          // The formulas.
+          std::vector<double> sum(c, 0.0), sq(c, 0.0);
+          std::vector<int64_t> count(c, 0);
+          auto channel_of = [&](int64_t i) {
+            int64_t stride = 1;
+            for (int d = rank - 1; d > axis; --d) stride *= shape[d];
+            return (i / stride) % c;
+          };
+          for (int64_t i = 0; i < n; ++i) {
+            sum[channel_of(i)] += in[0][i];
+            ++count[channel_of(i)];
+          }
+          for (int64_t i = 0; i < n; ++i) {
+            const double m = sum[channel_of(i)] / count[channel_of(i)];
+            sq[channel_of(i)] += (in[0][i] - m) * (in[0][i] - m);
+          }
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " " + fmt + " " + dims_to_string(shape));
+          for (int64_t j = 0; j < c; ++j) {
+            const double mean = sum[j] / count[j], var = sq[j] / count[j];
+            EXPECT_NEAR(get(out, 8, DataType::kF32, j), mean, 1e-6 * (1 + std::fabs(mean)));
+            EXPECT_NEAR(get(out, 9, DataType::kF32, j), var, 1e-6 * var);
+            EXPECT_NEAR(get(out, 6, DataType::kF32, j), momentum * in[1][j] + (1 - momentum) * mean,
+                        1e-6 * (1 + std::fabs(mean) + std::fabs(in[1][j])));
+            EXPECT_NEAR(get(out, 7, DataType::kF32, j), momentum * in[2][j] + (1 - momentum) * var,
+                        1e-6 * (var + in[2][j]));
+          }
+          double worst = 0.0;
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t j = channel_of(i);
+            const double mean = sum[j] / count[j], var = sq[j] / count[j];
+            const double y = (in[0][i] - mean) / std::sqrt(var + eps) * in[3][j] + in[4][j];
+            // ref rounds its float64 result once: within one rounding of the formula.
+            const double ulp = dt == DataType::kF32    ? 0x1p-23
+                               : dt == DataType::kBF16 ? 0x1p-7
+                                                       : 0x1p-10;
+            const double err = std::fabs(get(out, 5, dt, i) - y) / (ulp * (std::fabs(y) + 1e-3));
+            worst = std::max(worst, err);
+          }
+          EXPECT_LE(worst, 1.0);
+          ++ran;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ran, 3 * 2 * 4 * 3);
 }
 
 }  // namespace
