@@ -228,6 +228,66 @@ TEST(Hardening, NanAndInfStayInTheirChannelEverywhere) {
   EXPECT_GE(ran, 3 * 3 * 2 * 5 * 2 * 2);  // ref and the JIT at least
 }
 
+// Many threads at once compiling and running different problems (shapes,
+// dtypes, layouts, forward and backward) through the kernel caches, the
+// thread pool and the per-thread scratch: each result is the bits the same
+// problem gives when run alone.
+TEST(Hardening, ManyThreadsCompileAndRunDifferentProblemsAtOnce) {
+  struct Case {
+    int kind;  // 0 backward, 1 forward
+    Dims shape;
+    const char* fmt;
+    DataType dt;
+  };
+  const std::vector<Case> cases = {
+      {0, {4, 24, 9, 9}, "NCX", DataType::kF32},
+      {0, {4, 9, 9, 24}, "NXC", DataType::kBF16},
+      {1, {2, 40, 7, 7}, "NCX", DataType::kF16},
+      {1, {2, 7, 7, 40}, "NXC", DataType::kF32},
+      {0, {3, 5, 33}, "NCX", DataType::kF16},
+      {1, {8, 64}, "NXC", DataType::kBF16},
+      {0, {2, 7, 6, 5, 130}, "NXC", DataType::kF32},
+      {1, {1, 3, 50, 50}, "NCX", DataType::kBF16},
+      // Large enough for the thread pool (the small ones run on one thread).
+      {0, {8, 64, 28, 28}, "NCX", DataType::kF32},
+      {1, {4, 28, 28, 128}, "NXC", DataType::kBF16}};
+  auto run_case = [&](const Case& k, std::map<int64_t, oracle::Buffer>* out) -> Status {
+    const Graph g = testing_util::one_op(poisoned_case_op(k.kind, k.shape, k.fmt, k.dt));
+    NG_ASSIGN_OR_RETURN(CompiledGraph cg, CompiledGraph::compile(g, CompileOptions{"auto"}));
+    NG_ASSIGN_OR_RETURN(auto inputs,
+                        oracle::make_inputs(cg.graph(), cg.lowered_graph(), "", 11, nullptr));
+    NG_ASSIGN_OR_RETURN(*out, testing_util::run_outputs(cg, inputs));
+    return ok_status();
+  };
+  std::vector<std::map<int64_t, oracle::Buffer>> alone(cases.size());
+  for (size_t k = 0; k < cases.size(); ++k) ASSERT_TRUE(run_case(cases[k], &alone[k]).ok()) << k;
+  constexpr int kThreads = 8, kRounds = 6;
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        const size_t k = static_cast<size_t>(t * 3 + r * 5) % cases.size();
+        std::map<int64_t, oracle::Buffer> out;
+        const Status s = run_case(cases[k], &out);
+        if (!s.ok()) {
+          failures[static_cast<size_t>(t)] = "case " + std::to_string(k) + ": " + s.to_string();
+          return;
+        }
+        for (const auto& [id, b] : alone[k]) {
+          if (out.at(id).bytes != b.bytes) {
+            failures[static_cast<size_t>(t)] =
+                "case " + std::to_string(k) + " tensor " + std::to_string(id) + " differs";
+            return;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[static_cast<size_t>(t)], "") << t;
+}
+
 // One compiled graph executed from 8 threads at once, each with its own buffers,
 // gives the serial bits; and compiling from several threads at once works.
 TEST(Hardening, EightThreadsGiveTheSerialBitsOnEveryBackend) {
