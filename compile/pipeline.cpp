@@ -22,7 +22,9 @@ StatusOr<PassPipeline> build_pipeline(const CompileOptions& options) {
     }
   }
   append(options.passes_after);
-  return make_pipeline(names);
+  NG_ASSIGN_OR_RETURN(PassPipeline pipeline, make_pipeline(names));
+  if (options.verify_each) pipeline.set_verify_each(true);
+  return pipeline;
 }
 
 CompileContext compile_context(const CompileOptions& options) {

@@ -41,6 +41,9 @@ struct CompileOptions {
   // than a kernel) would run under "auto" is an error naming why the fast
   // backends declined, instead of a silent slow path.
   bool allow_reference = true;
+  // A full check of the graph after every pass (PassPipeline::set_verify_each;
+  // always on in debug builds).
+  bool verify_each = false;
   // A named JIT kernel variant instead of the JIT's own choice, for comparing
   // variants interleaved in one run (`normgrad bench --jit-variant`): "" or
   // "default" (the JIT decides), or a walk for NXC rows wider than the registers:

@@ -430,6 +430,38 @@ void Graph::shift_index(size_t from) {
   for (size_t j = from; j < ops_.size(); ++j) index_[ops_[j].id()] = j;
 }
 
+Status Graph::check_against_rebuild() const {
+  if (!finalized_) return internal_error("check_against_rebuild: the graph is not finalized");
+  Graph fresh = with_ops(ops_);
+  NG_RETURN_IF_ERROR(fresh.finalize().with_context("the graph finalized from scratch"));
+  for (size_t k = 0; k < ops_.size(); ++k) {
+    if (fresh.ops_[k].id() != ops_[k].id())
+      return internal_error("op " + std::to_string(ops_[k].id()) +
+                            " is out of order: a fresh finalize puts op " +
+                            std::to_string(fresh.ops_[k].id()) + " at its place");
+  }
+  for (const auto& [id, v] : values_) {
+    const auto it = fresh.values_.find(id);
+    const std::string who = "tensor " + std::to_string(id);
+    if (it == fresh.values_.end())
+      return internal_error(who + " is kept but no op names it any longer");
+    const Value& f = it->second;
+    if (f.producer != v.producer)
+      return internal_error(who + ": producer " + std::to_string(v.producer) + ", rebuilt " +
+                            std::to_string(f.producer));
+    if (f.desc.dims != v.desc.dims || f.desc.dtype != v.desc.dtype)
+      return internal_error(who + ": metadata differs from the rebuilt graph's");
+    bool same = f.uses.size() == v.uses.size();
+    for (size_t u = 0; same && u < f.uses.size(); ++u)
+      same = f.uses[u].op_id == v.uses[u].op_id && f.uses[u].port == v.uses[u].port;
+    if (!same) return internal_error(who + ": its uses differ from the rebuilt graph's");
+  }
+  if (fresh.values_.size() != values_.size())
+    return internal_error("the rebuilt graph has " + std::to_string(fresh.values_.size()) +
+                          " tensors, the edited one " + std::to_string(values_.size()));
+  return ok_status();
+}
+
 Status Graph::merge_tensor(LogicalTensor& known, const LogicalTensor& incoming,
                            const std::string& where) {
   return merge_metadata(known, incoming, where);

@@ -74,6 +74,11 @@ class Graph {
   // their shapes (the pass pipeline still re-verifies the whole graph after
   // each pass that changed it).
   // On a graph that is not finalized they edit the ops only.
+  // A finalized graph's maps (kept by each edit) against the same ops
+  // finalized from scratch: OK, or an internal error naming the first tensor
+  // whose producer, uses or shape differ. Linear in the graph; `--verify-each`
+  // runs it after every pass.
+  Status check_against_rebuild() const;
   // The index of op `op_id` in ops(), or -1.
   int64_t index_of(int64_t op_id) const;
   // Removes an op whose outputs nothing reads.

@@ -42,6 +42,10 @@ StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     any = any || *changed;
+    if (verify_each_) {
+      NG_RETURN_IF_ERROR(graph.check_against_rebuild().with_context(
+          std::string("--verify-each after pass ") + pass->name()));
+    }
     if (records) records->push_back({pass->name(), *changed, ms});
     if (print_after_all)
       *print_after_all << "// after " << pass->name() << "\n"

@@ -35,6 +35,12 @@ struct PassRecord {
 class PassPipeline {
  public:
   PassPipeline& add(std::unique_ptr<Pass> pass);
+  // After every pass, the graph's maps against a finalize from scratch
+  // (Graph::check_against_rebuild): on by default in debug builds.
+  PassPipeline& set_verify_each(bool on) {
+    verify_each_ = on;
+    return *this;
+  }
   std::vector<std::string> pass_names() const;
 
   // Runs every pass in order. With `print_after_all`, writes
@@ -45,6 +51,11 @@ class PassPipeline {
 
  private:
   std::vector<std::unique_ptr<Pass>> passes_;
+#ifdef NDEBUG
+  bool verify_each_ = false;
+#else
+  bool verify_each_ = true;
+#endif
 };
 
 // Runs `step` until it reports no change (XLA's HloPassFix): the graph is

@@ -119,7 +119,8 @@ namespace {
 
 // One case of `opt`: parse, finalize, run the pipeline, print.
 Status opt_one(const std::string& text, const std::string& passes, bool passes_given,
-               bool print_after_all, bool as_text, bool verbose, std::string* out) {
+               bool print_after_all, bool as_text, bool verbose, bool verify_each,
+               std::string* out) {
   NG_ASSIGN_OR_RETURN(Graph g, parse_graph(text));
   NG_RETURN_IF_ERROR(g.finalize());
   // Named passes run exactly as listed; none given, the compile pipeline.
@@ -132,6 +133,7 @@ Status opt_one(const std::string& text, const std::string& passes, bool passes_g
   } else if (!passes_given) {
     NG_ASSIGN_OR_RETURN(pipeline, build_pipeline(CompileOptions{}));
   }
+  if (verify_each) pipeline.set_verify_each(true);
   std::vector<PassRecord> records;
   NG_ASSIGN_OR_RETURN(bool changed,
                       pipeline.run(g, print_after_all ? &std::cerr : nullptr, &records, as_text));
@@ -156,13 +158,17 @@ int opt_command(const std::vector<std::string>& raw_argv) {
       "normgrad opt");
   app.footer(passes_help());
   std::string path, passes, out_path;
-  bool print_after_all = false, as_text = false, split = false, verbose = false;
+  bool print_after_all = false, as_text = false, split = false, verbose = false,
+       verify_each = false;
   app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
   auto* passes_opt = app.add_option("--passes", passes,
                                     "comma-separated pass names, or none (default: the pipeline)");
   app.add_flag("--print-after-all", print_after_all, "print the graph after every pass (stderr)");
   app.add_flag("--text", as_text,
                "print the text form (one op per line) instead of JSON, after every pass too");
+  app.add_flag("--verify-each", verify_each,
+               "check the whole graph against a fresh finalize after every pass (on in debug "
+               "builds)");
   app.add_flag("--verbose", verbose,
                "say on stderr whether each pass changed the graph, and how "
                "long it took");
@@ -176,7 +182,7 @@ int opt_command(const std::vector<std::string>& raw_argv) {
       "opt", path, split,
       [&](const std::string& body, std::string* out) {
         return opt_one(body, passes, passes_opt->count() > 0, print_after_all, as_text, verbose,
-                       out);
+                       verify_each, out);
       },
       &all);
   if (!out_path.empty()) {
@@ -192,9 +198,10 @@ namespace {
 
 // One graph's partitions, printed; returns the exit status.
 Status print_partitions(Graph g, const std::string& backend, bool as_json, bool explain,
-                        std::string* out) {
+                        bool verify_each, std::string* out) {
   NG_RETURN_IF_ERROR(g.finalize());
   CompileOptions options;
+  options.verify_each = verify_each;
   options.allow_unsupported = true;
   options.backend = backend;
   if (g.engine_kind != "cpu") {
@@ -288,9 +295,11 @@ int partitions_command(const std::vector<std::string>& argv) {
       "pattern, kernel and tensors.",
       "normgrad partitions");
   std::string path, backend = "auto";
-  bool as_json = false, explain = false, split = false;
+  bool as_json = false, explain = false, split = false, verify_each = false;
   app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
   app.add_flag("--json", as_json, "print JSON");
+  app.add_flag("--verify-each", verify_each,
+               "check the whole graph against a fresh finalize after every pass");
   app.add_flag("--explain", explain, "per op, every pattern tried there and why it did not match");
   app.add_option("--backend", backend, backend_names_help());
   app.add_flag("--split-input-file", split,
@@ -301,7 +310,7 @@ int partitions_command(const std::vector<std::string>& argv) {
       "partitions", path, split,
       [&](const std::string& body, std::string* out) {
         NG_ASSIGN_OR_RETURN(Graph g, parse_graph(body));
-        return print_partitions(std::move(g), backend, as_json, explain, out);
+        return print_partitions(std::move(g), backend, as_json, explain, verify_each, out);
       },
       &all);
   std::cout << all;

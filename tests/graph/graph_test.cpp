@@ -284,6 +284,7 @@ TEST(GraphRewriter, EditsKeepQueriesCurrentAndRefuseBrokenOrders) {
 // edit of a long random sequence, accepted or refused, every query answers
 // as the same ops finalized from scratch answer.
 void expect_same_queries(const Graph& g, int step) {
+  EXPECT_TRUE(g.check_against_rebuild().ok()) << "step " << step;
   Graph fresh = g.with_ops(g.ops());
   ASSERT_TRUE(fresh.finalize().ok()) << "step " << step;
   ASSERT_EQ(fresh.ops().size(), g.ops().size());

@@ -280,6 +280,10 @@ TEST(CliGraphTools, OptOutputFollowsItsFlagsAndVersionPrints) {
   EXPECT_NE(r.output.find("// after canonicalize\n%"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("\"graph\""), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("{\n"), std::string::npos) << r.output;  // no JSON
+  r = run("opt " + fused + " --verify-each -o /dev/null");         // every pass checked in full
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = run("partitions " + fused + " --verify-each");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   r = run("--version");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.output.rfind("normgrad ", 0), 0u) << r.output;
