@@ -351,7 +351,8 @@ Status Graph::link(const Op& op, const std::string& edit) {
     auto [it, inserted] = values_.emplace(lt.id, Value{lt, -1, 0, {}});
     if (inserted) return ok_status();
     Status s = merge_metadata(it->second.desc, lt, where);
-    if (s.ok() || !opaque) return s.ok() ? s : s.with_context(edit);
+    if (!s.ok() && !opaque) return s.with_context(edit);
+    if (s.ok()) return s;
     notes_.push_back(s.message() + "; " + op_ref(op) + " is not run by normgrad: ignored");
     return ok_status();
   };

@@ -186,7 +186,7 @@ def _mean_lo(x, mean, var, eps):
     is far from zero, else None. One more pass over x, only then."""
     if x.numel() == 0 or not bool(((mean.abs() * _torch.rsqrt(var + eps)) > _OFFSET_SIGMAS).any()):
         return None
-    _, mean64, _ = _local_moments(x)
+    _, mean64, _ = _local_moments(x, with_m2=False)
     return (mean64 - mean.double()).float()
 
 
@@ -241,7 +241,7 @@ def batch_norm_module_forward(m, x, residual=None):
     check_module(m, name, x)
     relu = m.fuse_relu
     if residual is not None:
-        _g.check_residual(name, x, residual)
+        _g.check_residual(name, residual)
         if residual.shape != x.shape or residual.dtype != x.dtype:
             # A broadcasting or mixed-dtype add (fx saw no shapes): unfused.
             y = _bn_apply(m, x, None, False) + residual
@@ -300,7 +300,7 @@ class BatchNorm3d(_NormgradBatchNorm, _nn.BatchNorm3d):
 # --- SyncBatchNorm -------------------------------------------------------------
 
 
-def _local_moments(x):
+def _local_moments(x, with_m2=True):
     """This process's count and per-channel mean and M2 = sum (x - mean)^2, in
     f64, from sums shifted by each channel's first values (so data far from
     zero does not cancel: a constant channel has M2 = 0 exactly)."""
@@ -315,6 +315,8 @@ def _local_moments(x):
     k = xf[0].reshape(c, -1)[:, :16].mean(1)  # near the mean: the sums stay small
     t = xf - k.view(shape)
     s1 = t.sum(dims, dtype=_torch.float64)
+    if not with_m2:  # the mean alone: one pass fewer
+        return n, k.double() + s1 / n, None
     s2 = (t * t).sum(dims, dtype=_torch.float64)
     return n, k.double() + s1 / n, (s2 - s1 * s1 / n).clamp_min(0)
 

@@ -193,7 +193,7 @@ def inplace_abn_module_forward(m, x, residual=None):
     _g.check_vectors(name, m.num_features, weight=m.weight, bias=m.bias,
                      running_mean=m.running_mean, running_var=m.running_var)
     if residual is not None:
-        _g.check_residual(name, x, residual)
+        _g.check_residual(name, residual)
         if residual.shape != x.shape or residual.dtype != x.dtype:
             raise _ng.Error("normgrad.torch.%s: the residual is %s %s, expected %s %s like the "
                             "input (rule: residual shape and dtype == input's)"

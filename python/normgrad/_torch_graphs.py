@@ -102,7 +102,7 @@ def check_vectors(name, num_features, **vectors):
                             % (name, role, tuple(t.shape), num_features, role, num_features))
 
 
-def check_residual(name, x, residual):
+def check_residual(name, residual):
     """The residual of a fused BN -> Add: a CPU tensor (its shape and dtype are
     compared with the input's by the caller, which falls back when they differ)."""
     if not isinstance(residual, _torch.Tensor):
