@@ -198,7 +198,7 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
   const bool forced_elsewhere = options.backend != "auto" && options.backend != partition.backend;
   std::vector<PatternTrial> trials;
   Partition p = partition;
-  if (partition.backend.empty() || partition.anchor < 0 || forced_elsewhere) {
+  if (partition.backend.empty() || partition.anchor() < 0 || forced_elsewhere) {
     // Built by hand, or from a plan for another backend: which pattern takes
     // exactly these ops? The partition's port order stays the caller's.
     Graph alone;
@@ -214,7 +214,6 @@ StatusOr<std::shared_ptr<const CompiledPartition>> compile_partition(
     if (!whole.ok()) return whole.status().with_context(who);
     p.backend = whole->backend;
     p.pattern = whole->pattern;
-    p.anchor = whole->anchor;
     p.roles = whole->roles;
   }
   return compile_matched(p, options, ctx, by_op(trials));

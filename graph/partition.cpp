@@ -35,6 +35,13 @@ const Op* Partition::bound(FusionRole role) const {
   return nullptr;
 }
 
+int64_t Partition::anchor() const {
+  for (const BoundOp& b : roles) {
+    if (b.role == FusionRole::kAnchor) return b.op_id;
+  }
+  return -1;
+}
+
 std::string Partition::ops_string() const {
   std::string s;
   for (const Op& op : ops) s += (s.empty() ? "" : "+") + std::string(op.kind_spelling());

@@ -40,16 +40,17 @@ struct Partition {
   std::vector<LogicalTensor> inputs;
   std::vector<LogicalTensor> outputs;
   // Set by the partitioner from the pattern that took the ops: the backend
-  // that runs it, the pattern ("jit.bn_bwd_producers") and the op the pattern
-  // is anchored at. Empty and -1 for a partition built by hand, which
+  // that runs it, the pattern ("jit.bn_bwd_producers") and every op's role
+  // in the match. Empty for a partition built by hand, which
   // compile_partition matches first.
   std::string backend;
   std::string pattern;
-  int64_t anchor = -1;
-  // Every op's role in the match (empty for a partition not matched yet).
   std::vector<BoundOp> roles;
   // The op bound to `role`, or nullptr.
   const Op* bound(FusionRole role) const;
+  // The id of the op the pattern is anchored at (its kAnchor role), or -1
+  // for a partition not matched yet.
+  int64_t anchor() const;
   // False for ops no backend of ours runs (oneDNN Graph kinds we carry as
   // opaque ops, opaque layouts): the caller runs them itself, as with oneDNN
   // Graph's unsupported partitions. `reason` says why.

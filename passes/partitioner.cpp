@@ -170,7 +170,6 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
       Partition p = make_partition(graph, ids);
       p.backend = pattern.backend;
       p.pattern = pattern.full_name();
-      p.anchor = anchor.id();
       p.roles = matched->ops;
       Status s = plain_layouts(p);
       if (s.ok() && options.accept && shapes_known(graph, p)) s = options.accept(pattern, p);

@@ -327,11 +327,8 @@ int bench_command(const std::vector<std::string>& argv) {
   std::string variants;
   app.add_option("--jit-variant", variants,
                  "comma-separated JIT variants timed as extra columns jit[NAME], interleaved with "
-                 "the rest: default (the JIT's own choice, a control), nxc-per-pixel, "
-                 "nxc-blocked[-PIXELS], nxc-swept[-KIB], nxc-swept-ahead[-PIXELS], "
-                 "nxc-contiguous-split, nxc-adaptive-split, nxc-last-first-apply, "
-                 "nxc-forward-apply, ncx-forward-apply, ncx-reverse-apply, ncx-no-next-channel, "
-                 "ncx-reduce-prefetch, ncx-no-nt; A+B for both (docs/cli.md)");
+                 "the rest: default (the JIT's own choice, a control) or a named variant, A+B "
+                 "for both (docs/cli.md lists them; an unknown name prints the list)");
   app.add_flag("--from-dst", opt.from_dst,
                "also time BatchNormTrainingBackwardFromDst (leaky_relu 0.01) on the JIT, column "
                "jit-from-dst, interleaved with the backward it replaces");

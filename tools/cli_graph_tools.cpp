@@ -1,6 +1,8 @@
 // `normgrad opt`, `normgrad partitions` and `normgrad dot`: the compiler's view
 // of a graph, as mlir-opt and friends give it.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -147,6 +149,26 @@ Status opt_one(const std::string& text, const std::string& passes, bool passes_g
   return ok_status();
 }
 
+// The process's rank when an MPI launcher started it (Open MPI, MPICH's
+// Hydra, PMIx), read from the launcher's environment: opt, partitions and dot
+// do not initialize MPI, and every rank would print the same graph.
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return 0;
+}
+
+// Under mpirun, the graph tools print from rank 0 only: the other ranks do the
+// same work (and exit with the same code) with their output discarded.
+void quiet_unless_first_rank() {
+  if (launcher_rank() == 0) return;
+  if (std::freopen("/dev/null", "w", stdout) == nullptr ||
+      std::freopen("/dev/null", "w", stderr) == nullptr) {
+    return;  // keep printing rather than lose rank 0's view of an error
+  }
+}
+
 }  // namespace
 
 int opt_command(const std::vector<std::string>& raw_argv) {
@@ -177,6 +199,7 @@ int opt_command(const std::vector<std::string>& raw_argv) {
   app.add_option("-o", out_path, "write to this file instead of stdout");
   app.add_option("--load-pass-plugin", "load passes from a shared library (repeatable)");
   if (int rc = parse_args(app, *argv); rc >= 0) return rc;
+  quiet_unless_first_rank();
   std::string all;
   const int rc = for_each_case(
       "opt", path, split,
@@ -185,7 +208,7 @@ int opt_command(const std::vector<std::string>& raw_argv) {
                        verify_each, out);
       },
       &all);
-  if (!out_path.empty()) {
+  if (!out_path.empty() && launcher_rank() == 0) {  // one writer of the file
     std::ofstream out(out_path);
     if (!(out << all)) return fail("opt", not_found(out_path + ": cannot write"));
   } else {
@@ -264,12 +287,12 @@ Status print_partitions(Graph g, const std::string& backend, bool as_json, bool 
     // order, and what it answered (the last one that matched won); an op a
     // pattern anchored elsewhere took says so.
     for (const Op& op : r.p->ops) {
-      if (op.id() != r.p->anchor && r.p->anchor >= 0) {
+      if (op.id() != r.p->anchor() && r.p->anchor() >= 0) {
         std::string role;
         for (const BoundOp& b : r.p->roles)
           role = b.op_id == op.id() ? std::string(" as ") + fusion_role_name(b.role) : role;
         o << "    " << op.label() << ": taken by " << r.p->pattern << role << " (anchored at op "
-          << r.p->anchor << ")\n";
+          << r.p->anchor() << ")\n";
       }
       auto [first, last] = trials.equal_range(op.id());
       for (auto it = first; it != last; ++it) {
@@ -305,6 +328,7 @@ int partitions_command(const std::vector<std::string>& argv) {
   app.add_flag("--split-input-file", split,
                "the file holds cases separated by '// -----'; each is partitioned on its own");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
+  quiet_unless_first_rank();
   std::string all;
   const int rc = for_each_case(
       "partitions", path, split,
@@ -325,6 +349,7 @@ int dot_command(const std::vector<std::string>& argv) {
   app.add_option("graph", path, "GRAPH.json, or a file in the text form")->required();
   app.add_flag("--after-passes", after_passes, "run the pipeline first (fused partitions)");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
+  quiet_unless_first_rank();
   auto loaded = load_finalized(path);
   if (!loaded.ok()) return fail("dot", loaded.status());
   // After the passes: the plan compile and `partitions` use.

@@ -223,16 +223,6 @@ int64_t rows_task_bytes(const BnConf& c) {
          tensors;
 }
 
-// kRows: whether the reduce can prefetch kReducePrefetchRows rows ahead
-// (PrefetchConf::reduce_rows): one channel per call, rows apart, and the
-// prefetches' displacement (the row offset plus a line's) a 32-bit immediate.
-bool reduce_prefetch_fits(const BnConf& c) {
-  const int64_t ahead =
-      (kReducePrefetchRows * c.walk.row_stride + c.walk.cols) * dtype_size(c.d.data_dt);
-  return c.walk.kind == Walk::kRows && c.walk.channel_group == 0 &&
-         c.walk.row_stride != c.walk.cols && ahead <= INT32_MAX;
-}
-
 void set_apply_prefetch(BnConf* c) {
   if (c->walk.kind != Walk::kRows) return;
   const int64_t es = dtype_size(c->d.data_dt);
@@ -243,13 +233,10 @@ void set_apply_prefetch(BnConf* c) {
                              c->walk.cols * es >= kNextChannelPrefetchRowBytes &&
                              c->d.channels > 1 && c->x_strides.empty() && c->dy_strides.empty() &&
                              (c->walk.channel_stride + c->walk.cols) * es <= INT32_MAX;
-  // Measured on an Intel Xeon host (L2 2 MiB, 2 threads): 32x64x112x112 f32
-  // 16.6 -> 12.3 ms, bf16 9.2 -> 7.2, 32x256x56x56 f32 13.5 -> 11.5; 56x56
-  // bf16 (a quarter of the L2 per channel) 5.6 -> 6.0 and 28x28 f32 with
-  // a call per row 5.0 -> 6.2, so channels that fit keep the forward call.
-  // On a Zen 5 host (L2 1 MiB) the reversed apply was 2-12% slower on
-  // 112x112 and 56x56, f32 and bf16 (two interleaved runs), so it needs an
-  // L2 of kReverseApplyMinL2Bytes.
+  // The reversed apply starts on the rows the reduce left in a large L2; it
+  // paid on large channels with an L2 of 2 MiB and cost time on channels that
+  // fit and on an L2 of 1 MiB, hence kReverseApplyMinL2Bytes
+  // (docs/performance.md, "Why the JIT chooses what it does").
   if (cache_sizes().l2_bytes >= kReverseApplyMinL2Bytes)
     c->stream.reverse_rows = reverse_apply_rows(*c);
 }
@@ -362,17 +349,13 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // Rows wider than the registers (C > 64 on AVX-512). f32 takes the
   // channel-swept kernels: every load a fixed stride from its previous one
   // (what the stride prefetchers follow, as in oneDNN's nspc kernel), sums and
-  // coefficients in registers, a call's rows re-read from the L2. Interleaved
-  // on a Zen 5 host they beat the channel-blocked walk (groups of 8 pixels)
-  // by 1.04-1.2x from DRAM and cached, and the per-pixel walk by 1.2-2x. The
-  // blocked walk had measured 1.1-2.2x slower than per-pixel on a Zen 4 host,
-  // where its loads jump between 8 pixels and back. Rows so wide that a call
-  // has fewer than kMinSweepRows pixels (C >= 1024) take the blocked walk:
-  // there swept and blocked were level within the noise on Zen 5, and on
-  // Zen 4 blocked was level with per-pixel at 14x14 and 1.5x ahead at 7x7.
-  // 16-bit data takes the per-pixel walk from DRAM (swept and blocked were up
-  // to 1.9x slower on every host measured) and the blocked walk when src and
-  // diff_dst fit in half the L3 (1.2-1.5x on 32x7x7x2048).
+  // coefficients in registers, a call's rows re-read from the L2; the
+  // blocked walk's loads jump between 8 pixels and back, which some hosts'
+  // prefetchers do not follow. Rows so wide that a call has fewer than
+  // kMinSweepRows pixels (C >= 1024) take the blocked walk, whose groups stay
+  // long enough there. 16-bit data takes the per-pixel walk from DRAM and the
+  // blocked walk when src and diff_dst fit in half the L3. The runs behind
+  // each rule: docs/performance.md, "Why the JIT chooses what it does".
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
@@ -400,11 +383,10 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // Streaming stores pay off unless all three tensors stay in the cache from
   // one use to the next. Cached diff_src stores read each line for ownership
   // first, a third more traffic when the lines come from DRAM, and they evict
-  // the inputs the apply is about to re-read. Measured on the interleaved
-  // bench (each backend's tensors evicted by the others' between its runs):
-  // 2x192x71x71 bf16 (11.6 MB for the three) gained 9% from streaming,
-  // 2x192x71x71 f32 (23 MB) 18%, and 4x512x14x14 f32 (4.8 MB) lost 15%;
-  // so: stream when the three take more than a quarter of the L3. AVX2
+  // the inputs the apply is about to re-read; a streamed line that the next
+  // use would have found in the cache is lost. So: stream when the three
+  // take more than a quarter of the L3 (docs/performance.md, "Why the JIT
+  // chooses what it does"). AVX2
   // streams too (32-byte vmovntps, 16-byte vmovntdq for 16-bit data); the
   // realigned rows and the grouped rows' linear blocks stay AVX-512's.
   c.stream.nt_stores = isa != Isa::kPortable && 3 * data_bytes > cache_sizes().l3_bytes / 4;
@@ -530,104 +512,19 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   return c;
 }
 
-namespace {
-
-// The number after `prefix` and a dash ("nxc-blocked-4"), `fallback` when the
-// variant is the prefix alone, -1 when it is neither.
-int64_t variant_number(const std::string& variant, const std::string& prefix, int64_t fallback) {
-  if (variant == prefix) return fallback;
-  if (variant.size() <= prefix.size() + 1 || variant.compare(0, prefix.size() + 1, prefix + "-"))
-    return -1;
-  int64_t n = 0;
-  for (size_t i = prefix.size() + 1; i < variant.size(); ++i) {
-    if (variant[i] < '0' || variant[i] > '9' || n > 1000000) return -1;
-    n = n * 10 + (variant[i] - '0');
-  }
-  return n;
+// kRows: whether the reduce can prefetch kReducePrefetchRows rows ahead
+// (PrefetchConf::reduce_rows): one channel per call, rows apart, and the
+// prefetches' displacement (the row offset plus a line's) a 32-bit immediate.
+bool reduce_prefetch_fits(const BnConf& c) {
+  const int64_t ahead =
+      (kReducePrefetchRows * c.walk.row_stride + c.walk.cols) * dtype_size(c.d.data_dt);
+  return c.walk.kind == Walk::kRows && c.walk.channel_group == 0 &&
+         c.walk.row_stride != c.walk.cols && ahead <= INT32_MAX;
 }
-
-}  // namespace
 
 int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes) {
   const int64_t pixel_bytes = 2 * c.walk.cols * dtype_size(c.d.data_dt);
   return std::max<int64_t>(1, call_bytes / std::max<int64_t>(1, pixel_bytes));
-}
-
-Status apply_variant(const std::string& variant, BnConf* c) {
-  // "default": the JIT's own choice again, a control column for the bench.
-  if (variant.empty() || variant == "default") return ok_status();
-  // "A+B": each part in turn.
-  if (const size_t plus = variant.find('+'); plus != std::string::npos) {
-    NG_RETURN_IF_ERROR(apply_variant(variant.substr(0, plus), c));
-    return apply_variant(variant.substr(plus + 1), c);
-  }
-  if (variant == "nxc-contiguous-split" || variant == "nxc-adaptive-split") {
-    c->walk.contiguous_split = variant == "nxc-contiguous-split";
-    return ok_status();
-  }
-  if (variant == "nxc-last-first-apply" || variant == "nxc-forward-apply") {
-    c->walk.apply_last_first = variant == "nxc-last-first-apply";
-    return ok_status();
-  }
-  if (variant == "ncx-no-next-channel") {
-    c->prefetch.next_channel = false;
-    return ok_status();
-  }
-  if (variant == "ncx-forward-apply") {
-    c->stream.reverse_rows = 0;
-    return ok_status();
-  }
-  if (variant == "ncx-reverse-apply") {
-    c->stream.reverse_rows = reverse_apply_rows(*c);
-    return ok_status();
-  }
-  if (variant == "ncx-reduce-prefetch") {
-    if (!c->empty && reduce_prefetch_fits(*c)) c->prefetch.reduce_rows = true;
-    return ok_status();
-  }
-  if (variant == "ncx-no-nt") {
-    c->stream.nt_stores = false;
-    return ok_status();
-  }
-  const bool wide_pixels =
-      c->walk.kind == Walk::kPixels && c->isa == Isa::kAvx512 && c->walk.cols > 64 && !c->empty;
-  if (const int64_t g = variant_number(variant, "nxc-blocked", kPixelGroup); g >= 1 && g <= 16) {
-    c->walk.sweep_rows = 0;
-    c->prefetch.sweep_ahead = 0;
-    if (wide_pixels) c->walk.pixel_group = static_cast<int>(g);
-    return ok_status();
-  }
-  if (const int64_t kib = variant_number(variant, "nxc-swept", kSweepCallBytes >> 10);
-      kib >= 1 && kib <= 65536) {
-    c->walk.pixel_group = 0;
-    c->prefetch.sweep_ahead = 0;
-    if (wide_pixels) c->walk.sweep_rows = sweep_call_rows(*c, kib << 10);
-    return ok_status();
-  }
-  if (const int64_t ahead = variant_number(variant, "nxc-swept-ahead", 8);
-      ahead >= 1 && ahead <= 4096) {
-    c->walk.pixel_group = 0;
-    c->prefetch.sweep_ahead = 0;
-    // The prefetches' displacement is a 32-bit immediate.
-    if (wide_pixels &&
-        (ahead * c->walk.row_stride + c->walk.cols) * dtype_size(c->d.data_dt) <= INT32_MAX) {
-      c->walk.sweep_rows = sweep_call_rows(*c, kSweepCallBytes);
-      c->prefetch.sweep_ahead = ahead;
-    }
-    return ok_status();
-  }
-  if (variant == "nxc-per-pixel") {
-    c->walk.pixel_group = 0;
-    c->walk.sweep_rows = 0;
-    c->prefetch.sweep_ahead = 0;
-    return ok_status();
-  }
-  return invalid_argument("unknown JIT variant '" + variant +
-                          "' (known: default, nxc-per-pixel, nxc-blocked[-PIXELS], "
-                          "nxc-swept[-KIB], nxc-swept-ahead[-PIXELS], nxc-contiguous-split, "
-                          "nxc-adaptive-split, nxc-last-first-apply, nxc-forward-apply, "
-                          "ncx-forward-apply, ncx-reverse-apply, ncx-no-next-channel, "
-                          "ncx-reduce-prefetch, ncx-no-nt; A+B for both)");
 }
 
 }  // namespace jit

@@ -73,8 +73,8 @@ struct PortMap {
 using normgrad::cache_sizes;
 using normgrad::CacheSizes;
 
-// Pixels per group of the channel-blocked pixel kernels (measured: 8 beat 2, 4,
-// 6 and 16 on C = 256..2048, f32).
+// Pixels per group of the channel-blocked pixel kernels (the best of 2, 4, 6,
+// 8 and 16 on C = 256..2048, f32; docs/performance.md).
 constexpr int kPixelGroup = 8;
 
 // Bytes of src + diff_dst per call of the channel-swept pixel kernels
@@ -98,9 +98,8 @@ constexpr int64_t kShortRowBytes = 1024;
 // rows ahead (PrefetchConf::reduce_rows).
 constexpr int64_t kReducePrefetchRows = 2;
 // kRows: rows at least this long prefetch the next channel in the apply
-// (PrefetchConf::next_channel). 40x40 to 112x112 f32 and 56x56 bf16
-// measured 5-14% faster with it; 28x28 f32 rows (3 KiB) 2-12% slower, for
-// reasons not found.
+// (PrefetchConf::next_channel). Long rows gained from it and 3 KiB rows
+// (28x28 f32) lost, for reasons not found (docs/performance.md).
 constexpr int64_t kNextChannelPrefetchRowBytes = 4096;
 // kRows, channels whose inputs exceed a quarter of the L2: the apply walks a
 // channel's rows last first in calls of about this many bytes per tensor
@@ -152,9 +151,10 @@ struct WalkConf {
   // kPixels: the apply takes the chunks last first, to start on what the
   // reduce left in the caches: with the contiguous split each thread its own
   // share's last chunks, with the adaptive split the whole range's last ones,
-  // whichever thread read them. On a Zen 5 VM whose two cores each have their
-  // own L3 neither gained, and the reversed whole range was 5-30% slower at
-  // 7x7 to 28x28 (docs/performance.md), so the apply runs front to back.
+  // whichever thread read them. Neither gained where each core has its own
+  // L3, and the reversed whole range lost at 7x7 to 28x28
+  // (docs/performance.md, "Which chunks each thread applies"), so the apply
+  // runs front to back.
   bool apply_last_first = false;
   // kRows, short rows whose channels are adjacent (channel_stride == cols):
   // channels per kernel call, each image's rows of the group one contiguous
@@ -196,8 +196,8 @@ struct PrefetchConf {
   // kRows, long rows (one channel per call) of 16-bit data, rows far apart:
   // the reduce prefetches, line by line, the row kReducePrefetchRows ahead.
   // Every row is a new stream for the hardware prefetchers, and a 16-bit row
-  // (6 KiB at 56x56) ends before they run far enough ahead; f32 rows are twice
-  // as long per element and measured no faster with it.
+  // (6 KiB at 56x56) ends before they run far enough ahead; an f32 row is
+  // twice as long and gave the prefetchers the time it needs.
   bool reduce_rows = false;
   // kRows, long rows, one call per channel: while the apply computes channel
   // c it prefetches, line by line, channel c + 1's inputs into the L2, so that
@@ -279,8 +279,16 @@ int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes);
 // whatever the L2's size; 0 where the apply stays forward.
 int64_t reverse_apply_rows(const BnConf& c);
 
-// Applies CompileOptions::jit_variant to a conf make_conf chose.
+// kRows: whether the reduce can prefetch kReducePrefetchRows rows ahead
+// (PrefetchConf::reduce_rows).
+bool reduce_prefetch_fits(const BnConf& c);
+
+// Applies CompileOptions::jit_variant to a conf make_conf chose
+// (jit_variants.cpp): a name of jit_variant_names(), or "A+B" for both.
 Status apply_variant(const std::string& variant, BnConf* conf);
+// "default, nxc-per-pixel, nxc-blocked[-PIXELS], ...": every variant
+// apply_variant knows, for help texts and errors.
+std::string jit_variant_names();
 
 }  // namespace jit
 }  // namespace normgrad

@@ -46,9 +46,9 @@ void coefficients(const BnConf& conf, double m, const Channel& ch, double sum_dy
 
 // run_dense's per-channel arrays, kept per thread between calls. Allocated
 // and freed on every call, their 100-200 KB at the heap's top were trimmed by
-// glibc after each call and page-faulted back in on the next: 16-44 faults
-// per call, 1x7x7x2048 NXC f32 0.116 ms against 0.036 ms without the trim
-// (measured). assign() keeps the capacity.
+// glibc after each call and page-faulted back in on the next, which cost
+// small cases more than their kernel (docs/performance.md, "Why the JIT
+// chooses what it does"). assign() keeps the capacity.
 struct DriverScratch {
   std::vector<Channel> ch;
   std::vector<double> red0, red1, diff_gamma, diff_beta, s0, s1;
@@ -201,8 +201,8 @@ class DenseRun {
   // convention handled here). The rows walks load each channel's in the task
   // that owns it, so this scalar work (a square root and a division) runs in
   // parallel; the pixels walk needs every channel's at once. With thousands
-  // of channels and few elements each (7x7, small batches) the serial loops
-  // were a measured share of the time.
+  // of channels and few elements each (7x7, small batches) serial loops
+  // would be a share of the time worth having back.
   void load_channel(int64_t c);
   double given(int port, int64_t c) const { return load_as_double(in_[port], c, DataType::kF32); }
   // Channel c's sums are final: Reduce keeps them (returns false); otherwise

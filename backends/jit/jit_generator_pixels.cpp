@@ -6,8 +6,8 @@
 // Wider f32 rows on AVX-512 take the channel-blocked kernels: pixels in groups
 // of conf.walk.pixel_group, each group walked one block of channels at a time with
 // the block's sums or coefficients in registers, so memory operands are paid
-// once per group instead of once per pixel (1.5-2x on C = 256..2048, measured
-// on cache-resident data; docs/performance.md). The channel-swept kernels
+// once per group instead of once per pixel (docs/performance.md, "Why the
+// JIT chooses what it does", has the runs). The channel-swept kernels
 // (conf.walk.sweep_rows) instead take one block of channels over every pixel
 // of the call before the next block. The rest use memory operands per vector.
 #include <normgrad/backends/jit/jit_generator.hpp>

@@ -31,8 +31,8 @@ constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum 
 // the TLB and the hardware prefetchers on every row; touch the next row of the
 // inputs while this one is computed.
 void BnGenerator::prefetch_next_row() {
-  // A group's rows of one image are one block: the next image's block (two or
-  // four images ahead measured no faster, no prefetch slower).
+  // A group's rows of one image are one block: the next image's block (the
+  // nearest that pays; docs/performance.md, "Why the JIT chooses what it does").
   if (c_.walk.kind != Walk::kRows || c_.walk.cols * es_ > kShortRowBytes) return;
   if (kind_ == Kind::kApply && !c_.prefetch.apply) return;
   const int64_t row_bytes = c_.walk.cols * es_ * std::max(1, c_.walk.channel_group);
@@ -46,8 +46,8 @@ void BnGenerator::prefetch_next_row() {
 }
 
 // The line at element `off` of the current row, `ahead` elements on, of every
-// input tensor, into the L2 (prefetcht0 measured no faster for the reduce's
-// rows ahead, and no faster for the apply's next channel).
+// input tensor, into the L2: the line is used a row or a channel later, and
+// the L1 would lose it to the current row's stream first.
 void BnGenerator::prefetch_inputs_l2(int64_t off, int64_t ahead) {
   const int64_t disp = (ahead + off) * es_;
   prefetcht1(ptr[rsi + r11 * es_ + disp]);

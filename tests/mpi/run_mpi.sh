@@ -71,5 +71,12 @@ if grep -q 'collective' <<<"$out" && grep -q '2x192x71x71 bf16 NXC' <<<"$out"; t
 else
   echo "FAIL bench --shard-batch"; echo "$out"; fail=1
 fi
+g="$src/tests/data/cli/fuse_elementwise.json"
+one="$(run 1 "$cli" opt "$g" --text)"; two="$(run 2 "$cli" opt "$g" --text)"
+if [ -n "$one" ] && [ "$one" = "$two" ]; then
+  echo "ok   opt under mpirun prints once"
+else
+  echo "FAIL opt under mpirun"; echo "$two"; fail=1
+fi
 [ "$fail" -eq 0 ] && echo "mpi: all passed"
 exit "$fail"

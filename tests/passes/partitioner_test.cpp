@@ -61,7 +61,7 @@ TEST(Partitioner, JitPatternTakesAProducerOnEitherPort) {
       EXPECT_EQ(p.ops_string(), std::string(op_kind_name(kind)) + "+BatchNormTrainingBackward");
       EXPECT_EQ(p.backend, "jit");
       EXPECT_EQ(p.pattern, "jit.bn_bwd_producers");
-      EXPECT_EQ(p.anchor, 0);  // the batch norm (bn_bwd's op id)
+      EXPECT_EQ(p.anchor(), 0);  // the batch norm (bn_bwd's op id)
       std::vector<int64_t> in_ids, out_ids;
       for (const auto& t : p.inputs) in_ids.push_back(t.id);
       for (const auto& t : p.outputs) out_ids.push_back(t.id);

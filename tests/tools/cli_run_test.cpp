@@ -284,6 +284,22 @@ TEST(CliGraphTools, OptOutputFollowsItsFlagsAndVersionPrints) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   r = run("partitions " + fused + " --verify-each");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Under mpirun every rank runs opt: rank 0 alone prints (and writes -o).
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  const std::string out_path = ::testing::TempDir() + "/ng_opt_rank1.txt";
+  std::remove(out_path.c_str());
+  r = run("opt " + fused + " --text --verbose -o " + out_path);
+  const Result bad = run("opt " + kData + "/cli/no_such_graph.json");
+  setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  const Result first = run("opt " + fused + " --text");
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "");
+  EXPECT_FALSE(std::ifstream(out_path).good()) << "rank 1 wrote " << out_path;
+  EXPECT_NE(bad.exit_code, 0);  // the same exit code as rank 0's, silently
+  EXPECT_EQ(bad.output, "");
+  EXPECT_EQ(first.exit_code, 0);
+  EXPECT_NE(first.output.find("BatchNorm"), std::string::npos) << first.output;
   r = run("--version");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.output.rfind("normgrad ", 0), 0u) << r.output;

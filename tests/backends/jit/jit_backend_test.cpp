@@ -3,6 +3,8 @@
 // channel and spatial tails, all forms, large offsets, and bitwise equality of
 // results across thread counts.
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <tbb/global_control.h>
@@ -379,7 +381,35 @@ TEST(JitBackend, NxcVariantsMatchRef) {
   }
   CompileOptions bad{"jit"};
   bad.jit_variant = "nxc-blocked-99";
-  EXPECT_FALSE(CompiledGraph::compile(g, bad).ok());
+  const auto refused = CompiledGraph::compile(g, bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("PIXELS must be in [1, 16]"), std::string::npos)
+      << refused.status().to_string();
+}
+
+// The variants are one table: its list names each, the unknown-name error
+// prints that list, and docs/cli.md describes every one of them.
+TEST(JitBackend, EveryVariantIsListedAndDocumented) {
+  const std::string names = jit::jit_variant_names();
+  std::ifstream in(std::string(NORMGRAD_EXAMPLES) + "/../../docs/cli.md");
+  ASSERT_TRUE(in) << "docs/cli.md";
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t start = 0;
+  int seen = 0;
+  while (start < names.size() && names.compare(start, 2, "; ") != 0) {
+    size_t end = names.find_first_of(",;", start);
+    std::string name = names.substr(start, end - start);
+    if (const size_t bracket = name.find('['); bracket != std::string::npos) name.resize(bracket);
+    EXPECT_NE(doc.find("`" + name), std::string::npos) << name << " is not in docs/cli.md";
+    jit::BnConf conf;
+    EXPECT_TRUE(jit::apply_variant(name, &conf).ok()) << name;
+    ++seen;
+    start = names[end] == ',' ? end + 2 : end;
+  }
+  EXPECT_GE(seen, 14) << names;
+  jit::BnConf conf;
+  const Status unknown = jit::apply_variant("nope", &conf);
+  EXPECT_NE(unknown.message().find(names), std::string::npos) << unknown.to_string();
 }
 
 // The pixels walk's reduction partition: a function of the shape alone, chunks

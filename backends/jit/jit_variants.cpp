@@ -1,0 +1,133 @@
+// JIT variants: named departures from make_conf's choice, for A/B timing.
+//
+// CompileOptions::jit_variant (and `normgrad bench --jit-variant`) names one
+// of the variants below, or "A+B" for both in turn. Each is one row of
+// kVariants: its name, the number it may take after a dash (pixels, KiB) and
+// the change it makes to the conf. The help text and the error for an
+// unknown name are printed from the same table, so a new variant is one row.
+// A variant that does not apply to a conf (an NXC walk on an NCX case) leaves
+// it as make_conf chose it: the bench times every column on every case.
+#include <normgrad/backends/jit/jit_conf.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace normgrad {
+namespace jit {
+namespace {
+
+struct Variant {
+  const char* name;
+  const char* arg;  // the number's meaning ("PIXELS"), or nullptr when it takes none
+  int64_t fallback, lo, hi;
+  void (*apply)(BnConf* c, int64_t n);
+};
+
+// NXC's wide pixel walk on AVX-512, where the blocked and swept walks apply.
+bool wide_pixels(const BnConf& c) {
+  return c.walk.kind == Walk::kPixels && c.isa == Isa::kAvx512 && c.walk.cols > 64 && !c.empty;
+}
+
+const Variant kVariants[] = {
+    {"default", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},  // make_conf's own: a control column
+    {"nxc-per-pixel", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) {
+       c->walk.pixel_group = 0;
+       c->walk.sweep_rows = 0;
+       c->prefetch.sweep_ahead = 0;
+     }},
+    {"nxc-blocked", "PIXELS", kPixelGroup, 1, 16,
+     [](BnConf* c, int64_t g) {
+       c->walk.sweep_rows = 0;
+       c->prefetch.sweep_ahead = 0;
+       if (wide_pixels(*c)) c->walk.pixel_group = static_cast<int>(g);
+     }},
+    {"nxc-swept", "KIB", kSweepCallBytes >> 10, 1, 65536,
+     [](BnConf* c, int64_t kib) {
+       c->walk.pixel_group = 0;
+       c->prefetch.sweep_ahead = 0;
+       if (wide_pixels(*c)) c->walk.sweep_rows = sweep_call_rows(*c, kib << 10);
+     }},
+    {"nxc-swept-ahead", "PIXELS", 8, 1, 4096,
+     [](BnConf* c, int64_t ahead) {
+       c->walk.pixel_group = 0;
+       c->prefetch.sweep_ahead = 0;
+       // The prefetches' displacement is a 32-bit immediate.
+       if (wide_pixels(*c) &&
+           (ahead * c->walk.row_stride + c->walk.cols) * dtype_size(c->d.data_dt) <= INT32_MAX) {
+         c->walk.sweep_rows = sweep_call_rows(*c, kSweepCallBytes);
+         c->prefetch.sweep_ahead = ahead;
+       }
+     }},
+    {"nxc-contiguous-split", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) { c->walk.contiguous_split = true; }},
+    {"nxc-adaptive-split", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) { c->walk.contiguous_split = false; }},
+    {"nxc-last-first-apply", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) { c->walk.apply_last_first = true; }},
+    {"nxc-forward-apply", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) { c->walk.apply_last_first = false; }},
+    {"ncx-forward-apply", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.reverse_rows = 0; }},
+    {"ncx-reverse-apply", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) { c->stream.reverse_rows = reverse_apply_rows(*c); }},
+    {"ncx-no-next-channel", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) { c->prefetch.next_channel = false; }},
+    {"ncx-reduce-prefetch", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) {
+       if (!c->empty && reduce_prefetch_fits(*c)) c->prefetch.reduce_rows = true;
+     }},
+    {"ncx-no-nt", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.nt_stores = false; }},
+};
+
+// The number after `prefix` and a dash ("nxc-blocked-4"), `fallback` when the
+// variant is the prefix alone, -1 when it is neither.
+int64_t variant_number(const std::string& variant, const std::string& prefix, int64_t fallback) {
+  if (variant == prefix) return fallback;
+  if (variant.size() <= prefix.size() + 1 || variant.compare(0, prefix.size() + 1, prefix + "-"))
+    return -1;
+  int64_t n = 0;
+  for (size_t i = prefix.size() + 1; i < variant.size(); ++i) {
+    if (variant[i] < '0' || variant[i] > '9' || n > 1000000) return -1;
+    n = n * 10 + (variant[i] - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string jit_variant_names() {
+  std::string s;
+  for (const Variant& v : kVariants) {
+    s += (s.empty() ? "" : ", ") + std::string(v.name);
+    if (v.arg != nullptr) s += std::string("[-") + v.arg + "]";
+  }
+  return s + "; A+B for both";
+}
+
+Status apply_variant(const std::string& variant, BnConf* c) {
+  if (variant.empty()) return ok_status();
+  if (const size_t plus = variant.find('+'); plus != std::string::npos) {
+    NG_RETURN_IF_ERROR(apply_variant(variant.substr(0, plus), c));
+    return apply_variant(variant.substr(plus + 1), c);
+  }
+  for (const Variant& v : kVariants) {
+    if (v.arg == nullptr) {
+      if (variant != v.name) continue;
+      v.apply(c, 0);
+      return ok_status();
+    }
+    const int64_t n = variant_number(variant, v.name, v.fallback);
+    if (n < 0) continue;  // "nxc-swept-ahead" is no "nxc-swept-N"
+    if (n < v.lo || n > v.hi) {
+      return invalid_argument("JIT variant '" + variant + "': " + v.arg + " must be in [" +
+                              std::to_string(v.lo) + ", " + std::to_string(v.hi) + "]");
+    }
+    v.apply(c, n);
+    return ok_status();
+  }
+  return invalid_argument("unknown JIT variant '" + variant + "' (known: " + jit_variant_names() +
+                          ")");
+}
+
+}  // namespace jit
+}  // namespace normgrad
