@@ -21,18 +21,6 @@ double now_ms() {
       .count();
 }
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> parts(1);
-  for (char c : s) {
-    if (c == ',') {
-      parts.emplace_back();
-    } else {
-      parts.back() += c;
-    }
-  }
-  return parts;
-}
-
 // benchdnn's loop order for the graph driver, outermost first.
 const char* const kListOrder[] = {
     "in-shapes", "op-attrs", "attr-fpmath",           "mb",
@@ -179,6 +167,41 @@ std::string Driver::resolve(const std::string& path) const {
   return path;  // the error names the path as given
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> parts(1);
+  for (char c : s) {
+    if (c == ',') {
+      parts.emplace_back();
+    } else {
+      parts.back() += c;
+    }
+  }
+  return parts;
+}
+
+std::vector<std::string> batch_words(std::istream& in) {
+  std::vector<std::string> words;
+  std::string line, pending;
+  while (std::getline(in, line)) {
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ls(line);
+    std::string w;
+    while (ls >> w) {
+      // benchdnn's shell-style break: a word ending in a backslash goes
+      // on with the next word (`--in-shapes=0:1x16,\` then `0:2x16`).
+      if (w.back() == '\\') {
+        pending += w.substr(0, w.size() - 1);
+        continue;
+      }
+      words.push_back(pending + w);
+      pending.clear();
+    }
+  }
+  if (!pending.empty()) words.push_back(pending);
+  return words;
+}
+
 bool Driver::process_in(const std::vector<std::string>& tokens, int depth) {
   depth_ = depth;
   for (const std::string& t : tokens) {
@@ -209,25 +232,7 @@ bool Driver::process_in(const std::vector<std::string>& tokens, int depth) {
       const std::string path = resolve(value);
       std::ifstream in(path);
       if (!in) return std::cerr << "normgrad run: --batch: cannot open " << value << "\n", false;
-      std::vector<std::string> words;
-      std::string line, pending;
-      while (std::getline(in, line)) {
-        const size_t hash = line.find('#');
-        if (hash != std::string::npos) line.resize(hash);
-        std::istringstream ls(line);
-        std::string w;
-        while (ls >> w) {
-          // benchdnn's shell-style break: a word ending in a backslash goes
-          // on with the next word (`--in-shapes=0:1x16,\` then `0:2x16`).
-          if (w.back() == '\\') {
-            pending += w.substr(0, w.size() - 1);
-            continue;
-          }
-          words.push_back(pending + w);
-          pending.clear();
-        }
-      }
-      if (!pending.empty()) words.push_back(pending);
+      const std::vector<std::string> words = batch_words(in);
       batch_dirs_.push_back(fs::path(path).parent_path().string());
       const bool ok = process_in(words, depth + 1);
       depth_ = depth;

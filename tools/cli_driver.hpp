@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,6 +55,12 @@ struct CaseResult {
 // the graph, the partitions and the checks, as a single `run GRAPH` does.
 CaseResult run_case(const std::string& path, const RunOptions& opt, bool detailed);
 const char* outcome_name(Outcome o);
+
+// A batch file's words: `#` starts a comment to the end of the line, and a
+// word ending in a backslash goes on with the next word, as in benchdnn.
+std::vector<std::string> batch_words(std::istream& in);
+// "a,b,c" as {"a", "b", "c"}: one case knob's comma list.
+std::vector<std::string> split_commas(const std::string& s);
 
 // The knobs `normgrad run` takes beside its CLI11 options (its --help footer).
 std::string benchdnn_knobs_help();

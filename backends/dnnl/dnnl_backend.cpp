@@ -53,6 +53,53 @@ class ChainKernel final : public Kernel {
   std::vector<Segment> segments_;
 };
 
+// One op's kernel reads its inputs in the op's slot order, while a
+// partition's ports hold each tensor once: an op that reads one tensor on two
+// slots (Add(x, x), a backward whose src is its diff_dst) gets that buffer on
+// each of them.
+class SlotKernel final : public Kernel {
+ public:
+  SlotKernel(std::shared_ptr<const Kernel> op_kernel, std::vector<size_t> port_of_slot)
+      : op_kernel_(std::move(op_kernel)), port_of_slot_(std::move(port_of_slot)) {}
+  std::string name() const override { return op_kernel_->name(); }
+  Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    std::vector<const void*> slots;
+    slots.reserve(port_of_slot_.size());
+    for (size_t port : port_of_slot_) {
+      if (port >= in.size()) return internal_error("oneDNN: an input port is missing");
+      slots.push_back(in[port]);
+    }
+    return op_kernel_->execute(slots, out);
+  }
+
+ private:
+  std::shared_ptr<const Kernel> op_kernel_;
+  std::vector<size_t> port_of_slot_;
+};
+
+// `kernel` for the one op of `partition`, behind a SlotKernel when the op's
+// input slots are not the partition's ports one to one.
+StatusOr<std::shared_ptr<const Kernel>> by_slots(const Partition& partition,
+                                                 StatusOr<std::shared_ptr<const Kernel>> kernel) {
+  if (!kernel.ok()) return kernel;
+  const Op& op = partition.ops[0];
+  std::vector<size_t> port_of_slot;
+  bool identity = op.inputs().size() == partition.inputs.size();
+  for (size_t slot = 0; slot < op.inputs().size(); ++slot) {
+    size_t port = 0;
+    while (port < partition.inputs.size() && partition.inputs[port].id != op.inputs()[slot].id)
+      ++port;
+    if (port == partition.inputs.size())
+      return internal_error("oneDNN: tensor " + std::to_string(op.inputs()[slot].id) +
+                            " is no input of the partition");
+    identity = identity && port == slot;
+    port_of_slot.push_back(port);
+  }
+  if (identity) return kernel;
+  return std::shared_ptr<const Kernel>(
+      std::make_shared<SlotKernel>(std::move(kernel).value(), std::move(port_of_slot)));
+}
+
 // The ops of `part` from `first` to `last` as a partition of their own (its
 // boundary tensors within `part`, as the partitioner cuts them).
 StatusOr<Partition> sub_partition(const Partition& part, size_t first, size_t last) {
@@ -126,21 +173,21 @@ class DnnlBackend final : public Backend {
       return internal_error("oneDNN: " + partition.ops_string() + " is not one of its patterns");
     switch (op.kind()) {
       case OpKind::kBatchNormTrainingBackward:
-        return dnnl_impl::make_batch_norm_backward(op);
+        return by_slots(partition, dnnl_impl::make_batch_norm_backward(op));
       case OpKind::kAdd:
         if (op.inputs()[0].dims != op.inputs()[1].dims ||
             op.inputs()[0].dtype != op.inputs()[1].dtype ||
             op.inputs()[0].dtype != op.outputs()[0].dtype) {
           return unimplemented("Add with broadcasting or mixed dtypes is not lowered to oneDNN");
         }
-        return dnnl_impl::make_neighbour(op);
+        return by_slots(partition, dnnl_impl::make_neighbour(op));
       case OpKind::kQuantize:
       case OpKind::kDequantize:
       case OpKind::kReLU:
       case OpKind::kReLUBackward:
       case OpKind::kTypeCast:
       case OpKind::kStaticTranspose:
-        return dnnl_impl::make_neighbour(op);
+        return by_slots(partition, dnnl_impl::make_neighbour(op));
       default:
         break;
     }

@@ -1,29 +1,17 @@
-// libFuzzer target: JSON loader + finalize + partitioning + compile, with
-// small resource limits so a hostile shape cannot make a huge allocation.
+// libFuzzer target: oneDNN JSON through the loader, finalize, partitioning and
+// compile, then execution of the small graphs on the default backends and ref.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
-#include <normgrad/graph/limits.hpp>
+#include "tests/fuzz/fuzz_common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace normgrad;
-  static const bool limited = [] {
-    ResourceLimits l;
-    l.max_tensor_bytes = 1 << 20;
-    l.max_total_bytes = 8 << 20;
-    l.max_ops = 64;
-    l.max_json_bytes = 1 << 20;
-    set_resource_limits(l);
-    return true;
-  }();
-  (void)limited;
+  fuzz::set_small_limits();
   auto g = graph_from_json(std::string(reinterpret_cast<const char*>(data), size));
   if (!g.ok()) return 0;
-  if (!g->finalize().ok()) return 0;
-  auto cg = CompiledGraph::compile(*g, CompileOptions{});
-  (void)cg;
+  fuzz::compile_and_execute(std::move(g).value(), fuzz::input_seed(data, size));
   return 0;
 }
