@@ -46,16 +46,9 @@ struct CompileOptions {
   bool verify_each = false;
   // A named JIT kernel variant instead of the JIT's own choice, for comparing
   // variants interleaved in one run (`normgrad bench --jit-variant`): "" or
-  // "default" (the JIT decides), or a walk for NXC rows wider than the registers:
-  // "nxc-per-pixel", "nxc-blocked[-PIXELS]" (channel blocks over groups of 8,
-  // or PIXELS, pixels) or "nxc-swept[-KIB]" (channel blocks over calls of 256,
-  // or KIB, KiB of src + diff_dst), "nxc-swept-ahead[-PIXELS]",
-  // or how NXC threads share the chunks and in what order the apply takes
-  // them: "nxc-contiguous-split", "nxc-adaptive-split", "nxc-last-first-apply",
-  // "nxc-forward-apply"; or a streaming choice for NCX rows:
-  // "ncx-forward-apply", "ncx-reverse-apply", "ncx-no-next-channel",
-  // "ncx-reduce-prefetch", "ncx-no-nt"; "A+B" for both (docs/cli.md). Under
-  // an unknown name the JIT declines, saying so.
+  // "default" (the JIT decides), a name from the JIT's one list of variants
+  // (backends/jit/jit_variants.cpp; docs/cli.md describes each), or "A+B"
+  // for both. Under an unknown name the JIT declines, listing the known ones.
   std::string jit_variant{};
   // The process group of each AllReduce `group` name (the synchronized
   // batch-norm backward's collective): see backends/communicator.hpp. Empty:

@@ -84,19 +84,29 @@ StatusOr<std::vector<double>> condition_scales(const Graph& g,
   NG_ASSIGN_OR_RETURN(const Buffer* x, value_of(g, inputs, values, op.inputs()[0].id, 0));
   NG_ASSIGN_OR_RETURN(const Buffer* dy, value_of(g, inputs, values, op.inputs()[1].id, 0));
   NG_ASSIGN_OR_RETURN(const Buffer* mean, value_of(g, inputs, values, op.inputs()[2].id, 0));
-  NG_ASSIGN_OR_RETURN(const Buffer* var, value_of(g, inputs, values, op.inputs()[3].id, 0));
+  // BatchNormBackwardReduce (src, diff_dst, mean): sum_dy on port 0 and
+  // sum_dy_xm = sum dy (x - mean) on port 1, no variance.
+  const bool reduce = op.kind() == OpKind::kBatchNormBackwardReduce;
+  const Buffer* var = nullptr;
+  if (!reduce) {
+    NG_ASSIGN_OR_RETURN(var, value_of(g, inputs, values, op.inputs()[3].id, 0));
+  }
+  const bool sum_of_dy = reduce ? port == 0 : port == 2;
   const Dims xs = x->desc.effective_strides(), ds = dy->desc.effective_strides();
-  const int64_t ms = mean->desc.effective_strides()[0], vs = var->desc.effective_strides()[0];
+  const int64_t ms = mean->desc.effective_strides()[0];
   std::vector<double> scale(static_cast<size_t>(d.channels), 0.0);
   for (int64_t c = 0; c < d.channels; ++c) {
     const double m = load_as_double(mean->data(), c * ms, mean->desc.dtype);
-    const double v = load_as_double(var->data(), c * vs, var->desc.dtype);
-    const double s =
-        d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
+    double s = 1.0;
+    if (var != nullptr) {
+      const double v =
+          load_as_double(var->data(), c * var->desc.effective_strides()[0], var->desc.dtype);
+      s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + static_cast<double>(d.epsilon));
+    }
     double acc = 0.0;
     for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
       const double g_dy = load_as_double(dy->data(), offset_of(idx, ds), dy->desc.dtype);
-      if (port == 2) {
+      if (sum_of_dy) {
         acc += std::fabs(g_dy);
       } else {
         const double xv = load_as_double(x->data(), offset_of(idx, xs), x->desc.dtype);
@@ -108,6 +118,239 @@ StatusOr<std::vector<double>> condition_scales(const Graph& g,
   return scale;
 }
 
+// The forward's means (port 1 running_mean, 3 batch_mean): sum_i |x_i| / M
+// per channel, plus |running_mean in| for the running one. A mean of data
+// centred on zero (a backward's diff_src has zero mean per channel) cancels
+// to rounding noise, which its relative error cannot judge.
+StatusOr<std::vector<double>> mean_condition_scales(const Graph& g,
+                                                    const std::map<int64_t, Buffer>& inputs,
+                                                    const Op& op, size_t port) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  std::map<int64_t, Buffer> values;
+  NG_ASSIGN_OR_RETURN(const Buffer* x, value_of(g, inputs, values, op.inputs()[0].id, 0));
+  NG_ASSIGN_OR_RETURN(const Buffer* rm, value_of(g, inputs, values, op.inputs()[1].id, 0));
+  const Dims xs = x->desc.effective_strides();
+  std::vector<double> scale(static_cast<size_t>(d.channels), 0.0);
+  const double m = static_cast<double>(std::max<int64_t>(d.reduce_size, 1));
+  for (int64_t c = 0; c < d.channels; ++c) {
+    double acc = 0.0;
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      acc += std::fabs(load_as_double(x->data(), offset_of(idx, xs), x->desc.dtype));
+    });
+    double sc = acc / m;
+    if (port == 1) {
+      sc += std::fabs(
+          load_as_double(rm->data(), c * rm->desc.effective_strides()[0], rm->desc.dtype));
+    }
+    scale[static_cast<size_t>(c)] = sc;
+  }
+  return scale;
+}
+
+// A backward's diff_src = s gamma (dy - mean(dy) - xhat mean(dy xhat)), per
+// element the size of its terms, s |gamma| (|dy| + |mean(dy)| + |xhat|
+// |mean(dy xhat)|), at dense offsets. With few elements per channel (with 2,
+// diff_src is 0 in exact arithmetic) the terms cancel, and the error is only
+// fair against them. Empty for other ops.
+StatusOr<std::vector<double>> diff_src_condition_scales(const Graph& g,
+                                                        const std::map<int64_t, Buffer>& inputs,
+                                                        const Op& op) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  // Ports: BatchNormTrainingBackward src, diff_dst, mean, variance, gamma;
+  // BatchNormBackwardApply (a synchronized backward, split; in one process
+  // its sums are this data's) the same with gamma on port 7;
+  // BatchNormTrainingBackwardFromDst dst, diff_dst, variance, gamma, beta
+  // [, residual], with y = act^-1(dst) (- residual), dy = diff_dst act'(y),
+  // xhat = (y - beta) / gamma.
+  const bool apply = op.kind() == OpKind::kBatchNormBackwardApply;
+  if (op.kind() != OpKind::kBatchNormTrainingBackward && !apply && !d.from_dst)
+    return std::vector<double>{};
+  std::map<int64_t, Buffer> values;
+  std::vector<const Buffer*> in(op.inputs().size(), nullptr);
+  for (size_t i = 0; i < op.inputs().size(); ++i) {
+    NG_ASSIGN_OR_RETURN(in[i], value_of(g, inputs, values, op.inputs()[i].id, 0));
+  }
+  const size_t gamma_port = d.from_dst ? 3 : apply ? 7 : 4;
+  const Buffer* gamma_in = gamma_port < in.size() ? in[gamma_port] : nullptr;
+  const Buffer* residual = d.from_dst && in.size() > 5 ? in[5] : nullptr;
+  const Dims xs = in[0]->desc.effective_strides(), ds = in[1]->desc.effective_strides();
+  const Dims dense = dense_strides(d.dims);
+  NG_ASSIGN_OR_RETURN(int64_t n, checked_product(d.dims, "diff_src"));
+  std::vector<double> scale(static_cast<size_t>(n), 0.0);
+  auto stat = [&](const Buffer* b, int64_t c) {
+    return load_as_double(b->data(), c * b->desc.effective_strides()[0], b->desc.dtype);
+  };
+  const double m = static_cast<double>(std::max<int64_t>(d.reduce_size, 1));
+  const bool training = d.mode == BackwardMode::kTraining;
+  for (int64_t c = 0; c < d.channels; ++c) {
+    const double v = stat(in[d.from_dst ? 2 : 3], c);
+    const double gamma = gamma_in ? stat(gamma_in, c) : 1.0;
+    const double shift = d.from_dst ? stat(in[4], c) : stat(in[2], c);  // beta, or the mean
+    const double s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + double(d.epsilon));
+    auto at = [&](const std::vector<int64_t>& idx, double* dy, double* xhat) {
+      const double x = load_as_double(in[0]->data(), offset_of(idx, xs), in[0]->desc.dtype);
+      *dy = load_as_double(in[1]->data(), offset_of(idx, ds), in[1]->desc.dtype);
+      if (!d.from_dst) {
+        *xhat = (x - shift) * s;
+        return;
+      }
+      double y = x >= 0 ? x : x / d.alpha;
+      if (residual) {
+        y -= load_as_double(residual->data(), offset_of(idx, residual->desc.effective_strides()),
+                            residual->desc.dtype);
+      }
+      *dy = x >= 0 ? *dy : *dy * d.alpha;
+      *xhat = (y - shift) / gamma;
+    };
+    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      double dy, xhat;
+      at(idx, &dy, &xhat);
+      sum_dy += dy;
+      sum_dy_xhat += dy * xhat;
+    });
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      double dy, xhat;
+      at(idx, &dy, &xhat);
+      double t = std::fabs(dy);
+      if (training) t += std::fabs(sum_dy / m) + std::fabs(xhat * sum_dy_xhat / m);
+      scale[static_cast<size_t>(offset_of(idx, dense))] = s * std::fabs(gamma) * t;
+    });
+  }
+  return scale;
+}
+
+// ||got - want|| / ||scale||: `scale` per channel (rank-1 outputs) or per
+// element at dense offsets.
+double condition_error(const Buffer& got, const Buffer& want, const std::vector<double>& scale) {
+  const Dims gs = got.desc.effective_strides(), ws = want.desc.effective_strides();
+  const Dims dense = dense_strides(want.desc.dims);
+  double num = 0.0, den = 0.0;
+  for_each_index(want.desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+    const double diff = load_as_double(got.data(), offset_of(idx, gs), got.desc.dtype) -
+                        load_as_double(want.data(), offset_of(idx, ws), want.desc.dtype);
+    const double sc = scale[static_cast<size_t>(offset_of(idx, dense))];
+    num += diff * diff;
+    den += sc * sc;
+  });
+  return den > 0.0 ? std::sqrt(num / den) : (num > 0.0 ? INFINITY : 0.0);
+}
+
+// |value| of tensor `id` per element, at dense offsets.
+StatusOr<std::vector<double>> magnitudes(const Graph& g, const std::map<int64_t, Buffer>& inputs,
+                                         std::map<int64_t, Buffer>& values, int64_t id) {
+  NG_ASSIGN_OR_RETURN(const Buffer* b, value_of(g, inputs, values, id, 0));
+  const Dims st = b->desc.effective_strides(), dense = dense_strides(b->desc.dims);
+  NG_ASSIGN_OR_RETURN(int64_t n, checked_product(b->desc.dims, "tensor"));
+  std::vector<double> out(static_cast<size_t>(n), 0.0);
+  for_each_index(b->desc.dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+    out[static_cast<size_t>(offset_of(idx, dense))] =
+        std::fabs(load_as_double(b->data(), offset_of(idx, st), b->desc.dtype));
+  });
+  return out;
+}
+
+// A batch-norm forward's dst (training: the batch statistics computed here
+// in float64; inference: the given ones): |gamma| s (|x| + |mean|) + |beta|.
+// With a tiny variance s is large and dst is sensitive to the mean's last
+// bit; with beta near -gamma xhat it cancels.
+StatusOr<std::vector<double>> forward_dst_terms(const Graph& g,
+                                                const std::map<int64_t, Buffer>& inputs,
+                                                std::map<int64_t, Buffer>& values, const Op& op,
+                                                double data_limit) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  const bool training = op.kind() == OpKind::kBatchNormForwardTraining;
+  // Training: src, mean, variance, [gamma, beta]; inference: src, gamma, beta, mean, variance.
+  const size_t gamma_port = training ? 3 : 1, beta_port = training ? 4 : 2;
+  std::vector<const Buffer*> in(op.inputs().size(), nullptr);
+  for (size_t i = 0; i < op.inputs().size(); ++i) {
+    NG_ASSIGN_OR_RETURN(in[i], value_of(g, inputs, values, op.inputs()[i].id, 0));
+  }
+  auto stat = [&](size_t port, int64_t c, double fallback) {
+    if (port >= in.size()) return fallback;
+    const Buffer* b = in[port];
+    return load_as_double(b->data(), c * b->desc.effective_strides()[0], b->desc.dtype);
+  };
+  const Dims xs = in[0]->desc.effective_strides(), dense = dense_strides(d.dims);
+  NG_ASSIGN_OR_RETURN(int64_t n, checked_product(d.dims, "dst"));
+  std::vector<double> out(static_cast<size_t>(n), 0.0);
+  const double m = static_cast<double>(std::max<int64_t>(d.reduce_size, 1));
+  for (int64_t c = 0; c < d.channels; ++c) {
+    auto x_at = [&](const std::vector<int64_t>& idx) {
+      return load_as_double(in[0]->data(), offset_of(idx, xs), in[0]->desc.dtype);
+    };
+    double mean = stat(3, c, 0.0), var = stat(4, c, 1.0);
+    if (training) {
+      double sum = 0.0, sq = 0.0;
+      for_each_index(d.dims, d.channel_axis, c, [&](const auto& idx) { sum += x_at(idx); });
+      mean = sum / m;
+      for_each_index(d.dims, d.channel_axis, c,
+                     [&](const auto& idx) { sq += (x_at(idx) - mean) * (x_at(idx) - mean); });
+      var = sq / m;
+    }
+    const double s = 1.0 / std::sqrt(var + double(d.epsilon));
+    const double gamma = std::fabs(stat(gamma_port, c, 1.0));
+    const double beta = std::fabs(stat(beta_port, c, 0.0));
+    // Training: the statistics are sums of M terms, off by up to lambda
+    // sqrt(M) u_f32 of mean|x| (the mean) and of |x - mean| (through s),
+    // written here in units of the data limit.
+    double mean_abs = 0.0;
+    if (training) {
+      for_each_index(d.dims, d.channel_axis, c,
+                     [&](const auto& idx) { mean_abs += std::fabs(x_at(idx)); });
+      mean_abs /= m;
+    }
+    const double stats = training ? kLambda * std::sqrt(m) * kUnitRoundoffF32 / data_limit : 0.0;
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double x = x_at(idx);
+      out[static_cast<size_t>(offset_of(idx, dense))] =
+          gamma * s * (std::fabs(x) + std::fabs(mean) + stats * (mean_abs + std::fabs(x - mean))) +
+          beta;
+    });
+  }
+  return out;
+}
+
+// The size of the terms that make data tensor `id`, per element at dense
+// offsets: through a batch norm's dst or diff_src their own terms, through
+// ReLU, LeakyReLU, TypeCast and same-shape Add their inputs' (summed for
+// Add), else |value|. A result that cancels is judged against these.
+StatusOr<std::vector<double>> data_terms(const Graph& g, const std::map<int64_t, Buffer>& inputs,
+                                         std::map<int64_t, Buffer>& values, int64_t id, int depth) {
+  const Op* producer = inputs.count(id) || depth > 16 ? nullptr : g.producer(id);
+  if (producer == nullptr) return magnitudes(g, inputs, values, id);
+  const Op& op = *producer;
+  if (op.outputs()[0].id != id) return magnitudes(g, inputs, values, id);
+  switch (op.kind()) {
+    case OpKind::kBatchNormForwardTraining:
+    case OpKind::kBatchNormInference:
+      return forward_dst_terms(g, inputs, values, op, threshold_for(op.outputs()[0].dtype, 0));
+    case OpKind::kBatchNormTrainingBackward:
+    case OpKind::kBatchNormBackwardApply:
+    case OpKind::kBatchNormTrainingBackwardFromDst:
+      return diff_src_condition_scales(g, inputs, op);
+    case OpKind::kReLU:
+    case OpKind::kTypeCast:
+      return data_terms(g, inputs, values, op.inputs()[0].id, depth + 1);
+    case OpKind::kLeakyReLU: {
+      NG_ASSIGN_OR_RETURN(auto t, data_terms(g, inputs, values, op.inputs()[0].id, depth + 1));
+      auto alpha = op.attr_f32("alpha");
+      const double a = alpha.ok() ? std::max(1.0, std::fabs(double(*alpha))) : 1.0;
+      for (double& e : t) e *= a;
+      return t;
+    }
+    case OpKind::kAdd: {
+      if (op.inputs()[0].dims != op.inputs()[1].dims) return magnitudes(g, inputs, values, id);
+      NG_ASSIGN_OR_RETURN(auto a, data_terms(g, inputs, values, op.inputs()[0].id, depth + 1));
+      NG_ASSIGN_OR_RETURN(auto b, data_terms(g, inputs, values, op.inputs()[1].id, depth + 1));
+      for (size_t i = 0; i < a.size() && i < b.size(); ++i) a[i] += b[i];
+      return a;
+    }
+    default:
+      return magnitudes(g, inputs, values, id);
+  }
+}
+
 }  // namespace
 
 StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_t, Buffer>& inputs,
@@ -116,28 +359,40 @@ StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_
   v.error = compare(got, want);
   const int64_t m = reduction_length(lowered, id);
   v.limit = threshold_for(want.desc.dtype, m);
+  const Op* producer = inputs.count(id) ? nullptr : lowered.producer(id);
+  if (producer != nullptr && producer->kind() == OpKind::kDequantize) {
+    // The quantized value carries the quantizer's rounding: a tie rounded
+    // the other way is a step off, as benchdnn allows for int8.
+    v.limit = std::max(v.limit, threshold_for(producer->inputs()[0].dtype, 0));
+  }
   v.pass = v.error.nan_mismatch == 0 && v.error.rel_l2 <= v.limit;
-  if (v.pass || v.error.nan_mismatch != 0 || m == 0) return v;
-  const Op& op = *lowered.producer(id);
-  if (op.kind() != OpKind::kBatchNormTrainingBackward &&
-      op.kind() != OpKind::kBatchNormTrainingBackwardFromDst)
-    return v;
+  if (v.pass || v.error.nan_mismatch != 0 || producer == nullptr) return v;
+  const Op& op = *producer;
   size_t port = 0;
   for (size_t i = 1; i < op.outputs().size(); ++i) port = op.outputs()[i].id == id ? i : port;
-  if (port == 0) return v;
-  auto scales = condition_scales(lowered, inputs, op, port);
-  if (!scales.ok()) return v;  // values not reachable: the plain limit stands
-  const Dims gs = got.desc.effective_strides(), ws = want.desc.effective_strides();
-  double num = 0.0, den = 0.0;
-  for (size_t c = 0; c < scales->size(); ++c) {
-    const auto i = static_cast<int64_t>(c);
-    const double diff = load_as_double(got.data(), i * gs[0], got.desc.dtype) -
-                        load_as_double(want.data(), i * ws[0], want.desc.dtype);
-    num += diff * diff;
-    den += (*scales)[c] * (*scales)[c];
+  StatusOr<std::vector<double>> scales = std::vector<double>{};
+  if (m == 0) {
+    // Data: against the size of the terms that make it, at the data limit.
+    std::map<int64_t, Buffer> values;
+    scales = data_terms(lowered, inputs, values, id, 0);
+    // FromDst recovers src first ((act^-1(dst) - residual - beta) / gamma):
+    // three more roundings than the backward from src.
+    v.cond_limit = op.kind() == OpKind::kBatchNormTrainingBackwardFromDst ? 2 * v.limit : v.limit;
+  } else if (op.kind() == OpKind::kBatchNormBackwardReduce) {
+    scales = condition_scales(lowered, inputs, op, port);
+    v.cond_limit = kLambda * std::sqrt(static_cast<double>(m)) * kUnitRoundoffF32;
+  } else if (op.kind() == OpKind::kBatchNormTrainingBackward ||
+             op.kind() == OpKind::kBatchNormTrainingBackwardFromDst) {
+    if (port == 0) return v;
+    scales = condition_scales(lowered, inputs, op, port);
+    v.cond_limit = kLambda * std::sqrt(static_cast<double>(m)) * kUnitRoundoffF32;
+  } else if (op.kind() == OpKind::kBatchNormForwardTraining && (port == 1 || port == 3)) {
+    scales = mean_condition_scales(lowered, inputs, op, port);
+    v.cond_limit = kLambda * std::sqrt(static_cast<double>(m)) * kUnitRoundoffF32;
   }
-  v.cond_error = den > 0.0 ? std::sqrt(num / den) : (num > 0.0 ? INFINITY : 0.0);
-  v.cond_limit = kLambda * std::sqrt(static_cast<double>(m)) * kUnitRoundoffF32;
+  // Values not reachable, or no conditioned form for this output: the plain limit stands.
+  if (!scales.ok() || scales->empty()) return v;
+  v.cond_error = condition_error(got, want, *scales);
   v.pass = v.cond_error <= v.cond_limit;
   return v;
 }

@@ -12,6 +12,13 @@
 //     ||got - want||_2 / ||(sum_i |t_i|)_c||_2 <= lambda * sqrt(M) * u_f32,
 // with the terms t = dy (diff_beta) and t = s * dy * (x - mean) (diff_gamma)
 // evaluated in float64 from the case's own inputs, lambda = 4 and u_f32 = 2^-24.
+// A forward's batch_mean and running_mean cancel the same way on data centred
+// on zero (a backward's diff_src): their terms are x_i / M (and the running
+// mean's previous value). A backward's diff_src, s gamma (dy - mean(dy) -
+// xhat mean(dy xhat)), cancels when a channel has few elements (with 2 it is
+// 0 in exact arithmetic): it passes when its error relative to the L2 norm
+// of s |gamma| (|dy| + |mean(dy)| + |xhat| |mean(dy xhat)|) is within the
+// dtype's data limit.
 #pragma once
 
 #include <cstdint>

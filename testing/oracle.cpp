@@ -214,6 +214,23 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
   return inputs;
 }
 
+StatusOr<std::map<int64_t, Buffer>> run_outputs(const CompiledGraph& cg,
+                                                const std::map<int64_t, Buffer>& inputs) {
+  std::map<int64_t, const void*> in;
+  for (const LogicalTensor& lt : cg.inputs()) {
+    auto it = inputs.find(lt.id);
+    if (it != inputs.end()) in[lt.id] = it->second.data();
+  }
+  std::map<int64_t, Buffer> out;
+  std::map<int64_t, void*> ptrs;
+  for (const LogicalTensor& lt : cg.outputs()) {
+    NG_ASSIGN_OR_RETURN(Buffer b, allocate(lt));
+    ptrs[lt.id] = out.emplace(lt.id, std::move(b)).first->second.data();
+  }
+  NG_RETURN_IF_ERROR(cg.execute(in, ptrs));
+  return out;
+}
+
 ErrorStats compare(const Buffer& got, const Buffer& want) {
   ErrorStats e;
   double num = 0.0, den = 0.0;
@@ -320,10 +337,13 @@ int64_t reduction_length(const Graph& graph, int64_t tensor_id) {
   if (producer == nullptr) return 0;
   const Op& op = *producer;
   if (op.kind() != OpKind::kBatchNormTrainingBackward &&
+      op.kind() != OpKind::kBatchNormTrainingBackwardFromDst &&
       op.kind() != OpKind::kBatchNormForwardTraining &&
-      op.kind() != OpKind::kBatchNormBackwardApply)  // a synchronized backward's diff_gamma/beta
+      op.kind() != OpKind::kBatchNormBackwardReduce &&  // its sum_dy and sum_dy_xm
+      op.kind() != OpKind::kBatchNormBackwardApply)     // a synchronized backward's diff_gamma/beta
     return 0;
-  for (size_t i = 1; i < op.outputs().size(); ++i) {
+  const bool reduce = op.kind() == OpKind::kBatchNormBackwardReduce;
+  for (size_t i = reduce ? 0 : 1; i < op.outputs().size() && (!reduce || i < 2); ++i) {
     if (op.outputs()[i].id != tensor_id || op.outputs()[i].rank() != 1) continue;
     auto d = describe_batch_norm(op);
     return d.ok() ? std::max<int64_t>(d->reduce_size, 1) : 1;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <normgrad/backends/backend.hpp>
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/graph.hpp>
 #include <normgrad/graph/status.hpp>
 
@@ -44,6 +45,11 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
                                                 const std::string& dir, uint64_t seed,
                                                 std::map<int64_t, std::string>* sources,
                                                 double data_offset = 0.0);
+
+// Runs `cg` on `inputs` (by tensor id; ids `cg` does not read are left out)
+// into fresh buffers: its outputs by id.
+StatusOr<std::map<int64_t, Buffer>> run_outputs(const CompiledGraph& cg,
+                                                const std::map<int64_t, Buffer>& inputs);
 
 struct ErrorStats {
   double max_abs = 0.0;

@@ -57,20 +57,7 @@ inline Graph one_op(const Op& op) {
   return g;
 }
 
-// Runs `cg` on `inputs` (from oracle::make_inputs) into fresh buffers: its outputs by id.
-inline StatusOr<std::map<int64_t, oracle::Buffer>> run_outputs(
-    const CompiledGraph& cg, const std::map<int64_t, oracle::Buffer>& inputs) {
-  std::map<int64_t, const void*> in;
-  for (const auto& [id, b] : inputs) in[id] = b.data();
-  std::map<int64_t, oracle::Buffer> out;
-  std::map<int64_t, void*> ptrs;
-  for (const LogicalTensor& lt : cg.outputs()) {
-    NG_ASSIGN_OR_RETURN(oracle::Buffer b, oracle::allocate(lt));
-    ptrs[lt.id] = out.emplace(lt.id, std::move(b)).first->second.data();
-  }
-  NG_RETURN_IF_ERROR(cg.execute(in, ptrs));
-  return out;
-}
+using oracle::run_outputs;
 
 // `jit_variant`: CompileOptions::jit_variant for the backend under test.
 inline Comparison compare_with_ref(const Graph& graph, const std::string& backend,

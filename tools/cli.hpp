@@ -20,6 +20,8 @@ int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::stri
 int opt_command(const std::vector<std::string>& argv);
 int partitions_command(const std::vector<std::string>& argv);
 int dot_command(const std::vector<std::string>& argv);
+// `normgrad fuzz`: random graphs on every backend against ref (cli_fuzz.cpp).
+int fuzz_command(const std::vector<std::string>& argv);
 
 }  // namespace cli
 }  // namespace normgrad

@@ -22,6 +22,7 @@ std::string usage() {
   opt_command({});
   partitions_command({});
   dot_command({});
+  fuzz_command({});
   bench_command({});
   describing() = false;
   return described() +
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   if (command == "opt") return normgrad::cli::opt_command(args);
   if (command == "partitions") return normgrad::cli::partitions_command(args);
   if (command == "dot") return normgrad::cli::dot_command(args);
+  if (command == "fuzz") return normgrad::cli::fuzz_command(args);
   if (command == "bench") {
     // oneDNN's OpenMP threads spin after each parallel region and, on a small
     // machine, steal the cores of whatever runs next in the interleaved loop.

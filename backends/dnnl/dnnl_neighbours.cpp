@@ -77,9 +77,16 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
             dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference,
                                         dnnl::algorithm::eltwise_relu, src_md, 0.f),
             user_scratchpad(), cpu_engine());
+        // oneDNN 2.6's eltwise writes dst in src's layout: a dst of other
+        // strides would be written in the wrong order.
+        if (pd->dst_desc() != dst_md) {
+          decline = "dst layout differs from src's";
+          return;
+        }
         plan->prim = dnnl::eltwise_forward(*pd);
         plan->pd = pd;
       });
+      if (s.ok() && !decline.empty()) return unimplemented("oneDNN: " + decline);
       plan->in_mds = {src_md};
       plan->in_args = {DNNL_ARG_SRC};
       plan->out_args = {DNNL_ARG_DST};
@@ -160,6 +167,13 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
         if (z != zps[0])
           return unimplemented("oneDNN 2.6 reorders take one zero point, not one per channel");
       }
+      // oneDNN 2.6 drops a zero point (and rounds differently) when the same
+      // reorder also changes the layout: take only dense to dense.
+      if (src.effective_strides() != dense_strides(src.dims) ||
+          dst.effective_strides() != dense_strides(dst.dims))
+        return unimplemented(
+            "oneDNN 2.6's quantizing reorders are exact only between dense tensors; a strided "
+            "one is left to ref");
       int mask = 0;
       if (scales.size() > 1) {
         int64_t axis = op.has_attr("axis") ? std::get<int64_t>(op.attrs().at("axis")) : 1;

@@ -506,6 +506,14 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
       c.dy_fuse = f, m.dy = first, m.dy_second = second;
     }
   }
+  // Staged tensors (strided beyond what the walks take in place) are copied
+  // per task into buffers of their own, and a fused operand has no staged
+  // copy: fusing there would read past the buffers.
+  if ((uses_second(c.x_fuse) || uses_second(c.dy_fuse)) &&
+      (!c.x_strides.empty() || !c.dy_strides.empty() || !c.dx_strides.empty()))
+    return unimplemented(
+        "the JIT fuses producers (and the residual) only where no tensor of the batch norm is "
+        "staged; a strided src, diff_dst or diff_src is");
   if (m.x < 0 || m.dy < 0)
     return unimplemented("the JIT needs src and diff_dst from partition inputs");
   set_apply_prefetch(&c);  // fused producers read more per task

@@ -47,6 +47,45 @@ TEST(CliRun, FixturesPassCheck) {
   }
 }
 
+// The graphs `normgrad fuzz` found failing, each kept once fixed: every
+// backend runs it (or, forced, hands the ops it has no kernel for on) and
+// passes --check, with several seeds.
+TEST(CliRun, FuzzFoundGraphsPassCheckOnEveryBackend) {
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(kData + "/fuzz")) {
+    ++files;
+    for (const char* backend : {"auto", "jit", "dnnl"}) {
+      for (const char* seed : {"1", "2", "3"}) {
+        const Result r =
+            run("run " + e.path().string() + " --check --backend " + backend + " --seed " + seed);
+        // A forced backend may hand ops on (UNIMPLEMENTED, exit 1): never FAILED.
+        const bool handed_on = r.exit_code == 1 &&
+                               r.output.find("UNIMPLEMENTED") != std::string::npos &&
+                               std::string(backend) != "auto";
+        EXPECT_TRUE(r.exit_code == 0 || handed_on) << e.path() << " on " << backend << "\n"
+                                                   << r.output;
+        EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
+        EXPECT_FALSE(r.signaled) << e.path() << " on " << backend;
+      }
+    }
+  }
+  EXPECT_GE(files, 7);
+}
+
+// `normgrad fuzz`: random graphs on every backend against ref. A few hundred
+// graphs; CI runs a longer, time-bounded smoke (.ci/run).
+TEST(CliFuzz, RandomGraphsMatchRefOnEveryBackend) {
+  const Result r = run("fuzz --graphs=300 --seed=1 --out=" + ::testing::TempDir());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fuzz: 300 graphs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" 0 failed"), std::string::npos) << r.output;
+  // The same seed gives the same graphs (and a failure's seed replays it).
+  const Result a = run("fuzz --graphs=1 --seed=77 -v");
+  const Result b = run("fuzz --graphs=1 --seed=77 -v");
+  EXPECT_EQ(a.output.substr(0, a.output.find("fuzz:")), b.output.substr(0, b.output.find("fuzz:")));
+  EXPECT_NE(a.output.find("seed 77:\n%"), std::string::npos) << a.output;
+}
+
 // The split ops run on random inputs too: a BatchNormBackwardApply's random
 // count is its src's elements per channel, so the op's count rule holds and
 // the JIT's diff_src is checked against ref.

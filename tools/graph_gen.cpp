@@ -1,0 +1,375 @@
+// Random valid graphs (graph_gen.hpp): one generator per op kind, sharing a
+// pool of the data tensors the graph has made so far.
+#include "tools/graph_gen.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+
+namespace normgrad {
+namespace cli {
+namespace {
+
+// The batch_mean and batch_variance a forward computed over `src`, read by a
+// later backward over the same tensor in the same layout.
+struct ForwardStats {
+  int64_t src = -1;
+  bool nxc = false;
+  LogicalTensor mean, variance;
+};
+
+class Gen {
+ public:
+  Gen(uint64_t seed, const GraphGenOptions& options) : rng_(seed), options_(options) {}
+
+  Graph build() {
+    const int ops = 1 + static_cast<int>(pick(options_.max_ops));
+    for (int i = 0; i < ops; ++i) step();
+    Graph g;
+    for (Op& op : ops_) {
+      if (!g.add_op(std::move(op)).ok()) break;  // finalize names what is wrong
+    }
+    return g;
+  }
+
+ private:
+  int64_t pick(int64_t n) { return n <= 1 ? 0 : static_cast<int64_t>(rng_() % uint64_t(n)); }
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+  template <typename T>
+  T one_of(std::initializer_list<T> v) {
+    return *(v.begin() + pick(static_cast<int64_t>(v.size())));
+  }
+
+  void step() {
+    switch (pick(11)) {
+      case 0:
+      case 1:
+        return bn_backward(data());
+      case 2:
+      case 3:
+        return bn_forward(data());
+      case 4:
+        return bn_inference(data());
+      case 5:
+        return from_dst(data());
+      case 6:
+        return tf_grad();
+      case 7:
+        return elementwise(data());
+      case 8:
+        return cast_or_transpose(data());
+      case 9:
+        return quantize_round_trip();
+      default:
+        return relu_backward_into_pool();
+    }
+  }
+
+  // ---- tensors
+
+  DataType float_dtype() {
+    return one_of({DataType::kF32, DataType::kF32, DataType::kBF16, DataType::kF16});
+  }
+
+  Dims data_shape() {
+    const int rank = static_cast<int>(one_of<int64_t>({2, 3, 4, 4, 4, 5}));
+    Dims d;
+    d.push_back(chance(options_.empty_chance) ? 0 : one_of<int64_t>({1, 2, 3, 4}));
+    d.push_back(one_of<int64_t>({1, 3, 8, 16, 17, 33, 64, 80}));
+    for (int i = 2; i < rank; ++i) d.push_back(one_of<int64_t>({1, 2, 3, 5, 7, 9}));
+    return d;
+  }
+
+  // A new graph input; a data tensor is given non-dense strides a quarter of
+  // the time: channels-last strides on an NCX shape (or the reverse), or dim
+  // 0 padded.
+  LogicalTensor fresh(DataType dt, Dims dims, bool may_stride = false) {
+    LogicalTensor lt(next_tensor_++, dt, dims);
+    if (may_stride && dims.size() >= 3 && chance(0.25)) {
+      const size_t r = dims.size();
+      std::vector<size_t> order(r);  // outermost first
+      std::iota(order.begin(), order.end(), 0);
+      if (chance(0.5)) {
+        order.erase(order.begin() + 1);
+        order.push_back(1);  // C innermost
+      } else {
+        std::swap(order[r - 1], order[r - 2]);
+      }
+      Dims strides(r);
+      int64_t s = 1;
+      for (size_t k = r; k-- > 0;) {
+        strides[order[k]] = s;
+        s *= std::max<int64_t>(1, dims[order[k]]) + (k == 0 && chance(0.5) ? 1 : 0);
+      }
+      lt.strides = strides;
+    }
+    return lt;
+  }
+  LogicalTensor vec(int64_t c) { return fresh(DataType::kF32, {c}); }
+  LogicalTensor out(DataType dt, Dims dims) { return LogicalTensor(next_tensor_++, dt, dims); }
+
+  // A data tensor to read: one the graph has (60%) or a fresh input.
+  LogicalTensor data() {
+    if (!pool_.empty() && chance(0.6)) return pool_[static_cast<size_t>(pick(pool_.size()))];
+    LogicalTensor t = fresh(float_dtype(), data_shape(), true);
+    return t;
+  }
+  // Another tensor of `like`'s dtype and shape: one the graph has, or fresh.
+  LogicalTensor same_as(const LogicalTensor& like, int64_t avoid = -1) {
+    std::vector<const LogicalTensor*> fits;
+    for (const LogicalTensor& t : pool_) {
+      if (t.dtype == like.dtype && t.dims == like.dims && t.id != avoid) fits.push_back(&t);
+    }
+    if (!fits.empty() && chance(0.4)) return *fits[static_cast<size_t>(pick(fits.size()))];
+    return fresh(like.dtype, like.dims, true);
+  }
+
+  Op& add(OpKind kind, const char* name) {
+    ops_.emplace_back(next_op_++, kind, name);
+    return ops_.back();
+  }
+  static int64_t channels(const LogicalTensor& t, bool nxc) {
+    return nxc ? t.dims.back() : t.dims[1];
+  }
+  double epsilon() { return one_of({1e-5, 1e-3, 0.1, 1.0}); }
+
+  // ---- the batch-norm family
+
+  void bn_forward(const LogicalTensor& x) {
+    const bool nxc = chance(0.5);
+    const int64_t c = channels(x, nxc);
+    Op& op = add(OpKind::kBatchNormForwardTraining, "bn_fwd");
+    op.set_attr("epsilon", epsilon()).set_attr("data_format", nxc ? "NXC" : "NCX");
+    if (chance(0.3)) op.set_attr("momentum", one_of({0.1, 0.5, 1.0}));
+    op.add_input(x).add_input(vec(c)).add_input(vec(c));
+    if (chance(0.8)) op.add_input(vec(c)).add_input(vec(c));
+    const LogicalTensor dst = out(x.dtype, x.dims);
+    const LogicalTensor bm = out(DataType::kF32, {c}), bv = out(DataType::kF32, {c});
+    op.add_output(dst)
+        .add_output(out(DataType::kF32, {c}))
+        .add_output(out(DataType::kF32, {c}))
+        .add_output(bm)
+        .add_output(bv);
+    stats_.push_back({x.id, nxc, bm, bv});
+    LogicalTensor y = dst;
+    if (chance(0.5)) {
+      // The residual Add; in f32 NXC, sometimes a tensor computed from the
+      // same forward's batch_mean (broadcast over the channels).
+      LogicalTensor other = same_as(dst);
+      if (nxc && x.dtype == DataType::kF32 && chance(0.4)) {
+        other = out(DataType::kF32, {c});
+        add(OpKind::kAdd, "from_mean").add_input(bm).add_input(vec(c)).add_output(other);
+      }
+      const LogicalTensor sum = out(x.dtype, x.dims);
+      add(OpKind::kAdd, "residual").add_input(dst).add_input(other).add_output(sum);
+      y = sum;
+    }
+    if (chance(0.6)) y = activation(y);
+    pool_.push_back(y);
+  }
+
+  LogicalTensor activation(const LogicalTensor& x) {
+    const LogicalTensor y = out(x.dtype, x.dims);
+    if (chance(0.5)) {
+      add(OpKind::kReLU, "relu").add_input(x).add_output(y);
+    } else {
+      add(OpKind::kLeakyReLU, "leaky")
+          .set_attr("alpha", one_of({0.01, 0.2, 1.0, 2.0}))
+          .add_input(x)
+          .add_output(y);
+    }
+    return y;
+  }
+
+  void bn_inference(const LogicalTensor& x) {
+    const bool nxc = chance(0.5);
+    const int64_t c = channels(x, nxc);
+    const LogicalTensor dst = out(x.dtype, x.dims);
+    add(OpKind::kBatchNormInference, "bn_inf")
+        .set_attr("epsilon", epsilon())
+        .set_attr("data_format", nxc ? "NXC" : "NCX")
+        .add_input(x)
+        .add_input(vec(c))
+        .add_input(vec(c))
+        .add_input(vec(c))
+        .add_input(vec(c))
+        .add_output(dst);
+    pool_.push_back(chance(0.5) ? activation(dst) : dst);
+  }
+
+  // diff_dst for a backward over `src`: a fresh input, or a ReLUBackward of
+  // fresh inputs (a producer the JIT fuses). Never a function of src.
+  LogicalTensor gradient_for(const LogicalTensor& src) {
+    if (chance(0.6)) return fresh(src.dtype, src.dims, true);
+    const LogicalTensor g = out(src.dtype, src.dims);
+    add(OpKind::kReLUBackward, "relu_bwd")
+        .set_attr("use_dst", chance(0.5))
+        .add_input(fresh(src.dtype, src.dims, true))
+        .add_input(fresh(src.dtype, src.dims))
+        .add_output(g);
+    return g;
+  }
+
+  void bn_backward(const LogicalTensor& src) {
+    const bool nxc = chance(0.5);
+    const int64_t c = channels(src, nxc);
+    const LogicalTensor dy = gradient_for(src);
+    LogicalTensor mean = vec(c), var = vec(c);
+    for (const ForwardStats& s : stats_) {
+      if (s.src == src.id && s.nxc == nxc && chance(0.7)) {
+        mean = s.mean;
+        var = s.variance;
+      }
+    }
+    Op& op = add(OpKind::kBatchNormTrainingBackward, "bn_bwd");
+    op.set_attr("epsilon", epsilon()).set_attr("data_format", nxc ? "NXC" : "NCX");
+    if (options_.sync_ops && chance(0.1)) op.set_attr("sync_group", "world");
+    op.add_input(src).add_input(dy).add_input(mean).add_input(var);
+    if (chance(0.8)) op.add_input(vec(c));
+    const LogicalTensor dx = out(src.dtype, src.dims);
+    op.add_output(dx);
+    if (chance(0.7)) op.add_output(out(DataType::kF32, {c})).add_output(out(DataType::kF32, {c}));
+    pool_gradient(dx, c);
+  }
+
+  void from_dst(const LogicalTensor& dst) {
+    const bool nxc = chance(0.5);
+    const int64_t c = channels(dst, nxc);
+    Op& op = add(OpKind::kBatchNormTrainingBackwardFromDst, "bn_bwd_from_dst");
+    op.set_attr("epsilon", epsilon()).set_attr("data_format", nxc ? "NXC" : "NCX");
+    if (chance(0.6)) {
+      op.set_attr("activation", "leaky_relu").set_attr("alpha", one_of({0.01, 0.3, 1.0}));
+    }
+    op.add_input(dst)
+        .add_input(fresh(dst.dtype, dst.dims, true))
+        .add_input(vec(c))
+        .add_input(vec(c))
+        .add_input(vec(c));
+    if (chance(0.3)) op.add_input(fresh(dst.dtype, dst.dims));
+    const LogicalTensor dx = out(dst.dtype, dst.dims);
+    op.add_output(dx);
+    if (chance(0.7)) op.add_output(out(DataType::kF32, {c})).add_output(out(DataType::kF32, {c}));
+    pool_gradient(dx, c);
+  }
+
+  void tf_grad() {
+    const OpKind kind = one_of({OpKind::kFusedBatchNormGrad, OpKind::kFusedBatchNormGradV2,
+                                OpKind::kFusedBatchNormGradV3});
+    const bool nhwc = chance(0.5);
+    const bool five = kind == OpKind::kFusedBatchNormGradV3 && chance(0.3);
+    const DataType dt = kind == OpKind::kFusedBatchNormGrad ? DataType::kF32 : float_dtype();
+    Dims dims = data_shape();
+    dims.resize(five ? 5 : 4, 3);
+    const int64_t c = nhwc ? dims.back() : dims[1];
+    Op& op = add(kind, "tf_grad");
+    op.set_attr("epsilon", epsilon())
+        .set_attr("data_format", five ? (nhwc ? "NDHWC" : "NCDHW") : (nhwc ? "NHWC" : "NCHW"))
+        .set_attr("is_training", chance(0.7));
+    const LogicalTensor x = fresh(dt, dims, true);
+    op.add_input(fresh(dt, dims, true))
+        .add_input(x)
+        .add_input(vec(c))
+        .add_input(vec(c))
+        .add_input(vec(c));
+    if (kind == OpKind::kFusedBatchNormGradV3) op.add_input(vec(c));
+    const LogicalTensor dx = out(dt, dims);
+    op.add_output(dx)
+        .add_output(out(DataType::kF32, {c}))
+        .add_output(out(DataType::kF32, {c}))
+        .add_output(out(DataType::kF32, {0}))
+        .add_output(out(DataType::kF32, {0}));
+    pool_gradient(dx, c);
+  }
+
+  // A backward's diff_src becomes data for later ops only when its channels
+  // have enough elements: with few (1 or 2: diff_src is 0 in exact
+  // arithmetic) it is rounding noise, and whatever reads it (a ReLU's sign,
+  // another batch norm's normalisation) amplifies the noise past any
+  // tolerance.
+  void pool_gradient(const LogicalTensor& dx, int64_t channels) {
+    const int64_t elements =
+        std::accumulate(dx.dims.begin(), dx.dims.end(), int64_t{1}, std::multiplies<int64_t>());
+    if (channels > 0 && elements / channels >= kMinPooledReduction) pool_.push_back(dx);
+  }
+  static constexpr int64_t kMinPooledReduction = 8;
+
+  // ---- the ops around them
+
+  void elementwise(const LogicalTensor& x) {
+    if (chance(0.5)) {
+      pool_.push_back(activation(x));
+      return;
+    }
+    const LogicalTensor y = out(x.dtype, x.dims);
+    add(OpKind::kAdd, "add").add_input(x).add_input(same_as(x, x.id)).add_output(y);
+    pool_.push_back(y);
+  }
+
+  void relu_backward_into_pool() {
+    const LogicalTensor x = data();
+    const LogicalTensor y = out(x.dtype, x.dims);
+    add(OpKind::kReLUBackward, "relu_bwd")
+        .set_attr("use_dst", chance(0.5))
+        .add_input(x)
+        .add_input(same_as(x, x.id))
+        .add_output(y);
+    pool_.push_back(y);
+  }
+
+  void cast_or_transpose(const LogicalTensor& x) {
+    if (chance(0.5)) {
+      const DataType to =
+          x.dtype == DataType::kF32 ? one_of({DataType::kBF16, DataType::kF16}) : DataType::kF32;
+      const LogicalTensor y = out(to, x.dims);
+      add(OpKind::kTypeCast, "cast").add_input(x).add_output(y);
+      pool_.push_back(y);
+      return;
+    }
+    std::vector<int64_t> order(x.dims.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin() + 1, order.end(), rng_);  // keep N first: pool shapes stay data
+    if (chance(0.3)) order[1] -= static_cast<int64_t>(order.size());  // a negative axis
+    Dims dims;
+    const auto rank = static_cast<int64_t>(x.dims.size());
+    for (int64_t o : order) dims.push_back(x.dims[static_cast<size_t>((o + rank) % rank)]);
+    const LogicalTensor y = out(x.dtype, dims);
+    add(OpKind::kStaticTranspose, "transpose").set_attr("order", order).add_input(x).add_output(y);
+    if (dims.size() >= 2 && dims[1] >= 1) pool_.push_back(y);
+  }
+
+  void quantize_round_trip() {
+    const LogicalTensor x = fresh(DataType::kF32, data_shape(), true);
+    const bool u8 = chance(0.5);
+    const LogicalTensor q = out(u8 ? DataType::kU8 : DataType::kS8, x.dims);
+    const float scale = one_of({0.01f, 0.1f, 0.5f});
+    const int64_t zp = u8 ? one_of<int64_t>({0, 3, 128}) : 0;
+    add(OpKind::kQuantize, "quantize")
+        .set_attr("scales", std::vector<float>{scale})
+        .set_attr("zps", std::vector<int64_t>{zp})
+        .add_input(x)
+        .add_output(q);
+    const LogicalTensor y = out(DataType::kF32, x.dims);
+    add(OpKind::kDequantize, "dequantize")
+        .set_attr("scales", std::vector<float>{scale})
+        .set_attr("zps", std::vector<int64_t>{zp})
+        .add_input(q)
+        .add_output(y);
+    pool_.push_back(y);
+  }
+
+  std::mt19937_64 rng_;
+  GraphGenOptions options_;
+  int64_t next_tensor_ = 0, next_op_ = 0;
+  std::vector<Op> ops_;
+  std::vector<LogicalTensor> pool_;
+  std::vector<ForwardStats> stats_;
+};
+
+}  // namespace
+
+Graph random_graph(uint64_t seed, const GraphGenOptions& options) {
+  return Gen(seed, options).build();
+}
+
+}  // namespace cli
+}  // namespace normgrad
