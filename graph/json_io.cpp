@@ -333,9 +333,39 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
     return out_of_range("JSON nesting deeper than the limit of " +
                         std::to_string(limits.max_depth));
   }
+  // Each op of "graph" is converted and added as soon as its object is
+  // parsed, then dropped from the document (the parser callback returns
+  // false), so memory holds the text, the graph and one op's JSON, not a
+  // DOM of the whole file (which for 10^5 ops was over 1 GB).
+  Graph g;
+  Status op_error;
+  size_t n_ops = 0;
+  bool in_graph = false;
+  const size_t op_limit = std::min(
+      limits.max_ops, static_cast<size_t>(std::max<int64_t>(0, resource_limits().max_ops)));
+  struct StopParse {};  // thrown from the callback after an op error; caught below
+  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth == 1 && event == Json::parse_event_t::key) in_graph = parsed == "graph";
+    if (!in_graph || depth != 2 || event != Json::parse_event_t::object_end) return true;
+    const std::string ow = "graph[" + std::to_string(n_ops) + "]";
+    if (++n_ops > op_limit) {
+      op_error =
+          out_of_range("graph: more than " + std::to_string(op_limit) + " ops exceed the limit");
+      throw StopParse{};
+    }
+    auto op = parse_op(parsed, ow);
+    Status added = op.ok() ? g.add_op(std::move(op).value()) : op.status();
+    if (!added.ok()) {
+      op_error = op.ok() ? added.with_context(ow) : added;
+      throw StopParse{};
+    }
+    return false;  // converted: not kept in the document
+  };
   Json root;
   try {
-    root = Json::parse(text);
+    root = Json::parse(text, on_event);
+  } catch (const StopParse&) {
+    return op_error;
   } catch (const Json::exception& e) {
     return invalid_argument(std::string("malformed JSON: ") + e.what());
   }
@@ -346,7 +376,6 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
       check_keys(root, where,
                  {"version", "engine_kind", "fpmath_mode", "fpmath_mode_apply_to_int",
                   "input_ports", "output_ports", "graph"}));
-  Graph g;
   if (auto it = root.find("version"); it != root.end()) {
     NG_ASSIGN_OR_RETURN(g.version, as_string(*it, "version"));
   }
@@ -386,18 +415,15 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
     g.set_output_ports(std::move(ports));
   }
   NG_ASSIGN_OR_RETURN(const Json* ops, member(root, where, "graph"));
+  // What is left of "graph": [] when every element was an op object (each
+  // taken above), the first element of another type otherwise.
   if (!ops->is_array())
     return at("graph", std::string("expected an array, got ") + json_type(*ops));
-  if (ops->size() > limits.max_ops ||
-      static_cast<int64_t>(ops->size()) > resource_limits().max_ops) {
-    return out_of_range("graph: " + std::to_string(ops->size()) + " ops exceed the limit of " +
-                        std::to_string(limits.max_ops));
-  }
-  for (size_t i = 0; i < ops->size(); ++i) {
-    const std::string ow = "graph[" + std::to_string(i) + "]";
-    NG_ASSIGN_OR_RETURN(Op op, parse_op((*ops)[i], ow));
-    Status s = g.add_op(std::move(op));
-    if (!s.ok()) return s.with_context(ow);
+  for (const Json& left : *ops) {
+    if (!left.is_object()) {
+      return at("graph", std::string("expected an array of op objects, got an element of type ") +
+                             json_type(left));
+    }
   }
   return g;
 }

@@ -5,7 +5,9 @@
 // INT64_MIN, fpmath_mode_apply_to_int as a string or bool, any key order) and
 // rejects anything else with the JSON location of the problem, e.g.
 //   graph[0].inputs[3].shape: expected an array of integers
-// Nesting depth and text size are limited before the parser runs.
+// Nesting depth and text size are limited before the parser runs. Ops are
+// converted one by one as the parser meets them, so memory holds the text,
+// the graph and one op's JSON (not a document of the whole file).
 #pragma once
 
 #include <string>
@@ -16,9 +18,9 @@
 namespace normgrad {
 
 struct JsonLimits {
-  size_t max_bytes = size_t{64} << 20;  // 64 MiB of text
-  int max_depth = 32;                   // oneDNN's graphs nest 5 levels deep
-  size_t max_ops = 100000;
+  size_t max_bytes = size_t{512} << 20;  // 512 MiB of text (10^5 ops take 100-140 MiB)
+  int max_depth = 32;                    // oneDNN's graphs nest 5 levels deep
+  size_t max_ops = 1000000;
 };
 
 // Parses JSON text into a graph whose ops have been added (checked against their

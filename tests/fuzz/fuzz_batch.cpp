@@ -7,6 +7,7 @@
 // never reads other files; `--batch=` is not followed.
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -32,8 +33,14 @@ const std::string& case_text(const std::string& path) {
   const std::string key = inside ? path : "op/f32/bnorm_bwd.json";
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  std::ifstream in(std::string(NORMGRAD_FUZZ_CASES) + "/" + key);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A regular file only: a folder (`--case=op/f32/`) is not read.
+  const std::string file = std::string(NORMGRAD_FUZZ_CASES) + "/" + key;
+  std::error_code ec;
+  std::string text;
+  if (std::filesystem::is_regular_file(file, ec)) {
+    std::ifstream in(file);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   if (text.empty() && key != "op/f32/bnorm_bwd.json") return case_text("op/f32/bnorm_bwd.json");
   return cache.emplace(key, std::move(text)).first->second;
 }

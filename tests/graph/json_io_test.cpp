@@ -201,6 +201,33 @@ TEST(JsonIo, HostileSizesAreRejected) {
                "\"layout_type\": \"strided\", \"property_type\": \"undef\"},\n      {\"id\": 1")),
       "size overflows int64");
   EXPECT_STATUS_HAS(load_graph(kData + "/does_not_exist.json"), "cannot open file");
+  // Ops are converted as the parser meets them: the op limit stops the parse
+  // at the first op past it, and what is not an op object is named.
+  JsonLimits one_op;
+  one_op.max_ops = 0;
+  EXPECT_STATUS_HAS(graph_from_json(kQuirky, one_op), "graph: more than 0 ops exceed the limit");
+  EXPECT_STATUS_HAS(graph_from_json("{\"graph\": [1]}"),
+                    "graph: expected an array of op objects, got an element of type number");
+  EXPECT_STATUS_HAS(graph_from_json("{\"graph\": {}}"), "graph: expected an array, got object");
+}
+
+// A graph of many ops loads op by op; its ops, ports and order survive.
+TEST(JsonIo, ManyOpsLoadOneByOne) {
+  Graph g;
+  for (int64_t i = 0; i < 20000; ++i) {
+    Op op(i, OpKind::kReLU, "relu");
+    op.add_input(LogicalTensor(i, DataType::kF32, {2, 3}))
+        .add_output(LogicalTensor(i + 1, DataType::kF32, {2, 3}));
+    ASSERT_TRUE(g.add_op(std::move(op)).ok());
+  }
+  ASSERT_TRUE(g.finalize().ok());
+  const std::string text = graph_to_json(g);
+  auto back = graph_from_json(text);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_TRUE(back->finalize().ok());
+  ASSERT_EQ(back->ops().size(), 20000u);
+  EXPECT_EQ(back->ops().back().id(), 19999);
+  EXPECT_EQ(graph_to_json(*back), text);
 }
 
 }  // namespace
