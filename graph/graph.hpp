@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -121,7 +122,8 @@ class Graph {
 
  private:
   Status collect_tensors();
-  Status sort_topologically();
+  // Puts the ops in topological order; `reordered` says whether any moved.
+  Status sort_topologically(bool* reordered);
   Status infer_shapes();
   Status check_sizes() const;
 
@@ -136,8 +138,8 @@ class Graph {
   bool finalized_ = false;
   std::optional<std::vector<int64_t>> input_ports_;
   std::optional<std::vector<int64_t>> output_ports_;
-  std::map<int64_t, Value> values_;
-  std::map<int64_t, size_t> index_;  // op id -> its index in ops_
+  std::unordered_map<int64_t, Value> values_;
+  std::unordered_map<int64_t, size_t> index_;  // op id -> its index in ops_
   // Metadata of every input port as last seen with a consumer, so a port that a
   // pass leaves unused still describes the buffer the caller passes.
   std::map<int64_t, LogicalTensor> port_tensors_;

@@ -124,11 +124,41 @@ Dims LogicalTensor::effective_strides() const {
   return dense_strides(dims);
 }
 
+namespace {
+
+// The elements the strides address (max offset + 1) of a tensor whose dims
+// are known, or -1 when a product or sum overflows: the common case without
+// building the error messages, which the checked path below does.
+int64_t quick_buffer_elements(const LogicalTensor& t) {
+  int64_t count = 1;
+  for (int64_t d : t.dims) {
+    if (d < 0 || __builtin_mul_overflow(count, d, &count)) return -1;
+  }
+  if (count == 0) return 0;
+  const bool given = t.strides_known();
+  int64_t max_offset = 0, dense = 1;
+  for (size_t i = t.dims.size(); i-- > 0;) {
+    const int64_t stride = given ? t.strides[i] : dense;
+    int64_t span;
+    if (__builtin_mul_overflow(t.dims[i] - 1, stride, &span) ||
+        __builtin_add_overflow(max_offset, span, &max_offset))
+      return -1;
+    if (!given && __builtin_mul_overflow(dense, std::max<int64_t>(1, t.dims[i]), &dense)) return -1;
+  }
+  int64_t n;
+  return __builtin_add_overflow(max_offset, 1, &n) ? -1 : n;
+}
+
+}  // namespace
+
 StatusOr<int64_t> LogicalTensor::element_count() const {
   return checked_product(dims, "tensor " + std::to_string(id));
 }
 
 StatusOr<int64_t> LogicalTensor::buffer_elements() const {
+  if (dims_known()) {
+    if (const int64_t n = quick_buffer_elements(*this); n >= 0) return n;
+  }
   const std::string what = "tensor " + std::to_string(id);
   NG_ASSIGN_OR_RETURN(int64_t count, element_count());
   if (count == 0) return int64_t{0};
@@ -143,7 +173,25 @@ StatusOr<int64_t> LogicalTensor::buffer_elements() const {
 
 StatusOr<int64_t> LogicalTensor::buffer_bytes() const {
   NG_ASSIGN_OR_RETURN(int64_t elems, buffer_elements());
+  if (int64_t b; !__builtin_mul_overflow(elems, int64_t{dtype_size(dtype)}, &b)) return b;
   return checked_mul(elems, dtype_size(dtype), "tensor " + std::to_string(id) + " bytes");
+}
+
+bool LogicalTensor::is_valid() const {
+  if (rank() > kMaxRank) return false;
+  for (int64_t d : dims) {
+    if (d != kUnknownDim && d < 0) return false;
+  }
+  if (!strides.empty()) {
+    if (strides.size() != dims.size()) return false;
+    for (int64_t st : strides) {
+      if (st != kUnknownDim && st < 0) return false;
+    }
+  }
+  if (!dims_known()) return true;
+  const int64_t n = quick_buffer_elements(*this);
+  int64_t bytes;
+  return n >= 0 && !__builtin_mul_overflow(n, int64_t{dtype_size(dtype)}, &bytes);
 }
 
 Status LogicalTensor::validate(const std::string& what) const {

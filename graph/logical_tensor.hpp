@@ -71,6 +71,8 @@ struct LogicalTensor {
   StatusOr<int64_t> buffer_bytes() const;
   // Checks known dims >= 0, rank <= kMaxRank, strides >= 0 and matching rank,
   // and that the buffer byte size fits in int64. `what` names the tensor.
+  // True when validate() would pass, without building its messages.
+  bool is_valid() const;
   Status validate(const std::string& what) const;
   // True when no two logical elements share an address (dims of size 1 and
   // empty tensors never overlap). Inputs may alias (a broadcast view); outputs may not.

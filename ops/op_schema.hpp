@@ -69,6 +69,14 @@ class OpSchema {
   Status infer_shapes(Op& op) const;
 
  private:
+  // verify_structure's parts: quick checks with no messages built, and the
+  // checks with their messages, run only when a quick one fails.
+  static bool count_allowed(size_t n, const std::vector<PortSpec>& ports,
+                            const std::set<size_t>& allowed);
+  bool attrs_plain(const Op& op) const;
+  Status verify_structure_slow(const Op& op) const;
+  Status verify_ports(const Op& op) const;
+
   OpKind kind_;
   std::vector<PortSpec> inputs_;
   std::vector<PortSpec> outputs_;
