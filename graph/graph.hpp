@@ -72,8 +72,7 @@ class Graph {
   // topological order, so every query stays valid and fast between edits
   // with no re-finalize. Each edit checks the op against its schema and
   // refuses what would break the order; tensors an edit brings in must have
-  // their shapes (the pass pipeline still re-verifies the whole graph after
-  // each pass that changed it).
+  // their shapes (--verify-each checks the whole graph after every pass).
   // On a graph that is not finalized they edit the ops only.
   // A finalized graph's maps (kept by each edit) against the same ops
   // finalized from scratch: OK, or an internal error naming the first tensor

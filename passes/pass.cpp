@@ -35,7 +35,11 @@ StatusOr<bool> PassPipeline::run(Graph& graph, std::ostream* print_after_all,
     const auto t0 = std::chrono::steady_clock::now();
     auto changed = pass->run(graph);
     if (!changed.ok()) return changed.status().with_context(std::string("pass ") + pass->name());
-    if (*changed || !graph.finalized()) {
+    // The rewriter's edits keep the graph finalized, each checking the ops
+    // and tensors it touched, so only a pass that edited ops directly (and
+    // left the graph un-finalized) needs the whole graph finalized again;
+    // --verify-each checks everything after every pass.
+    if (!graph.finalized()) {
       Status s = graph.finalize();
       if (!s.ok()) return s.with_context(std::string("after pass ") + pass->name());
     }

@@ -1,10 +1,12 @@
 // Pass and PassPipeline: graph rewrites and the order they run in.
 //
 // A pass has a name and run(Graph&), which returns whether it changed the
-// graph. The graph is finalized when a pass starts; the pipeline finalizes it
-// again after every pass that changed it, which re-verifies every op against
-// its schema and re-infers shapes, so a broken rewrite is caught at the pass
-// that made it. The pipeline can print the graph (JSON) after every pass and
+// graph. The graph is finalized when a pass starts. A pass edits through the
+// rewriter (graph.hpp), whose every edit checks the ops and tensors it
+// touches and keeps the graph finalized, so a broken rewrite is caught at the
+// edit that made it; the pipeline finalizes the whole graph again only after
+// a pass that left it un-finalized, and with --verify-each checks it all
+// after every pass. The pipeline can print the graph after every pass and
 // records each pass's time.
 #pragma once
 

@@ -182,6 +182,9 @@ StatusOr<std::vector<double>> diff_src_condition_scales(const Graph& g,
   };
   const double m = static_cast<double>(std::max<int64_t>(d.reduce_size, 1));
   const bool training = d.mode == BackwardMode::kTraining;
+  // The sums' rounding in units of the data limit the result is judged at.
+  const double sums =
+      kLambda * std::sqrt(m) * kUnitRoundoffF32 / threshold_for(op.outputs()[0].dtype, 0);
   for (int64_t c = 0; c < d.channels; ++c) {
     const double v = stat(in[d.from_dst ? 2 : 3], c);
     const double gamma = gamma_in ? stat(gamma_in, c) : 1.0;
@@ -202,18 +205,25 @@ StatusOr<std::vector<double>> diff_src_condition_scales(const Graph& g,
       *dy = x >= 0 ? *dy : *dy * d.alpha;
       *xhat = (y - shift) / gamma;
     };
-    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    double sum_dy = 0.0, sum_dy_xhat = 0.0, abs_dy = 0.0, abs_dy_xhat = 0.0;
     for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
       double dy, xhat;
       at(idx, &dy, &xhat);
       sum_dy += dy;
       sum_dy_xhat += dy * xhat;
+      abs_dy += std::fabs(dy);
+      abs_dy_xhat += std::fabs(dy * xhat);
     });
     for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
       double dy, xhat;
       at(idx, &dy, &xhat);
       double t = std::fabs(dy);
-      if (training) t += std::fabs(sum_dy / m) + std::fabs(xhat * sum_dy_xhat / m);
+      if (training) {
+        // The two sums are accumulated in f32: off by up to lambda sqrt(M)
+        // u_f32 of their terms, which every element's result carries.
+        t += std::fabs(sum_dy / m) + std::fabs(xhat * sum_dy_xhat / m) +
+             sums * (abs_dy / m + std::fabs(xhat) * abs_dy_xhat / m);
+      }
       scale[static_cast<size_t>(offset_of(idx, dense))] = s * std::fabs(gamma) * t;
     });
   }

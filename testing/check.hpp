@@ -17,8 +17,14 @@
 // mean's previous value). A backward's diff_src, s gamma (dy - mean(dy) -
 // xhat mean(dy xhat)), cancels when a channel has few elements (with 2 it is
 // 0 in exact arithmetic): it passes when its error relative to the L2 norm
-// of s |gamma| (|dy| + |mean(dy)| + |xhat| |mean(dy xhat)|) is within the
-// dtype's data limit.
+// of s |gamma| (|dy| + |mean(dy)| + |xhat| |mean(dy xhat)|), plus the f32
+// rounding of the two sums (lambda sqrt(M) u_f32 of mean|dy| and of |xhat|
+// mean|dy xhat|), is within the dtype's data limit (twice it for FromDst,
+// which first recovers src from dst). A forward's dst, through its ReLU,
+// LeakyReLU, TypeCast or same-shape Add, is judged the same way against
+// |gamma| s (|x| + |mean|) + |beta| and its statistics' rounding, and any
+// other data output against its own size: rel_l2 unchanged where nothing
+// cancels.
 #pragma once
 
 #include <cstdint>

@@ -116,7 +116,7 @@ std::vector<std::string> compute_backends() {
   return names;
 }
 
-Verdict check_graph(Graph g, uint64_t seed) {
+Verdict check_graph(Graph g, uint64_t seed, bool verify_each) {
   Verdict v;
   if (Status s = g.finalize(); !s.ok()) return {Verdict::kInvalid, s.message()};
   auto ref = CompiledGraph::compile(g, CompileOptions{"ref"});
@@ -129,7 +129,9 @@ Verdict check_graph(Graph g, uint64_t seed) {
     auto fail = [&](const std::string& what) {
       return Verdict{Verdict::kFailed, backend + ": " + what, v.runs, v.declines};
     };
-    auto cg = CompiledGraph::compile(g, CompileOptions{backend});
+    CompileOptions options{backend};
+    options.verify_each = verify_each;
+    auto cg = CompiledGraph::compile(g, options);
     if (!cg.ok()) {
       if (backend != "auto" && cg.status().code() == StatusCode::kUnimplemented) {
         ++v.declines;
@@ -162,7 +164,7 @@ Verdict check_graph(Graph g, uint64_t seed) {
 
 // Cuts ops while the graph still fails: a cut op's outputs that others read
 // become graph inputs, and what only it read goes with it.
-Graph shrink(const Graph& failing, uint64_t seed) {
+Graph shrink(const Graph& failing, uint64_t seed, bool verify_each) {
   Graph best = failing;
   (void)best.finalize();
   std::vector<Op> ops = best.ops();
@@ -174,7 +176,7 @@ Graph shrink(const Graph& failing, uint64_t seed) {
       Graph g;
       bool added = true;
       for (const Op& op : cut) added = added && g.add_op(op).ok();
-      if (!added || check_graph(g, seed).kind != Verdict::kFailed) continue;
+      if (!added || check_graph(g, seed, verify_each).kind != Verdict::kFailed) continue;
       ops = std::move(cut);
       changed = true;
     }
@@ -194,7 +196,7 @@ int fuzz_command(const std::vector<std::string>& argv) {
       "normgrad fuzz");
   int64_t graphs = 100, seed = 1, time_limit = 0;
   int max_ops = 6;
-  bool no_sync = false, verbose = false;
+  bool no_sync = false, verbose = false, verify_each = false;
   std::string out_dir = ".";
   app.add_option("--graphs", graphs, "how many graphs (default 100)")
       ->check(CLI::Range(1, 1 << 30));
@@ -205,6 +207,8 @@ int fuzz_command(const std::vector<std::string>& argv) {
       ->check(CLI::Range(0, 1 << 30));
   app.add_option("--out", out_dir, "where failing graphs are written (default .)");
   app.add_flag("--no-sync", no_sync, "no ops with sync_group");
+  app.add_flag("--verify-each", verify_each,
+               "check the whole graph against a fresh finalize after every pass of every compile");
   app.add_flag("-v,--verbose", verbose,
                "print each graph (text form) before it runs, and its result");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
@@ -225,7 +229,7 @@ int fuzz_command(const std::vector<std::string>& argv) {
       std::cout << "seed " << s << ":\n" << graph_to_text(g);
       std::cout.flush();
     }
-    const Verdict v = check_graph(g, s);
+    const Verdict v = check_graph(g, s, verify_each);
     ++done;
     runs += v.runs;
     declines += v.declines;
@@ -243,8 +247,8 @@ int fuzz_command(const std::vector<std::string>& argv) {
       continue;
     }
     ++failed;
-    const Graph small = shrink(g, s);
-    const Verdict again = check_graph(small, s);
+    const Graph small = shrink(g, s, verify_each);
+    const Verdict again = check_graph(small, s, verify_each);
     std::error_code ec;
     std::filesystem::create_directories(out_dir, ec);
     const std::string path = out_dir + "/fuzz-" + std::to_string(s) + ".json";

@@ -75,7 +75,7 @@ TEST(CliRun, FuzzFoundGraphsPassCheckOnEveryBackend) {
 // `normgrad fuzz`: random graphs on every backend against ref. A few hundred
 // graphs; CI runs a longer, time-bounded smoke (.ci/run).
 TEST(CliFuzz, RandomGraphsMatchRefOnEveryBackend) {
-  const Result r = run("fuzz --graphs=300 --seed=1 --out=" + ::testing::TempDir());
+  const Result r = run("fuzz --graphs=300 --seed=1 --verify-each --out=" + ::testing::TempDir());
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("fuzz: 300 graphs"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(" 0 failed"), std::string::npos) << r.output;
