@@ -39,12 +39,25 @@ const Op* sole_producer(const Graph& g, const Op& op, size_t port, OpKind kind) 
   return producer;
 }
 
-// Folds one producer/consumer pair of conversions around `bn`; `check` decides
-// whether the three conversion ops fit, `rewrite` edits the new batch norm.
+// Folds every producer/consumer pair of conversions around a batch-norm
+// backward, in one walk; `check` decides whether the three conversion ops
+// fit, `rewrite` edits the new batch norm. A fold removes its three
+// conversions and enables no other (a conversion between two batch norms is
+// the first one's output and the second one's input: folding the first
+// erases it), so one walk folds all there is.
 template <typename Check, typename Rewrite>
 StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
                            const Rewrite& rewrite) {
-  for (const Op& bn : g.ops()) {
+  // The candidates' ids first: the edits below move ops in g.ops().
+  std::vector<int64_t> candidates;
+  for (const Op& op : g.ops()) {
+    if (op.kind() == OpKind::kBatchNormTrainingBackward) candidates.push_back(op.id());
+  }
+  bool changed = false;
+  for (int64_t bn_id : candidates) {
+    const Op* found = g.op(bn_id);
+    if (found == nullptr) continue;
+    const Op& bn = *found;
     if (bn.kind() != OpKind::kBatchNormTrainingBackward || !g.unknown_shape_error(bn).ok())
       continue;
     using Ports = BatchNormTrainingBackwardPorts;
@@ -70,14 +83,15 @@ StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
     NG_RETURN_IF_ERROR(g.replace_op(folded.id(), folded));
     NG_RETURN_IF_ERROR(g.erase_op(src_id));
     if (dy_id != src_id) NG_RETURN_IF_ERROR(g.erase_op(dy_id));
-    return true;
+    changed = true;
   }
-  return false;
+  return changed;
 }
 
 }  // namespace
 
-// One fold per run: passes.def runs these passes to a fixed point.
+// Every fold in one run (passes.def still runs them to a fixed point, which
+// then ends after the second, unchanged run).
 StatusOr<bool> FoldTransposePass::run(Graph& graph) const {
   return fold_around(
       graph, OpKind::kStaticTranspose,

@@ -1,6 +1,8 @@
 // CanonicalizePass: graph in -> graph out (structure), and numeric equality
 // of the whole graph through ref before and after the pass.
+#include <normgrad/graph/text_io.hpp>
 #include <normgrad/passes/canonicalize.hpp>
+#include <normgrad/passes/fold_layout.hpp>
 
 #include <random>
 
@@ -144,6 +146,45 @@ class DropOneEnd final : public Pass {
     return false;
   }
 };
+
+// One run of the fold folds every group there is (not one group a run,
+// with the fixed point re-walking the graph after each: quadratic on large
+// graphs).
+TEST(FoldTranspose, OneRunFoldsEveryGroup) {
+  std::string text;
+  const int kGroups = 50;
+  for (int k = 0; k < kGroups; ++k) {
+    const int b = 100 * k, o = 10 * k;
+    auto t = [&](int id) { return "%" + std::to_string(b + id); };
+    text += t(20) + ":f32[2,5,5,8] = StaticTranspose#" + std::to_string(o + 1) + " \"t0\"(" + t(0) +
+            ":f32[2,8,5,5]) {order=[0,2,3,1]}\n";
+    text += t(21) + ":f32[2,5,5,8] = StaticTranspose#" + std::to_string(o + 2) + " \"t1\"(" + t(1) +
+            ":f32[2,8,5,5]) {order=[0,2,3,1]}\n";
+    text += t(22) + ":f32[2,5,5,8], " + t(6) + ":f32[8], " + t(7) +
+            ":f32[8] = BatchNormTrainingBackward#" + std::to_string(o + 3) + " \"bn\"(" + t(20) +
+            ":f32[2,5,5,8], " + t(21) + ":f32[2,5,5,8], " + t(2) + ":f32[8], " + t(3) +
+            ":f32[8], " + t(4) +
+            ":f32[8]) {data_format=\"NXC\", epsilon=0.001f, is_training=true}\n";
+    text += t(5) + ":f32[2,8,5,5] = StaticTranspose#" + std::to_string(o + 4) + " \"t2\"(" + t(22) +
+            ":f32[2,5,5,8]) {order=[0,3,1,2]}\n";
+  }
+  auto g = graph_from_text(text);
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  ASSERT_TRUE(g->finalize().ok());
+  const FoldTransposePass pass;
+  auto changed = pass.run(*g);
+  ASSERT_TRUE(changed.ok()) << changed.status().to_string();
+  EXPECT_TRUE(*changed);
+  ASSERT_EQ(g->ops().size(), static_cast<size_t>(kGroups));
+  for (const Op& op : g->ops()) {
+    EXPECT_EQ(op.kind(), OpKind::kBatchNormTrainingBackward);
+    EXPECT_EQ(*op.attr_string("data_format"), "NCX");
+  }
+  EXPECT_TRUE(g->check_against_rebuild().ok());
+  auto again = pass.run(*g);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again);
+}
 
 TEST(FixedPoint, RunsAStepUntilNothingChanges) {
   Graph g;
