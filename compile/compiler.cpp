@@ -9,6 +9,7 @@
 #include <set>
 
 #include <normgrad/ops/op_ports.hpp>
+#include <normgrad/ops/op_registry.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
@@ -427,39 +428,12 @@ std::vector<std::pair<int64_t, int64_t>> CompiledGraph::inplace_pairs() const {
   // last output when every link is read by the next op alone.
   std::map<int64_t, int64_t> link;  // input id -> output id, per op
   for (const Op& op : graph_.ops()) {
-    std::vector<std::pair<size_t, size_t>> ports;  // (input port, output port)
-    switch (op.kind()) {
-      case OpKind::kBatchNormTrainingBackward:  // diff_src over diff_dst
-      case OpKind::kBatchNormTrainingBackwardFromDst: {
-        using P = BatchNormTrainingBackwardPorts;
-        using F = BatchNormTrainingBackwardFromDstPorts;
-        static_assert(
-            P::diff_dst_port() == F::diff_dst_port() && P::diff_src_port() == F::diff_src_port(),
-            "op_ports.def: the two backward kinds disagree on diff_dst/diff_src");
-        ports = {{P::diff_dst_port(), P::diff_src_port()}};
-        break;
-      }
-      case OpKind::kBatchNormInference:  // dst over src
-      case OpKind::kBatchNormForwardTraining: {
-        using I = BatchNormInferencePorts;
-        using T = BatchNormForwardTrainingPorts;
-        static_assert(I::src_port() == T::src_port() && I::dst_port() == T::dst_port(),
-                      "op_ports.def: the two forward kinds disagree on src/dst");
-        ports = {{T::src_port(), T::dst_port()}};
-        break;
-      }
-      case OpKind::kReLUBackward:  // (src/dst, diff_dst) -> diff_src
-        ports = {{1, 0}};
-        break;
-      case OpKind::kReLU:  // src -> dst, and Add's first input -> dst
-      case OpKind::kLeakyReLU:
-      case OpKind::kAdd:
-        ports = {{0, 0}};
-        break;
-      default:
-        break;
-    }
+    // (input port, output port), as the op's schema declares them.
+    const OpSchema* schema = op_registry().find(op.kind());
+    if (schema == nullptr) continue;
+    const auto& ports = schema->inplace_pairs();
     for (auto [i, o] : ports) {
+      if (i >= op.inputs().size() || o >= op.outputs().size()) continue;
       const LogicalTensor& in = op.inputs()[i];
       const LogicalTensor& out = op.outputs()[o];
       if (in.dtype == out.dtype && in.dims == out.dims &&

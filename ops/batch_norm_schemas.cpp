@@ -160,6 +160,18 @@ const std::vector<std::string> kFormats = {"NCX", "NXC"};
 
 void add_bn_rules(OpSchema& s, std::vector<size_t> data_in, std::vector<size_t> data_out,
                   FixedPorts fixed = {}) {
+  // Every port that is not data is a per-channel vector (or, fixed and
+  // scalar, Reduce's count).
+  for (size_t i = 0; i < s.inputs().size(); ++i) {
+    const FixedPort* f = find_fixed(fixed, true, i);
+    if (std::find(data_in.begin(), data_in.end(), i) == data_in.end() && !(f && f->scalar))
+      s.per_channel(true, i);
+  }
+  for (size_t i = 0; i < s.outputs().size(); ++i) {
+    const FixedPort* f = find_fixed(fixed, false, i);
+    if (std::find(data_out.begin(), data_out.end(), i) == data_out.end() && !(f && f->scalar))
+      s.per_channel(false, i);
+  }
   const PortNames names(s);
   s.rule(check_epsilon).rule(bn_dtype_rule(names, data_in, data_out, fixed));
   s.shape_rule(bn_shape_rule(names, data_in, data_out, fixed));
@@ -237,6 +249,8 @@ void register_from_dst_schema(OpRegistry& registry) {
   s.attr("alpha", AttrKind::kF32, false);
   s.rule(check_from_dst_activation);
   add_bn_rules(s, {0, 1, 5}, {0});
+  s.inplace(BatchNormTrainingBackwardFromDstPorts::diff_dst_port(),
+            BatchNormTrainingBackwardFromDstPorts::diff_src_port());
   registry.add(std::move(s));
 }
 
@@ -262,6 +276,8 @@ void register_batch_norm_schemas(OpRegistry& registry) {
     // cover; the split-sync-batch-norm pass splits the op around an AllReduce.
     s.attr("sync_group", AttrKind::kString, false);
     add_bn_rules(s, {0, 1}, {0});
+    s.inplace(BatchNormTrainingBackwardPorts::diff_dst_port(),
+              BatchNormTrainingBackwardPorts::diff_src_port());
     registry.add(std::move(s));
   }
   register_from_dst_schema(registry);
@@ -273,6 +289,7 @@ void register_batch_norm_schemas(OpRegistry& registry) {
     s.attr("momentum", AttrKind::kF32, false, 0.1f);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
     add_bn_rules(s, {0}, {0});
+    s.inplace(BatchNormForwardTrainingPorts::src_port(), BatchNormForwardTrainingPorts::dst_port());
     registry.add(std::move(s));
   }
   {
@@ -281,6 +298,7 @@ void register_batch_norm_schemas(OpRegistry& registry) {
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
     add_bn_rules(s, {0}, {0});
+    s.inplace(BatchNormInferencePorts::src_port(), BatchNormInferencePorts::dst_port());
     registry.add(std::move(s));
   }
 }

@@ -167,12 +167,14 @@ void register_elementwise_schemas(OpRegistry& registry) {
   {
     OpSchema s(OpKind::kReLU);
     s.input("src").output("dst");
+    s.inplace(0, 0);
     add_uniform(registry, std::move(s));
   }
   {
     // oneDNN Graph's LeakyReLU: dst = src >= 0 ? src : alpha src.
     OpSchema s(OpKind::kLeakyReLU);
     s.input("src").output("dst");
+    s.inplace(0, 0);
     s.attr("alpha", AttrKind::kF32, true);
     s.rule([](const Op& op) -> Status {
       NG_ASSIGN_OR_RETURN(float alpha, op.attr_f32("alpha"));
@@ -187,6 +189,7 @@ void register_elementwise_schemas(OpRegistry& registry) {
     // use_dst = true: input 0 is ReLU's dst; false: it is ReLU's src. Both mask by x > 0.
     OpSchema s(OpKind::kReLUBackward);
     s.input("src/dst").input("diff_dst").output("diff_src");
+    s.inplace(1, 0);  // diff_src over diff_dst
     s.attr("use_dst", AttrKind::kBool, false, true);
     add_uniform(registry, std::move(s));
   }
@@ -198,6 +201,7 @@ void register_elementwise_schemas(OpRegistry& registry) {
     // ref (oneDNN 2.6's binary primitive is not asked for integers).
     OpSchema s(OpKind::kAdd);
     s.input("src_0").input("src_1").output("dst");
+    s.inplace(0, 0);  // dst over src_0 where their metadata agree
     s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kS32});
     s.attr("auto_broadcast", AttrKind::kString, false, std::string("numpy"), {"none", "numpy"});
     s.shape_rule(broadcast_shape_rule);

@@ -109,6 +109,16 @@ Status check_dtype(const std::string& where, DataType dt, const std::vector<Data
 
 }  // namespace
 
+OpSchema& OpSchema::inplace(size_t in, size_t out) {
+  inplace_.emplace_back(in, out);
+  return *this;
+}
+
+OpSchema& OpSchema::per_channel(bool is_input, size_t port) {
+  (is_input ? per_channel_inputs_ : per_channel_outputs_).insert(port);
+  return *this;
+}
+
 OpSchema& OpSchema::dtypes(std::vector<DataType> allowed) {
   dtypes_ = std::move(allowed);
   return *this;

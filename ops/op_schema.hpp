@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <normgrad/graph/op.hpp>
@@ -43,6 +44,13 @@ class OpSchema {
   OpSchema& input(std::string name, bool optional = false);
   OpSchema& output(std::string name, bool optional = false);
   // Restricts the number of inputs or outputs (default: every count from required to all).
+  // Input `in` and output `out` may share a buffer: every backend reads an
+  // element of the input before it writes the same element of the output.
+  OpSchema& inplace(size_t in, size_t out);
+  // Ports of per-channel vectors (statistics, scale, shift, their gradients,
+  // TensorFlow's U-typed reserve spaces), as opposed to the data ports:
+  // benchdnn's --dt leaves them f32.
+  OpSchema& per_channel(bool is_input, size_t port);
   OpSchema& input_counts(std::set<size_t> counts);
   OpSchema& output_counts(std::set<size_t> counts);
   OpSchema& attr(std::string name, AttrKind kind, bool required,
@@ -59,6 +67,10 @@ class OpSchema {
   const std::vector<PortSpec>& outputs() const { return outputs_; }
   const std::vector<AttrSpec>& attrs() const { return attrs_; }
   const AttrSpec* find_attr(const std::string& name) const;
+  const std::vector<std::pair<size_t, size_t>>& inplace_pairs() const { return inplace_; }
+  bool is_per_channel(bool is_input, size_t port) const {
+    return (is_input ? per_channel_inputs_ : per_channel_outputs_).count(port) != 0;
+  }
   std::string input_name(size_t i) const;
   std::string output_name(size_t i) const;
 
@@ -84,7 +96,9 @@ class OpSchema {
   std::set<size_t> output_counts_;
   std::vector<AttrSpec> attrs_;
   std::vector<Rule> rules_;
-  std::vector<DataType> dtypes_;  // empty: f32, bf16, f16
+  std::vector<DataType> dtypes_;                    // empty: f32, bf16, f16
+  std::vector<std::pair<size_t, size_t>> inplace_;  // (input port, output port)
+  std::set<size_t> per_channel_inputs_, per_channel_outputs_;
   ShapeRule shape_rule_;
 };
 

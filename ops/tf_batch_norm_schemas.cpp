@@ -118,6 +118,10 @@ OpSchema make_schema(OpKind kind) {
     s.output("reserve_space_3", true).output("reserve_space_4", true);
   }
   s.output_counts({3, 5});
+  // scale, the statistics, their gradients and the (empty) reserve spaces:
+  // U-typed, as TensorFlow types them.
+  for (size_t i = 2; i < s.inputs().size(); ++i) s.per_channel(true, i);
+  for (size_t i = 1; i < s.outputs().size(); ++i) s.per_channel(false, i);
   s.attr("epsilon", AttrKind::kF32, false, 0.0001f);
   std::vector<std::string> formats = {"NHWC", "NCHW"};
   if (kind == OpKind::kFusedBatchNormGradV3) formats = {"NHWC", "NCHW", "NDHWC", "NCDHW"};

@@ -65,21 +65,17 @@ StatusOr<Dims> tag_strides(const std::string& tag, const Dims& dims, const std::
   return strides;
 }
 
-bool is_batch_norm(OpKind k) {
-  return k == OpKind::kBatchNormTrainingBackward || k == OpKind::kBatchNormForwardTraining ||
-         k == OpKind::kBatchNormInference || is_tf_batch_norm_grad(k);
-}
-
-// Tensors on a batch-norm op's per-channel ports: statistics, scale, shift and their gradients.
+// Tensors on an op's per-channel ports (its schema's): statistics, scale,
+// shift and their gradients.
 std::set<int64_t> statistics_tensors(const Graph& g) {
   std::set<int64_t> ids;
   for (const Op& op : g.ops()) {
-    if (!is_batch_norm(op.kind())) continue;
-    const bool two_data_inputs =
-        op.kind() == OpKind::kBatchNormTrainingBackward || is_tf_batch_norm_grad(op.kind());
-    for (size_t i = two_data_inputs ? 2 : 1; i < op.inputs().size(); ++i)
-      ids.insert(op.inputs()[i].id);
-    for (size_t i = 1; i < op.outputs().size(); ++i) ids.insert(op.outputs()[i].id);
+    const OpSchema* schema = op_registry().find(op.kind());
+    if (schema == nullptr) continue;
+    for (size_t i = 0; i < op.inputs().size(); ++i)
+      if (schema->is_per_channel(true, i)) ids.insert(op.inputs()[i].id);
+    for (size_t i = 0; i < op.outputs().size(); ++i)
+      if (schema->is_per_channel(false, i)) ids.insert(op.outputs()[i].id);
   }
   return ids;
 }

@@ -1,5 +1,8 @@
 // Error flow of the batch-norm schemas: every rule, with status and message fragment.
+#include <algorithm>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include <normgrad/ops/op_ports.hpp>
 #include <normgrad/ops/op_registry.hpp>
@@ -168,6 +171,49 @@ TEST(OpPorts, DeclaredIndicesAreTheSchemas) {
   EXPECT_EQ(bn.has_gamma(), op.inputs().size() == 5);
   EXPECT_EQ(BatchNormTrainingBackwardPorts::gamma_port(), 4u);
   EXPECT_EQ(bn.has_diff_beta(), op.outputs().size() == 3);
+}
+
+}  // namespace
+}  // namespace normgrad
+
+namespace normgrad {
+namespace {
+
+// What the schemas declare once, and the compiler's in-place pairs and the
+// benchdnn knobs read: data ports against per-channel ones, and which input
+// an output may overwrite.
+TEST(OpSchemaFacts, PerChannelPortsAndInPlacePairs) {
+  struct Case {
+    OpKind kind;
+    std::vector<size_t> per_channel_in, per_channel_out;
+    std::vector<std::pair<size_t, size_t>> inplace;
+  } cases[] = {
+      {OpKind::kBatchNormTrainingBackward, {2, 3, 4}, {1, 2}, {{1, 0}}},
+      {OpKind::kBatchNormTrainingBackwardFromDst, {2, 3, 4}, {1, 2}, {{1, 0}}},
+      {OpKind::kBatchNormForwardTraining, {1, 2, 3, 4}, {1, 2, 3, 4}, {{0, 0}}},
+      {OpKind::kBatchNormInference, {1, 2, 3, 4}, {}, {{0, 0}}},
+      {OpKind::kBatchNormBackwardReduce, {2}, {0, 1}, {}},
+      {OpKind::kBatchNormBackwardApply, {2, 3, 4, 5, 7}, {1, 2}, {}},
+      {OpKind::kFusedBatchNormGradV3, {2, 3, 4, 5}, {1, 2, 3, 4}, {}},
+      {OpKind::kReLUBackward, {}, {}, {{1, 0}}},
+      {OpKind::kReLU, {}, {}, {{0, 0}}},
+      {OpKind::kLeakyReLU, {}, {}, {{0, 0}}},
+      {OpKind::kAdd, {}, {}, {{0, 0}}},
+      {OpKind::kTypeCast, {}, {}, {}},
+  };
+  for (const Case& c : cases) {
+    const OpSchema* s = op_registry().find(c.kind);
+    ASSERT_NE(s, nullptr) << op_kind_name(c.kind);
+    for (size_t i = 0; i < s->inputs().size(); ++i) {
+      const bool want = std::count(c.per_channel_in.begin(), c.per_channel_in.end(), i) != 0;
+      EXPECT_EQ(s->is_per_channel(true, i), want) << op_kind_name(c.kind) << " input " << i;
+    }
+    for (size_t i = 0; i < s->outputs().size(); ++i) {
+      const bool want = std::count(c.per_channel_out.begin(), c.per_channel_out.end(), i) != 0;
+      EXPECT_EQ(s->is_per_channel(false, i), want) << op_kind_name(c.kind) << " output " << i;
+    }
+    EXPECT_EQ(s->inplace_pairs(), c.inplace) << op_kind_name(c.kind);
+  }
 }
 
 }  // namespace
