@@ -8,4 +8,4 @@ set(ng_public_headers
   passes/cse.hpp passes/dead_code.hpp passes/fold_layout.hpp passes/split_sync_batch_norm.hpp passes/pattern.hpp
   passes/rewrite_util.hpp
   backends/backend.hpp backends/communicator.hpp compile/compiler.hpp compile/pipeline.hpp
-  backends/caching_allocator.hpp graph/limits.hpp)
+  backends/caching_allocator.hpp backends/tune_cache.hpp graph/limits.hpp)

@@ -22,6 +22,9 @@ int partitions_command(const std::vector<std::string>& argv);
 int dot_command(const std::vector<std::string>& argv);
 // `normgrad fuzz`: random graphs on every backend against ref (cli_fuzz.cpp).
 int fuzz_command(const std::vector<std::string>& argv);
+// `normgrad tune`: the JIT's variants timed per shape class, the winners
+// cached for this host (cli_tune.cpp).
+int tune_command(const std::vector<std::string>& argv);
 
 }  // namespace cli
 }  // namespace normgrad

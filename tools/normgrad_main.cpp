@@ -23,6 +23,7 @@ std::string usage() {
   partitions_command({});
   dot_command({});
   fuzz_command({});
+  tune_command({});
   bench_command({});
   describing() = false;
   return described() +
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   if (command == "partitions") return normgrad::cli::partitions_command(args);
   if (command == "dot") return normgrad::cli::dot_command(args);
   if (command == "fuzz") return normgrad::cli::fuzz_command(args);
+  if (command == "tune") return normgrad::cli::tune_command(args);
   if (command == "bench") {
     // oneDNN's OpenMP threads spin after each parallel region and, on a small
     // machine, steal the cores of whatever runs next in the interleaved loop.

@@ -4,9 +4,12 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <cstdio>
+
 #include <normgrad/backends/backend_registry.hpp>
 #include <normgrad/backends/jit/jit_driver.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
+#include <normgrad/backends/tune_cache.hpp>
 
 namespace normgrad {
 namespace {
@@ -136,8 +139,22 @@ class JitBackend final : public Backend {
   static StatusOr<jit::BnConf> conf_of(const Partition& partition, const CompileContext& ctx) {
     if (partition.ops.empty()) return invalid_argument("empty partition");
     NG_ASSIGN_OR_RETURN(jit::BnConf conf, jit::make_conf(partition, jit::detect_isa()));
-    NG_RETURN_IF_ERROR(jit::apply_variant(ctx.jit_variant, &conf));
-    return conf;
+    if (!ctx.jit_variant.empty()) {
+      NG_RETURN_IF_ERROR(jit::apply_variant(ctx.jit_variant, &conf));
+      return conf;
+    }
+    // The host's measured choice for this shape class, when `normgrad tune`
+    // made one (the split Reduce/Apply halves keep the rules: tune times the
+    // whole backward).
+    if (conf.d.phase != BackwardPhase::kWhole) return conf;
+    const TunedChoice* tuned = find_tuned_choice(jit::isa_name(conf.isa), tune_class(conf.d));
+    if (tuned == nullptr || tuned->variant == "default") return conf;
+    jit::BnConf chosen = conf;
+    if (!jit::apply_variant(tuned->variant, &chosen).ok()) return conf;  // stale: keep the rules
+    char speedup[32];
+    std::snprintf(speedup, sizeof speedup, "%.2fx", tuned->speedup);
+    chosen.tuned = tuned->variant + " " + speedup;
+    return chosen;
   }
 };
 

@@ -101,6 +101,7 @@ std::string BnConf::kernel_name() const {
   if (walk.strided_native) n += "+strided";
   if (d.phase == BackwardPhase::kReduce) n += ":reduce";
   if (d.phase == BackwardPhase::kApply) n += ":apply";
+  if (!tuned.empty()) n += "+tuned(" + tuned + ")";
   return n;
 }
 

@@ -224,6 +224,9 @@ struct BnConf {
   bool empty = false;
   bool single_thread = false;  // small problems skip the task overhead
   float alpha = 1.f;           // the kLeaky* fuses' slope (BatchNormDesc::alpha)
+  // The variant the host's tune cache chose (tune_cache.hpp), with its
+  // measured speedup, for the kernel's name; empty under the JIT's own rules.
+  std::string tuned;
   Fuse x_fuse = Fuse::kNone;   // src computed from a fused producer
   Fuse dy_fuse = Fuse::kNone;  // diff_dst computed from a fused producer
   PortMap ports;

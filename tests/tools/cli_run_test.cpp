@@ -72,6 +72,32 @@ TEST(CliRun, FuzzFoundGraphsPassCheckOnEveryBackend) {
   EXPECT_GE(files, 7);
 }
 
+// `normgrad tune` measures, prints its choices, writes the cache compile
+// reads, and says so clearly when it cannot.
+TEST(CliTune, WritesTheHostsChoicesOrAClearError) {
+  const std::string dir = ::testing::TempDir() + "/ng_cli_tune";
+  std::filesystem::remove_all(dir);
+  const std::string args =
+      "tune --shapes=2x64x7x7,2x96x5x5 --dt=f32 --layouts=NCX,NXC --ops=bwd,from-dst --iters=2";
+  Result r = run("--version");  // the CLI exists
+  setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  r = run(args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("choices:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bwd/NXC/f32/c<=64/m<=1024/cached"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/normgrad/tune.json"));
+  r = run(args + " --dry-run");
+  EXPECT_NE(r.output.find("dry run: nothing written"), std::string::npos) << r.output;
+  setenv("XDG_CACHE_HOME", "/dev/null/not-a-folder", 1);
+  r = run(args);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("normgrad tune: error:"), std::string::npos) << r.output;
+  r = run("tune --shapes=2x64 --iters=1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is not NxCxHxW"), std::string::npos) << r.output;
+  setenv("XDG_CACHE_HOME", (::testing::TempDir() + "/ng_cli_tune_none").c_str(), 1);
+}
+
 // `normgrad fuzz`: random graphs on every backend against ref. A few hundred
 // graphs; CI runs a longer, time-bounded smoke (.ci/run).
 TEST(CliFuzz, RandomGraphsMatchRefOnEveryBackend) {

@@ -1,0 +1,259 @@
+// `normgrad tune`: times the JIT's variants for each shape class on this
+// host, interleaved, and writes the winners to the per-host tune cache
+// (backends/tune_cache.hpp) that compile then reads.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <normgrad/backends/tune_cache.hpp>
+#include <normgrad/compile/compiler.hpp>
+#include <normgrad/graph/json_io.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/testing/oracle.hpp>
+#include "tools/bench_graphs.hpp"
+#include "tools/cli.hpp"
+#include "tools/cli_args.hpp"
+#include "tools/cli_driver.hpp"
+
+namespace normgrad {
+namespace cli {
+namespace {
+
+// The candidates per layout: the JIT's own choice ("default", the control)
+// first, then every variant that changes that layout's walk.
+const std::vector<std::string>& candidates(bool nxc) {
+  static const std::vector<std::string> kNxc = {
+      "default",         "nxc-per-pixel",        "nxc-blocked",         "nxc-swept",
+      "nxc-swept-ahead", "nxc-contiguous-split", "nxc-last-first-apply"};
+  static const std::vector<std::string> kNcx = {"default",
+                                                "ncx-forward-apply",
+                                                "ncx-reverse-apply",
+                                                "ncx-no-next-channel",
+                                                "ncx-reduce-prefetch",
+                                                "ncx-no-nt"};
+  return nxc ? kNxc : kNcx;
+}
+
+struct Problem {
+  std::string op, layout;
+  DataType dt;
+  Dims nchw;
+  std::string cls, isa, label;
+  // Per candidate: the compiled graph (nullptr: the variant does not apply)
+  // and its times.
+  std::vector<std::unique_ptr<CompiledGraph>> compiled;
+  std::vector<std::vector<double>> ms;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  for (const std::string& item : split_commas(s)) {
+    if (!item.empty()) v.push_back(item);
+  }
+  return v;
+}
+
+int usage_error(const std::string& what) {
+  std::cerr << "normgrad tune: " << what << "\n";
+  return 2;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+StatusOr<Dims> parse_shape(const std::string& s) {
+  Dims d;
+  std::stringstream in(s);
+  std::string part;
+  while (std::getline(in, part, 'x')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || v <= 0 || v > (1 << 20))
+      return invalid_argument("--shapes: '" + s + "' is not NxCxHxW with positive dims");
+    d.push_back(v);
+  }
+  if (d.size() != 4) return invalid_argument("--shapes: '" + s + "' is not NxCxHxW");
+  return d;
+}
+
+// The JIT ISA and shape class of the problem, read off the compiled kernel's
+// conf through the op (the class does not depend on the variant).
+Status describe(Problem* p, const CompiledGraph& cg) {
+  for (const Op& op : cg.lowered_graph().ops()) {
+    auto d = describe_batch_norm(op);
+    if (!d.ok()) continue;
+    p->cls = tune_class(*d);
+  }
+  if (p->cls.empty()) return internal_error("no batch norm in the tuned graph");
+  const std::string kernel = cg.partitions().front()->kernel_name();  // "jit:avx512:..."
+  const size_t a = kernel.find(':'), b = kernel.find(':', a + 1);
+  p->isa = kernel.substr(a + 1, b - a - 1);
+  return ok_status();
+}
+
+}  // namespace
+
+int tune_command(const std::vector<std::string>& argv) {
+  CLI::App app(
+      "Times the JIT's kernel variants for each shape class on this host (interleaved, median "
+      "of --iters) and writes the winners to the per-host tune cache that compile reads "
+      "(NORMGRAD_TUNE=0 ignores it).",
+      "normgrad tune");
+  std::string shapes = "32x64x112x112,32x256x56x56,32x512x28x28,32x1024x14x14,32x2048x7x7";
+  std::string dts = "f32,bf16", layouts = "NCX,NXC", ops = "bwd,from-dst";
+  int64_t iters = 7;
+  double margin = 1.03;
+  bool dry_run = false;
+  app.add_option("--shapes", shapes,
+                 "comma-separated NxCxHxW (default: ResNet-50's batch-32 layers)");
+  app.add_option("--dt", dts, "comma-separated: f32, bf16, f16");
+  app.add_option("--layouts", layouts, "comma-separated: NCX, NXC");
+  app.add_option("--ops", ops, "comma-separated: bwd (BatchNormTrainingBackward), from-dst");
+  app.add_option("--iters", iters, "timed runs per candidate, interleaved (default 7)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--margin", margin,
+                 "a variant replaces the JIT's own choice only when at least this much faster "
+                 "(default 1.03)")
+      ->check(CLI::Range(1.0, 10.0));
+  app.add_flag("--dry-run", dry_run, "measure and print, write nothing");
+  if (int rc = parse_args(app, argv); rc >= 0) return rc;
+
+  std::vector<Problem> problems;
+  for (const std::string& op : split_list(ops)) {
+    if (op != "bwd" && op != "from-dst") return usage_error("--ops: unknown '" + op + "'");
+    for (const std::string& layout : split_list(layouts)) {
+      if (layout != "NCX" && layout != "NXC")
+        return usage_error("--layouts: unknown '" + layout + "'");
+      for (const std::string& dt_name : split_list(dts)) {
+        auto dt = parse_dtype(dt_name);
+        if (!dt.ok() || (*dt != DataType::kF32 && *dt != DataType::kBF16 && *dt != DataType::kF16))
+          return usage_error("--dt: unknown '" + dt_name + "'");
+        for (const std::string& shape : split_list(shapes)) {
+          auto nchw = parse_shape(shape);
+          if (!nchw.ok()) return usage_error(nchw.status().message());
+          Problem p{op, layout, *dt, *nchw, "", "", "", {}, {}};
+          p.label = shape + " " + layout + " " + dt_name + " " + op;
+          problems.push_back(std::move(p));
+        }
+      }
+    }
+  }
+  // Compile every candidate; a variant the conf cannot take is left out.
+  for (Problem& p : problems) {
+    const Graph g = p.op == "bwd" ? make_graph(p.nchw, p.layout, p.dt, "none")
+                                  : make_from_dst_graph(p.nchw, p.layout, p.dt, 0.01f);
+    for (const std::string& v : candidates(p.layout == "NXC")) {
+      CompileOptions options{"jit"};
+      options.jit_variant = v;
+      auto cg = CompiledGraph::compile(g, options);
+      if (!cg.ok()) {
+        if (v == "default") {
+          std::cerr << "normgrad tune: " << p.label << ": " << cg.status().to_string() << "\n";
+          return 1;
+        }
+        p.compiled.emplace_back();
+      } else {
+        p.compiled.push_back(std::make_unique<CompiledGraph>(std::move(cg).value()));
+      }
+      p.ms.emplace_back();
+    }
+    if (Status s = describe(&p, *p.compiled.front()); !s.ok()) {
+      std::cerr << "normgrad tune: " << s.to_string() << "\n";
+      return 1;
+    }
+  }
+  // Interleaved timing: every candidate of a problem once per round, so they
+  // share the host's drift.
+  for (Problem& p : problems) {
+    auto inputs = oracle::make_inputs(p.compiled.front()->graph(),
+                                      p.compiled.front()->lowered_graph(), "", 1, nullptr);
+    if (!inputs.ok()) {
+      std::cerr << "normgrad tune: " << inputs.status().to_string() << "\n";
+      return 1;
+    }
+    for (int64_t r = -1; r < iters; ++r) {  // round -1 warms up
+      for (size_t k = 0; k < p.compiled.size(); ++k) {
+        if (!p.compiled[k]) continue;
+        const auto t0 = std::chrono::steady_clock::now();
+        auto out = oracle::run_outputs(*p.compiled[k], *inputs);
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        if (!out.ok()) {
+          std::cerr << "normgrad tune: " << p.label << ": " << out.status().to_string() << "\n";
+          return 1;
+        }
+        if (r >= 0) p.ms[k].push_back(ms);
+      }
+    }
+  }
+  // Per class (over its shapes): the candidate with the best geometric mean
+  // of time against the JIT's own choice.
+  struct ClassScore {
+    std::string isa;
+    std::map<std::string, std::vector<double>> ratio;  // variant -> default/variant per shape
+  };
+  std::map<std::string, ClassScore> classes;
+  std::cout << "tune: " << problems.size() << " problems, median of " << iters
+            << " interleaved runs each; cache " << tune_cache_path() << "\n"
+            << "host: " << tune_host_key() << "\n";
+  for (const Problem& p : problems) {
+    const double base = median(p.ms.front());
+    ClassScore& cs = classes[p.cls];
+    cs.isa = p.isa;
+    std::cout << "  " << std::left << std::setw(34) << p.label << " " << std::setw(44) << p.cls
+              << std::right << std::fixed << std::setprecision(3) << " default " << base << " ms";
+    const auto& names = candidates(p.layout == "NXC");
+    for (size_t k = 1; k < p.compiled.size(); ++k) {
+      if (!p.compiled[k]) continue;
+      const double m = median(p.ms[k]);
+      cs.ratio[names[k]].push_back(base / m);
+      std::cout << "  " << names[k] << " " << std::setprecision(2) << base / m << "x";
+    }
+    std::cout << "\n";
+  }
+  std::map<std::string, std::map<std::string, TunedChoice>> by_isa;
+  std::cout << "choices:\n";
+  for (const auto& [cls, cs] : classes) {
+    TunedChoice best{"default", 1.0};
+    for (const auto& [variant, ratios] : cs.ratio) {
+      double log_sum = 0;
+      for (double r : ratios) log_sum += std::log(r);
+      const double geo = std::exp(log_sum / static_cast<double>(ratios.size()));
+      if (geo > best.speedup) best = {variant, geo};
+    }
+    if (best.speedup < margin) best = {"default", 1.0};
+    std::cout << "  " << cs.isa << " " << std::left << std::setw(44) << cls << std::right << " "
+              << best.variant;
+    if (best.variant != "default")
+      std::cout << " (" << std::setprecision(2) << best.speedup << "x)";
+    std::cout << "\n";
+    by_isa[cs.isa][cls] = best;
+  }
+  if (dry_run) {
+    std::cout << "dry run: nothing written\n";
+    return 0;
+  }
+  for (const auto& [isa, choices] : by_isa) {
+    if (Status s = write_tuned_choices(isa, choices); !s.ok()) {
+      std::cerr << "normgrad tune: error: " << s.to_string() << "\n";
+      return 1;
+    }
+  }
+  std::cout << "wrote " << tune_cache_path() << "\n";
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace normgrad
