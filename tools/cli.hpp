@@ -5,8 +5,16 @@
 #include <string>
 #include <vector>
 
+#include <normgrad/graph/graph.hpp>
+
 namespace normgrad {
 namespace cli {
+
+// A graph file, oneDNN JSON or the text form (told apart by the first
+// character that is not a comment), loaded and not finalized.
+StatusOr<Graph> load_graph_file(const std::string& path);
+// The same for a file's text.
+StatusOr<Graph> parse_graph(const std::string& text);
 
 // `normgrad run` with its arguments (after the word `run`); returns the exit code.
 int run_command(const std::vector<std::string>& argv);

@@ -28,6 +28,8 @@ int fail(const char* cmd, const Status& s) {
   return 2;
 }
 
+}  // namespace
+
 // JSON when the text starts with '{' (after blanks and // comments), else the text form.
 StatusOr<Graph> parse_graph(const std::string& text) {
   std::istringstream in(text);
@@ -39,6 +41,15 @@ StatusOr<Graph> parse_graph(const std::string& text) {
   }
   return invalid_graph("the file holds no graph");
 }
+
+StatusOr<Graph> load_graph_file(const std::string& path) {
+  NG_ASSIGN_OR_RETURN(std::string text, read_text_file(path, JsonLimits{}.max_bytes));
+  auto g = parse_graph(text);
+  if (!g.ok()) return g.status().with_context(path);
+  return g;
+}
+
+namespace {
 
 StatusOr<Graph> load_finalized(const std::string& path) {
   NG_ASSIGN_OR_RETURN(std::string text, read_text_file(path, JsonLimits{}.max_bytes));

@@ -85,7 +85,7 @@ CaseResult error_result(const Status& s) {
 
 // Runs one graph file. `detailed` prints the graph, partitions and checks.
 CaseResult run_case(const std::string& path, const RunOptions& opt, bool detailed) {
-  auto loaded = load_graph(path);
+  auto loaded = load_graph_file(path);
   if (!loaded.ok()) return error_result(loaded.status());
   Graph graph = std::move(loaded).value();
   Status knobs_applied = apply_knobs(opt.knobs, &graph);

@@ -1,5 +1,6 @@
 // `--shard-batch`: a synchronized graph run on a slice of the batch per process.
 #include "tools/cli_shard.hpp"
+#include "tools/cli.hpp"
 #include "tools/cli_driver.hpp"
 
 #include <algorithm>
@@ -239,7 +240,7 @@ StatusOr<ShardResult> run_sharded(const Graph& full, const ShardOptions& opt) {
 }
 
 int shard_run_command(const std::string& path, const RunOptions& opt) {
-  auto loaded = load_graph(path);
+  auto loaded = load_graph_file(path);
   Status st = loaded.ok() ? loaded->finalize() : loaded.status();
   ShardOptions so;
   so.backend = opt.knobs.backend;
