@@ -72,6 +72,18 @@ TEST(CliRun, FuzzFoundGraphsPassCheckOnEveryBackend) {
   EXPECT_GE(files, 7);
 }
 
+// run takes the text form, as opt, partitions and dot do.
+TEST(CliRun, TakesTheTextForm) {
+  const std::string path = write_temp(
+      "text_form.ngt",
+      "%1:f32[2,8,5,5] = ReLUBackward#0 \"rb\"(%0:f32[2,8,5,5], %2:f32[2,8,5,5]) {use_dst=true}\n"
+      "%7:f32[2,8,5,5], %8:f32[8], %9:f32[8] = BatchNormTrainingBackward#1 \"bn\"(%3:f32[2,8,5,5], "
+      "%1:f32[2,8,5,5], %4:f32[8], %5:f32[8], %6:f32[8]) {data_format=\"NCX\", epsilon=1e-05f}\n");
+  const Result r = run("run " + path + " --check");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PASSED"), std::string::npos) << r.output;
+}
+
 // `normgrad tune` measures, prints its choices, writes the cache compile
 // reads, and says so clearly when it cannot.
 TEST(CliTune, WritesTheHostsChoicesOrAClearError) {
