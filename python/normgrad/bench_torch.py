@@ -4,6 +4,7 @@
     /usr/bin/python3 -m normgrad.bench_torch --model resnet50 # a training step
     /usr/bin/python3 -m normgrad.bench_torch --json out.json --threads 2
     /usr/bin/python3 -m normgrad.bench_torch --memory        # peak memory of a step
+    /usr/bin/python3 -m normgrad.bench_torch --sync          # SyncBatchNorm, 2 processes
 
 Per layer: the five batch-32 BatchNorm shapes of ResNet-50, NCHW and
 channels_last, f32 and bf16: the forward, the backward and the whole
@@ -30,6 +31,12 @@ percent from process to process). It reports the process's peak RSS over
 --steps steps, that peak minus the RSS before the first step (the step's
 own), and the bytes autograd saves for the backward (activations,
 parameters excluded).
+
+--sync: a SyncBatchNorm training step (``convert_sync_batchnorm``,
+DistributedDataParallel over gloo) on 2 processes with half the batch each
+against the same model on 1 process with the whole batch, and against
+torch's BatchNorm on 1 process; the same cores in each (2 processes of
+--threads/2 threads, or 1 of --threads), the slowest rank's step, medians.
 
 Runs alternate torch and normgrad case by case (host state drifts); every
 figure is a median over --runs repetitions.
@@ -336,6 +343,9 @@ def main(argv=None):
                    help="with --model: ReLUs swapped for LeakyReLU(0.01), InPlaceABN timed too")
     p.add_argument("--leaky-inplace", action="store_true",
                    help="the swapped LeakyReLUs keep torchvision's inplace=True")
+    p.add_argument("--sync", action="store_true",
+                   help="time a SyncBatchNorm step (DDP, gloo) on 2 processes against 1 process "
+                        "and against torch's BatchNorm (model: --model, default resnet50)")
     p.add_argument("--memory", action="store_true",
                    help="peak RSS of a training step of --model (default resnet50) with "
                         "LeakyReLU: torch, normgrad BatchNorm, InPlaceABN, each in a fresh process")
@@ -378,7 +388,10 @@ def main(argv=None):
     out = {"host": host(), "threads": args.threads, "torch": torch.__version__,
            "normgrad": normgrad.__version__}
     print("host: %s; %d threads; torch %s" % (out["host"], args.threads, torch.__version__))
-    if args.memory:
+    if args.sync:
+        from normgrad._bench_sync import run_sync
+        run_sync(args, out)
+    elif args.memory:
         run_memory(args, out)
     elif args.model:
         run_model(args, out)

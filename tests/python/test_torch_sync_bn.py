@@ -257,3 +257,21 @@ def test_inplace_abn_sync_offset_data_equals_the_full_batch():
     t = torch.nn.BatchNorm2d(5).double()
     t(x.double())
     assert rel(r[0]["rm"], t.running_mean) < 1e-6 and rel(r[1]["rv"], t.running_var) < 1e-6
+
+
+def test_sync_bench_runs_every_configuration(tmp_path):
+    """bench_torch --sync on a small ResNet-18: the 2-process SyncBatchNorm
+    step, the 1-process one and torch's all run and are reported (times are
+    not judged here: the host is shared)."""
+    pytest.importorskip("torchvision")
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "sync.json"
+    subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--sync", "--model", "resnet18",
+                    "--batch", "4", "--size", "32", "--steps", "1", "--layouts", "channels_last",
+                    "--json", str(out)], check=True, capture_output=True, timeout=600)
+    rows = json.loads(out.read_text())["sync"]
+    assert len(rows) == 1 and rows[0]["layout"] == "channels_last"
+    for key in ("sync_2proc_ms", "sync_1proc_ms", "torch_1proc_ms"):
+        assert rows[0][key] > 0
