@@ -113,7 +113,7 @@ int tune_command(const std::vector<std::string>& argv) {
   std::string shapes = "32x64x112x112,32x256x56x56,32x512x28x28,32x1024x14x14,32x2048x7x7";
   std::string dts = "f32,bf16", layouts = "NCX,NXC", ops = "bwd,from-dst";
   int64_t iters = 7;
-  double margin = 1.03;
+  double margin = 1.05;
   bool dry_run = false;
   app.add_option("--shapes", shapes,
                  "comma-separated NxCxHxW (default: ResNet-50's batch-32 layers)");
@@ -124,7 +124,7 @@ int tune_command(const std::vector<std::string>& argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--margin", margin,
                  "a variant replaces the JIT's own choice only when at least this much faster "
-                 "(default 1.03)")
+                 "(default 1.05)")
       ->check(CLI::Range(1.0, 10.0));
   app.add_flag("--dry-run", dry_run, "measure and print, write nothing");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;

@@ -68,6 +68,13 @@ def _step_ms(world, cfg):
 
 def run_sync(args, out):
     rows = []
+    if args.batch // 2 < 16 and args.threads // 2 < 2:
+        # torch 1.13 (aten/src/ATen/native/Convolution.cpp, use_mkldnn) runs a
+        # 1x1 convolution on its slow native path when the batch is under 16
+        # and the process has one thread: ResNet-50's step is then ~10x slower
+        # in each process, whatever batch norm does.
+        print("note: %d samples per process on one thread: torch takes its slow 1x1 "
+              "convolution path below 16 (use --batch 32 or more)" % (args.batch // 2), flush=True)
     for layout in args.layouts:
         cfg = {"model": args.model or "resnet50", "batch": args.batch, "size": args.size,
                "steps": args.steps, "threads": args.threads, "layout": layout}
