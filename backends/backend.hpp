@@ -142,6 +142,9 @@ class Backend {
   // valid; a compile that could use the backend fails with this error
   // rather than quietly running elsewhere.
   virtual Status configuration() const { return ok_status(); }
+  // The named kernel variants CompileOptions::jit_variant may ask this
+  // backend for (`normgrad tune` times them); none by default.
+  virtual std::vector<std::string> variants() const { return {}; }
 };
 
 // The registry: one entry per backend normgrad knows, in auto-selection

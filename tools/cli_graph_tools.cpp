@@ -52,11 +52,8 @@ StatusOr<Graph> load_graph_file(const std::string& path) {
 namespace {
 
 StatusOr<Graph> load_finalized(const std::string& path) {
-  NG_ASSIGN_OR_RETURN(std::string text, read_text_file(path, JsonLimits{}.max_bytes));
-  auto g = parse_graph(text);
-  if (!g.ok()) return g.status().with_context(path);
-  Status s = g->finalize();
-  if (!s.ok()) return s.with_context(path);
+  NG_ASSIGN_OR_RETURN(Graph g, load_graph_file(path));
+  if (Status s = g.finalize(); !s.ok()) return s.with_context(path);
   return g;
 }
 

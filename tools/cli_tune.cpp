@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <normgrad/backends/backend.hpp>
 #include <normgrad/backends/tune_cache.hpp>
 #include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
@@ -27,19 +28,16 @@ namespace normgrad {
 namespace cli {
 namespace {
 
-// The candidates per layout: the JIT's own choice ("default", the control)
-// first, then every variant that changes that layout's walk.
-const std::vector<std::string>& candidates(bool nxc) {
-  static const std::vector<std::string> kNxc = {
-      "default",         "nxc-per-pixel",        "nxc-blocked",         "nxc-swept",
-      "nxc-swept-ahead", "nxc-contiguous-split", "nxc-last-first-apply"};
-  static const std::vector<std::string> kNcx = {"default",
-                                                "ncx-forward-apply",
-                                                "ncx-reverse-apply",
-                                                "ncx-no-next-channel",
-                                                "ncx-reduce-prefetch",
-                                                "ncx-no-nt"};
-  return nxc ? kNxc : kNcx;
+// The candidates for a layout: the JIT's own choice ("default", the control)
+// first, then every variant the JIT names for that layout's walk.
+std::vector<std::string> candidates(bool nxc) {
+  std::vector<std::string> names = {"default"};
+  if (const Backend* jit = find_backend("jit")) {
+    for (const std::string& v : jit->variants()) {
+      if (v.rfind(nxc ? "nxc-" : "ncx-", 0) == 0) names.push_back(v);
+    }
+  }
+  return names;
 }
 
 struct Problem {
@@ -214,7 +212,7 @@ int tune_command(const std::vector<std::string>& argv) {
     cs.isa = p.isa;
     std::cout << "  " << std::left << std::setw(34) << p.label << " " << std::setw(44) << p.cls
               << std::right << std::fixed << std::setprecision(3) << " default " << base << " ms";
-    const auto& names = candidates(p.layout == "NXC");
+    const std::vector<std::string> names = candidates(p.layout == "NXC");
     for (size_t k = 1; k < p.compiled.size(); ++k) {
       if (!p.compiled[k]) continue;
       const double m = median(p.ms[k]);

@@ -22,13 +22,11 @@ class Gen {
  public:
   Gen(uint64_t seed, const GraphGenOptions& options) : rng_(seed), options_(options) {}
 
-  Graph build() {
+  StatusOr<Graph> build() {
     const int ops = 1 + static_cast<int>(pick(options_.max_ops));
     for (int i = 0; i < ops; ++i) step();
     Graph g;
-    for (Op& op : ops_) {
-      if (!g.add_op(std::move(op)).ok()) break;  // finalize names what is wrong
-    }
+    for (Op& op : ops_) NG_RETURN_IF_ERROR(g.add_op(std::move(op)));
     return g;
   }
 
@@ -367,7 +365,7 @@ class Gen {
 
 }  // namespace
 
-Graph random_graph(uint64_t seed, const GraphGenOptions& options) {
+StatusOr<Graph> random_graph(uint64_t seed, const GraphGenOptions& options) {
   return Gen(seed, options).build();
 }
 

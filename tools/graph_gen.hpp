@@ -28,8 +28,10 @@ struct GraphGenOptions {
   double empty_chance = 0.04;  // a data shape with a zero dim
 };
 
-// The graph for `seed`: the same seed gives the same graph. Not finalized.
-Graph random_graph(uint64_t seed, const GraphGenOptions& options);
+// The graph for `seed`: the same seed gives the same graph. Not finalized;
+// an op its schema refuses is the error (the generator's bug, counted as an
+// invalid graph, never silently dropped).
+StatusOr<Graph> random_graph(uint64_t seed, const GraphGenOptions& options);
 
 }  // namespace cli
 }  // namespace normgrad

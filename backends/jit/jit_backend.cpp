@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include <cstdio>
+#include <iostream>
 
 #include <normgrad/backends/backend_registry.hpp>
 #include <normgrad/backends/jit/jit_driver.hpp>
@@ -127,6 +128,7 @@ class JitBackend final : public Backend {
   }
 
   Status configuration() const override { return jit::check_isa_setting(); }
+  std::vector<std::string> variants() const override { return jit::jit_variant_list(); }
 
  private:
   static bool forward(const Partition& partition) {
@@ -150,7 +152,15 @@ class JitBackend final : public Backend {
     const TunedChoice* tuned = find_tuned_choice(jit::isa_name(conf.isa), tune_class(conf.d));
     if (tuned == nullptr || tuned->variant == "default") return conf;
     jit::BnConf chosen = conf;
-    if (!jit::apply_variant(tuned->variant, &chosen).ok()) return conf;  // stale: keep the rules
+    if (Status s = jit::apply_variant(tuned->variant, &chosen); !s.ok()) {
+      // A cache entry this build does not know: said once, then the rules.
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        std::cerr << "normgrad: warning: tune cache " << tune_cache_path() << ": " << s.message()
+                  << "; using the JIT's own rules for that class\n";
+      });
+      return conf;
+    }
     char speedup[32];
     std::snprintf(speedup, sizeof speedup, "%.2fx", tuned->speedup);
     chosen.tuned = tuned->variant + " " + speedup;

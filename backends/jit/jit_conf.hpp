@@ -292,6 +292,8 @@ Status apply_variant(const std::string& variant, BnConf* conf);
 // "default, nxc-per-pixel, nxc-blocked[-PIXELS], ...": every variant
 // apply_variant knows, for help texts and errors.
 std::string jit_variant_names();
+// The same names, plain ("nxc-blocked": the number is optional).
+std::vector<std::string> jit_variant_list();
 
 }  // namespace jit
 }  // namespace normgrad

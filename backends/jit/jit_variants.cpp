@@ -95,6 +95,12 @@ int64_t variant_number(const std::string& variant, const std::string& prefix, in
 
 }  // namespace
 
+std::vector<std::string> jit_variant_list() {
+  std::vector<std::string> names;
+  for (const Variant& v : kVariants) names.emplace_back(v.name);
+  return names;
+}
+
 std::string jit_variant_names() {
   std::string s;
   for (const Variant& v : kVariants) {
