@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include <normgrad/graph/limits.hpp>
 #include <normgrad/graph/op_checks.hpp>
@@ -68,44 +69,41 @@ bool all_inputs_known(const Op& op) {
 
 Status Graph::add_op(Op op) {
   NG_RETURN_IF_ERROR(verify_op_structure(op));
-  if (op_ids_.count(op.id())) {
-    for (const Op& other : ops_) {
-      if (other.id() == op.id())
-        return invalid_graph(op.label() + ": op id " + std::to_string(op.id()) +
-                             " is already used by " + other.label());
-    }
+  if (const Op* other = ops_.find(op.id())) {
+    return invalid_graph(op.label() + ": op id " + std::to_string(op.id()) +
+                         " is already used by " + other->label());
   }
   if (all_inputs_known(op)) {
     // Shape rules fire as early as they can; finalize repeats them with propagated shapes.
     Op probe = op;
     NG_RETURN_IF_ERROR(infer_op_shapes(probe));
   }
-  op_ids_.insert(op.id());
   if (ids_seen_) see_op_ids(op);
   ops_.push_back(std::move(op));
   finalized_ = false;
   return ok_status();
 }
 
-int64_t Graph::producer_index(int64_t id) const {
+int64_t Graph::producer_order(int64_t id) const {
   auto it = values_.find(id);
   if (it == values_.end() || it->second.producer < 0) return -1;
-  return static_cast<int64_t>(index_.at(it->second.producer));
+  return ops_.order(it->second.producer);
+}
+
+const Op& Graph::producer_op(const Value& v) const {
+  return *ops_.find(v.producer);
 }
 
 Status Graph::collect_tensors() {
   values_.clear();
-  index_.clear();
   notes_.clear();
-  for (size_t k = 0; k < ops_.size(); ++k) {
-    const Op& op = ops_[k];
-    index_[op.id()] = k;
+  for (const Op& op : ops_) {
     for (size_t i = 0; i < op.outputs().size(); ++i) {
       const LogicalTensor& lt = op.outputs()[i];
       auto [it, inserted] = values_.emplace(lt.id, Value{lt, op.id(), i, {}});
       if (!inserted) {
         return invalid_graph("tensor " + std::to_string(lt.id) + " is produced by both " +
-                             op_ref(ops_[index_.at(it->second.producer)]) + " and " + op_ref(op));
+                             op_ref(producer_op(it->second)) + " and " + op_ref(op));
       }
     }
   }
@@ -113,8 +111,7 @@ Status Graph::collect_tensors() {
   // that disagrees with it is the framework's business (benchdnn's own inputs
   // have such slips); it is noted, and the checked metadata wins.
   for (int phase = 0; phase < 2; ++phase) {
-    for (size_t k = 0; k < ops_.size(); ++k) {
-      const Op& op = ops_[k];
+    for (const Op& op : ops_) {
       const bool opaque = op_kind_is_opaque(op.kind());
       if (opaque != (phase == 1)) continue;
       auto visit = [&](const LogicalTensor& lt, const char* side, size_t i) -> Status {
@@ -159,15 +156,15 @@ Status Graph::collect_tensors() {
         values_.emplace(id, Value{kept->second, -1, 0, {}});
         continue;
       }
-      if (producer_index(id) >= 0) {
+      if (producer_order(id) >= 0) {
         return invalid_graph("input port " + std::to_string(id) + " is produced by " +
-                             op_ref(ops_[static_cast<size_t>(producer_index(id))]));
+                             op_ref(producer_op(values_.at(id))));
       }
     }
   }
   if (output_ports_) {
     for (int64_t id : *output_ports_) {
-      if (producer_index(id) < 0) {
+      if (producer_order(id) < 0) {
         notes_.push_back("output port " + std::to_string(id) +
                          " is not produced by any op: ignored");
       }
@@ -182,10 +179,10 @@ Status Graph::sort_topologically(bool* reordered) {
   // Already in order (every producer before its readers), as graphs from
   // frameworks and from our own edits are: nothing to do.
   bool in_order = true;
-  for (size_t k = 0; k < n && in_order; ++k) {
-    for (const LogicalTensor& lt : ops_[k].inputs()) {
-      const int64_t p = producer_index(lt.id);
-      if (p >= static_cast<int64_t>(k)) {
+  for (auto it = ops_.begin(); it != ops_.end() && in_order; ++it) {
+    const int64_t k = ops_.order(it->id());
+    for (const LogicalTensor& lt : it->inputs()) {
+      if (producer_order(lt.id) >= k) {
         in_order = false;
         break;
       }
@@ -193,13 +190,19 @@ Status Graph::sort_topologically(bool* reordered) {
   }
   if (in_order) return ok_status();
   *reordered = true;
+  std::unordered_map<int64_t, size_t> place;  // op id -> its place in ops_ now
+  std::vector<const Op*> at;
+  for (const Op& op : ops_) {
+    place.emplace(op.id(), at.size());
+    at.push_back(&op);
+  }
   std::vector<size_t> pending(n, 0);
   std::vector<std::set<size_t>> successors(n);
   for (size_t k = 0; k < n; ++k) {
     std::set<size_t> preds;
-    for (const LogicalTensor& lt : ops_[k].inputs()) {
-      const int64_t p = producer_index(lt.id);
-      if (p >= 0) preds.insert(static_cast<size_t>(p));
+    for (const LogicalTensor& lt : at[k]->inputs()) {
+      auto v = values_.find(lt.id);
+      if (v != values_.end() && v->second.producer >= 0) preds.insert(place.at(v->second.producer));
     }
     pending[k] = preds.size();
     for (size_t p : preds) successors[p].insert(k);
@@ -221,14 +224,11 @@ Status Graph::sort_topologically(bool* reordered) {
   if (order.size() != n) {
     std::string members;
     for (size_t k = 0; k < n; ++k) {
-      if (pending[k] != 0) members += (members.empty() ? "" : ", ") + op_ref(ops_[k]);
+      if (pending[k] != 0) members += (members.empty() ? "" : ", ") + op_ref(*at[k]);
     }
     return invalid_graph("cycle among " + members);
   }
-  std::vector<Op> sorted;
-  sorted.reserve(n);
-  for (size_t k : order) sorted.push_back(std::move(ops_[k]));
-  ops_ = std::move(sorted);
+  ops_.permute(order);
   return ok_status();
 }
 
@@ -269,14 +269,14 @@ Status Graph::unknown_shape_error(const Op& op) const {
   for (size_t i = 0; i < op.inputs().size(); ++i) {
     const LogicalTensor& lt = op.inputs()[i];
     if (lt.dims_known()) continue;
-    const int64_t producer = producer_index(lt.id);
+    const int64_t producer = producer_order(lt.id);
     return invalid_graph(
         op_ref(op) + " input " + std::to_string(i) + ": tensor " + std::to_string(lt.id) +
         " has unknown shape " +
         (lt.rank_unknown ? std::string("(unknown rank)") : dims_to_string(lt.dims)) +
-        (producer < 0 ? "; graph inputs need concrete shapes"
-                      : "; its producer " + op_ref(ops_[static_cast<size_t>(producer)]) +
-                            " does not say it"));
+        (producer < 0
+             ? "; graph inputs need concrete shapes"
+             : "; its producer " + op_ref(producer_op(values_.at(lt.id))) + " does not say it"));
   }
   for (size_t i = 0; i < op.outputs().size(); ++i) {
     const LogicalTensor& lt = op.outputs()[i];
@@ -382,12 +382,12 @@ Status Graph::link(const Op& op, const std::string& edit) {
     Value& v = values_.at(lt.id);
     if (v.producer >= 0 && v.producer != op.id()) {
       return invalid_graph(edit + ": tensor " + std::to_string(lt.id) + " is produced by both " +
-                           op_ref(ops_[index_.at(v.producer)]) + " and " + op_ref(op));
+                           op_ref(producer_op(v)) + " and " + op_ref(op));
     }
     v.producer = op.id();
     v.producer_port = i;
   }
-  const size_t k = index_.at(op.id());
+  const int64_t k = ops_.order(op.id());
   for (size_t i = 0; i < op.inputs().size(); ++i) {
     const LogicalTensor& lt = op.inputs()[i];
     NG_RETURN_IF_ERROR(merge(lt, "input", i));
@@ -398,7 +398,7 @@ Status Graph::link(const Op& op, const std::string& edit) {
     }
     // Uses stay in op order (then port order).
     auto at = std::find_if(v.uses.begin(), v.uses.end(), [&](const Use& u) {
-      const size_t j = index_.at(u.op_id);
+      const int64_t j = ops_.order(u.op_id);
       return j > k || (j == k && u.port > i);
     });
     v.uses.insert(at, Use{op.id(), i});
@@ -423,23 +423,21 @@ void Graph::prune(const Op& op) {
   for (const LogicalTensor& lt : op.outputs()) drop(lt.id);
 }
 
-Status Graph::check_order(size_t k, const std::string& edit) const {
-  const Op& op = ops_[k];
+Status Graph::check_order(const Op& op, const std::string& edit) const {
+  const int64_t k = ops_.order(op.id());
   for (const LogicalTensor& lt : op.inputs()) {
-    const int64_t p = producer_index(lt.id);
-    if (p >= static_cast<int64_t>(k)) {
+    if (producer_order(lt.id) >= k) {
       return invalid_graph(edit + ": " + op.label() + " would read tensor " +
                            std::to_string(lt.id) + " before " +
-                           ops_[static_cast<size_t>(p)].label() + " writes it");
+                           producer_op(values_.at(lt.id)).label() + " writes it");
     }
   }
   for (const LogicalTensor& lt : op.outputs()) {
     auto it = values_.find(lt.id);
     if (it == values_.end()) continue;
     for (const Use& u : it->second.uses) {
-      const size_t j = index_.at(u.op_id);
-      if (j <= k) {
-        return invalid_graph(edit + ": " + ops_[j].label() + " would read tensor " +
+      if (ops_.order(u.op_id) <= k) {
+        return invalid_graph(edit + ": " + ops_.find(u.op_id)->label() + " would read tensor " +
                              std::to_string(lt.id) + " before " + op.label() + " writes it");
       }
     }
@@ -447,19 +445,15 @@ Status Graph::check_order(size_t k, const std::string& edit) const {
   return ok_status();
 }
 
-void Graph::shift_index(size_t from) {
-  for (size_t j = from; j < ops_.size(); ++j) index_[ops_[j].id()] = j;
-}
-
 Status Graph::check_against_rebuild() const {
   if (!finalized_) return internal_error("check_against_rebuild: the graph is not finalized");
-  Graph fresh = with_ops(ops_);
+  Graph fresh = with_ops(ops_.to_vector());
   NG_RETURN_IF_ERROR(fresh.finalize().with_context("the graph finalized from scratch"));
-  for (size_t k = 0; k < ops_.size(); ++k) {
-    if (fresh.ops_[k].id() != ops_[k].id())
-      return internal_error("op " + std::to_string(ops_[k].id()) +
+  for (auto a = ops().begin(), b = fresh.ops().begin(); a != ops().end(); ++a, ++b) {
+    if (b->id() != a->id())
+      return internal_error("op " + std::to_string(a->id()) +
                             " is out of order: a fresh finalize puts op " +
-                            std::to_string(fresh.ops_[k].id()) + " at its place");
+                            std::to_string(b->id()) + " at its place");
   }
   for (const auto& [id, v] : values_) {
     const auto it = fresh.values_.find(id);
@@ -560,14 +554,13 @@ const LogicalTensor* Graph::find_tensor(int64_t id) const {
 }
 
 const Op* Graph::op(int64_t op_id) const {
-  const int64_t k = index_of(op_id);
-  return k < 0 ? nullptr : &ops_[static_cast<size_t>(k)];
+  return ops_.find(op_id);
 }
 
 const Op* Graph::producer(int64_t tensor_id) const {
   if (finalized_) {
-    const int64_t k = producer_index(tensor_id);
-    return k < 0 ? nullptr : &ops_[static_cast<size_t>(k)];
+    auto it = values_.find(tensor_id);
+    return it == values_.end() || it->second.producer < 0 ? nullptr : &producer_op(it->second);
   }
   const std::optional<Value> v = value(tensor_id);
   return v && v->producer >= 0 ? op(v->producer) : nullptr;
@@ -586,8 +579,7 @@ Graph Graph::with_ops(std::vector<Op> ops) const {
   g.fpmath_mode_apply_to_int = fpmath_mode_apply_to_int;
   g.input_ports_ = input_ports_;
   g.output_ports_ = output_ports_;
-  g.ops_ = std::move(ops);
-  for (const Op& op : g.ops_) g.op_ids_.insert(op.id());
+  g.ops_.assign(std::move(ops));
   g.next_op_id_ = next_op_id_;
   g.next_tensor_id_ = next_tensor_id_;
   g.see_ids();
@@ -604,7 +596,7 @@ std::vector<LogicalTensor> Graph::graph_inputs() const {
   }
   for (const Op& op : ops_) {
     for (const LogicalTensor& lt : op.inputs()) {
-      if (producer_index(lt.id) < 0 && seen.insert(lt.id).second)
+      if (producer_order(lt.id) < 0 && seen.insert(lt.id).second)
         result.push_back(values_.at(lt.id).desc);
     }
   }
@@ -615,7 +607,7 @@ std::vector<LogicalTensor> Graph::graph_outputs() const {
   std::vector<LogicalTensor> result;
   if (output_ports_) {
     for (int64_t id : *output_ports_) {
-      if (producer_index(id) >= 0) result.push_back(values_.at(id).desc);
+      if (producer_order(id) >= 0) result.push_back(values_.at(id).desc);
     }
     return result;
   }

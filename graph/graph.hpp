@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <normgrad/graph/op.hpp>
+#include <normgrad/graph/op_list.hpp>
 #include <normgrad/graph/status.hpp>
 
 namespace normgrad {
@@ -36,6 +37,21 @@ struct Value {
   int64_t producer = -1;
   size_t producer_port = 0;
   std::vector<Use> uses;
+};
+
+// What the rewriter API reports after each edit it made (an edit that
+// failed its checks and was undone reports nothing): how a rewrite driver
+// learns which ops to look at again (MLIR's RewriterBase::Listener). Each
+// call comes with the graph already edited.
+class EditListener {
+ public:
+  virtual ~EditListener() = default;
+  virtual void op_inserted(const Op& op) = 0;
+  // `gone` is no longer in the graph.
+  virtual void op_erased(const Op& gone) = 0;
+  virtual void op_replaced(const Op& old, const Op& now) = 0;
+  // Every reader of tensor `from` now reads `to`.
+  virtual void uses_replaced(int64_t from, int64_t to) = 0;
 };
 
 class Graph {
@@ -60,8 +76,9 @@ class Graph {
   std::string fpmath_mode = "strict";
   std::optional<std::string> fpmath_mode_apply_to_int;
 
-  // Ops in insertion order before finalize, topological order after it.
-  const std::vector<Op>& ops() const { return ops_; }
+  // Ops in insertion order before finalize, topological order after it and
+  // after every edit (op_list.hpp: a range; at(k) walks, to_vector() copies).
+  const OpList& ops() const { return ops_; }
   // A new, un-finalized graph with these ops and this graph's ports and file
   // metadata: how tools derive a variant of a graph (new shapes, attributes).
   // Passes edit in place with the rewriter below instead.
@@ -79,8 +96,10 @@ class Graph {
   // whose producer, uses or shape differ. Linear in the graph; `--verify-each`
   // runs it after every pass.
   Status check_against_rebuild() const;
-  // The index of op `op_id` in ops(), or -1.
-  int64_t index_of(int64_t op_id) const;
+  // A key that orders the ops as ops() does (a < b: op a comes first), or -1
+  // for no such op. O(1); keys are not places (an edit leaves the others'
+  // keys as they are, and they are not contiguous).
+  int64_t order_of(int64_t op_id) const { return ops_.order(op_id); }
   // Removes an op whose outputs nothing reads.
   Status erase_op(int64_t op_id);
   // Inserts `op` before op `before_op_id` (-1: at the end).
@@ -90,6 +109,14 @@ class Graph {
   Status replace_op(int64_t op_id, Op replacement);
   // Every reader of tensor `from` reads `to` instead (produced earlier, or a graph input).
   Status replace_all_uses_with(int64_t from, const LogicalTensor& to);
+
+  // The listener told of every edit above from now on (nullptr: none);
+  // returns the one it replaces. Not copied with the graph.
+  EditListener* set_listener(EditListener* listener) {
+    EditListener* was = listener_;
+    listener_ = listener;
+    return was;
+  }
 
   // Ids no op or port of this graph has ever used (ops a pass removed
   // included, whose tensors may still name a caller's buffer), for passes
@@ -133,18 +160,32 @@ class Graph {
   Status unknown_shape_error(const Op& op) const;
 
  private:
-  std::vector<Op> ops_;
+  OpList ops_;
   bool finalized_ = false;
+  // Copied graphs start without one (a driver listens to the graph it edits).
+  struct ListenerSlot {
+    EditListener* ptr = nullptr;
+    ListenerSlot() = default;
+    ListenerSlot(const ListenerSlot&) {}
+    ListenerSlot& operator=(const ListenerSlot&) { return *this; }
+    ListenerSlot& operator=(EditListener* l) {
+      ptr = l;
+      return *this;
+    }
+    operator EditListener*() const { return ptr; }
+    EditListener* operator->() const { return ptr; }
+  } listener_;
   std::optional<std::vector<int64_t>> input_ports_;
   std::optional<std::vector<int64_t>> output_ports_;
   std::unordered_map<int64_t, Value> values_;
-  std::unordered_map<int64_t, size_t> index_;  // op id -> its index in ops_
   // Metadata of every input port as last seen with a consumer, so a port that a
   // pass leaves unused still describes the buffer the caller passes.
   std::map<int64_t, LogicalTensor> port_tensors_;
   std::vector<std::string> notes_;
-  // The index in ops_ of the producer of tensor `id`, or -1 (from values_).
-  int64_t producer_index(int64_t id) const;
+  // The order key of the producer of tensor `id`, or -1 (from values_).
+  int64_t producer_order(int64_t id) const;
+  // The op that writes `v` (v.producer >= 0).
+  const Op& producer_op(const Value& v) const;
   int64_t next_op_id_ = 0, next_tensor_id_ = 0;  // one past every id seen
   void see_ids();
   // After an edit that failed its checks: every map rebuilt from ops_ (the
@@ -159,15 +200,12 @@ class Graph {
   void unlink(const Op& op);
   Status link(const Op& op, const std::string& edit);
   void prune(const Op& op);
-  // Every read of op ops_[k] follows its write and every read of its outputs
-  // comes after it.
-  Status check_order(size_t k, const std::string& edit) const;
-  // index_ again for ops_[from] onwards (after an insert or erase moved them).
-  void shift_index(size_t from);
+  // Every read of `op` (in ops_) follows its write and every read of its
+  // outputs comes after it.
+  Status check_order(const Op& op, const std::string& edit) const;
   static Status merge_tensor(LogicalTensor& known, const LogicalTensor& incoming,
                              const std::string& where);
   void see_op_ids(const Op& op);
-  std::unordered_set<int64_t> op_ids_;  // every op's id (add_op's duplicate check)
   bool ids_seen_ = false;
 };
 

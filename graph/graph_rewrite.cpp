@@ -7,7 +7,8 @@
 // the graph stays finalized and every query answers for the graph as it now
 // is. An edit that fails its checks is undone, and only then are the maps
 // rebuilt from the ops (linear), to restore exactly the graph before it.
-// Inserting or erasing shifts the later ops' places (integers only).
+// Inserting or erasing moves no other op (OpList: a linked list with order
+// keys), so an edit costs its own ports and the uses of the tensors they name.
 #include <normgrad/graph/graph.hpp>
 
 #include <algorithm>
@@ -17,29 +18,17 @@
 
 namespace normgrad {
 
-int64_t Graph::index_of(int64_t op_id) const {
-  if (finalized_) {
-    auto it = index_.find(op_id);
-    return it == index_.end() ? -1 : static_cast<int64_t>(it->second);
-  }
-  for (size_t k = 0; k < ops_.size(); ++k) {
-    if (ops_[k].id() == op_id) return static_cast<int64_t>(k);
-  }
-  return -1;
-}
-
 Status Graph::reindex(const std::string& edit) {
   if (!finalized_) return ok_status();
   finalized_ = false;  // until the maps are whole again
   Status s = collect_tensors();
   if (!s.ok()) return s.with_context(edit);
-  for (size_t k = 0; k < ops_.size(); ++k) {
-    for (const LogicalTensor& lt : ops_[k].inputs()) {
-      const int64_t p = producer_index(lt.id);
-      if (p >= static_cast<int64_t>(k)) {
-        return invalid_graph(edit + ": " + ops_[k].label() + " would read tensor " +
+  for (const Op& op : ops_) {
+    for (const LogicalTensor& lt : op.inputs()) {
+      if (producer_order(lt.id) >= ops_.order(op.id())) {
+        return invalid_graph(edit + ": " + op.label() + " would read tensor " +
                              std::to_string(lt.id) + " before " +
-                             ops_[static_cast<size_t>(p)].label() + " writes it");
+                             producer_op(values_.at(lt.id)).label() + " writes it");
       }
     }
   }
@@ -75,9 +64,9 @@ Status undo(Status why, Restore&& restore) {
 }  // namespace
 
 Status Graph::erase_op(int64_t op_id) {
-  const int64_t k = index_of(op_id);
-  if (k < 0) return not_found("erase_op: no op " + std::to_string(op_id));
-  const Op& op = ops_[static_cast<size_t>(k)];
+  const Op* found = ops_.find(op_id);
+  if (found == nullptr) return not_found("erase_op: no op " + std::to_string(op_id));
+  const Op& op = *found;
   for (const LogicalTensor& lt : op.outputs()) {
     for (const Use& u : uses(lt.id)) {
       if (u.op_id != op_id)
@@ -85,39 +74,34 @@ Status Graph::erase_op(int64_t op_id) {
                              std::to_string(lt.id) + " of " + op.label());
     }
   }
-  Op gone = std::move(ops_[static_cast<size_t>(k)]);
-  ops_.erase(ops_.begin() + k);
-  op_ids_.erase(op_id);
-  if (!finalized_) return ok_status();
-  unlink(gone);
-  index_.erase(op_id);
-  shift_index(static_cast<size_t>(k));
-  prune(gone);
+  Op gone = ops_.erase(op_id);
+  if (finalized_) {
+    unlink(gone);
+    prune(gone);
+  }
+  if (listener_) listener_->op_erased(gone);
   return ok_status();
 }
 
 Status Graph::insert_op(Op op, int64_t before_op_id) {
   NG_RETURN_IF_ERROR(verify_op_structure(op));
   NG_RETURN_IF_ERROR(check_new_tensors(op, "insert_op"));
-  if (index_of(op.id()) >= 0)
+  if (ops_.find(op.id()) != nullptr)
     return invalid_graph("insert_op: op id " + std::to_string(op.id()) + " is already used");
-  int64_t k = static_cast<int64_t>(ops_.size());
-  if (before_op_id >= 0) {
-    k = index_of(before_op_id);
-    if (k < 0) return not_found("insert_op: no op " + std::to_string(before_op_id));
-  }
-  const size_t at = static_cast<size_t>(k);
+  if (before_op_id >= 0 && ops_.find(before_op_id) == nullptr)
+    return not_found("insert_op: no op " + std::to_string(before_op_id));
   if (ids_seen_) see_op_ids(op);
-  op_ids_.insert(op.id());
-  ops_.insert(ops_.begin() + k, std::move(op));
-  if (!finalized_) return ok_status();
-  shift_index(at);
-  Status s = link(ops_[at], "insert_op");
-  if (s.ok()) s = check_order(at, "insert_op");
-  if (s.ok()) return s;
+  const int64_t id = op.id();
+  const Op& added =
+      before_op_id >= 0 ? ops_.insert(std::move(op), before_op_id) : ops_.push_back(std::move(op));
+  Status s = finalized_ ? link(added, "insert_op") : ok_status();
+  if (s.ok() && finalized_) s = check_order(added, "insert_op");
+  if (s.ok()) {
+    if (listener_) listener_->op_inserted(added);
+    return s;
+  }
   return undo(s, [&] {
-    op_ids_.erase(ops_[at].id());
-    ops_.erase(ops_.begin() + k);
+    ops_.erase(id);
     Status back = reindex("insert_op");
     assert(back.ok() && "the graph before an edit must reindex");
     (void)back;
@@ -127,31 +111,29 @@ Status Graph::insert_op(Op op, int64_t before_op_id) {
 Status Graph::replace_op(int64_t op_id, Op replacement) {
   NG_RETURN_IF_ERROR(verify_op_structure(replacement));
   NG_RETURN_IF_ERROR(check_new_tensors(replacement, "replace_op"));
-  const int64_t k = index_of(op_id);
-  if (k < 0) return not_found("replace_op: no op " + std::to_string(op_id));
-  if (replacement.id() != op_id && index_of(replacement.id()) >= 0)
+  if (ops_.find(op_id) == nullptr) return not_found("replace_op: no op " + std::to_string(op_id));
+  if (replacement.id() != op_id && ops_.find(replacement.id()) != nullptr)
     return invalid_graph("replace_op: op id " + std::to_string(replacement.id()) +
                          " is already used");
-  const size_t at = static_cast<size_t>(k);
   if (ids_seen_) see_op_ids(replacement);
-  Op old = std::move(ops_[at]);
-  ops_[at] = std::move(replacement);
-  op_ids_.erase(op_id);
-  op_ids_.insert(ops_[at].id());
-  if (!finalized_) return ok_status();
-  // A tensor only the old op named leaves first: the replacement's metadata
-  // for it is then the whole truth, as a rebuild from the ops would have it.
-  unlink(old);
-  prune(old);
-  index_.erase(op_id);
-  index_[ops_[at].id()] = at;
-  Status s = link(ops_[at], "replace_op");
-  if (s.ok()) s = check_order(at, "replace_op");
-  if (s.ok()) return s;
+  const int64_t id = replacement.id();
+  Op old = ops_.replace(op_id, std::move(replacement));
+  const Op& now = *ops_.find(id);
+  Status s = ok_status();
+  if (finalized_) {
+    // A tensor only the old op named leaves first: the replacement's metadata
+    // for it is then the whole truth, as a rebuild from the ops would have it.
+    unlink(old);
+    prune(old);
+    s = link(now, "replace_op");
+    if (s.ok()) s = check_order(now, "replace_op");
+  }
+  if (s.ok()) {
+    if (listener_) listener_->op_replaced(old, now);
+    return s;
+  }
   return undo(s, [&] {
-    op_ids_.erase(ops_[at].id());
-    op_ids_.insert(op_id);
-    ops_[at] = std::move(old);
+    ops_.replace(id, std::move(old));
     Status back = reindex("replace_op");
     assert(back.ok() && "the graph before an edit must reindex");
     (void)back;
@@ -166,12 +148,13 @@ Status Graph::replace_all_uses_with(int64_t from, const LogicalTensor& to) {
         if (lt.id == from) lt = to;
       }
     }
+    if (listener_) listener_->uses_replaced(from, to.id);
     return ok_status();
   }
   const std::vector<Use> readers = uses(from);
   std::vector<LogicalTensor> was;
   for (const Use& u : readers) {
-    LogicalTensor& lt = ops_[index_.at(u.op_id)].mutable_inputs()[u.port];
+    LogicalTensor& lt = ops_.find(u.op_id)->mutable_inputs()[u.port];
     was.push_back(lt);
     lt = to;
   }
@@ -187,25 +170,25 @@ Status Graph::replace_all_uses_with(int64_t from, const LogicalTensor& to) {
   if (s.ok()) {
     Value& target = values_.at(to.id);
     for (const Use& u : readers) {
-      const size_t k = index_.at(u.op_id);
+      const int64_t k = ops_.order(u.op_id);
       auto at = std::find_if(target.uses.begin(), target.uses.end(), [&](const Use& v) {
-        const size_t j = index_.at(v.op_id);
+        const int64_t j = ops_.order(v.op_id);
         return j > k || (j == k && v.port > u.port);
       });
       target.uses.insert(at, u);
     }
     values_.at(from).uses.clear();
-    const int64_t p = producer_index(to.id);
+    const int64_t p = producer_order(to.id);
     for (const Use& u : readers) {
       if (target.producer == u.op_id) {
         s = invalid_graph("replace_all_uses_with: cycle: " + op(u.op_id)->label() +
                           " consumes its own output tensor " + std::to_string(to.id));
         break;
       }
-      if (p >= static_cast<int64_t>(index_.at(u.op_id))) {
+      if (p >= ops_.order(u.op_id)) {
         s = invalid_graph("replace_all_uses_with: " + op(u.op_id)->label() + " would read tensor " +
-                          std::to_string(to.id) + " before " +
-                          ops_[static_cast<size_t>(p)].label() + " writes it");
+                          std::to_string(to.id) + " before " + producer_op(target).label() +
+                          " writes it");
         break;
       }
     }
@@ -215,11 +198,12 @@ Status Graph::replace_all_uses_with(int64_t from, const LogicalTensor& to) {
     const bool port = input_ports_ && std::find(input_ports_->begin(), input_ports_->end(), from) !=
                                           input_ports_->end();
     if (f != values_.end() && f->second.producer < 0 && !port) values_.erase(f);
+    if (listener_) listener_->uses_replaced(from, to.id);
     return s;
   }
   return undo(s, [&] {
     for (size_t i = 0; i < readers.size(); ++i)
-      ops_[index_.at(readers[i].op_id)].mutable_inputs()[readers[i].port] = was[i];
+      ops_.find(readers[i].op_id)->mutable_inputs()[readers[i].port] = was[i];
     Status back = reindex("replace_all_uses_with");
     assert(back.ok() && "the graph before an edit must reindex");
     (void)back;

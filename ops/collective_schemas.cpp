@@ -2,26 +2,19 @@
 // batch-norm backward (a normgrad extension; docs/ops/AllReduce.md).
 //
 // AllReduce sums each input element-wise over the processes of its `group`
-// and writes the sum to the output of the same index. It takes up to
-// kMaxAllReduceTensors tensors so a backend can sum them in one collective
-// call; each output has its input's dtype and dims.
+// and writes the sum to the output of the same index. It takes up to eight
+// tensors (AllReducePorts::src_max(), from op_ports.def) so a backend can sum
+// them in one collective call; each output has its input's dtype and dims.
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
-namespace {
-
-constexpr size_t kMaxAllReduceTensors = 8;
-
-}  // namespace
 
 void register_collective_schemas(OpRegistry& registry) {
   OpSchema s(OpKind::kAllReduce);
+  add_declared_ports(s);
   std::set<size_t> counts;
-  for (size_t i = 0; i < kMaxAllReduceTensors; ++i) {
-    s.input("src_" + std::to_string(i), i > 0);
-    s.output("dst_" + std::to_string(i), i > 0);
-    counts.insert(i + 1);
-  }
+  for (size_t i = 0; i < AllReducePorts::src_max(); ++i) counts.insert(i + 1);
   s.input_counts(counts).output_counts(counts);
   s.attr("group", AttrKind::kString, false, std::string("world"));
   s.attr("reduction", AttrKind::kString, false, std::string("sum"), {"sum"});

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
@@ -166,15 +167,15 @@ void register_elementwise_schemas(OpRegistry& registry) {
       DataType::kF8E4M3, DataType::kS4,   DataType::kU4};
   {
     OpSchema s(OpKind::kReLU);
-    s.input("src").output("dst");
-    s.inplace(0, 0);
+    add_declared_ports(s);
+    s.inplace(ReLUPorts::src_port(), ReLUPorts::dst_port());
     add_uniform(registry, std::move(s));
   }
   {
     // oneDNN Graph's LeakyReLU: dst = src >= 0 ? src : alpha src.
     OpSchema s(OpKind::kLeakyReLU);
-    s.input("src").output("dst");
-    s.inplace(0, 0);
+    add_declared_ports(s);
+    s.inplace(LeakyReLUPorts::src_port(), LeakyReLUPorts::dst_port());
     s.attr("alpha", AttrKind::kF32, true);
     s.rule([](const Op& op) -> Status {
       NG_ASSIGN_OR_RETURN(float alpha, op.attr_f32("alpha"));
@@ -188,8 +189,8 @@ void register_elementwise_schemas(OpRegistry& registry) {
   {
     // use_dst = true: input 0 is ReLU's dst; false: it is ReLU's src. Both mask by x > 0.
     OpSchema s(OpKind::kReLUBackward);
-    s.input("src/dst").input("diff_dst").output("diff_src");
-    s.inplace(1, 0);  // diff_src over diff_dst
+    add_declared_ports(s);
+    s.inplace(ReLUBackwardPorts::diff_dst_port(), ReLUBackwardPorts::diff_src_port());
     s.attr("use_dst", AttrKind::kBool, false, true);
     add_uniform(registry, std::move(s));
   }
@@ -200,8 +201,8 @@ void register_elementwise_schemas(OpRegistry& registry) {
     // oneDNN's spec allows it (attention masks in newer oneDNN graphs), run by
     // ref (oneDNN 2.6's binary primitive is not asked for integers).
     OpSchema s(OpKind::kAdd);
-    s.input("src_0").input("src_1").output("dst");
-    s.inplace(0, 0);  // dst over src_0 where their metadata agree
+    add_declared_ports(s);
+    s.inplace(AddPorts::src_0_port(), AddPorts::dst_port());  // where their metadata agree
     s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kS32});
     s.attr("auto_broadcast", AttrKind::kString, false, std::string("numpy"), {"none", "numpy"});
     s.shape_rule(broadcast_shape_rule);
@@ -209,21 +210,23 @@ void register_elementwise_schemas(OpRegistry& registry) {
   }
   {
     OpSchema s(OpKind::kTypeCast);
-    s.input("src").output("dst");
-    s.shape_rule([](Op& op) { return set_or_check_dims(op, 0, "dst", op.inputs()[0].dims); });
+    add_declared_ports(s);
+    s.shape_rule([](Op& op) {
+      return set_or_check_dims(op, TypeCastPorts::dst_port(), "dst", TypeCastPorts(op).src().dims);
+    });
     registry.add(std::move(s));
   }
   {
     // Moves data of any dtype (int8 attention graphs transpose u8/s8 tensors);
     // ref runs the dtypes it can load, other partitions are handed back.
     OpSchema s(OpKind::kStaticTranspose);
-    s.input("src").output("dst");
+    add_declared_ports(s);
     s.dtypes(kAllDtypes);
     s.attr("order", AttrKind::kS64s, true);
     auto names = std::make_shared<OpSchema>(s);
     s.rule([names](const Op& op) { return same_dtype_everywhere(op, *names); });
     s.shape_rule([](Op& op) -> Status {
-      const Dims& d = op.inputs()[0].dims;
+      const Dims& d = StaticTransposePorts(op).src().dims;
       NG_ASSIGN_OR_RETURN(std::vector<int64_t> order, op.attr_s64s("order"));
       const auto rank = static_cast<int64_t>(d.size());
       if (static_cast<int64_t>(order.size()) != rank) {
@@ -251,7 +254,7 @@ void register_elementwise_schemas(OpRegistry& registry) {
     // oneDNN Graph's static quantization: Quantize dst = saturate(round(src /
     // scale + zp)); Dequantize dst = (src - zp) * scale.
     OpSchema s(kind);
-    s.input("src").output("dst");
+    add_declared_ports(s);
     s.attr("qtype", AttrKind::kString, false, std::string("per_tensor"),
            {"per_tensor", "per_channel"});
     s.attr("axis", AttrKind::kS64, false, int64_t{1});
@@ -265,7 +268,7 @@ void register_elementwise_schemas(OpRegistry& registry) {
   }
   {
     OpSchema s(OpKind::kEnd);
-    s.input("src");
+    add_declared_ports(s);
     s.dtypes(kAllDtypes);
     registry.add(std::move(s));
   }

@@ -1,4 +1,4 @@
-// Named port accessors for the batch-norm ops, generated from op_ports.def.
+// Named port accessors for every op kind normgrad runs, from op_ports.def.
 //
 // Passes and backends read an op's tensors by the names its schema gives
 // them instead of by index:
@@ -38,7 +38,25 @@ namespace normgrad {
   static constexpr size_t name##_port() {                        \
     return i;                                                    \
   }
+// A variadic kind's ports: name(k) for k < name_count().
+#define NG_PORT_LIST_(name, max, list)                      \
+  const LogicalTensor& name(size_t k) const {               \
+    assert(k < op_.list().size() && "no port " #name "_k"); \
+    return op_.list()[k];                                   \
+  }                                                         \
+  size_t name##_count() const {                             \
+    return op_.list().size();                               \
+  }                                                         \
+  static constexpr size_t name##_port(size_t k) {           \
+    return k;                                               \
+  }                                                         \
+  static constexpr size_t name##_max() {                    \
+    return max;                                             \
+  }
 #define NG_IN(name, i) NG_PORT_(name, i, inputs)
+#define NG_IN_AS(name, label, i) NG_PORT_(name, i, inputs)
+#define NG_IN_LIST(name, max) NG_PORT_LIST_(name, max, inputs)
+#define NG_OUT_LIST(name, max) NG_PORT_LIST_(name, max, outputs)
 #define NG_IN_OPT(name, i) NG_PORT_OPT_(name, i, inputs)
 #define NG_OUT(name, i) NG_PORT_(name, i, outputs)
 #define NG_OUT_OPT(name, i) NG_PORT_OPT_(name, i, outputs)
@@ -56,6 +74,7 @@ namespace normgrad {
 #include <normgrad/ops/op_ports.def>
 #undef NG_PORT_
 #undef NG_PORT_OPT_
+#undef NG_PORT_LIST_
 
 // Adds the ports op_ports.def declares for `schema`'s kind, in order (the
 // schemas of the kinds listed there call it instead of naming ports).

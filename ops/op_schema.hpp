@@ -51,6 +51,12 @@ class OpSchema {
   // TensorFlow's U-typed reserve spaces), as opposed to the data ports:
   // benchdnn's --dt leaves them f32.
   OpSchema& per_channel(bool is_input, size_t port);
+  // Ref (the oracle backend) does not run this kind, and `why` says so;
+  // by default it runs every kind that has a schema.
+  OpSchema& not_on_ref(std::string why) {
+    ref_refusal_ = std::move(why);
+    return *this;
+  }
   OpSchema& input_counts(std::set<size_t> counts);
   OpSchema& output_counts(std::set<size_t> counts);
   OpSchema& attr(std::string name, AttrKind kind, bool required,
@@ -71,6 +77,8 @@ class OpSchema {
   bool is_per_channel(bool is_input, size_t port) const {
     return (is_input ? per_channel_inputs_ : per_channel_outputs_).count(port) != 0;
   }
+  // Empty when ref runs the kind, else why not.
+  const std::string& ref_refusal() const { return ref_refusal_; }
   std::string input_name(size_t i) const;
   std::string output_name(size_t i) const;
 
@@ -100,6 +108,7 @@ class OpSchema {
   std::vector<std::pair<size_t, size_t>> inplace_;  // (input port, output port)
   std::set<size_t> per_channel_inputs_, per_channel_outputs_;
   ShapeRule shape_rule_;
+  std::string ref_refusal_;
 };
 
 // Message helpers shared by the schema files, so every rule reads alike.

@@ -9,6 +9,7 @@
 // BatchNormTrainingBackward; no backend sees them.
 #include <cmath>
 
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/ops/op_registry.hpp>
 #include <normgrad/ops/tf_batch_norm.hpp>
 
@@ -109,14 +110,8 @@ Status shape_rule(Op& op, const std::vector<std::string>& in_names,
 
 OpSchema make_schema(OpKind kind) {
   OpSchema s(kind);
-  s.input("y_backprop").input("x").input("scale").input("reserve_space_1").input("reserve_space_2");
-  if (kind == OpKind::kFusedBatchNormGradV3) s.input("reserve_space_3");
-  s.output("x_backprop").output("scale_backprop").output("offset_backprop");
-  if (kind == OpKind::kFusedBatchNormGradV3) {
-    s.output("reserve_space_4", true).output("reserve_space_5", true);
-  } else {
-    s.output("reserve_space_3", true).output("reserve_space_4", true);
-  }
+  add_declared_ports(s);
+  s.not_on_ref("TensorFlow ops run after the canonicalize pass rewrites them");
   s.output_counts({3, 5});
   // scale, the statistics, their gradients and the (empty) reserve spaces:
   // U-typed, as TensorFlow types them.

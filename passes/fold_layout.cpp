@@ -3,6 +3,7 @@
 
 #include <normgrad/ops/batch_norm_desc.hpp>
 #include <normgrad/ops/op_ports.hpp>
+#include <normgrad/passes/rewrite_driver.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
@@ -29,69 +30,68 @@ std::vector<int64_t> normalized_order(const Op& t) {
   return *order;
 }
 
-// The producer op of input `port` of `op` when it is of `kind` and feeds only `op`.
-const Op* sole_producer(const Graph& g, const Op& op, size_t port, OpKind kind) {
-  const Op* producer = g.producer(op.inputs()[port].id);
+// A conversion's one input and one output, by its kind's port names.
+const LogicalTensor& conversion_src(const Op& op) {
+  return op.kind() == OpKind::kTypeCast ? TypeCastPorts(op).src() : StaticTransposePorts(op).src();
+}
+const LogicalTensor& conversion_dst(const Op& op) {
+  return op.kind() == OpKind::kTypeCast ? TypeCastPorts(op).dst() : StaticTransposePorts(op).dst();
+}
+
+// The producer op of the batch norm's src (`of_src`) or diff_dst when it is
+// of `kind` and feeds only that port.
+const Op* sole_producer(const Graph& g, const Op& bn, bool of_src, OpKind kind) {
+  const BatchNormTrainingBackwardPorts ports(bn);
+  const int64_t t = (of_src ? ports.src() : ports.diff_dst()).id;
+  const Op* producer = g.producer(t);
   if (producer == nullptr || producer->kind() != kind) return nullptr;
-  const int64_t t = op.inputs()[port].id;
-  if (sole_consumer(g, t) != &op || is_output_port(g, t)) return nullptr;
-  if (op.inputs()[1 - port].id == t) return nullptr;
+  if (sole_consumer(g, t) != &bn || is_output_port(g, t)) return nullptr;
+  if ((of_src ? ports.diff_dst() : ports.src()).id == t) return nullptr;
   return producer;
 }
 
 // Folds every producer/consumer pair of conversions around a batch-norm
-// backward, in one walk; `check` decides whether the three conversion ops
-// fit, `rewrite` edits the new batch norm. A fold removes its three
-// conversions and enables no other (a conversion between two batch norms is
-// the first one's output and the second one's input: folding the first
-// erases it), so one walk folds all there is.
+// backward: a pattern anchored at the batch norm, run by the greedy driver
+// (one visit per batch norm, and again only where an edit touched it).
+// `check` decides whether the three conversion ops fit, `rewrite` edits the
+// new batch norm.
 template <typename Check, typename Rewrite>
 StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
                            const Rewrite& rewrite) {
-  // The candidates' ids first: the edits below move ops in g.ops().
-  std::vector<int64_t> candidates;
-  for (const Op& op : g.ops()) {
-    if (op.kind() == OpKind::kBatchNormTrainingBackward) candidates.push_back(op.id());
-  }
-  bool changed = false;
-  for (int64_t bn_id : candidates) {
-    const Op* found = g.op(bn_id);
-    if (found == nullptr) continue;
-    const Op& bn = *found;
-    if (bn.kind() != OpKind::kBatchNormTrainingBackward || !g.unknown_shape_error(bn).ok())
-      continue;
-    using Ports = BatchNormTrainingBackwardPorts;
-    const Ports ports(bn);
-    const Op* in_src = sole_producer(g, bn, Ports::src_port(), conversion);
-    const Op* in_dy = sole_producer(g, bn, Ports::diff_dst_port(), conversion);
-    const Op* out = sole_consumer(g, ports.diff_src().id);
-    if (!in_src || !in_dy || !out || out->kind() != conversion ||
-        is_output_port(g, ports.diff_src().id))
-      continue;
-    if (!check(bn, *in_src, *in_dy, *out)) continue;
-    // A conversion has one input and one output.
-    Op folded = bn;
-    folded.mutable_inputs()[Ports::src_port()] = in_src->inputs()[0];
-    folded.mutable_inputs()[Ports::diff_dst_port()] = in_dy->inputs()[0];
-    folded.mutable_outputs()[0] = out->outputs()[0];
-    rewrite(folded);
-    const int64_t src_id = in_src->id(), dy_id = in_dy->id(), out_id = out->id();
-    // The rewriter, in an order that is valid at every step: the output
-    // conversion goes, the batch norm writes its tensor instead, and the
-    // input conversions, now unread, go.
-    NG_RETURN_IF_ERROR(g.erase_op(out_id));
-    NG_RETURN_IF_ERROR(g.replace_op(folded.id(), folded));
-    NG_RETURN_IF_ERROR(g.erase_op(src_id));
-    if (dy_id != src_id) NG_RETURN_IF_ERROR(g.erase_op(dy_id));
-    changed = true;
-  }
-  return changed;
+  RewritePattern fold{"fold-conversions",
+                      {OpKind::kBatchNormTrainingBackward},
+                      [&](Graph& graph, const Op& bn) -> StatusOr<bool> {
+                        if (!graph.unknown_shape_error(bn).ok()) return false;
+                        using Ports = BatchNormTrainingBackwardPorts;
+                        const Ports ports(bn);
+                        const Op* in_src = sole_producer(graph, bn, true, conversion);
+                        const Op* in_dy = sole_producer(graph, bn, false, conversion);
+                        const Op* out = sole_consumer(graph, ports.diff_src().id);
+                        if (!in_src || !in_dy || !out || out->kind() != conversion ||
+                            is_output_port(graph, ports.diff_src().id))
+                          return false;
+                        if (!check(bn, *in_src, *in_dy, *out)) return false;
+                        Op folded = bn;
+                        folded.mutable_inputs()[Ports::src_port()] = conversion_src(*in_src);
+                        folded.mutable_inputs()[Ports::diff_dst_port()] = conversion_src(*in_dy);
+                        folded.mutable_outputs()[Ports::diff_src_port()] = conversion_dst(*out);
+                        rewrite(folded);
+                        const int64_t src_id = in_src->id(), dy_id = in_dy->id(),
+                                      out_id = out->id();
+                        // The rewriter, in an order that is valid at every step: the output
+                        // conversion goes, the batch norm writes its tensor instead, and the
+                        // input conversions, now unread, go.
+                        NG_RETURN_IF_ERROR(graph.erase_op(out_id));
+                        NG_RETURN_IF_ERROR(graph.replace_op(folded.id(), folded));
+                        NG_RETURN_IF_ERROR(graph.erase_op(src_id));
+                        if (dy_id != src_id) NG_RETURN_IF_ERROR(graph.erase_op(dy_id));
+                        return true;
+                      }};
+  return apply_patterns_greedily(g, {fold});
 }
 
 }  // namespace
 
-// Every fold in one run (passes.def still runs them to a fixed point, which
-// then ends after the second, unchanged run).
 StatusOr<bool> FoldTransposePass::run(Graph& graph) const {
   return fold_around(
       graph, OpKind::kStaticTranspose,
@@ -117,14 +117,14 @@ StatusOr<bool> FoldCastPass::run(Graph& graph) const {
   return fold_around(
       graph, OpKind::kTypeCast,
       [](const Op& bn, const Op& a, const Op& b, const Op& out) {
-        const DataType t = a.inputs()[0].dtype;
+        const DataType t = conversion_src(a).dtype;
         // Only narrow data computed in f32, with f32 statistics: a supported combination after
         // folding.
         if (t != DataType::kBF16 && t != DataType::kF16) return false;
         const BatchNormTrainingBackwardPorts ports(bn);
         if (ports.src().dtype != DataType::kF32 || ports.mean().dtype != DataType::kF32)
           return false;
-        return b.inputs()[0].dtype == t && out.outputs()[0].dtype == t;
+        return conversion_src(b).dtype == t && conversion_dst(out).dtype == t;
       },
       [](Op&) {});
 }

@@ -48,13 +48,13 @@ class UnitOrder {
 
   int64_t position(int64_t op_id) const {
     const auto it = pos_.find(op_id);
-    return it != pos_.end() ? it->second : graph_.index_of(op_id);
+    return it != pos_.end() ? it->second : graph_.order_of(op_id);
   }
 
   // OK, or why the candidate `ids` (free ops, in topological order) would break the order.
   Status check(const std::vector<int64_t>& ids) const {
     const std::set<int64_t> inside(ids.begin(), ids.end());
-    const int64_t last = graph_.index_of(ids.back());
+    const int64_t last = graph_.order_of(ids.back());
     const Op& last_op = *graph_.op(ids.back());
     for (int64_t id : ids) {
       const Op& op = *graph_.op(id);
@@ -76,7 +76,7 @@ class UnitOrder {
   }
 
   void take(const std::vector<int64_t>& ids) {
-    const int64_t last = graph_.index_of(ids.back());
+    const int64_t last = graph_.order_of(ids.back());
     for (int64_t id : ids) pos_[id] = last;
   }
 
@@ -162,7 +162,7 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
         continue;
       }
       std::sort(ids.begin(), ids.end(),
-                [&](int64_t a, int64_t b) { return graph.index_of(a) < graph.index_of(b); });
+                [&](int64_t a, int64_t b) { return graph.order_of(a) < graph.order_of(b); });
       if (Status order = units.check(ids); !order.ok()) {
         note(anchor, pattern, order);
         continue;
@@ -198,7 +198,7 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
   // Emitted at their last op in topological order, so their inputs are ready.
   std::vector<std::pair<int64_t, size_t>> order;
   for (size_t k = 0; k < found.size(); ++k)
-    order.emplace_back(graph.index_of(found[k].ops.back().id()), k);
+    order.emplace_back(graph.order_of(found[k].ops.back().id()), k);
   std::sort(order.begin(), order.end());
   std::vector<Partition> parts;
   for (const auto& entry : order) {

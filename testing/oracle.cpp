@@ -9,6 +9,7 @@
 #include <normgrad/graph/indexing.hpp>
 #include <normgrad/graph/npy.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
@@ -162,36 +163,50 @@ StatusOr<std::map<int64_t, Buffer>> make_inputs(const Graph& graph, const Graph&
   // file inputs or no such batch norm, nothing runs at all.
   // The batch norm's own backward, and the apply half of a synchronized one
   // (split-sync-batch-norm: its reduce half reads the same mean).
-  auto needs_statistics = [&](const Op& op) {
-    if (op.kind() != OpKind::kBatchNormTrainingBackward &&
-        op.kind() != OpKind::kBatchNormBackwardApply)
-      return false;
-    const int64_t mid = op.inputs()[2].id, vid = op.inputs()[3].id;
-    return (*sources)[mid] == "random" && (*sources)[vid] == "random" && inputs.count(mid) &&
-           inputs.count(vid);
+  struct StatisticsPorts {
+    int64_t src = -1, mean = -1, variance = -1;
   };
-  size_t last = 0;
-  for (size_t k = 0; k < lowered.ops().size(); ++k) {
-    if (needs_statistics(lowered.ops()[k])) last = k + 1;
+  auto statistics_ports = [](const Op& op) {
+    if (op.kind() == OpKind::kBatchNormTrainingBackward) {
+      const BatchNormTrainingBackwardPorts p(op);
+      return StatisticsPorts{p.src().id, p.mean().id, p.variance().id};
+    }
+    if (op.kind() == OpKind::kBatchNormBackwardApply) {
+      const BatchNormBackwardApplyPorts p(op);
+      return StatisticsPorts{p.src().id, p.mean().id, p.variance().id};
+    }
+    return StatisticsPorts{};
+  };
+  auto needs_statistics = [&](const Op& op) {
+    const StatisticsPorts p = statistics_ports(op);
+    if (p.src < 0) return false;
+    return (*sources)[p.mean] == "random" && (*sources)[p.variance] == "random" &&
+           inputs.count(p.mean) && inputs.count(p.variance);
+  };
+  size_t last = 0, k = 0;
+  for (const Op& op : lowered.ops()) {
+    ++k;
+    if (needs_statistics(op)) last = k;
   }
   std::map<int64_t, Buffer> values;
-  for (size_t k = 0; k < last; ++k) {
-    const Op& op = lowered.ops()[k];
+  k = 0;
+  for (const Op& op : lowered.ops()) {
+    if (k++ == last) break;
     auto buffer_of = [&](int64_t id) -> Buffer* {
       if (auto it = inputs.find(id); it != inputs.end()) return &it->second;
       if (auto it = values.find(id); it != values.end()) return &it->second;
       return nullptr;
     };
     if (needs_statistics(op)) {
-      Buffer* src = buffer_of(op.inputs()[0].id);
+      const StatisticsPorts p = statistics_ports(op);
+      Buffer* src = buffer_of(p.src);
       if (src == nullptr) return internal_error("src of " + op.label() + " has no value");
-      NG_RETURN_IF_ERROR(set_batch_statistics(op, *src, inputs.at(op.inputs()[2].id),
-                                              inputs.at(op.inputs()[3].id)));
+      NG_RETURN_IF_ERROR(set_batch_statistics(op, *src, inputs.at(p.mean), inputs.at(p.variance)));
       // Computed from src, not random: say so in `run`'s "inputs:" line.
-      (*sources)[op.inputs()[2].id] = "batch-stats";
-      (*sources)[op.inputs()[3].id] = "batch-stats";
+      (*sources)[p.mean] = "batch-stats";
+      (*sources)[p.variance] = "batch-stats";
     }
-    if (k + 1 == last) break;  // nothing after it needs values
+    if (k == last) break;  // nothing after it needs values
     std::vector<const void*> in;
     std::vector<void*> out;
     for (const LogicalTensor& lt : op.inputs()) {

@@ -280,7 +280,7 @@ int bench_sharded(const BenchOptions& opt, const std::vector<std::pair<std::stri
       if (!dt.ok()) return std::cerr << "normgrad bench: " << dt.status().message() << "\n", 2;
       for (const std::string& layout : opt.layouts) {
         const Graph plain = make_graph(nchw, layout, *dt, "none");
-        std::vector<Op> ops = plain.ops();
+        std::vector<Op> ops = plain.ops().to_vector();
         for (Op& op : ops) op.set_attr("sync_group", "world");
         Graph g = plain.with_ops(std::move(ops));
         ShardOptions so;

@@ -165,7 +165,7 @@ Verdict check_graph(Graph g, uint64_t seed, bool verify_each) {
 Graph shrink(const Graph& failing, uint64_t seed, bool verify_each) {
   Graph best = failing;
   (void)best.finalize();
-  std::vector<Op> ops = best.ops();
+  std::vector<Op> ops = best.ops().to_vector();
   for (bool changed = true; changed;) {
     changed = false;
     for (size_t i = ops.size(); i-- > 0 && ops.size() > 1;) {

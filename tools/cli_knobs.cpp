@@ -233,7 +233,7 @@ Status parse_id_map(const std::string& text, const std::string& knob,
 // --op-kind=ID:undef: the op goes, and its consumers read the input that
 // carries the data through (a unary op's only input; a binary op's produced one).
 Status remove_op(Graph* graph, int64_t op_id) {
-  std::vector<Op> ops = graph->ops();
+  std::vector<Op> ops = graph->ops().to_vector();
   auto it = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id() == op_id; });
   std::set<int64_t> produced;
   for (const Op& o : ops) {
@@ -351,7 +351,7 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
   for (const auto& entry : knobs.op_kinds) {
     const int64_t id = entry.first;  // lambdas below capture it (not a binding: C++17)
     const std::string& kind_name = entry.second;
-    std::vector<Op> ops = graph->ops();
+    std::vector<Op> ops = graph->ops().to_vector();
     auto it = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id() == id; });
     if (it == ops.end())
       return invalid_argument("--op-kind: the graph has no op " + std::to_string(id));
@@ -400,7 +400,7 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
     for (const LogicalTensor& lt : op.outputs()) graph_produced.insert(lt.id);
   }
   const bool reshape = !knobs.in_shapes.empty() || knobs.mb > 0;
-  std::vector<Op> ops = graph->ops();
+  std::vector<Op> ops = graph->ops().to_vector();
   for (Op& op : ops) {
     for (auto* ports : {&op.mutable_inputs(), &op.mutable_outputs()}) {
       for (LogicalTensor& lt : *ports) {
@@ -454,7 +454,7 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
   }
   for (const OpAttrRewrite& r : knobs.op_attrs) {
     bool found = false;
-    std::vector<Op> edited = graph->ops();
+    std::vector<Op> edited = graph->ops().to_vector();
     for (Op& op : edited) {
       if (op.id() != r.op_id) continue;
       found = true;

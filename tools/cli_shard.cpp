@@ -59,7 +59,7 @@ StatusOr<int64_t> row_offset(const LogicalTensor& lt, int64_t begin) {
 // Everything before the first collective; each process may fail on its own.
 Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
   // The oracle: the same graph, every batch norm over this process's data alone.
-  std::vector<Op> ops = full.ops();
+  std::vector<Op> ops = full.ops().to_vector();
   for (Op& op : ops) op.erase_attr("sync_group");
   Graph unsynced = full.with_ops(std::move(ops));
   NG_RETURN_IF_ERROR(unsynced.finalize());
@@ -80,7 +80,7 @@ Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
   NG_ASSIGN_OR_RETURN(s->inputs, oracle::make_inputs(s->whole.graph(), s->whole.lowered_graph(), "",
                                                      static_cast<uint64_t>(opt.seed), &sources));
   // The slice's graph: dim 0 of every batched tensor becomes this process's rows.
-  std::vector<Op> sliced = full.ops();
+  std::vector<Op> sliced = full.ops().to_vector();
   for (Op& op : sliced) {
     for (auto* ports : {&op.mutable_inputs(), &op.mutable_outputs()}) {
       for (LogicalTensor& lt : *ports) {

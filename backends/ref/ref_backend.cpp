@@ -5,10 +5,23 @@
 // own dtype (PartitionBuffers), which reproduces the unfused rounding exactly.
 #include <normgrad/backends/backend_registry.hpp>
 #include <normgrad/backends/ref/ref_ops.hpp>
-#include <normgrad/ops/tf_batch_norm.hpp>
+#include <normgrad/ops/op_ports.hpp>
+#include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
 namespace {
+
+// The kinds whose schema says ref runs them (OpSchema::not_on_ref): the
+// anchors of ref's catch-all pattern, so a kind added with a schema, a ref
+// kernel and nothing else is partitioned to ref.
+std::vector<OpKind> kinds_ref_runs() {
+  std::vector<OpKind> kinds;
+  for (size_t k = 0; k < static_cast<size_t>(OpKind::kCount); ++k) {
+    const OpSchema* schema = op_registry().find(static_cast<OpKind>(k));
+    if (schema != nullptr && schema->ref_refusal().empty()) kinds.push_back(schema->kind());
+  }
+  return kinds;
+}
 
 class RefKernel final : public Kernel {
  public:
@@ -56,7 +69,7 @@ class RefBackend final : public Backend {
   std::vector<Pattern> patterns() const override {
     return {bn_backward_producers_pattern("ref"), int8_bn_chain_pattern("ref"),
             bn_inference_relu_pattern("ref"), collective_pattern("allreduce", "ref"),
-            single_op_pattern("op", "ref", {})};
+            single_op_pattern("op", "ref", kinds_ref_runs())};
   }
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
     if (partition.ops.empty()) return invalid_argument("empty partition");
@@ -75,9 +88,16 @@ class RefBackend final : public Backend {
                                  " data (tensor " + std::to_string(lt.id) + ")");
         }
       }
+      const OpSchema* schema = op_registry().find(op.kind());
+      if (schema == nullptr)
+        return unimplemented(op.label() + ": normgrad has no schema (and no kernel) for " +
+                             op.kind_spelling());
+      if (!schema->ref_refusal().empty())
+        return unimplemented(op.label() + ": " + schema->ref_refusal());
       if (op.kind() == OpKind::kQuantize || op.kind() == OpKind::kDequantize) {
         const auto& scales = std::get<std::vector<float>>(op.attrs().at("scales"));
-        const Dims& d = op.inputs()[0].dims;
+        const Dims& d = op.kind() == OpKind::kQuantize ? QuantizePorts(op).src().dims
+                                                       : DequantizePorts(op).src().dims;
         int64_t axis = op.has_attr("axis") ? std::get<int64_t>(op.attrs().at("axis")) : 1;
         if (axis < 0) axis += static_cast<int64_t>(d.size());
         if (scales.size() > 1 &&
@@ -86,10 +106,6 @@ class RefBackend final : public Backend {
                                " per-channel scales for a dim of " +
                                std::to_string(d[static_cast<size_t>(axis)]) +
                                " (grouped weights), which normgrad does not run");
-      }
-      if (is_tf_batch_norm_grad(op.kind())) {
-        return unimplemented(op.label() +
-                             ": TensorFlow ops run after the canonicalize pass rewrites them");
       }
     }
     return ok_status();

@@ -23,8 +23,8 @@ std::vector<std::string> fixture_files() {
 bool same_graph(const Graph& a, const Graph& b) {
   if (a.ops().size() != b.ops().size() || a.fpmath_mode != b.fpmath_mode) return false;
   for (size_t k = 0; k < a.ops().size(); ++k) {
-    const Op& x = a.ops()[k];
-    const Op& y = b.ops()[k];
+    const Op& x = a.ops().at(k);
+    const Op& y = b.ops().at(k);
     if (x.id() != y.id() || x.kind() != y.kind() || x.name() != y.name() || x.attrs() != y.attrs())
       return false;
     if (x.inputs().size() != y.inputs().size() || x.outputs().size() != y.outputs().size())
@@ -76,7 +76,7 @@ const char* kQuirky = R"({
 TEST(JsonIo, AcceptsWriterQuirks) {
   auto g = graph_from_json(kQuirky);
   ASSERT_TRUE(g.ok()) << g.status().to_string();
-  EXPECT_EQ(*g->ops()[0].attr_bool("use_dst"), false);
+  EXPECT_EQ(*g->ops().at(0).attr_bool("use_dst"), false);
   EXPECT_EQ(g->fpmath_mode_apply_to_int.value_or(""), "false");
   ASSERT_TRUE(g->finalize().ok());
   EXPECT_EQ(g->find_tensor(2)->dims, (Dims{2, 3}));  // inferred from INT64_MIN

@@ -1,6 +1,7 @@
 // Error flow of the batch-norm schemas: every rule, with status and message fragment.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -147,11 +148,25 @@ TEST(OpPorts, DeclaredIndicesAreTheSchemas) {
 #define NG_IN_OPT(n, i) declared.push_back({kind, true, #n, i});
 #define NG_OUT(n, i) declared.push_back({kind, false, #n, i});
 #define NG_OUT_OPT(n, i) declared.push_back({kind, false, #n, i});
+#define NG_IN_AS(n, label, i) declared.push_back({kind, true, label, i});
+#define NG_IN_LIST(n, max)           \
+  for (size_t k = 0; k < (max); ++k) \
+    declared.push_back({kind, true, #n "_" + std::to_string(k), k});
+#define NG_OUT_LIST(n, max)          \
+  for (size_t k = 0; k < (max); ++k) \
+    declared.push_back({kind, false, #n "_" + std::to_string(k), k});
+  std::set<OpKind> kinds;
 #define NG_OP_PORTS(Kind, inputs, outputs) \
   kind = OpKind::k##Kind;                  \
+  kinds.insert(kind);                      \
   inputs outputs
 #include <normgrad/ops/op_ports.def>
   ASSERT_GE(declared.size(), 30u);
+  // Every kind with a schema names its ports there, and only those kinds.
+  for (size_t k = 0; k < static_cast<size_t>(OpKind::kCount); ++k) {
+    const auto kk = static_cast<OpKind>(k);
+    EXPECT_EQ(op_registry().find(kk) != nullptr, kinds.count(kk) == 1) << op_kind_name(kk);
+  }
   std::map<std::pair<OpKind, bool>, size_t> count;
   for (const Declared& d : declared) {
     const OpSchema* s = op_registry().find(d.kind);
@@ -171,6 +186,18 @@ TEST(OpPorts, DeclaredIndicesAreTheSchemas) {
   EXPECT_EQ(bn.has_gamma(), op.inputs().size() == 5);
   EXPECT_EQ(BatchNormTrainingBackwardPorts::gamma_port(), 4u);
   EXPECT_EQ(bn.has_diff_beta(), op.outputs().size() == 3);
+  // A variadic kind's list.
+  Op all_reduce(9, OpKind::kAllReduce);
+  all_reduce.add_input(LogicalTensor(1, DataType::kF32, {3}))
+      .add_input(LogicalTensor(2, DataType::kF32, {3}))
+      .add_output(LogicalTensor(3, DataType::kF32, {3}))
+      .add_output(LogicalTensor(4, DataType::kF32, {3}));
+  const AllReducePorts ar(all_reduce);
+  EXPECT_EQ(ar.src_count(), 2u);
+  EXPECT_EQ(ar.src(1).id, 2);
+  EXPECT_EQ(ar.dst(1).id, 4);
+  EXPECT_EQ(op_registry().find(OpKind::kAllReduce)->input_name(AllReducePorts::src_port(7)),
+            "src_7");
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ TEST(CanonicalizePass, RewritesFusedBatchNormGradV3) {
   ASSERT_TRUE(changed.ok() && *changed);
   ASSERT_TRUE(g.finalize().ok());
   ASSERT_EQ(g.ops().size(), 1u);  // the End that marked an empty reserve output is gone
-  const Op& bn = g.ops()[0];
+  const Op& bn = g.ops().at(0);
   EXPECT_EQ(bn.kind(), OpKind::kBatchNormTrainingBackward);
   EXPECT_EQ(bn.name(), "grad");
   EXPECT_EQ(*bn.attr_string("data_format"), "NCX");
@@ -66,13 +66,13 @@ TEST(CanonicalizePass, MakesOneDnnFormsExplicit) {
   ASSERT_TRUE(g.finalize().ok());
   ASSERT_TRUE(*CanonicalizePass().run(g));
   ASSERT_TRUE(g.finalize().ok());
-  EXPECT_EQ(*g.ops()[0].attr_bool("is_training"), false);
-  EXPECT_EQ(g.ops()[0].inputs().size(), 4u);  // gamma, which oneDNN ignores here, is gone
+  EXPECT_EQ(*g.ops().at(0).attr_bool("is_training"), false);
+  EXPECT_EQ(g.ops().at(0).inputs().size(), 4u);  // gamma, which oneDNN ignores here, is gone
   Graph h;
   ASSERT_TRUE(h.add_op(bn_bwd({2, 3, 4}, "NXC", DataType::kF32, DataType::kF32, false, 3)).ok());
   ASSERT_TRUE(h.finalize().ok());
   ASSERT_TRUE(*CanonicalizePass().run(h));
-  EXPECT_EQ(*h.ops()[0].attr_bool("is_training"), true);
+  EXPECT_EQ(*h.ops().at(0).attr_bool("is_training"), true);
 }
 
 TEST(CanonicalizePass, PipelinePrintsAfterEachPass) {

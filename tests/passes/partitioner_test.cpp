@@ -208,12 +208,12 @@ TEST(Partitioner, AHandBuiltPartitionIsMatchedWhole) {
   // exactly them is found; ops no pattern takes together are refused.
   Graph g = chain(OpKind::kAdd, 1);
   Partition p;
-  p.ops = g.ops();
+  p.ops = g.ops().to_vector();
   p.inputs = {lt(30, DataType::kF32, {2, 5, 5, 24}), lt(31, DataType::kF32, {2, 5, 5, 24})};
-  for (const LogicalTensor& t : g.ops()[1].inputs()) {
+  for (const LogicalTensor& t : g.ops().at(1).inputs()) {
     if (t.id != 20) p.inputs.push_back(t);
   }
-  p.outputs = g.ops()[1].outputs();
+  p.outputs = g.ops().at(1).outputs();
   auto cp = compile_partition(p, CompileOptions{});
   ASSERT_TRUE(cp.ok()) << cp.status().to_string();
   EXPECT_EQ((*cp)->partition().pattern, "jit.bn_bwd_producers");

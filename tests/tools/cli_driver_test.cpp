@@ -75,13 +75,13 @@ TEST(CliKnobs, DtOpAttrsAndOpKind) {
   EXPECT_STATUS_HAS(rewritten({{"dt", "s8"}}), "expected undef, f32, bf16 or f16");
   g = rewritten({{"op-attrs", "0:epsilon:0.5*data_format:NCX"}});
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(*g->ops()[0].attr_f32("epsilon"), 0.5f);
+  EXPECT_EQ(*g->ops().at(0).attr_f32("epsilon"), 0.5f);
   EXPECT_STATUS_HAS(rewritten({{"op-attrs", "0:momentum:0.5"}}), "has no attribute 'momentum'");
   EXPECT_STATUS_HAS(rewritten({{"op-attrs", "7:epsilon:0.5"}}), "the graph has no op 7");
   // A kind we carry opaquely replaces the op; the graph then has nothing we run.
   g = rewritten({{"op-kind", "0:Wildcard"}});
   ASSERT_TRUE(g.ok()) << g.status().to_string();
-  EXPECT_EQ(g->ops()[0].kind(), OpKind::kWildcard);
+  EXPECT_EQ(g->ops().at(0).kind(), OpKind::kWildcard);
   EXPECT_STATUS_HAS(rewritten({{"op-kind", "0:Frobnicate"}}), "unknown op kind 'Frobnicate'");
 }
 
@@ -103,7 +103,7 @@ TEST(CliKnobs, OpKindUndefRemovesAUnaryOrBinaryOp) {
   ASSERT_TRUE(cli::apply_knobs(k, &g).ok());
   ASSERT_TRUE(g.finalize().ok());
   ASSERT_EQ(g.ops().size(), 2u);
-  EXPECT_EQ(g.ops()[1].inputs()[0].id, 2);
+  EXPECT_EQ(g.ops().at(1).inputs()[0].id, 2);
   cli::Knobs both;
   ASSERT_TRUE(cli::parse_case_knob("op-kind", "1:undef", &both).ok());
   EXPECT_STATUS_HAS(cli::apply_knobs(both, &g), "cannot tell which input passes through");

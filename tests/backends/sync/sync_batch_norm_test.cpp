@@ -199,7 +199,7 @@ TEST(SyncBatchNorm, PassSplitsTrainingAndFrozenSumsButNotFrozenDiffSrcAlone) {
 TEST(SyncBatchNorm, NewTensorIdsAvoidDroppedGraphOutputs) {
   auto g = load_graph(std::string(NORMGRAD_EXAMPLES) + "/tf_fused_batch_norm_grad_nhwc.json");
   ASSERT_TRUE(g.ok()) << g.status().to_string();
-  std::vector<Op> ops = g->ops();
+  std::vector<Op> ops = g->ops().to_vector();
   for (Op& op : ops) op.set_attr("sync_group", "world");
   Graph graph = g->with_ops(std::move(ops));
   ASSERT_TRUE(graph.finalize().ok());
