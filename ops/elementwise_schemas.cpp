@@ -187,6 +187,13 @@ void register_elementwise_schemas(OpRegistry& registry) {
     add_uniform(registry, std::move(s));
   }
   {
+    // oneDNN Graph's Sigmoid: dst = 1 / (1 + exp(-src)).
+    OpSchema s(OpKind::kSigmoid);
+    add_declared_ports(s);
+    s.inplace(SigmoidPorts::src_port(), SigmoidPorts::dst_port());
+    add_uniform(registry, std::move(s));
+  }
+  {
     // use_dst = true: input 0 is ReLU's dst; false: it is ReLU's src. Both mask by x > 0.
     OpSchema s(OpKind::kReLUBackward);
     add_declared_ports(s);

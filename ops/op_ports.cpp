@@ -1,11 +1,58 @@
 // add_declared_ports: a schema's port names from op_ports.def.
 #include <normgrad/ops/op_ports.hpp>
 
+#include <initializer_list>
 #include <string>
 
+#include <normgrad/ops/op_registry.hpp>
 #include <normgrad/ops/op_schema.hpp>
 
 namespace normgrad {
+
+namespace {
+
+// The first port of `op` whose schema name is one of `names`, or nullptr.
+const LogicalTensor* named_port(const Op& op, bool input,
+                                std::initializer_list<const char*> names) {
+  const OpSchema* schema = op_registry().find(op.kind());
+  if (schema == nullptr) return nullptr;
+  const auto& ports = input ? op.inputs() : op.outputs();
+  for (size_t i = 0; i < ports.size(); ++i) {
+    const std::string name = input ? schema->input_name(i) : schema->output_name(i);
+    for (const char* n : names) {
+      if (name == n) return &ports[i];
+    }
+  }
+  return nullptr;
+}
+
+// By the schema's names, so a kind added with a schema needs no entry here.
+const LogicalTensor* elementwise_src_or_null(const Op& op) {
+  if (op.outputs().size() != 1) return nullptr;
+  return named_port(op, true, {"src", "src_0", "src/dst"});
+}
+const LogicalTensor* elementwise_dst_or_null(const Op& op) {
+  if (op.outputs().size() != 1) return nullptr;
+  return named_port(op, false, {"dst", "diff_src"});
+}
+
+}  // namespace
+
+bool is_elementwise_kind(const Op& op) {
+  return elementwise_src_or_null(op) != nullptr && elementwise_dst_or_null(op) != nullptr;
+}
+
+const LogicalTensor& elementwise_src(const Op& op) {
+  const LogicalTensor* t = elementwise_src_or_null(op);
+  assert(t != nullptr && "elementwise_src of an op that is not one-output elementwise");
+  return *t;
+}
+
+const LogicalTensor& elementwise_dst(const Op& op) {
+  const LogicalTensor* t = elementwise_dst_or_null(op);
+  assert(t != nullptr && "elementwise_dst of an op that is not one-output elementwise");
+  return *t;
+}
 
 void add_declared_ports(OpSchema& s) {
   switch (s.kind()) {

@@ -76,6 +76,15 @@ namespace normgrad {
 #undef NG_PORT_OPT_
 #undef NG_PORT_LIST_
 
+// The first data input and the output of a one-output elementwise or layout
+// op, found by its schema's port names: src (Add's src_0, ReLUBackward's
+// src/dst) and dst (a backward's diff_src). For code that treats these kinds
+// alike, a kind added later included; the accessors assert what
+// is_elementwise_kind checks.
+bool is_elementwise_kind(const Op& op);
+const LogicalTensor& elementwise_src(const Op& op);
+const LogicalTensor& elementwise_dst(const Op& op);
+
 // Adds the ports op_ports.def declares for `schema`'s kind, in order (the
 // schemas of the kinds listed there call it instead of naming ports).
 class OpSchema;

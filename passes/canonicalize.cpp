@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/ops/tf_batch_norm.hpp>
 
 namespace normgrad {
@@ -29,9 +30,25 @@ StatusOr<Op> rewrite_tf(const Op& tf) {
   bn.set_attr("is_training", training);
   if (inv_std) bn.set_attr("variance_is_inv_std", true);
   if (tf.has_attr("sync_group")) bn.set_attr("sync_group", tf.attrs().at("sync_group"));
-  const auto& in = tf.inputs();
-  bn.add_input(in[1]).add_input(in[0]).add_input(in[3]).add_input(in[4]).add_input(in[2]);
-  for (size_t i = 0; i < 3; ++i) bn.add_output(tf.outputs()[i]);
+  // V1, V2 and V3 name their first five inputs and three outputs alike
+  // (V3 adds reserve_space_3, which TensorFlow's CPU kernel ignores).
+  auto ports = [&](auto tf_ports) {
+    bn.add_input(tf_ports.x())
+        .add_input(tf_ports.y_backprop())
+        .add_input(tf_ports.reserve_space_1())
+        .add_input(tf_ports.reserve_space_2())
+        .add_input(tf_ports.scale());
+    bn.add_output(tf_ports.x_backprop())
+        .add_output(tf_ports.scale_backprop())
+        .add_output(tf_ports.offset_backprop());
+  };
+  if (tf.kind() == OpKind::kFusedBatchNormGradV3) {
+    ports(FusedBatchNormGradV3Ports(tf));
+  } else if (tf.kind() == OpKind::kFusedBatchNormGradV2) {
+    ports(FusedBatchNormGradV2Ports(tf));
+  } else {
+    ports(FusedBatchNormGradPorts(tf));
+  }
   return bn;
 }
 
@@ -46,7 +63,10 @@ StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
     const Op& op = *graph.op(id);
     if (is_tf_batch_norm_grad(op.kind())) {
       NG_ASSIGN_OR_RETURN(Op bn, rewrite_tf(op));
-      for (size_t i = 3; i < op.outputs().size(); ++i) dropped.insert(op.outputs()[i].id);
+      // The reserve outputs after the three gradients.
+      for (size_t i = FusedBatchNormGradPorts::offset_backprop_port() + 1; i < op.outputs().size();
+           ++i)
+        dropped.insert(op.outputs()[i].id);
       NG_RETURN_IF_ERROR(graph.replace_op(id, std::move(bn)));
       changed = true;
     } else if (op.kind() == OpKind::kBatchNormTrainingBackward && !op.has_attr("is_training")) {
@@ -64,7 +84,7 @@ StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
   // reader of one gets it as an (empty) graph input.
   for (int64_t id : ids) {
     const Op* op = graph.op(id);
-    if (op != nullptr && op->kind() == OpKind::kEnd && dropped.count(op->inputs()[0].id))
+    if (op != nullptr && op->kind() == OpKind::kEnd && dropped.count(EndPorts(*op).src().id))
       NG_RETURN_IF_ERROR(graph.erase_op(id));
   }
   if (graph.input_ports()) {

@@ -144,7 +144,7 @@ StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn) {
   if (relu == nullptr || relu->kind() != OpKind::kReLU)
     return unimplemented("dst is not read by one ReLU alone");
   NG_RETURN_IF_ERROR(only_reader(graph, y.id, *relu));
-  if (relu->outputs()[0].dtype != y.dtype)
+  if (ReLUPorts(*relu).dst().dtype != y.dtype)
     return unimplemented(relu->label() + " changes the dtype");
   return PatternOps{{{bn.id(), FusionRole::kAnchor}, {relu->id(), FusionRole::kActivation}}, ""};
 }
@@ -157,10 +157,11 @@ StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn) {
     return unimplemented("src is not produced by a Dequantize");
   NG_RETURN_IF_ERROR(only_reader(graph, src.id, bn));
   const Op& relu = *graph.op(ops.ops[1].op_id);
-  const Op* quant = sole_consumer(graph, relu.outputs()[0].id);
+  const int64_t relu_dst = ReLUPorts(relu).dst().id;
+  const Op* quant = sole_consumer(graph, relu_dst);
   if (quant == nullptr || quant->kind() != OpKind::kQuantize)
     return unimplemented("the ReLU's dst is not read by one Quantize alone");
-  NG_RETURN_IF_ERROR(only_reader(graph, relu.outputs()[0].id, *quant));
+  NG_RETURN_IF_ERROR(only_reader(graph, relu_dst, *quant));
   return PatternOps{{{deq->id(), FusionRole::kDequantize},
                      {bn.id(), FusionRole::kAnchor},
                      {relu.id(), FusionRole::kActivation},
@@ -177,21 +178,20 @@ StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn)
   const Op* next = sole_consumer(graph, y.id);
   if (next != nullptr && next->kind() == OpKind::kAdd && only_reader(graph, y.id, *next).ok()) {
     // The residual must be dst's twin: same dims (no broadcast), same dtype.
-    const LogicalTensor& other =
-        next->inputs()[0].id == y.id ? next->inputs()[1] : next->inputs()[0];
+    const AddPorts add(*next);
+    const LogicalTensor& other = add.src_0().id == y.id ? add.src_1() : add.src_0();
     if (other.id == y.id) {
       m.note = "the Add reads dst twice";
-    } else if (other.dims != y.dims || other.dtype != y.dtype ||
-               next->outputs()[0].dtype != y.dtype) {
+    } else if (other.dims != y.dims || other.dtype != y.dtype || add.dst().dtype != y.dtype) {
       m.note = next->label() + " broadcasts or mixes dtypes";
     } else {
       m.ops.push_back({next->id(), FusionRole::kResidualAdd});
-      y = next->outputs()[0];
+      y = add.dst();
       next = sole_consumer(graph, y.id);
     }
   }
   if (next != nullptr && (next->kind() == OpKind::kReLU || next->kind() == OpKind::kLeakyReLU) &&
-      only_reader(graph, y.id, *next).ok() && next->outputs()[0].dtype == y.dtype) {
+      only_reader(graph, y.id, *next).ok() && elementwise_dst(*next).dtype == y.dtype) {
     m.ops.push_back({next->id(), FusionRole::kActivation});
   }
   if (m.ops.size() == 1)

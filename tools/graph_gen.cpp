@@ -168,7 +168,9 @@ class Gen {
 
   LogicalTensor activation(const LogicalTensor& x) {
     const LogicalTensor y = out(x.dtype, x.dims);
-    if (chance(0.5)) {
+    if (chance(0.15)) {
+      add(OpKind::kSigmoid, "sigmoid").add_input(x).add_output(y);  // no fusion takes it
+    } else if (chance(0.5)) {
       add(OpKind::kReLU, "relu").add_input(x).add_output(y);
     } else {
       add(OpKind::kLeakyReLU, "leaky")

@@ -6,6 +6,7 @@
 
 #include <normgrad/backends/backend_registry.hpp>
 #include <normgrad/backends/dnnl/dnnl_kernels.hpp>
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/passes/partitioner.hpp>
 
 namespace normgrad {
@@ -175,9 +176,9 @@ class DnnlBackend final : public Backend {
       case OpKind::kBatchNormTrainingBackward:
         return by_slots(partition, dnnl_impl::make_batch_norm_backward(op));
       case OpKind::kAdd:
-        if (op.inputs()[0].dims != op.inputs()[1].dims ||
-            op.inputs()[0].dtype != op.inputs()[1].dtype ||
-            op.inputs()[0].dtype != op.outputs()[0].dtype) {
+        if (const AddPorts add(op); add.src_0().dims != add.src_1().dims ||
+                                    add.src_0().dtype != add.src_1().dtype ||
+                                    add.src_0().dtype != add.dst().dtype) {
           return unimplemented("Add with broadcasting or mixed dtypes is not lowered to oneDNN");
         }
         return by_slots(partition, dnnl_impl::make_neighbour(op));

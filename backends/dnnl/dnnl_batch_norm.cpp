@@ -47,18 +47,19 @@ class BnKernel final : public Kernel {
     const BnPlan& p = *plan_;
     const BatchNormDesc& d = p.d;
     const int64_t c = d.channels;
-    const auto& ins = p.op.inputs();
-    const auto& outs = p.op.outputs();
+    // `in` and `out` follow the op's ports (by_slots).
+    using P = BatchNormTrainingBackwardPorts;
+    const P ports(p.op);
     // Statistics in f32, dense.
     std::vector<float> mean, var, gamma, shift, dscale, dshift;
-    const float* mean_p = static_cast<const float*>(in[2]);
-    const float* var_p = static_cast<const float*>(in[3]);
-    if (!dense_f32(ins[2])) {
-      mean = channel_values_f32(in[2], ins[2], c);
+    const float* mean_p = static_cast<const float*>(in[P::mean_port()]);
+    const float* var_p = static_cast<const float*>(in[P::variance_port()]);
+    if (!dense_f32(ports.mean())) {
+      mean = channel_values_f32(in[P::mean_port()], ports.mean(), c);
       mean_p = mean.data();
     }
-    if (!dense_f32(ins[3]) || d.variance_is_inv_std) {
-      var = channel_values_f32(in[3], ins[3], c);
+    if (!dense_f32(ports.variance()) || d.variance_is_inv_std) {
+      var = channel_values_f32(in[P::variance_port()], ports.variance(), c);
       if (d.variance_is_inv_std) {
         for (float& v : var)
           v = std::max(0.0f, static_cast<float>(1.0 / (static_cast<double>(v) * v) - d.epsilon));
@@ -69,20 +70,21 @@ class BnKernel final : public Kernel {
     float* dscale_p = nullptr;
     float* dshift_p = nullptr;
     if (p.use_scale_shift) {
-      if (d.use_gamma && dense_f32(ins[4])) {
-        gamma_p = static_cast<const float*>(in[4]);
+      if (d.use_gamma && dense_f32(ports.gamma())) {
+        gamma_p = static_cast<const float*>(in[P::gamma_port()]);
       } else if (d.use_gamma) {
-        gamma = channel_values_f32(in[4], ins[4], c);
+        gamma = channel_values_f32(in[P::gamma_port()], ports.gamma(), c);
         gamma_p = gamma.data();
       } else {
         gamma.assign(static_cast<size_t>(c), 1.0f);
         gamma_p = gamma.data();
       }
       shift.assign(static_cast<size_t>(c), 0.0f);
-      const bool direct = d.diff_scale_shift && dense_f32(outs[1]) && dense_f32(outs[2]);
+      const bool direct =
+          d.diff_scale_shift && dense_f32(ports.diff_gamma()) && dense_f32(ports.diff_beta());
       if (direct) {
-        dscale_p = static_cast<float*>(out[1]);
-        dshift_p = static_cast<float*>(out[2]);
+        dscale_p = static_cast<float*>(out[P::diff_gamma_port()]);
+        dshift_p = static_cast<float*>(out[P::diff_beta_port()]);
       } else {
         dscale.resize(static_cast<size_t>(c));
         dshift.resize(static_cast<size_t>(c));
@@ -98,11 +100,11 @@ class BnKernel final : public Kernel {
         return dnnl::memory(md, eng, const_cast<void*>(ptr));
       };
       std::unordered_map<int, dnnl::memory> args = {
-          {DNNL_ARG_SRC, mem(p.pd.src_desc(), in[0])},
-          {DNNL_ARG_DIFF_DST, mem(p.pd.diff_dst_desc(), in[1])},
+          {DNNL_ARG_SRC, mem(p.pd.src_desc(), in[P::src_port()])},
+          {DNNL_ARG_DIFF_DST, mem(p.pd.diff_dst_desc(), in[P::diff_dst_port()])},
           {DNNL_ARG_MEAN, mem(p.pd.mean_desc(), mean_p)},
           {DNNL_ARG_VARIANCE, mem(p.pd.variance_desc(), var_p)},
-          {DNNL_ARG_DIFF_SRC, mem(p.pd.diff_src_desc(), out[0])},
+          {DNNL_ARG_DIFF_SRC, mem(p.pd.diff_src_desc(), out[P::diff_src_port()])},
           {DNNL_ARG_SCRATCHPAD, scratch.mem}};
       if (p.use_scale_shift) {
         const dnnl::memory::desc cmd({c}, dnnl::memory::data_type::f32,
@@ -117,10 +119,11 @@ class BnKernel final : public Kernel {
     });
     NG_RETURN_IF_ERROR(s);
     if (d.diff_scale_shift && dscale_p == dscale.data()) {
-      const int64_t s1 = outs[1].effective_strides()[0], s2 = outs[2].effective_strides()[0];
+      const int64_t s1 = ports.diff_gamma().effective_strides()[0],
+                    s2 = ports.diff_beta().effective_strides()[0];
       for (int64_t i = 0; i < c; ++i) {
-        store_from_double(out[1], i * s1, outs[1].dtype, dscale[i]);
-        store_from_double(out[2], i * s2, outs[2].dtype, dshift[i]);
+        store_from_double(out[P::diff_gamma_port()], i * s1, ports.diff_gamma().dtype, dscale[i]);
+        store_from_double(out[P::diff_beta_port()], i * s2, ports.diff_beta().dtype, dshift[i]);
       }
     }
     return ok_status();

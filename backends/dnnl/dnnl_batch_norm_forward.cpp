@@ -14,6 +14,7 @@
 #include <normgrad/backends/dnnl/dnnl_common.hpp>
 #include <normgrad/backends/dnnl/dnnl_kernels.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
+#include <normgrad/ops/op_ports.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {
@@ -31,7 +32,7 @@ struct FwdPlan {
   bool scale_shift = false;
   std::vector<int> in_index;        // bn input i -> partition input index
   int dst_index = 0;                // partition output written with dst (the ReLU's when fused)
-  std::vector<int> stat_out_index;  // training: bn outputs 1..4 -> partition output index
+  std::vector<int> stat_out_index;  // training: the four statistics -> partition output index
   dnnl::batch_normalization_forward::primitive_desc pd;
   dnnl::batch_normalization_forward prim;
   std::string impl;
@@ -45,19 +46,22 @@ class FwdKernel final : public Kernel {
   Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
     const FwdPlan& p = *plan_;
     const int64_t c = p.d.channels;
-    const auto& ins = p.bn.inputs();
     auto bn_in = [&](size_t i) { return in[static_cast<size_t>(p.in_index[i])]; };
     // Port numbers of gamma, beta, mean and variance in each op's order.
-    const size_t gi = p.training ? 3 : 1, bi = p.training ? 4 : 2;
-    const size_t mi = p.training ? 1 : 3, vi = p.training ? 2 : 4;
+    using Train = BatchNormForwardTrainingPorts;
+    using Infer = BatchNormInferencePorts;
+    const size_t gi = p.training ? Train::gamma_port() : Infer::gamma_port();
+    const size_t bi = p.training ? Train::beta_port() : Infer::beta_port();
+    const size_t mi = p.training ? Train::mean_port() : Infer::mean_port();
+    const size_t vi = p.training ? Train::variance_port() : Infer::variance_port();
     std::vector<float> mean(static_cast<size_t>(c)), var(static_cast<size_t>(c)), scale, shift;
     if (!p.training) {
-      mean = channel_values_f32(bn_in(mi), ins[mi], c);
-      var = channel_values_f32(bn_in(vi), ins[vi], c);
+      mean = channel_values_f32(bn_in(mi), p.bn.inputs()[mi], c);
+      var = channel_values_f32(bn_in(vi), p.bn.inputs()[vi], c);
     }
     if (p.scale_shift) {
-      scale = channel_values_f32(bn_in(gi), ins[gi], c);
-      shift = channel_values_f32(bn_in(bi), ins[bi], c);
+      scale = channel_values_f32(bn_in(gi), p.bn.inputs()[gi], c);
+      shift = channel_values_f32(bn_in(bi), p.bn.inputs()[bi], c);
     }
     Status s = guard("batch_normalization_forward execute", [&] {
       const dnnl::engine& eng = cpu_engine();
@@ -68,7 +72,7 @@ class FwdKernel final : public Kernel {
       };
       const dnnl::memory::desc cmd({c}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
       std::unordered_map<int, dnnl::memory> args = {
-          {DNNL_ARG_SRC, mem(p.pd.src_desc(), bn_in(0))},
+          {DNNL_ARG_SRC, mem(p.pd.src_desc(), bn_in(Train::src_port()))},
           {DNNL_ARG_DST, mem(p.pd.dst_desc(), out[static_cast<size_t>(p.dst_index)])},
           {DNNL_ARG_MEAN, mem(cmd, mean.data())},
           {DNNL_ARG_VARIANCE, mem(cmd, var.data())},
@@ -83,15 +87,19 @@ class FwdKernel final : public Kernel {
     NG_RETURN_IF_ERROR(s);
     if (p.training) {
       const double momentum = p.d.momentum;
-      const auto& outs = p.bn.outputs();
-      const std::vector<float> run_mean = channel_values_f32(bn_in(1), ins[1], c);
-      const std::vector<float> run_var = channel_values_f32(bn_in(2), ins[2], c);
+      const Train ports(p.bn);
+      const std::vector<float> run_mean =
+          channel_values_f32(bn_in(Train::mean_port()), ports.mean(), c);
+      const std::vector<float> run_var =
+          channel_values_f32(bn_in(Train::variance_port()), ports.variance(), c);
+      const LogicalTensor* stats[4] = {&ports.running_mean(), &ports.running_variance(),
+                                       &ports.batch_mean(), &ports.batch_variance()};
       for (int64_t k = 0; k < c; ++k) {
         const double values[4] = {momentum * run_mean[k] + (1.0 - momentum) * mean[k],
                                   momentum * run_var[k] + (1.0 - momentum) * var[k], mean[k],
                                   var[k]};
         for (size_t o = 0; o < 4; ++o) {
-          const LogicalTensor& lt = outs[o + 1];
+          const LogicalTensor& lt = *stats[o];
           store_from_double(out[static_cast<size_t>(p.stat_out_index[o])],
                             k * lt.effective_strides()[0], lt.dtype, values[o]);
         }
@@ -114,9 +122,8 @@ int index_in(const std::vector<LogicalTensor>& ports, int64_t id) {
 StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
   const Op& bn = part.ops[0];
   const bool fused = part.ops.size() == 2;
-  if (fused &&
-      (part.ops[1].kind() != OpKind::kReLU || part.ops[1].inputs()[0].id != bn.outputs()[0].id ||
-       bn.kind() != OpKind::kBatchNormInference)) {
+  if (fused && (part.ops[1].kind() != OpKind::kReLU || bn.kind() != OpKind::kBatchNormInference ||
+                ReLUPorts(part.ops[1]).src().id != BatchNormInferencePorts(bn).dst().id)) {
     return unimplemented("oneDNN fuses only BatchNormInference followed by ReLU");
   }
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(bn));
@@ -126,7 +133,10 @@ StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
     return unimplemented("oneDNN batch normalization takes ranks 2 to 5, got " +
                          std::to_string(d.dims.size()));
   if (d.reduce_size == 0 || d.channels == 0) return unimplemented("empty tensors are left to ref");
-  const LogicalTensor& dst = fused ? part.ops[1].outputs()[0] : bn.outputs()[0];
+  const LogicalTensor& dst =
+      fused ? ReLUPorts(part.ops[1]).dst()
+            : (bn.kind() == OpKind::kBatchNormInference ? BatchNormInferencePorts(bn).dst()
+                                                        : BatchNormForwardTrainingPorts(bn).dst());
   if (dst.dtype != d.data_dt) return unimplemented("the fused ReLU changes the dtype");
   auto plan = std::make_shared<FwdPlan>();
   plan->d = d;
@@ -142,15 +152,21 @@ StatusOr<std::shared_ptr<const FwdPlan>> build_plan(const Partition& part) {
   plan->dst_index = index_in(part.outputs, dst.id);
   if (plan->dst_index < 0) return unimplemented("dst must be a partition output");
   if (plan->training) {
-    for (size_t o = 1; o < 5; ++o) {
-      plan->stat_out_index.push_back(index_in(part.outputs, bn.outputs()[o].id));
+    const BatchNormForwardTrainingPorts ports(bn);
+    for (const LogicalTensor* lt : {&ports.running_mean(), &ports.running_variance(),
+                                    &ports.batch_mean(), &ports.batch_variance()}) {
+      plan->stat_out_index.push_back(index_in(part.outputs, lt->id));
       if (plan->stat_out_index.back() < 0)
         return unimplemented("statistics outputs must be partition outputs");
     }
   }
   const std::vector<int> perm =
       channel_second_perm(static_cast<int>(d.dims.size()), d.channel_axis);
-  NG_ASSIGN_OR_RETURN(dnnl::memory::desc src_md, make_md(bn.inputs()[0], d.data_dt, perm));
+  NG_ASSIGN_OR_RETURN(
+      dnnl::memory::desc src_md,
+      make_md(bn.kind() == OpKind::kBatchNormInference ? BatchNormInferencePorts(bn).src()
+                                                       : BatchNormForwardTrainingPorts(bn).src(),
+              d.data_dt, perm));
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc dst_md, make_md(dst, d.data_dt, perm));
   normalization_flags flags = normalization_flags::none;
   if (!plan->training) flags = flags | normalization_flags::use_global_stats;

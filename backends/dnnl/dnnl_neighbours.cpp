@@ -8,6 +8,7 @@
 // channels (oneDNN 2.6 reorders take no per-channel zero points).
 #include <normgrad/backends/dnnl/dnnl_common.hpp>
 #include <normgrad/backends/dnnl/dnnl_kernels.hpp>
+#include <normgrad/ops/op_ports.hpp>
 
 namespace normgrad {
 namespace dnnl_impl {
@@ -64,8 +65,10 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
   }
   auto plan = std::make_shared<NeighbourPlan>();
   plan->kind = op.kind();
-  const LogicalTensor& src = op.inputs()[0];
-  const LogicalTensor& dst = op.outputs()[0];
+  if (!is_elementwise_kind(op))
+    return internal_error("oneDNN neighbour kernels do not take " + op.label());
+  const LogicalTensor& src = elementwise_src(op);
+  const LogicalTensor& dst = elementwise_dst(op);
   NG_ASSIGN_OR_RETURN(dnnl::memory::desc dst_md, make_md(dst, dst.dtype));
   Status s;
   std::string decline;  // set by a builder that finds oneDNN cannot match our layout
@@ -98,7 +101,8 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
         NG_ASSIGN_OR_RETURN(use_dst, op.attr_bool("use_dst"));
       }
       NG_ASSIGN_OR_RETURN(dnnl::memory::desc data_md, make_md(src, src.dtype));
-      NG_ASSIGN_OR_RETURN(dnnl::memory::desc dd_md, make_md(op.inputs()[1], src.dtype));
+      NG_ASSIGN_OR_RETURN(dnnl::memory::desc dd_md,
+                          make_md(ReLUBackwardPorts(op).diff_dst(), src.dtype));
       const auto alg =
           use_dst ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd : dnnl::algorithm::eltwise_relu;
       s = guard("eltwise_backward", [&] {
@@ -122,7 +126,7 @@ StatusOr<std::shared_ptr<const NeighbourPlan>> build(const Op& op) {
     }
     case OpKind::kAdd: {
       NG_ASSIGN_OR_RETURN(dnnl::memory::desc a_md, make_md(src, src.dtype));
-      NG_ASSIGN_OR_RETURN(dnnl::memory::desc b_md, make_md(op.inputs()[1], src.dtype));
+      NG_ASSIGN_OR_RETURN(dnnl::memory::desc b_md, make_md(AddPorts(op).src_1(), src.dtype));
       s = guard("binary add", [&] {
         auto pd = std::make_shared<dnnl::binary::primitive_desc>(
             dnnl::binary::desc(dnnl::algorithm::binary_add, a_md, b_md, dst_md), user_scratchpad(),

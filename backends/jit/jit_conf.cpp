@@ -13,6 +13,7 @@
 #include <xbyak/xbyak_util.h>
 
 #include <normgrad/ops/op_ports.hpp>
+#include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
 namespace jit {
@@ -253,6 +254,70 @@ int64_t reverse_apply_rows(const BnConf& c) {
   return std::min(c.walk.rows, (kReverseApplyCallBytes + row_bytes - 1) / row_bytes);
 }
 
+namespace {
+
+// The data ports every backward kind has, by name: what it normalizes (src;
+// FromDst's dst), diff_dst, and (not Reduce) diff_src.
+struct DataPorts {
+  const LogicalTensor* x = nullptr;
+  const LogicalTensor* dy = nullptr;
+  const LogicalTensor* dx = nullptr;
+};
+DataPorts data_ports(const Op& op) {
+  switch (op.kind()) {
+    case OpKind::kBatchNormBackwardReduce: {
+      const BatchNormBackwardReducePorts p(op);
+      return {&p.src(), &p.diff_dst(), nullptr};
+    }
+    case OpKind::kBatchNormBackwardApply: {
+      const BatchNormBackwardApplyPorts p(op);
+      return {&p.src(), &p.diff_dst(), &p.diff_src()};
+    }
+    case OpKind::kBatchNormTrainingBackwardFromDst: {
+      const BatchNormTrainingBackwardFromDstPorts p(op);
+      return {&p.dst(), &p.diff_dst(), &p.diff_src()};
+    }
+    default: {
+      const BatchNormTrainingBackwardPorts p(op);
+      return {&p.src(), &p.diff_dst(), &p.diff_src()};
+    }
+  }
+}
+
+// Where the partition's outputs hold each of the batch norm's, by name.
+Status output_ports(const Op& bn, const std::vector<LogicalTensor>& outputs, PortMap* m) {
+  auto index_out = [&](const LogicalTensor& lt) -> StatusOr<int> {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].id == lt.id) return static_cast<int>(i);
+    }
+    return unimplemented("the JIT writes the batch norm's outputs as partition outputs; tensor " +
+                         std::to_string(lt.id) + " is not one");
+  };
+  if (bn.kind() == OpKind::kBatchNormBackwardReduce) {
+    const BatchNormBackwardReducePorts p(bn);
+    m->dx = m->diff_gamma = m->diff_beta = -1;
+    NG_ASSIGN_OR_RETURN(m->sum_dy_out, index_out(p.sum_dy()));
+    NG_ASSIGN_OR_RETURN(m->sum_dy_xm_out, index_out(p.sum_dy_xm()));
+    NG_ASSIGN_OR_RETURN(m->count_out, index_out(p.count()));
+    return ok_status();
+  }
+  // The other backward kinds name their outputs alike.
+  using P = BatchNormTrainingBackwardPorts;
+  static_assert(P::diff_beta_port() == BatchNormBackwardApplyPorts::diff_beta_port() &&
+                    P::diff_beta_port() == BatchNormTrainingBackwardFromDstPorts::diff_beta_port(),
+                "the backward kinds' outputs share their places");
+  const std::vector<LogicalTensor>& outs = bn.outputs();
+  NG_ASSIGN_OR_RETURN(m->dx, index_out(outs[P::diff_src_port()]));
+  m->diff_gamma = m->diff_beta = -1;
+  if (outs.size() > P::diff_beta_port()) {
+    NG_ASSIGN_OR_RETURN(m->diff_gamma, index_out(outs[P::diff_gamma_port()]));
+    NG_ASSIGN_OR_RETURN(m->diff_beta, index_out(outs[P::diff_beta_port()]));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
   BnConf c;
@@ -269,20 +334,25 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     const Dims s = lt.effective_strides();
     return s == dense_strides(lt.dims) ? Dims{} : s;
   };
-  c.x_strides = strided(op.inputs()[0]);
-  c.dy_strides = strided(op.inputs()[1]);
+  const DataPorts data = data_ports(op);
+  c.x_strides = strided(*data.x);
+  c.dy_strides = strided(*data.dy);
   // Reduce writes per-channel sums, not diff_src.
-  if (d.phase != BackwardPhase::kReduce) c.dx_strides = strided(op.outputs()[0]);
-  // The statistics (FromDst's input 5 is the residual, data: from_dst_ports checks it).
-  const size_t stats_end = d.from_dst ? 5 : op.inputs().size();
-  for (size_t i = 2; i < stats_end; ++i) {
-    if (op.inputs()[i].dims[0] > 1 && op.inputs()[i].effective_strides()[0] != 1)
-      return unimplemented("the JIT takes dense statistics; input " + std::to_string(i) +
+  if (data.dx != nullptr) c.dx_strides = strided(*data.dx);
+  // The per-channel ports, as the schema names them (FromDst's residual is
+  // data: from_dst_ports checks it).
+  const OpSchema& schema = *op_registry().find(op.kind());
+  auto dense_vector = [](const LogicalTensor& lt) {
+    return lt.dims[0] <= 1 || lt.effective_strides()[0] == 1;
+  };
+  for (size_t i = 0; i < op.inputs().size(); ++i) {
+    if (schema.is_per_channel(true, i) && !dense_vector(op.inputs()[i]))
+      return unimplemented("the JIT takes dense statistics; " + schema.input_name(i) +
                            " is strided (ref runs it)");
   }
-  for (size_t i = 0; d.phase == BackwardPhase::kReduce && i < 2; ++i) {
-    if (op.outputs()[i].dims[0] > 1 && op.outputs()[i].effective_strides()[0] != 1)
-      return unimplemented("the JIT writes dense sums; output " + std::to_string(i) +
+  for (size_t i = 0; data.dx == nullptr && i < op.outputs().size(); ++i) {
+    if (schema.is_per_channel(false, i) && !dense_vector(op.outputs()[i]))
+      return unimplemented("the JIT writes dense sums; " + schema.output_name(i) +
                            " is strided (ref runs it)");
   }
   c.d = d;
@@ -451,6 +521,7 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
     return -1;
   };
   PortMap& m = c.ports;
+  NG_RETURN_IF_ERROR(output_ports(*bn, partition.outputs, &m));
   if (c.d.from_dst) return from_dst_ports(*bn, index_of, c);
   if (c.d.phase == BackwardPhase::kReduce) {
     const BatchNormBackwardReducePorts ports(*bn);
@@ -499,8 +570,12 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
       if (lt.effective_strides() != dense_strides(lt.dims))
         return unimplemented("the JIT takes dense fused inputs");
     }
-    const int first = index_of(op.inputs()[0].id), second = index_of(op.inputs()[1].id);
-    const Fuse f = op.kind() == OpKind::kReLUBackward ? Fuse::kReluBackward : Fuse::kAdd;
+    // ReLUBackward's (src/dst, diff_dst) or Add's (src_0, src_1).
+    const bool relu = op.kind() == OpKind::kReLUBackward;
+    const int first = index_of(elementwise_src(op).id);
+    const int second =
+        index_of((relu ? ReLUBackwardPorts(op).diff_dst() : AddPorts(op).src_1()).id);
+    const Fuse f = relu ? Fuse::kReluBackward : Fuse::kAdd;
     if (port == 0) {
       c.x_fuse = f, m.x = first, m.x_second = second;
     } else {

@@ -66,6 +66,10 @@ struct PortMap {
   int x = 0, x_second = -1, dy = 1, dy_second = -1, mean = 2, variance = 3, gamma = 4;
   // BatchNormBackwardApply: the global sums and element count.
   int sum_dy = -1, sum_dy_xm = -1, count = -1;
+  // Partition outputs: diff_src, diff_gamma and diff_beta (-1: absent), or
+  // BatchNormBackwardReduce's sums and count.
+  int dx = 0, diff_gamma = 1, diff_beta = 2;
+  int sum_dy_out = -1, sum_dy_xm_out = -1, count_out = -1;
 };
 
 // The cache model the conf decides with (backends/backend.hpp): the bench

@@ -189,7 +189,7 @@ class DenseRun {
         x2_(input(pm_.x_second)),
         dy_(input(pm_.dy)),
         dy2_(input(pm_.dy_second)),
-        dx_(static_cast<char*>(out[0])) {}
+        dx_(pm_.dx >= 0 ? static_cast<char*>(out[pm_.dx]) : nullptr) {}
 
   Status run();
 
@@ -277,8 +277,8 @@ void DenseRun::load_channel(int64_t c) {
 
 void DenseRun::store_diffs(int64_t c) {
   if (!d_.diff_scale_shift) return;
-  store_from_double(out_[1], c, d_.stats_dt, scratch_.diff_gamma[c]);
-  store_from_double(out_[2], c, d_.stats_dt, scratch_.diff_beta[c]);
+  store_from_double(out_[pm_.diff_gamma], c, d_.stats_dt, scratch_.diff_gamma[c]);
+  store_from_double(out_[pm_.diff_beta], c, d_.stats_dt, scratch_.diff_beta[c]);
 }
 
 bool DenseRun::finish_channel(int64_t c, double sum_dy, double sum_dyxm, float* a, float* b,
@@ -316,10 +316,10 @@ Status DenseRun::run() {
   }
   if (reduce_only_) {
     for (int64_t c = 0; c < nc_; ++c) {
-      store_from_double(out_[0], c, DataType::kF32, scratch_.red0[c]);
-      store_from_double(out_[1], c, DataType::kF32, scratch_.red1[c]);
+      store_from_double(out_[pm_.sum_dy_out], c, DataType::kF32, scratch_.red0[c]);
+      store_from_double(out_[pm_.sum_dy_xm_out], c, DataType::kF32, scratch_.red1[c]);
     }
-    store_from_double(out_[2], 0, DataType::kS64, static_cast<double>(d_.reduce_size));
+    store_from_double(out_[pm_.count_out], 0, DataType::kS64, static_cast<double>(d_.reduce_size));
     return ok_status();
   }
   for (int64_t c = 0; c < nc_ && !per_task_stats; ++c) store_diffs(c);

@@ -63,31 +63,33 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
   if (conf.empty) {
     // An empty batch: sums over no elements are 0; diff_src has no element.
     const BatchNormDesc& d = conf.d;
+    const PortMap& pm = conf.ports;
     if (d.phase == BackwardPhase::kApply) {
       // This process holds no data, but diff_gamma and diff_beta are the
       // global sums' (the other processes' data), as on every process.
-      const PortMap& pm = conf.ports;
       const double m = load_as_double(in[pm.count], 0, DataType::kS64);
       NG_RETURN_IF_ERROR(check_global_count("BatchNormBackwardApply", d, m));
       for (int64_t c = 0; c < d.channels && d.diff_scale_shift; ++c) {
         const double v = load_as_double(in[pm.variance], c, d.stats_dt);
         const double s = d.variance_is_inv_std ? v : 1.0 / std::sqrt(v + double(d.epsilon));
-        store_from_double(out[1], c, d.stats_dt,
+        store_from_double(out[pm.diff_gamma], c, d.stats_dt,
                           s * load_as_double(in[pm.sum_dy_xm], c, DataType::kF32));
-        store_from_double(out[2], c, d.stats_dt, load_as_double(in[pm.sum_dy], c, DataType::kF32));
+        store_from_double(out[pm.diff_beta], c, d.stats_dt,
+                          load_as_double(in[pm.sum_dy], c, DataType::kF32));
       }
       return ok_status();
     }
     for (int64_t c = 0; c < d.channels; ++c) {
       if (d.phase == BackwardPhase::kReduce) {
-        store_from_double(out[0], c, DataType::kF32, 0.0);
-        store_from_double(out[1], c, DataType::kF32, 0.0);
+        store_from_double(out[pm.sum_dy_out], c, DataType::kF32, 0.0);
+        store_from_double(out[pm.sum_dy_xm_out], c, DataType::kF32, 0.0);
       } else if (d.diff_scale_shift) {
-        store_from_double(out[1], c, d.stats_dt, 0.0);
-        store_from_double(out[2], c, d.stats_dt, 0.0);
+        store_from_double(out[pm.diff_gamma], c, d.stats_dt, 0.0);
+        store_from_double(out[pm.diff_beta], c, d.stats_dt, 0.0);
       }
     }
-    if (d.phase == BackwardPhase::kReduce) store_from_double(out[2], 0, DataType::kS64, 0.0);
+    if (d.phase == BackwardPhase::kReduce)
+      store_from_double(out[pm.count_out], 0, DataType::kS64, 0.0);
     return ok_status();
   }
   if (conf.x_strides.empty() && conf.dy_strides.empty() && conf.dx_strides.empty())

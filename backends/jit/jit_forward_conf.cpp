@@ -10,6 +10,7 @@
 #include <normgrad/backends/jit/jit_forward.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
 #include <normgrad/ops/op_ports.hpp>
+#include <normgrad/ops/op_registry.hpp>
 
 namespace normgrad {
 namespace jit {
@@ -90,20 +91,23 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     NG_ASSIGN_OR_RETURN(c.in_gamma, need_input(ports.gamma(), "gamma"));
     NG_ASSIGN_OR_RETURN(c.in_beta, need_input(ports.beta(), "beta"));
   }
-  for (size_t i = 1; i < bn->inputs().size(); ++i) {
-    if (!dense_vector(bn->inputs()[i]))
-      return unimplemented("the JIT forward takes dense statistics; input " + std::to_string(i) +
+  const OpSchema& schema = *op_registry().find(bn->kind());
+  for (size_t i = 0; i < bn->inputs().size(); ++i) {
+    if (schema.is_per_channel(true, i) && !dense_vector(bn->inputs()[i]))
+      return unimplemented("the JIT forward takes dense statistics; " + schema.input_name(i) +
                            " is strided (ref runs it)");
   }
   // dst is the last op's output: the BN's own, the Add's or the ReLU's.
-  const Op* last = relu != nullptr ? relu : (add != nullptr ? add : bn);
-  if (!dense(last->outputs()[0])) return unimplemented("the JIT forward writes dense dst");
-  c.out_dst = index_in(partition.outputs, last->outputs()[0].id);
+  const LogicalTensor& dst = relu != nullptr  ? elementwise_dst(*relu)
+                             : add != nullptr ? elementwise_dst(*add)
+                                              : ports.dst();
+  if (!dense(dst)) return unimplemented("the JIT forward writes dense dst");
+  c.out_dst = index_in(partition.outputs, dst.id);
   if (c.out_dst < 0) return internal_error("the partition does not output dst");
   if (add != nullptr) {
     const int64_t bn_dst = ports.dst().id;
-    const LogicalTensor& other =
-        add->inputs()[0].id == bn_dst ? add->inputs()[1] : add->inputs()[0];
+    const AddPorts sum(*add);
+    const LogicalTensor& other = sum.src_0().id == bn_dst ? sum.src_1() : sum.src_0();
     if (!dense(other)) return unimplemented("the JIT forward takes a dense residual");
     NG_ASSIGN_OR_RETURN(c.in_residual, need_input(other, "the residual"));
     c.residual = true;

@@ -1,13 +1,19 @@
-// Reference ReLU, LeakyReLU, ReLUBackward, Add, TypeCast and StaticTranspose on strided buffers.
+// Reference ReLU, LeakyReLU, Sigmoid, ReLUBackward, Add, TypeCast, StaticTranspose,
+// Quantize and Dequantize on strided buffers.
 #include <normgrad/backends/ref/ref_ops.hpp>
+
+#include <cmath>
+
 #include <normgrad/graph/indexing.hpp>
+#include <normgrad/ops/op_ports.hpp>
 
 namespace normgrad {
 namespace ref {
 
 Status elementwise(const Op& op, const std::vector<const void*>& in,
                    const std::vector<void*>& out) {
-  const LogicalTensor& dst = op.outputs()[0];
+  // One output each; `in` and `out` follow the op's ports.
+  const LogicalTensor& dst = elementwise_dst(op);
   const Dims& dims = dst.dims;
   const Dims dst_strides = dst.effective_strides();
   std::vector<Dims> in_strides;
@@ -16,19 +22,25 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
     return load_as_double(in[i], offset_of(idx, in_strides[i]), op.inputs()[i].dtype);
   };
   auto store = [&](const std::vector<int64_t>& idx, double v) {
-    store_from_double(out[0], offset_of(idx, dst_strides), dst.dtype, v);
+    store_from_double(out.front(), offset_of(idx, dst_strides), dst.dtype, v);
   };
   switch (op.kind()) {
     case OpKind::kReLU:
       for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
-        const double x = load(0, idx);
+        const double x = load(ReLUPorts::src_port(), idx);
         store(idx, x > 0.0 ? x : (x != x ? x : 0.0));  // NaN propagates
+      });
+      return ok_status();
+    case OpKind::kSigmoid:
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+        const double x = load(SigmoidPorts::src_port(), idx);
+        store(idx, 1.0 / (1.0 + std::exp(-x)));  // exp overflows to inf: 0, as it should
       });
       return ok_status();
     case OpKind::kLeakyReLU: {
       NG_ASSIGN_OR_RETURN(float alpha, op.attr_f32("alpha"));
       for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
-        const double x = load(0, idx);
+        const double x = load(LeakyReLUPorts::src_port(), idx);
         store(idx, x >= 0.0 ? x : static_cast<double>(alpha) * x);  // NaN: alpha NaN = NaN
       });
       return ok_status();
@@ -37,8 +49,8 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
       // Input 0 is ReLU's src (use_dst = false) or dst (use_dst = true); in both
       // cases the gradient passes where that value is > 0.
       for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
-        const double x = load(0, idx);
-        store(idx, x > 0.0 ? load(1, idx) : 0.0);
+        const double x = load(ReLUBackwardPorts::src_port(), idx);
+        store(idx, x > 0.0 ? load(ReLUBackwardPorts::diff_dst_port(), idx) : 0.0);
       });
       return ok_status();
     case OpKind::kAdd: {
@@ -52,15 +64,18 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
           bstrides[i][k + shift] = d[k] == 1 ? 0 : in_strides[i][k];
       }
       for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
-        const double a = load_as_double(in[0], offset_of(idx, bstrides[0]), op.inputs()[0].dtype);
-        const double b = load_as_double(in[1], offset_of(idx, bstrides[1]), op.inputs()[1].dtype);
+        const double a = load_as_double(in[AddPorts::src_0_port()], offset_of(idx, bstrides[0]),
+                                        AddPorts(op).src_0().dtype);
+        const double b = load_as_double(in[AddPorts::src_1_port()], offset_of(idx, bstrides[1]),
+                                        AddPorts(op).src_1().dtype);
         store(idx, a + b);
       });
       return ok_status();
     }
     case OpKind::kTypeCast:
-      for_each_index(dims, -1, 0,
-                     [&](const std::vector<int64_t>& idx) { store(idx, load(0, idx)); });
+      for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
+        store(idx, load(TypeCastPorts::src_port(), idx));
+      });
       return ok_status();
     case OpKind::kStaticTranspose: {
       NG_ASSIGN_OR_RETURN(std::vector<int64_t> order, op.attr_s64s("order"));
@@ -69,7 +84,7 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
       for_each_index(dims, -1, 0, [&](const std::vector<int64_t>& idx) {
         // dst dim k is src dim order[k].
         for (int64_t k = 0; k < rank; ++k) src_idx[(order[k] + rank) % rank] = idx[k];
-        store(idx, load(0, src_idx));
+        store(idx, load(StaticTransposePorts::src_port(), src_idx));
       });
       return ok_status();
     }
@@ -89,7 +104,7 @@ Status elementwise(const Op& op, const std::vector<const void*>& in,
         const size_t k = axis < 0 ? 0 : static_cast<size_t>(idx[static_cast<size_t>(axis)]);
         const double scale = scales[k];
         const double zp = zps.empty() ? 0.0 : static_cast<double>(zps[k]);
-        const double x = load(0, idx);
+        const double x = load(QuantizePorts::src_port(), idx);  // Dequantize's too
         // Stores round half to even and saturate for the integer dtypes.
         store(idx, quantize ? x / scale + zp : (x - zp) * scale);
       });

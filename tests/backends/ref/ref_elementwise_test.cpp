@@ -1,4 +1,6 @@
 // Reference elementwise ops against hand-computed values, including strided tensors.
+#include <cmath>
+
 #include <normgrad/compile/compiler.hpp>
 #include "tests/test_util.hpp"
 
@@ -31,6 +33,33 @@ TEST(RefElementwise, ReLUBackwardBothVariantsMaskOnPositive) {
     auto y = run(g, {{0, {-1, 0, 2, 3}}, {1, {5, 6, 7, 8}}}, 2, 4);
     EXPECT_EQ(y, (std::vector<float>{0, 0, 7, 8}));
   }
+}
+
+// A kind added with a schema and a ref case only: it partitions to ref with
+// no pattern of its own, and computes the closed form (extremes included).
+TEST(RefElementwise, SigmoidRunsOnRefFromItsSchemaAlone) {
+  Graph g;
+  Op op(0, OpKind::kSigmoid, "sig");
+  op.add_input(lt(0, DataType::kF32, {6})).add_output(lt(1, DataType::kF32, {6}));
+  ASSERT_TRUE(g.add_op(op).ok());
+  auto cg = CompiledGraph::compile(g, CompileOptions{});
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  ASSERT_EQ(cg->partitions().size(), 1u);
+  EXPECT_STREQ(cg->partitions()[0]->backend_name(), "ref");
+  std::vector<float> x = {-800.f, -2.f, 0.f, 0.5f, 3.f, 800.f};
+  std::vector<float> y(6, -77.f);
+  ASSERT_TRUE(cg->execute({{0, x.data()}}, {{1, y.data()}}).ok());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = 1.0 / (1.0 + std::exp(-static_cast<double>(x[i])));
+    EXPECT_EQ(y[i], static_cast<float>(want)) << "x = " << x[i];
+  }
+  EXPECT_EQ(y[0], 0.f);
+  EXPECT_EQ(y[5], 1.f);
+  // Its schema checks it like any other kind.
+  Graph bad;
+  Op wrong(0, OpKind::kSigmoid, "sig");
+  wrong.add_input(lt(0, DataType::kF32, {6})).add_output(lt(1, DataType::kBF16, {6}));
+  EXPECT_FALSE(bad.add_op(wrong).ok());
 }
 
 TEST(RefElementwise, AddBroadcastsAndMixesDtypes) {
