@@ -96,6 +96,7 @@ const Op& Graph::producer_op(const Value& v) const {
 
 Status Graph::collect_tensors() {
   values_.clear();
+  values_.reserve(3 * ops_.size());  // about three tensors per op: no rehash while it fills
   notes_.clear();
   for (const Op& op : ops_) {
     for (size_t i = 0; i < op.outputs().size(); ++i) {
@@ -492,13 +493,14 @@ Status Graph::finalize() {
                         " (NORMGRAD_MAX_OPS)");
   }
   // Structure first: passes edit ops directly, and the shape rules index ports.
-  std::set<int64_t> op_ids;
-  for (const Op& op : ops_) {
-    NG_RETURN_IF_ERROR(verify_op_structure(op));
-    if (!op_ids.insert(op.id()).second) {
-      return invalid_graph(op.label() + ": op id " + std::to_string(op.id()) + " is used twice");
+  if (const int64_t id = ops_.repeated_id(); id >= 0) {
+    const Op* second = nullptr;
+    for (const Op& op : ops_) {
+      if (op.id() == id && second == nullptr && &op != ops_.find(id)) second = &op;
     }
+    return invalid_graph(second->label() + ": op id " + std::to_string(id) + " is used twice");
   }
+  for (const Op& op : ops_) NG_RETURN_IF_ERROR(verify_op_structure(op));
   NG_RETURN_IF_ERROR(collect_tensors());
   bool reordered = false;
   NG_RETURN_IF_ERROR(sort_topologically(&reordered));

@@ -108,9 +108,13 @@ void OpList::rekey() {
 void OpList::reindex() {
   nodes_.clear();
   nodes_.reserve(ops_.size());
+  repeated_id_ = -1;
   int64_t key = 0;
-  for (auto it = ops_.begin(); it != ops_.end(); ++it)
-    nodes_.emplace(it->id(), Node{it, key += kKeyGap});  // finalize refuses a repeated id
+  for (auto it = ops_.begin(); it != ops_.end(); ++it) {
+    // The first op of an id keeps the entry; finalize refuses a repeated id.
+    if (!nodes_.emplace(it->id(), Node{it, key += kKeyGap}).second && repeated_id_ < 0)
+      repeated_id_ = it->id();
+  }
 }
 
 }  // namespace normgrad

@@ -58,6 +58,9 @@ class OpList {
   // Reorders the ops: `order[k]` is the current place of the op that goes k-th.
   void permute(const std::vector<size_t>& order);
   void assign(std::vector<Op> ops);
+  // An id that two ops of the list share (assign() takes any list; the
+  // other edits keep ids unique), or -1.
+  int64_t repeated_id() const { return repeated_id_; }
 
  private:
   struct Node {
@@ -69,6 +72,7 @@ class OpList {
 
   std::list<Op> ops_;
   std::unordered_map<int64_t, Node> nodes_;
+  int64_t repeated_id_ = -1;
 };
 
 }  // namespace normgrad

@@ -58,36 +58,42 @@ const Op* sole_producer(const Graph& g, const Op& bn, bool of_src, OpKind kind) 
 template <typename Check, typename Rewrite>
 StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
                            const Rewrite& rewrite) {
-  RewritePattern fold{"fold-conversions",
-                      {OpKind::kBatchNormTrainingBackward},
-                      [&](Graph& graph, const Op& bn) -> StatusOr<bool> {
-                        if (!graph.unknown_shape_error(bn).ok()) return false;
-                        using Ports = BatchNormTrainingBackwardPorts;
-                        const Ports ports(bn);
-                        const Op* in_src = sole_producer(graph, bn, true, conversion);
-                        const Op* in_dy = sole_producer(graph, bn, false, conversion);
-                        const Op* out = sole_consumer(graph, ports.diff_src().id);
-                        if (!in_src || !in_dy || !out || out->kind() != conversion ||
-                            is_output_port(graph, ports.diff_src().id))
-                          return false;
-                        if (!check(bn, *in_src, *in_dy, *out)) return false;
-                        Op folded = bn;
-                        folded.mutable_inputs()[Ports::src_port()] = conversion_src(*in_src);
-                        folded.mutable_inputs()[Ports::diff_dst_port()] = conversion_src(*in_dy);
-                        folded.mutable_outputs()[Ports::diff_src_port()] = conversion_dst(*out);
-                        rewrite(folded);
-                        const int64_t src_id = in_src->id(), dy_id = in_dy->id(),
-                                      out_id = out->id();
-                        // The rewriter, in an order that is valid at every step: the output
-                        // conversion goes, the batch norm writes its tensor instead, and the
-                        // input conversions, now unread, go.
-                        NG_RETURN_IF_ERROR(graph.erase_op(out_id));
-                        NG_RETURN_IF_ERROR(graph.replace_op(folded.id(), folded));
-                        NG_RETURN_IF_ERROR(graph.erase_op(src_id));
-                        if (dy_id != src_id) NG_RETURN_IF_ERROR(graph.erase_op(dy_id));
-                        return true;
-                      }};
-  return apply_patterns_greedily(g, {fold});
+  auto fold = [&](Graph& graph, const Op& bn) -> StatusOr<bool> {
+    if (!graph.unknown_shape_error(bn).ok()) return false;
+    using Ports = BatchNormTrainingBackwardPorts;
+    const Ports ports(bn);
+    const Op* in_src = sole_producer(graph, bn, true, conversion);
+    const Op* in_dy = sole_producer(graph, bn, false, conversion);
+    const Op* out = sole_consumer(graph, ports.diff_src().id);
+    if (!in_src || !in_dy || !out || out->kind() != conversion ||
+        is_output_port(graph, ports.diff_src().id))
+      return false;
+    if (!check(bn, *in_src, *in_dy, *out)) return false;
+    Op folded = bn;
+    folded.mutable_inputs()[Ports::src_port()] = conversion_src(*in_src);
+    folded.mutable_inputs()[Ports::diff_dst_port()] = conversion_src(*in_dy);
+    folded.mutable_outputs()[Ports::diff_src_port()] = conversion_dst(*out);
+    rewrite(folded);
+    const int64_t src_id = in_src->id(), dy_id = in_dy->id(), out_id = out->id();
+    // The rewriter, in an order that is valid at every step: the output
+    // conversion hands its tensor over (it writes a fresh one for the moment,
+    // while the tensor's readers, which come after it, keep reading it), the
+    // batch norm writes that tensor instead, and the three conversions, now
+    // unread, go. The tensor keeps its id, so an output port naming it still
+    // names it.
+    Op handed_over = *out;
+    LogicalTensor spare = conversion_dst(*out);
+    spare.id = graph.new_tensor_id();
+    handed_over.mutable_outputs().assign(1, spare);
+    NG_RETURN_IF_ERROR(graph.replace_op(out_id, std::move(handed_over)));
+    NG_RETURN_IF_ERROR(graph.replace_op(folded.id(), folded));
+    NG_RETURN_IF_ERROR(graph.erase_op(out_id));
+    NG_RETURN_IF_ERROR(graph.erase_op(src_id));
+    if (dy_id != src_id) NG_RETURN_IF_ERROR(graph.erase_op(dy_id));
+    return true;
+  };
+  return apply_patterns_greedily(
+      g, {{"fold-conversions", {OpKind::kBatchNormTrainingBackward}, fold}});
 }
 
 }  // namespace

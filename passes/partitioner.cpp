@@ -129,9 +129,10 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
                                                   std::vector<PatternTrial>* trials) {
   if (!graph.finalized()) return invalid_graph("match_partitions: the graph is not finalized");
   const auto& ops = graph.ops();
-  std::map<int64_t, size_t> owner;  // op id -> index into `found`
+  std::unordered_map<int64_t, size_t> owner;  // op id -> index into `found`
+  owner.reserve(ops.size());
   std::vector<Partition> found;
-  std::map<int64_t, std::string> answers;  // op id -> what each pattern anchored there said
+  std::unordered_map<int64_t, std::string> answers;  // op id -> what each pattern there said
   UnitOrder units(graph);
   auto note = [&](const Op& op, const Pattern& pattern, const Status& s,
                   const std::string& left_out = "") {

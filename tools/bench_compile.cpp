@@ -10,7 +10,11 @@
 //             graph's backward;
 //   ladder    ReLU then an Add of the ReLU's output and its input (a residual
 //             block's fan-in), each Add's output the next block's input;
-//   fan-out   one tensor read by every op (ReLUs of the same input).
+//   fan-out   one tensor read by every op (ReLUs of the same input);
+//   folds     a channels-last batch-norm backward between StaticTransposes
+//             from and to NCX, each block's diff_src the next block's
+//             gradient: fold-transpose erases three of every four ops, so
+//             it times edits (each erase costs the edit, not the graph).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -56,6 +60,23 @@ std::string generate(const std::string& shape, int64_t ops) {
       os << "%" << b + 2 << t << " = Add#" << 2 * i + 2 << " \"add\"(%" << b + 1 << t << ", %" << x
          << t << ")\n";
       x = b + 2;
+    }
+  } else if (shape == "folds") {
+    const char* nxc = ":f32[2,6,8]";
+    int64_t prev = 0;
+    for (int64_t i = 0; i < ops / 4; ++i) {
+      const int64_t b = 10 * i + 100, o = 4 * i;
+      os << "%" << b + 1 << nxc << " = StaticTranspose#" << o + 1 << " \"t\"(%" << b << t
+         << ") {order=[0,2,1]}\n";
+      os << "%" << b + 2 << nxc << " = StaticTranspose#" << o + 2 << " \"t\"(%" << prev << t
+         << ") {order=[0,2,1]}\n";
+      os << "%" << b + 3 << nxc << ", %" << b + 4 << c << ", %" << b + 5 << c
+         << " = BatchNormTrainingBackward#" << o + 3 << " \"bn\"(%" << b + 1 << nxc << ", %"
+         << b + 2 << nxc << ", %" << b + 6 << c << ", %" << b + 7 << c << ", %" << b + 8 << c
+         << ") {data_format=\"NXC\", epsilon=0.001f, is_training=true}\n";
+      os << "%" << b + 9 << t << " = StaticTranspose#" << o + 4 << " \"t\"(%" << b + 3 << nxc
+         << ") {order=[0,2,1]}\n";
+      prev = b + 9;
     }
   } else {  // fan-out
     for (int64_t i = 0; i < ops; ++i)
@@ -139,9 +160,9 @@ int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::stri
   nlohmann::json out = nlohmann::json::array();
   int rc = 0;
   for (const std::string& shape : shapes) {
-    if (shape != "chain" && shape != "ladder" && shape != "fan-out") {
+    if (shape != "chain" && shape != "ladder" && shape != "fan-out" && shape != "folds") {
       std::cerr << "normgrad bench --compile: unknown graph shape '" << shape
-                << "' (chain, ladder, fan-out)\n";
+                << "' (chain, ladder, fan-out, folds)\n";
       return 2;
     }
     for (int64_t n : sizes) {

@@ -39,7 +39,7 @@ class Gen {
   }
 
   void step() {
-    switch (pick(11)) {
+    switch (pick(12)) {
       case 0:
       case 1:
         return bn_backward(data());
@@ -58,6 +58,8 @@ class Gen {
         return cast_or_transpose(data());
       case 9:
         return quantize_round_trip();
+      case 10:
+        return conversions_around_backward();
       default:
         return relu_backward_into_pool();
     }
@@ -335,6 +337,55 @@ class Gen {
     const LogicalTensor y = out(x.dtype, dims);
     add(OpKind::kStaticTranspose, "transpose").set_attr("order", order).add_input(x).add_output(y);
     if (dims.size() >= 2 && dims[1] >= 1) pool_.push_back(y);
+  }
+
+  // A batch-norm backward between conversions that fold-transpose or
+  // fold-cast folds into it: NCX data transposed to NXC and back, or 16-bit
+  // data cast to f32 and back. Its diff_src joins the pool, so later ops may
+  // read the outer conversion's tensor.
+  void conversions_around_backward() {
+    const LogicalTensor x = data();
+    if (x.dims.size() < 3) return bn_backward(x);  // no layout to fold
+    const int64_t c = x.dims[1];
+    const bool transpose = x.dtype == DataType::kF32 || chance(0.5);
+    const auto rank = static_cast<int64_t>(x.dims.size());
+    std::vector<int64_t> to_last = {0}, to_first = {0, rank - 1};
+    for (int64_t i = 2; i < rank; ++i) to_last.push_back(i);
+    to_last.push_back(1);
+    for (int64_t i = 1; i < rank - 1; ++i) to_first.push_back(i);
+    Dims inner_dims = x.dims;
+    if (transpose) {
+      inner_dims.clear();
+      for (int64_t o : to_last) inner_dims.push_back(x.dims[static_cast<size_t>(o)]);
+    }
+    const DataType inner_dt = transpose ? x.dtype : DataType::kF32;
+    auto convert_in = [&](const LogicalTensor& t) {
+      const LogicalTensor y = out(inner_dt, inner_dims);
+      if (transpose) {
+        add(OpKind::kStaticTranspose, "to_nxc").set_attr("order", to_last).add_input(t);
+      } else {
+        add(OpKind::kTypeCast, "to_f32").add_input(t);
+      }
+      ops_.back().add_output(y);
+      return y;
+    };
+    const LogicalTensor src = convert_in(x);
+    const LogicalTensor dy = convert_in(fresh(x.dtype, x.dims));
+    const LogicalTensor dx_inner = out(inner_dt, inner_dims);
+    Op& bn = add(OpKind::kBatchNormTrainingBackward, "bn_bwd_folded");
+    bn.set_attr("epsilon", epsilon()).set_attr("data_format", transpose ? "NXC" : "NCX");
+    bn.add_input(src).add_input(dy).add_input(vec(c)).add_input(vec(c));
+    if (chance(0.8)) bn.add_input(vec(c));
+    bn.add_output(dx_inner);
+    if (chance(0.7)) bn.add_output(out(DataType::kF32, {c})).add_output(out(DataType::kF32, {c}));
+    const LogicalTensor dx = out(x.dtype, x.dims);
+    if (transpose) {
+      add(OpKind::kStaticTranspose, "to_ncx").set_attr("order", to_first).add_input(dx_inner);
+    } else {
+      add(OpKind::kTypeCast, "to_narrow").add_input(dx_inner);
+    }
+    ops_.back().add_output(dx);
+    pool_gradient(dx, c);
   }
 
   void quantize_round_trip() {

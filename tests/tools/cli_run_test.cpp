@@ -426,11 +426,15 @@ TEST(CliBench, CompileTimesEveryPhaseOnGeneratedGraphs) {
   const std::string json = ::testing::TempDir() + "/ng_compile.json";
   const Result r = run("bench --compile --compile-ops=200 --json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* shape : {"chain", "ladder", "fan-out"})
+  for (const char* shape : {"chain", "ladder", "fan-out", "folds"})
     EXPECT_NE(r.output.find(std::string(shape) + " "), std::string::npos) << r.output;
   std::ifstream in(json);
   const auto j = nlohmann::json::parse(in);
-  ASSERT_EQ(j.size(), 3u);
+  ASSERT_EQ(j.size(), 4u);
+  // fold-transpose leaves one batch norm of every four ops, chained block to block.
+  EXPECT_EQ(j[3]["shape"], "folds");
+  EXPECT_EQ(j[3]["ops"], 200);
+  EXPECT_EQ(j[3]["partitions"], 50);
   EXPECT_EQ(j[0]["shape"], "chain");
   EXPECT_EQ(j[0]["ops"], 200);
   EXPECT_EQ(j[0]["partitions"], 100);  // ReLUBackward + BatchNormTrainingBackward each
