@@ -46,8 +46,9 @@ struct BatchNormDesc {
   bool use_gamma = false;            // diff_src is scaled by gamma (else gamma = 1)
   bool variance_is_inv_std = false;  // input 3 holds 1/sqrt(var + eps) (cuDNN, PyTorch save_invstd)
   bool diff_scale_shift = false;     // diff_gamma and diff_beta are computed (3 outputs)
-  // BatchNormBackwardReduce/Apply: the half (mode kTraining; reduce_size is
-  // this process's M, the global count comes in as Apply's input 6).
+  // BatchNormBackwardReduce/Apply and BatchNormForwardReduce/Apply: the part
+  // of the synchronized op (reduce_size is this process's M; the global
+  // count comes in as Apply's `count` input).
   BackwardPhase phase = BackwardPhase::kWhole;
   // BatchNormTrainingBackwardFromDst: inputs dst, diff_dst, variance, gamma,
   // beta; xhat = (act^-1(dst) - beta) / gamma and the gradient through act.
@@ -68,6 +69,11 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op);
 // the global one. Backends check it before computing diff_src.
 // `who` starts the message (the op's label).
 Status check_global_count(const std::string& who, const BatchNormDesc& d, double count);
+
+// BatchNormForwardApply's `count` input against this process's M: the
+// global count is at least M, and above 0 (if every process's batch is
+// empty, there are no statistics; torch refuses that too).
+Status check_forward_count(const std::string& who, const BatchNormDesc& d, double count);
 
 // BatchNormTrainingBackwardFromDst divides by gamma: |gamma| below
 // kMinFromDstGamma (or not finite) on channel c is refused, naming the channel.

@@ -175,7 +175,8 @@ void add_bn_rules(OpSchema& s, std::vector<size_t> data_in, std::vector<size_t> 
   const PortNames names(s);
   s.rule(check_epsilon).rule(bn_dtype_rule(names, data_in, data_out, fixed));
   s.shape_rule(bn_shape_rule(names, data_in, data_out, fixed));
-  if (!fixed.empty()) s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kS64});
+  if (!fixed.empty())
+    s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kF64, DataType::kS64});
 }
 
 // The synchronized backward's halves (docs/ops/BatchNormBackwardReduce.md,
@@ -205,6 +206,86 @@ void register_split_schemas(OpRegistry& registry) {
                  {{true, 4, DataType::kF32, false},
                   {true, 5, DataType::kF32, false},
                   {true, 6, DataType::kS64, true}});
+    registry.add(std::move(s));
+  }
+}
+
+// The synchronized forward's parts (docs/ops/BatchNormForwardReduce.md,
+// BatchNormForwardMerge.md, BatchNormForwardApply.md): each process's sum,
+// M2 about its own mean and count; the global sum and count (AllReduce);
+// each process's M2 moved to the global mean (Merge), summed (AllReduce);
+// and the normalisation with the global statistics. Everything between the
+// halves is f64: Chan's merge, without cancellation.
+void register_forward_split_schemas(OpRegistry& registry) {
+  {
+    OpSchema s(OpKind::kBatchNormForwardReduce);
+    add_declared_ports(s);
+    s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    add_bn_rules(s, {0}, {},
+                 {{false, 0, DataType::kF64, false},
+                  {false, 1, DataType::kF64, false},
+                  {false, 2, DataType::kS64, true}});
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s(OpKind::kBatchNormForwardMerge);
+    add_declared_ports(s);
+    s.dtypes({DataType::kF64, DataType::kS64});
+    using P = BatchNormForwardMergePorts;
+    for (size_t i : {P::local_sum_port(), P::local_m2_port(), P::sum_port()})
+      s.per_channel(true, i);
+    s.per_channel(false, P::m2_part_port());
+    s.rule([](const Op& op) -> Status {
+      const P p(op);
+      for (size_t i = 0; i < op.inputs().size(); ++i) {
+        const bool count = i == P::local_count_port() || i == P::count_port();
+        const DataType want = count ? DataType::kS64 : DataType::kF64;
+        if (op.inputs()[i].dtype != want)
+          return invalid_argument(
+              port_label(op, true, i, op_registry().find(op.kind())->input_name(i)) + ": dtype " +
+              dtype_name(op.inputs()[i].dtype) + ", expected " + dtype_name(want));
+      }
+      if (p.m2_part().dtype != DataType::kF64)
+        return invalid_argument(port_label(op, false, 0, "m2_part") + ": dtype " +
+                                dtype_name(p.m2_part().dtype) + ", expected f64");
+      return ok_status();
+    });
+    s.shape_rule([](Op& op) -> Status {
+      const P p(op);
+      const Dims& c = p.local_sum().dims;
+      if (c.size() != 1)
+        return invalid_argument(port_label(op, true, 0, "local_sum") + ": must be 1-D, got " +
+                                dims_to_string(c));
+      for (size_t i : {P::local_m2_port(), P::sum_port()}) {
+        if (op.inputs()[i].dims != c)
+          return invalid_argument(
+              port_label(op, true, i, op_registry().find(op.kind())->input_name(i)) + ": shape " +
+              dims_to_string(op.inputs()[i].dims) + " differs from local_sum's " +
+              dims_to_string(c));
+      }
+      for (size_t i : {P::local_count_port(), P::count_port()}) {
+        if (op.inputs()[i].dims != Dims{1})
+          return invalid_argument(
+              port_label(op, true, i, op_registry().find(op.kind())->input_name(i)) +
+              ": must have shape [1], got " + dims_to_string(op.inputs()[i].dims));
+      }
+      return set_or_check_dims(op, P::m2_part_port(), "m2_part", c);
+    });
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s(OpKind::kBatchNormForwardApply);
+    add_declared_ports(s);
+    s.input_counts({6, 8});
+    s.attr("epsilon", AttrKind::kF32, true);
+    s.attr("momentum", AttrKind::kF32, false, 0.1f);
+    s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    using P = BatchNormForwardApplyPorts;
+    add_bn_rules(s, {P::src_port()}, {P::dst_port()},
+                 {{true, P::sum_port(), DataType::kF64, false},
+                  {true, P::m2_port(), DataType::kF64, false},
+                  {true, P::count_port(), DataType::kS64, true}});
+    s.inplace(P::src_port(), P::dst_port());
     registry.add(std::move(s));
   }
 }
@@ -262,6 +343,7 @@ const char* data_format_name(DataFormat f) {
 
 void register_batch_norm_schemas(OpRegistry& registry) {
   register_split_schemas(registry);
+  register_forward_split_schemas(registry);
   {
     OpSchema s(OpKind::kBatchNormTrainingBackward);
     add_declared_ports(s);
@@ -288,6 +370,9 @@ void register_batch_norm_schemas(OpRegistry& registry) {
     s.attr("epsilon", AttrKind::kF32, true);
     s.attr("momentum", AttrKind::kF32, false, 0.1f);
     s.attr("data_format", AttrKind::kString, false, std::string("NXC"), kFormats);
+    // normgrad extension: the statistics cover the group's whole batch
+    // (split-sync-batch-norm: Reduce, AllReduce, Merge, AllReduce, Apply).
+    s.attr("sync_group", AttrKind::kString, false);
     add_bn_rules(s, {0}, {0});
     s.inplace(BatchNormForwardTrainingPorts::src_port(), BatchNormForwardTrainingPorts::dst_port());
     registry.add(std::move(s));
@@ -310,7 +395,8 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
       op.kind() != OpKind::kBatchNormForwardTraining && op.kind() != OpKind::kBatchNormInference &&
       op.kind() != OpKind::kBatchNormBackwardReduce &&
       op.kind() != OpKind::kBatchNormBackwardApply &&
-      op.kind() != OpKind::kBatchNormTrainingBackwardFromDst) {
+      op.kind() != OpKind::kBatchNormTrainingBackwardFromDst &&
+      op.kind() != OpKind::kBatchNormForwardReduce && op.kind() != OpKind::kBatchNormForwardApply) {
     return invalid_argument(op.label() + ": not a batch-norm op");
   }
   d.format = format_of(op);
@@ -320,7 +406,8 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
   d.channels = d.dims[d.channel_axis];
   NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, op.label()));
   d.reduce_size = d.channels == 0 ? 0 : total / d.channels;
-  if (op.kind() != OpKind::kBatchNormBackwardReduce) {
+  if (op.kind() != OpKind::kBatchNormBackwardReduce &&
+      op.kind() != OpKind::kBatchNormForwardReduce) {
     NG_ASSIGN_OR_RETURN(d.epsilon, op.attr_f32("epsilon"));
   }
   if (op.has_attr("momentum")) {
@@ -363,6 +450,17 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
       d.stats_dt = op.inputs()[2].dtype;
       d.phase = BackwardPhase::kReduce;
       break;
+    case OpKind::kBatchNormForwardReduce:
+      d.stats_dt = DataType::kF32;  // its outputs are f64 sums; no statistics input
+      d.phase = BackwardPhase::kReduce;
+      break;
+    case OpKind::kBatchNormForwardApply: {
+      const BatchNormForwardApplyPorts p(op);
+      d.stats_dt = p.mean().dtype;
+      d.phase = BackwardPhase::kApply;
+      d.has_gamma = p.has_gamma();
+      break;
+    }
     case OpKind::kBatchNormBackwardApply:
       d.stats_dt = op.inputs()[2].dtype;
       d.phase = BackwardPhase::kApply;
@@ -393,6 +491,17 @@ Status check_global_count(const std::string& who, const BatchNormDesc& d, double
   return invalid_argument(who + ": input 6 'count' " + std::to_string(count) +
                           " is below this process's " + std::to_string(d.reduce_size) +
                           " elements per channel (it must be the sum over every process)");
+}
+
+Status check_forward_count(const std::string& who, const BatchNormDesc& d, double count) {
+  if (count >= static_cast<double>(d.reduce_size) && count > 0) return ok_status();
+  return invalid_argument(who + ": input 'count' " + std::to_string(count) +
+                          (count <= 0
+                               ? " is 0: every process's batch is empty, so there are "
+                                 "no batch statistics"
+                               : " is below this process's " + std::to_string(d.reduce_size) +
+                                     " elements per channel (it must be the sum over "
+                                     "every process)"));
 }
 
 Status check_from_dst_gamma(const std::string& who, int64_t c, double gamma) {

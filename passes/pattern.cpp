@@ -73,7 +73,8 @@ Pattern bn_inference_relu_pattern(std::string backend) {
 }
 
 Pattern bn_forward_epilogue_pattern(std::string backend) {
-  return fused_pattern("bn_fwd_epilogue", std::move(backend), {OpKind::kBatchNormForwardTraining},
+  return fused_pattern("bn_fwd_epilogue", std::move(backend),
+                       {OpKind::kBatchNormForwardTraining, OpKind::kBatchNormForwardApply},
                        match_bn_forward_epilogue);
 }
 
@@ -170,11 +171,14 @@ StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn) {
 }
 
 StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn) {
-  if (bn.kind() != OpKind::kBatchNormForwardTraining)
-    return unimplemented(bn.label() + " is not BatchNormForwardTraining");
+  // The forward, or the Apply part of a synchronized one (the same dst).
+  const bool apply = bn.kind() == OpKind::kBatchNormForwardApply;
+  if (bn.kind() != OpKind::kBatchNormForwardTraining && !apply)
+    return unimplemented(bn.label() + " is not BatchNormForwardTraining or BatchNormForwardApply");
   NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
   PatternOps m{{{bn.id(), FusionRole::kAnchor}}, ""};
-  LogicalTensor y = BatchNormForwardTrainingPorts(bn).dst();
+  LogicalTensor y =
+      apply ? BatchNormForwardApplyPorts(bn).dst() : BatchNormForwardTrainingPorts(bn).dst();
   const Op* next = sole_consumer(graph, y.id);
   if (next != nullptr && next->kind() == OpKind::kAdd && only_reader(graph, y.id, *next).ok()) {
     // The residual must be dst's twin: same dims (no broadcast), same dtype.

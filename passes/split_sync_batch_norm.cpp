@@ -18,12 +18,61 @@ bool is_synchronized(const Op& bn) {
   return (training.ok() && *training) || bn.outputs().size() == 3;
 }
 
+// The forward: Reduce (this process's sum, M2 about its mean and count, in
+// f64) -> AllReduce (sum, count) -> Merge (M2 moved to the global mean) ->
+// AllReduce (M2) -> Apply, which keeps the op's id and outputs, so an
+// epilogue after it still fuses.
+Status split_forward(Graph& graph, const Op& bn) {
+  if (!graph.unknown_shape_error(bn).ok())
+    return invalid_graph(bn.label() + ": a synchronized batch norm needs known shapes");
+  const std::string group = *bn.attr_string("sync_group");
+  const std::string base = bn.name().empty() ? "bn" + std::to_string(bn.id()) : bn.name();
+  const BatchNormForwardTrainingPorts ports(bn);
+  const int64_t c = ports.mean().dims[0];
+  const std::string format = bn.has_attr("data_format") ? *bn.attr_string("data_format") : "NXC";
+  auto f64 = [&] { return LogicalTensor(graph.new_tensor_id(), DataType::kF64, {c}); };
+  auto count = [&] { return LogicalTensor(graph.new_tensor_id(), DataType::kS64, {1}); };
+  const LogicalTensor lsum = f64(), lm2 = f64(), lcount = count();
+  const LogicalTensor gsum = f64(), gcount = count(), m2_part = f64(), gm2 = f64();
+
+  Op reduce(graph.new_op_id(), OpKind::kBatchNormForwardReduce, base + "/reduce");
+  reduce.set_attr("data_format", format);
+  reduce.add_input(ports.src()).add_output(lsum).add_output(lm2).add_output(lcount);
+  Op sums(graph.new_op_id(), OpKind::kAllReduce, base + "/allreduce_sum");
+  sums.set_attr("group", group);
+  sums.add_input(lsum).add_input(lcount).add_output(gsum).add_output(gcount);
+  Op merge(graph.new_op_id(), OpKind::kBatchNormForwardMerge, base + "/merge");
+  merge.add_input(lsum).add_input(lm2).add_input(lcount).add_input(gsum).add_input(gcount);
+  merge.add_output(m2_part);
+  Op m2s(graph.new_op_id(), OpKind::kAllReduce, base + "/allreduce_m2");
+  m2s.set_attr("group", group);
+  m2s.add_input(m2_part).add_output(gm2);
+  Op apply(bn.id(), OpKind::kBatchNormForwardApply, base + "/apply");
+  for (const char* attr : {"epsilon", "momentum"}) {
+    if (bn.has_attr(attr)) apply.set_attr(attr, bn.attrs().at(attr));
+  }
+  apply.set_attr("data_format", format);
+  apply.add_input(ports.src()).add_input(ports.mean()).add_input(ports.variance());
+  apply.add_input(gsum).add_input(gm2).add_input(gcount);
+  if (ports.has_gamma()) apply.add_input(ports.gamma()).add_input(ports.beta());
+  for (const LogicalTensor& lt : bn.outputs()) apply.add_output(lt);
+  for (Op* op : {&reduce, &sums, &merge, &m2s})
+    NG_RETURN_IF_ERROR(graph.insert_op(std::move(*op), bn.id()));
+  return graph.replace_op(bn.id(), std::move(apply));
+}
+
 }  // namespace
 
 StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
-  std::vector<int64_t> synchronized;
+  std::vector<int64_t> synchronized, forwards;
   for (const Op& op : graph.ops()) {
     if (is_synchronized(op)) synchronized.push_back(op.id());
+    if (op.kind() == OpKind::kBatchNormForwardTraining && op.has_attr("sync_group"))
+      forwards.push_back(op.id());
+  }
+  for (int64_t bn_id : forwards) {
+    const Op bn = *graph.op(bn_id);  // a copy: the edits below replace it
+    NG_RETURN_IF_ERROR(split_forward(graph, bn));
   }
   for (int64_t bn_id : synchronized) {
     const Op bn = *graph.op(bn_id);  // a copy: the edits below move the ops
@@ -81,7 +130,7 @@ StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
     NG_RETURN_IF_ERROR(graph.insert_op(std::move(all_reduce), bn_id));
     NG_RETURN_IF_ERROR(graph.replace_op(bn_id, std::move(apply)));
   }
-  return !synchronized.empty();
+  return !synchronized.empty() || !forwards.empty();
 }
 
 }  // namespace normgrad

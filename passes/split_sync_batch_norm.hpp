@@ -16,6 +16,21 @@
 // src or diff_dst that only the batch norm reads is cloned, one copy per
 // half, so the backends' bn_bwd_producers patterns take one each (as the unsplit kernel
 // recomputes it on both of its passes over the data).
+//
+// The forward with sync_group is split so its statistics cover the group's
+// batch, merged without cancellation (Chan's parallel merge, in f64):
+//
+//   before:  BatchNormForwardTraining{sync_group}(x, mean, var, gamma, beta) -> y, stats...
+//   after:   BatchNormForwardReduce(x)                    -> sum, m2, count (this process's)
+//            AllReduce(sum, count)                        -> the global sum and count
+//            BatchNormForwardMerge(sum, m2, count, global sum, global count)
+//                                                         -> m2 + count (mean - global mean)^2
+//            AllReduce(that)                              -> the global M2
+//            BatchNormForwardApply(x, mean, var, global sum, M2, count, gamma, beta)
+//                                                         -> y, stats... (the same tensors)
+//
+// Apply keeps the forward's id and outputs, so an Add/ReLU/LeakyReLU
+// epilogue after it fuses into it as it did into the forward.
 #pragma once
 
 #include <normgrad/passes/pass.hpp>

@@ -31,6 +31,9 @@ struct RunOptions {
   int64_t iters = 1;
   int64_t threads = 0;
   int64_t seed = 1;
+  // Added to every batch-norm src (data far from zero: statistics that
+  // cancel show up).
+  double data_offset = 0.0;
   int verbose = 0;
   std::string engine = "cpu";
   std::string inputs_dir, outputs_dir;

@@ -140,7 +140,7 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
 
   std::map<int64_t, std::string> sources;
   auto inputs = make_inputs(cg.graph(), cg.lowered_graph(), opt.inputs_dir,
-                            static_cast<uint64_t>(opt.seed), &sources);
+                            static_cast<uint64_t>(opt.seed), &sources, opt.data_offset);
   if (!inputs.ok()) return error_result(inputs.status());
   std::map<int64_t, const void*> in_ptrs;
   for (auto& [id, buf] : *inputs) in_ptrs[id] = buf.data();
@@ -261,6 +261,9 @@ int run_command(const std::vector<std::string>& argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   app.add_option("--seed", defaults.seed, "seed of the random inputs")
       ->check(CLI::Range(int64_t{0}, INT64_MAX));
+  app.add_option("--data-offset", defaults.data_offset,
+                 "add this to every batch-norm src's random data (e.g. 1e4: far from zero)")
+      ->check(CLI::Range(-1e30, 1e30));
   app.add_option("--inputs", defaults.inputs_dir, "read input <id> from DIR/<id>.npy");
   app.add_option("--outputs", defaults.outputs_dir, "write output <id> to DIR/<id>.npy");
   app.add_option("--backend", defaults.knobs.backend, backend_names_help());

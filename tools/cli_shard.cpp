@@ -14,6 +14,7 @@
 #include <normgrad/backends/communicator.hpp>
 #include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/testing/check.hpp>
 #include <normgrad/testing/oracle.hpp>
 
@@ -66,19 +67,26 @@ Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
   CompileOptions ref_options;
   ref_options.backend = "ref";
   NG_ASSIGN_OR_RETURN(s->whole, CompiledGraph::compile(unsynced, ref_options));
+  // The batch: dim 0 of the first training batch norm's src (forward or backward).
   for (const Op& op : s->whole.lowered_graph().ops()) {
     if (op.kind() == OpKind::kBatchNormTrainingBackward) {
-      s->batch = op.inputs()[0].dims[0];
+      s->batch = BatchNormTrainingBackwardPorts(op).src().dims[0];
+      break;
+    }
+    if (op.kind() == OpKind::kBatchNormForwardTraining) {
+      s->batch = BatchNormForwardTrainingPorts(op).src().dims[0];
       break;
     }
   }
   if (s->batch == 0)
-    return invalid_argument("--shard-batch: the graph has no batch-norm backward with a batch");
+    return invalid_argument(
+        "--shard-batch: the graph has no training batch norm (forward or backward) with a batch");
   s->begin = s->batch * s->rank / s->processes;
   s->rows = s->batch * (s->rank + 1) / s->processes - s->begin;
   std::map<int64_t, std::string> sources;
-  NG_ASSIGN_OR_RETURN(s->inputs, oracle::make_inputs(s->whole.graph(), s->whole.lowered_graph(), "",
-                                                     static_cast<uint64_t>(opt.seed), &sources));
+  NG_ASSIGN_OR_RETURN(
+      s->inputs, oracle::make_inputs(s->whole.graph(), s->whole.lowered_graph(), "",
+                                     static_cast<uint64_t>(opt.seed), &sources, opt.data_offset));
   // The slice's graph: dim 0 of every batched tensor becomes this process's rows.
   std::vector<Op> sliced = full.ops().to_vector();
   for (Op& op : sliced) {
@@ -247,6 +255,7 @@ int shard_run_command(const std::string& path, const RunOptions& opt) {
   so.check = opt.check;
   so.iters = opt.iters;
   so.seed = opt.seed;
+  so.data_offset = opt.data_offset;
   auto comm = mpi_world();
   const int rank = comm ? comm->rank() : 0;
   if (!st.ok() && comm && comm->size() > 1) {

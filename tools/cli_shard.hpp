@@ -23,7 +23,8 @@ struct ShardOptions {
   bool check = false;
   int64_t iters = 1;  // > 1: time the steps (median)
   int64_t seed = 1;
-  bool quiet = false;  // bench: no per-tensor lines
+  double data_offset = 0.0;  // RunOptions::data_offset
+  bool quiet = false;        // bench: no per-tensor lines
 };
 
 struct ShardResult {

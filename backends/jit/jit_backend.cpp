@@ -101,7 +101,9 @@ class JitBackend final : public Backend {
             single_op_pattern("bn_bwd", jit::kBackendName, bn_backward_kinds()),
             single_op_pattern("bn_bwd_from_dst", jit::kBackendName,
                               {OpKind::kBatchNormTrainingBackwardFromDst}),
-            single_op_pattern("bn_fwd", jit::kBackendName, {OpKind::kBatchNormForwardTraining})};
+            single_op_pattern("bn_fwd", jit::kBackendName,
+                              {OpKind::kBatchNormForwardTraining, OpKind::kBatchNormForwardReduce,
+                               OpKind::kBatchNormForwardApply})};
   }
 
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
@@ -133,7 +135,9 @@ class JitBackend final : public Backend {
  private:
   static bool forward(const Partition& partition) {
     const Op* anchor = partition.bound(FusionRole::kAnchor);
-    return anchor != nullptr && anchor->kind() == OpKind::kBatchNormForwardTraining;
+    return anchor != nullptr && (anchor->kind() == OpKind::kBatchNormForwardTraining ||
+                                 anchor->kind() == OpKind::kBatchNormForwardReduce ||
+                                 anchor->kind() == OpKind::kBatchNormForwardApply);
   }
   static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition) {
     return jit::make_fwd_conf(partition, jit::detect_isa());

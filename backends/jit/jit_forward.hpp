@@ -1,4 +1,6 @@
 // JIT batch-norm forward training: conf, kernels and driver (private to the JIT backend).
+// BatchNormForwardReduce and BatchNormForwardApply, the synchronized forward's
+// parts, run the same kernels: the first pass alone, or the second alone.
 //
 // BatchNormForwardTraining, optionally followed by an Add of a residual and/or
 // a ReLU or LeakyReLU on dst (the jit.bn_fwd_epilogue pattern), runs in two passes over src:
@@ -46,7 +48,14 @@ constexpr int64_t kFwdChunkPixels = 64;
 // per block of channels, so they should stay in the L1/L2 between blocks).
 constexpr int64_t kFwdApplyBytes = 64 * 1024;
 
+// The whole forward, or a part of the synchronized one: Reduce (this
+// process's f64 sum, M2 about its mean and count, from the statistics pass
+// alone) or Apply (the normalisation and statistics outputs from the global
+// sum, M2 and count given as inputs, with no statistics pass).
+enum class FwdPhase : uint8_t { kWhole, kReduce, kApply };
+
 struct FwdConf {
+  FwdPhase phase = FwdPhase::kWhole;
   Isa isa = Isa::kPortable;
   DataType dt = DataType::kF32;
   DataFormat format = DataFormat::kNCX;
@@ -66,6 +75,9 @@ struct FwdConf {
   int in_src = 0, in_mean = 1, in_var = 2, in_gamma = -1, in_beta = -1, in_residual = -1;
   int out_dst = 0, out_running_mean = -1, out_running_var = -1, out_batch_mean = -1,
       out_batch_var = -1;
+  // Apply's global statistics in; Reduce's local ones out (f64, f64, s64).
+  int in_sum = -1, in_m2 = -1, in_count = -1;
+  int out_sum = -1, out_m2 = -1, out_count = -1;
   bool single_thread = false;
   // An empty batch: zero batch statistics, the running ones updated, no dst.
   bool empty = false;

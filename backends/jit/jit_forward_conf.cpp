@@ -38,6 +38,8 @@ std::string FwdConf::kernel_name() const {
                   (empty      ? "empty"
                    : ncx_rows ? "rows"
                               : "pixels");
+  if (phase == FwdPhase::kReduce) s += "+reduce";
+  if (phase == FwdPhase::kApply) s += "+apply";
   if (residual) s += "+add";
   if (relu) s += leaky ? "+leaky_relu" : "+relu";
   return s;
@@ -49,53 +51,20 @@ std::string FwdConf::key() const {
          (leaky ? ":alpha=" + std::to_string(alpha) : "");
 }
 
-StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
-  // The roles the epilogue pattern bound (passes/pattern.hpp).
-  const Op* bn = partition.bound(FusionRole::kAnchor);
-  const Op* add = partition.bound(FusionRole::kResidualAdd);
-  const Op* relu = partition.bound(FusionRole::kActivation);
-  if (bn == nullptr || bn->kind() != OpKind::kBatchNormForwardTraining)
-    return internal_error(
-        "the JIT forward compiles partitions anchored at BatchNormForwardTraining");
-  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(*bn));
-  if (d.stats_dt != DataType::kF32)
-    return unimplemented("the JIT forward takes f32 statistics, not " +
-                         std::string(dtype_name(d.stats_dt)));
-  FwdConf c;
-  c.isa = isa;
-  c.dt = d.data_dt;
-  c.format = d.format;
-  c.c = d.channels;
-  c.n = d.dims[0];
-  c.spatial = c.n == 0 ? 0 : d.reduce_size / c.n;
-  c.ncx_rows = d.format == DataFormat::kNCX && c.spatial > 1;
-  c.pixels = d.reduce_size;
-  c.epsilon = d.epsilon;
-  c.momentum = d.momentum;
-  c.affine = d.has_gamma;
-  c.empty = d.reduce_size == 0 || d.channels == 0;
-  if (!(c.epsilon >= 0.f)) return invalid_argument(bn->label() + ": epsilon must be >= 0");
+namespace {
 
-  auto need_input = [&](const LogicalTensor& lt, const char* role) -> StatusOr<int> {
-    const int i = index_in(partition.inputs, lt.id);
-    if (i < 0)
-      return unimplemented(std::string("the JIT forward needs ") + role + " as a partition input");
-    return i;
-  };
-  const BatchNormForwardTrainingPorts ports(*bn);
-  if (!dense(ports.src())) return unimplemented("the JIT forward takes dense src (ref runs it)");
-  NG_ASSIGN_OR_RETURN(c.in_src, need_input(ports.src(), "src"));
+// What the forward's parts share, read through the kind's port class P
+// (BatchNormForwardTrainingPorts or BatchNormForwardApplyPorts, which name
+// src, the running statistics, gamma, beta and the outputs alike).
+template <typename P, typename NeedInput>
+Status forward_ports(const Partition& partition, const Op& bn, const Op* add, const Op* relu,
+                     const NeedInput& need_input, FwdConf& c) {
+  const P ports(bn);
   NG_ASSIGN_OR_RETURN(c.in_mean, need_input(ports.mean(), "mean"));
   NG_ASSIGN_OR_RETURN(c.in_var, need_input(ports.variance(), "variance"));
   if (c.affine) {
     NG_ASSIGN_OR_RETURN(c.in_gamma, need_input(ports.gamma(), "gamma"));
     NG_ASSIGN_OR_RETURN(c.in_beta, need_input(ports.beta(), "beta"));
-  }
-  const OpSchema& schema = *op_registry().find(bn->kind());
-  for (size_t i = 0; i < bn->inputs().size(); ++i) {
-    if (schema.is_per_channel(true, i) && !dense_vector(bn->inputs()[i]))
-      return unimplemented("the JIT forward takes dense statistics; " + schema.input_name(i) +
-                           " is strided (ref runs it)");
   }
   // dst is the last op's output: the BN's own, the Add's or the ReLU's.
   const LogicalTensor& dst = relu != nullptr  ? elementwise_dst(*relu)
@@ -117,14 +86,93 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     NG_ASSIGN_OR_RETURN(c.alpha, relu->attr_f32("alpha"));
     c.leaky = true;
   }
-  for (size_t i = 1; i < bn->outputs().size(); ++i) {
-    const int o = index_in(partition.outputs, bn->outputs()[i].id);
-    if (o >= 0 && !dense_vector(bn->outputs()[i]))
+  const std::pair<const LogicalTensor*, int*> stats[] = {
+      {&ports.running_mean(), &c.out_running_mean},
+      {&ports.running_variance(), &c.out_running_var},
+      {&ports.batch_mean(), &c.out_batch_mean},
+      {&ports.batch_variance(), &c.out_batch_var}};
+  for (const auto& [lt, slot] : stats) {
+    *slot = index_in(partition.outputs, lt->id);
+    if (*slot >= 0 && !dense_vector(*lt))
       return unimplemented("the JIT forward writes dense statistics");
-    (i == 1   ? c.out_running_mean
-     : i == 2 ? c.out_running_var
-     : i == 3 ? c.out_batch_mean
-              : c.out_batch_var) = o;
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
+  // The roles the epilogue pattern bound (passes/pattern.hpp).
+  const Op* bn = partition.bound(FusionRole::kAnchor);
+  const Op* add = partition.bound(FusionRole::kResidualAdd);
+  const Op* relu = partition.bound(FusionRole::kActivation);
+  if (bn == nullptr || (bn->kind() != OpKind::kBatchNormForwardTraining &&
+                        bn->kind() != OpKind::kBatchNormForwardReduce &&
+                        bn->kind() != OpKind::kBatchNormForwardApply))
+    return internal_error(
+        "the JIT forward compiles partitions anchored at BatchNormForwardTraining or its parts");
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(*bn));
+  if (d.stats_dt != DataType::kF32)
+    return unimplemented("the JIT forward takes f32 statistics, not " +
+                         std::string(dtype_name(d.stats_dt)));
+  FwdConf c;
+  c.phase = bn->kind() == OpKind::kBatchNormForwardReduce  ? FwdPhase::kReduce
+            : bn->kind() == OpKind::kBatchNormForwardApply ? FwdPhase::kApply
+                                                           : FwdPhase::kWhole;
+  c.isa = isa;
+  c.dt = d.data_dt;
+  c.format = d.format;
+  c.c = d.channels;
+  c.n = d.dims[0];
+  c.spatial = c.n == 0 ? 0 : d.reduce_size / c.n;
+  c.ncx_rows = d.format == DataFormat::kNCX && c.spatial > 1;
+  c.pixels = d.reduce_size;
+  c.epsilon = d.epsilon;
+  c.momentum = d.momentum;
+  c.affine = d.has_gamma;
+  c.empty = d.reduce_size == 0 || d.channels == 0;
+  if (!(c.epsilon >= 0.f)) return invalid_argument(bn->label() + ": epsilon must be >= 0");
+
+  auto need_input = [&](const LogicalTensor& lt, const char* role) -> StatusOr<int> {
+    const int i = index_in(partition.inputs, lt.id);
+    if (i < 0)
+      return unimplemented(std::string("the JIT forward needs ") + role + " as a partition input");
+    return i;
+  };
+  // src is input 0 of all three kinds.
+  static_assert(
+      BatchNormForwardTrainingPorts::src_port() == BatchNormForwardReducePorts::src_port() &&
+          BatchNormForwardApplyPorts::src_port() == BatchNormForwardReducePorts::src_port(),
+      "the forward's parts read src first");
+  const LogicalTensor& src = bn->inputs()[BatchNormForwardReducePorts::src_port()];
+  if (!dense(src)) return unimplemented("the JIT forward takes dense src (ref runs it)");
+  NG_ASSIGN_OR_RETURN(c.in_src, need_input(src, "src"));
+  const OpSchema& schema = *op_registry().find(bn->kind());
+  for (size_t i = 0; i < bn->inputs().size(); ++i) {
+    if (schema.is_per_channel(true, i) && !dense_vector(bn->inputs()[i]))
+      return unimplemented("the JIT forward takes dense statistics; " + schema.input_name(i) +
+                           " is strided (ref runs it)");
+  }
+  if (c.phase == FwdPhase::kReduce) {
+    const BatchNormForwardReducePorts ports(*bn);
+    const std::pair<const LogicalTensor*, int*> outs[] = {
+        {&ports.sum(), &c.out_sum}, {&ports.m2(), &c.out_m2}, {&ports.count(), &c.out_count}};
+    for (const auto& [lt, slot] : outs) {
+      *slot = index_in(partition.outputs, lt->id);
+      if (*slot < 0) return internal_error("the partition does not output the sums");
+      if (!dense_vector(*lt)) return unimplemented("the JIT forward writes dense sums");
+    }
+    c.out_dst = -1;
+  } else if (c.phase == FwdPhase::kApply) {
+    const BatchNormForwardApplyPorts ports(*bn);
+    NG_ASSIGN_OR_RETURN(c.in_sum, need_input(ports.sum(), "the global sum"));
+    NG_ASSIGN_OR_RETURN(c.in_m2, need_input(ports.m2(), "the global M2"));
+    NG_ASSIGN_OR_RETURN(c.in_count, need_input(ports.count(), "the global count"));
+    NG_RETURN_IF_ERROR(
+        forward_ports<BatchNormForwardApplyPorts>(partition, *bn, add, relu, need_input, c));
+  } else {
+    NG_RETURN_IF_ERROR(
+        forward_ports<BatchNormForwardTrainingPorts>(partition, *bn, add, relu, need_input, c));
   }
   const int64_t es = dtype_size(c.dt);
   const int64_t pixel_bytes = std::max<int64_t>(1, c.c * es);

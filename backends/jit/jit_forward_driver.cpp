@@ -124,6 +124,38 @@ struct Finish {
     const double d1 = m > 0 ? s1 / m : 0.0;
     const double bmean = m > 0 ? shift + d1 : 0.0;
     const double bvar = m > 0 ? std::max(s2 / m - d1 * d1, 0.0) : 0.0;
+    moments(ch, bmean, bvar, hi, lo, a, b);
+  }
+
+  // Apply: the same from the global sum, M2 and count (inputs, f64 and s64).
+  void global(int64_t ch, float* hi, float* lo, float* a, float* b) const {
+    const double total = global_count();
+    const double bmean = f64_in(c.in_sum)[ch] / total;
+    const double bvar = std::max(f64_in(c.in_m2)[ch] / total, 0.0);
+    moments(ch, bmean, bvar, hi, lo, a, b);
+  }
+  double global_count() const {
+    return static_cast<double>(*static_cast<const int64_t*>(in[static_cast<size_t>(c.in_count)]));
+  }
+
+  // Reduce: this process's sum, M2 about its own mean (f64) from the shifted
+  // sums: sum = m K + S1, M2 = S2 - S1^2 / m, where K is near the mean, so
+  // neither cancels.
+  void reduce(int64_t ch, double shift, double s1, double s2) const {
+    const double sum = m > 0 ? m * shift + s1 : 0.0;
+    const double m2 = m > 0 ? std::max(s2 - s1 * s1 / m, 0.0) : 0.0;
+    f64_out(c.out_sum)[ch] = sum;
+    f64_out(c.out_m2)[ch] = m2;
+  }
+
+  const double* f64_in(int i) const {
+    return static_cast<const double*>(in[static_cast<size_t>(i)]);
+  }
+  double* f64_out(int i) const { return static_cast<double*>(out[static_cast<size_t>(i)]); }
+
+  // The batch mean and (biased) variance: the coefficients and the statistics outputs.
+  void moments(int64_t ch, double bmean, double bvar, float* hi, float* lo, float* a,
+               float* b) const {
     const double inv = 1.0 / std::sqrt(bvar + static_cast<double>(c.epsilon));
     const double gamma = c.affine ? f32_in(in, c.in_gamma)[ch] : 1.0;
     const double beta = c.affine ? f32_in(in, c.in_beta)[ch] : 0.0;
@@ -160,7 +192,7 @@ void (FwdKernels::*apply_fn(const FwdConf& c, const void* y))(const FwdArgs&) co
 Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
                 const std::vector<void*>& out) {
   const void* x = in[static_cast<size_t>(c.in_src)];
-  void* y = out[static_cast<size_t>(c.out_dst)];
+  void* y = c.out_dst < 0 ? nullptr : out[static_cast<size_t>(c.out_dst)];  // Reduce: none
   const auto apply = apply_fn(c, y);
   const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
   const int64_t es = dtype_size(c.dt);
@@ -209,10 +241,19 @@ Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const v
   // Each channel on one task: its rows are summed and then normalised while
   // they are still in the cache.
   parallel_range(c.single_thread, c.c, [&](int64_t ch) {
+    float coef[4];
+    if (c.phase == FwdPhase::kApply) {
+      fin.global(ch, &coef[0], &coef[1], &coef[2], &coef[3]);
+      apply_rows(ch, coef);
+      return;
+    }
     const float shift = ncx_shift(c, x, ch);
     double s1, s2;
     channel_sums(ch, shift, &s1, &s2);
-    float coef[4];
+    if (c.phase == FwdPhase::kReduce) {
+      fin.reduce(ch, shift, s1, s2);
+      return;
+    }
     fin.channel(ch, shift, s1, s2, &coef[0], &coef[1], &coef[2], &coef[3]);
     apply_rows(ch, coef);
   });
@@ -222,7 +263,7 @@ Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const v
 Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
                   const std::vector<void*>& out) {
   const void* x = in[static_cast<size_t>(c.in_src)];
-  void* y = out[static_cast<size_t>(c.out_dst)];
+  void* y = c.out_dst < 0 ? nullptr : out[static_cast<size_t>(c.out_dst)];  // Reduce: none
   const auto apply = apply_fn(c, y);
   const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
   const int64_t es = dtype_size(c.dt);
@@ -239,14 +280,15 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   LineVector<float>& shift = scratch.shift;
   shift.assign(static_cast<size_t>(cp), 0.f);
   const int64_t k0 = std::min<int64_t>(c.pixels, 8);
-  for (int64_t ch = 0; ch < c.c; ++ch) {
+  for (int64_t ch = 0; ch < c.c && c.phase != FwdPhase::kApply; ++ch) {
     double s = 0.0;
     for (int64_t p = 0; p < k0; ++p) s += load_element(x, p * c.c + ch, c.dt);
     shift[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
   }
   std::vector<double>& partial = scratch.partial;
   partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
-  parallel_range(c.single_thread, groups, [&](int64_t g) {
+  const bool stats = c.phase != FwdPhase::kApply;  // Apply is given the global statistics
+  parallel_range(c.single_thread || !stats, stats ? groups : 0, [&](int64_t g) {
     // The chunk's f32 sums: the task's thread keeps them (no call inside waits).
     thread_local LineVector<float> f;
     f.resize(static_cast<size_t>(2 * cp));
@@ -272,15 +314,26 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   coef.assign(static_cast<size_t>(4 * cp), 0.f);
   const Finish fin{c, in, out, static_cast<double>(c.pixels)};
   for (int64_t ch = 0; ch < c.c; ++ch) {
+    float* hi = &coef[static_cast<size_t>(ch)];
+    float* lo = hi + cp;
+    float* a = hi + 2 * cp;
+    float* b = hi + 3 * cp;
+    if (!stats) {
+      fin.global(ch, hi, lo, a, b);
+      continue;
+    }
     double s1 = 0.0, s2 = 0.0;
     for (int64_t g = 0; g < groups; ++g) {
       s1 += partial[static_cast<size_t>(g * 2 * cp + ch)];
       s2 += partial[static_cast<size_t>(g * 2 * cp + cp + ch)];
     }
-    fin.channel(ch, shift[static_cast<size_t>(ch)], s1, s2, &coef[static_cast<size_t>(ch)],
-                &coef[static_cast<size_t>(cp + ch)], &coef[static_cast<size_t>(2 * cp + ch)],
-                &coef[static_cast<size_t>(3 * cp + ch)]);
+    if (c.phase == FwdPhase::kReduce) {
+      fin.reduce(ch, shift[static_cast<size_t>(ch)], s1, s2);
+    } else {
+      fin.channel(ch, shift[static_cast<size_t>(ch)], s1, s2, hi, lo, a, b);
+    }
   }
+  if (c.phase == FwdPhase::kReduce) return ok_status();
   const int64_t block = c.apply_pixels;
   parallel_range(c.single_thread, (c.pixels + block - 1) / block, [&](int64_t b) {
     const int64_t p0 = b * block;
@@ -304,11 +357,33 @@ std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf) {
 
 Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
                               const std::vector<const void*>& in, const std::vector<void*>& out) {
+  const Finish fin{conf, in, out, conf.empty ? 0.0 : static_cast<double>(conf.pixels)};
+  if (conf.phase == FwdPhase::kApply) {
+    // The global count covers this process's elements, and some: with every
+    // process's batch empty there are no statistics to normalise with.
+    const double total = fin.global_count();
+    if (!(total > 0) || total < static_cast<double>(conf.pixels))
+      return invalid_argument("BatchNormForwardApply: input 'count' " + std::to_string(total) +
+                              (total > 0
+                                   ? " is below this process's " + std::to_string(conf.pixels) +
+                                         " elements per channel (it must be the sum "
+                                         "over every process)"
+                                   : " is 0: every process's batch is empty, so there "
+                                     "are no batch statistics"));
+  }
+  if (conf.phase == FwdPhase::kReduce && conf.out_count >= 0)
+    *static_cast<int64_t*>(out[static_cast<size_t>(conf.out_count)]) = conf.pixels;
   if (conf.empty) {
-    const Finish fin{conf, in, out, 0.0};
     float unused[4];
-    for (int64_t ch = 0; ch < conf.c; ++ch)
-      fin.channel(ch, 0.0, 0.0, 0.0, &unused[0], &unused[1], &unused[2], &unused[3]);
+    for (int64_t ch = 0; ch < conf.c; ++ch) {
+      if (conf.phase == FwdPhase::kReduce) {
+        fin.reduce(ch, 0.0, 0.0, 0.0);
+      } else if (conf.phase == FwdPhase::kApply) {
+        fin.global(ch, &unused[0], &unused[1], &unused[2], &unused[3]);
+      } else {
+        fin.channel(ch, 0.0, 0.0, 0.0, &unused[0], &unused[1], &unused[2], &unused[3]);
+      }
+    }
     return ok_status();
   }
   return conf.ncx_rows ? run_rows(conf, kernels, in, out) : run_pixels(conf, kernels, in, out);

@@ -141,6 +141,12 @@ Status execute_op(const Op& op, const std::vector<const void*>& inputs,
       return batch_norm_forward_training(op, inputs, outputs);
     case OpKind::kBatchNormInference:
       return batch_norm_inference(op, inputs, outputs);
+    case OpKind::kBatchNormForwardReduce:
+      return batch_norm_forward_reduce(op, inputs, outputs);
+    case OpKind::kBatchNormForwardMerge:
+      return batch_norm_forward_merge(op, inputs, outputs);
+    case OpKind::kBatchNormForwardApply:
+      return batch_norm_forward_apply(op, inputs, outputs);
     case OpKind::kBatchNormBackwardReduce:
       return batch_norm_backward_reduce(op, inputs, outputs);
     case OpKind::kBatchNormBackwardApply:

@@ -32,6 +32,12 @@ Status all_reduce_single(const Op& op, const std::vector<const void*>& in,
                          const std::vector<void*>& out);
 Status batch_norm_forward_training(const Op& op, const std::vector<const void*>& in,
                                    const std::vector<void*>& out);
+Status batch_norm_forward_reduce(const Op& op, const std::vector<const void*>& in,
+                                 const std::vector<void*>& out);
+Status batch_norm_forward_merge(const Op& op, const std::vector<const void*>& in,
+                                const std::vector<void*>& out);
+Status batch_norm_forward_apply(const Op& op, const std::vector<const void*>& in,
+                                const std::vector<void*>& out);
 Status batch_norm_inference(const Op& op, const std::vector<const void*>& in,
                             const std::vector<void*>& out);
 Status elementwise(const Op& op, const std::vector<const void*>& in, const std::vector<void*>& out);
