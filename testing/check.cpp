@@ -147,6 +147,40 @@ StatusOr<std::vector<double>> mean_condition_scales(const Graph& g,
   return scale;
 }
 
+// BatchNormForwardReduce's sum (port 0) and M2 about the mean (port 1), per
+// channel, against their terms: sum |x|; and M2 + m max (x - mean)^2, which
+// bounds the shifted squares sum (x - K)^2 the kernels accumulate for any
+// shift K inside the data (a sum of random sign cancels, and an M2 of
+// near-equal values is the rounding of its terms).
+StatusOr<std::vector<double>> forward_reduce_scales(const Graph& g,
+                                                    const std::map<int64_t, Buffer>& inputs,
+                                                    const Op& op, size_t port) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  std::map<int64_t, Buffer> values;
+  NG_ASSIGN_OR_RETURN(const Buffer* x, value_of(g, inputs, values, op.inputs()[0].id, 0));
+  const Dims xs = x->desc.effective_strides();
+  std::vector<double> scale(static_cast<size_t>(d.channels), 0.0);
+  const double m = static_cast<double>(d.reduce_size);
+  for (int64_t c = 0; c < d.channels; ++c) {
+    double abs_sum = 0.0, sum = 0.0;
+    std::vector<double> v;
+    for_each_index(d.dims, d.channel_axis, c, [&](const std::vector<int64_t>& idx) {
+      const double t = load_as_double(x->data(), offset_of(idx, xs), x->desc.dtype);
+      v.push_back(t);
+      abs_sum += std::fabs(t);
+      sum += t;
+    });
+    const double mean = m > 0 ? sum / m : 0.0;
+    double m2 = 0.0, widest = 0.0;
+    for (double t : v) {
+      m2 += (t - mean) * (t - mean);
+      widest = std::max(widest, std::fabs(t - mean));
+    }
+    scale[static_cast<size_t>(c)] = port == 0 ? abs_sum : m2 + m * widest * widest;
+  }
+  return scale;
+}
+
 // A backward's diff_src = s gamma (dy - mean(dy) - xhat mean(dy xhat)), per
 // element the size of its terms, s |gamma| (|dy| + |mean(dy)| + |xhat|
 // |mean(dy xhat)|), at dense offsets. With few elements per channel (with 2,
@@ -396,8 +430,14 @@ StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_
     if (port == 0) return v;
     scales = condition_scales(lowered, inputs, op, port);
     v.cond_limit = kLambda * std::sqrt(static_cast<double>(m)) * kUnitRoundoffF32;
-  } else if (op.kind() == OpKind::kBatchNormForwardTraining && (port == 1 || port == 3)) {
+  } else if ((op.kind() == OpKind::kBatchNormForwardTraining ||
+              op.kind() == OpKind::kBatchNormForwardApply) &&
+             (port == 1 || port == 3)) {
+    // The running and batch means (src and the running mean are ports 0 and 1 of both).
     scales = mean_condition_scales(lowered, inputs, op, port);
+    v.cond_limit = kLambda * std::sqrt(static_cast<double>(m)) * kUnitRoundoffF32;
+  } else if (op.kind() == OpKind::kBatchNormForwardReduce && port < 2) {
+    scales = forward_reduce_scales(lowered, inputs, op, port);
     v.cond_limit = kLambda * std::sqrt(static_cast<double>(m)) * kUnitRoundoffF32;
   }
   // Values not reachable, or no conditioned form for this output: the plain limit stands.

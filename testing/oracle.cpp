@@ -275,6 +275,7 @@ double threshold_for(DataType dt, int64_t reduction_length) {
   double base = 0.0;
   switch (dt) {
     case DataType::kF32:
+    case DataType::kF64:  // f64 results (the synchronized forward's sums) of f32-level arithmetic
       base = is_reduction ? 1e-5 : 6e-7;
       break;
     case DataType::kF16:
@@ -355,9 +356,12 @@ int64_t reduction_length(const Graph& graph, int64_t tensor_id) {
       op.kind() != OpKind::kBatchNormTrainingBackwardFromDst &&
       op.kind() != OpKind::kBatchNormForwardTraining &&
       op.kind() != OpKind::kBatchNormBackwardReduce &&  // its sum_dy and sum_dy_xm
-      op.kind() != OpKind::kBatchNormBackwardApply)     // a synchronized backward's diff_gamma/beta
+      op.kind() != OpKind::kBatchNormBackwardApply &&   // a synchronized backward's diff_gamma/beta
+      op.kind() != OpKind::kBatchNormForwardReduce &&   // its sum and M2
+      op.kind() != OpKind::kBatchNormForwardApply)      // the statistics outputs
     return 0;
-  const bool reduce = op.kind() == OpKind::kBatchNormBackwardReduce;
+  const bool reduce = op.kind() == OpKind::kBatchNormBackwardReduce ||
+                      op.kind() == OpKind::kBatchNormForwardReduce;
   for (size_t i = reduce ? 0 : 1; i < op.outputs().size() && (!reduce || i < 2); ++i) {
     if (op.outputs()[i].id != tensor_id || op.outputs()[i].rank() != 1) continue;
     auto d = describe_batch_norm(op);

@@ -140,6 +140,9 @@ class Gen {
     const int64_t c = channels(x, nxc);
     Op& op = add(OpKind::kBatchNormForwardTraining, "bn_fwd");
     op.set_attr("epsilon", epsilon()).set_attr("data_format", nxc ? "NXC" : "NCX");
+    // Synchronized over a group of one (ref's AllReduce); an empty batch
+    // has no statistics to share, which is an error of its own.
+    if (options_.sync_ops && x.dims[0] > 0 && chance(0.15)) op.set_attr("sync_group", "world");
     if (chance(0.3)) op.set_attr("momentum", one_of({0.1, 0.5, 1.0}));
     op.add_input(x).add_input(vec(c)).add_input(vec(c));
     if (chance(0.8)) op.add_input(vec(c)).add_input(vec(c));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The synchronized batch-norm backward across processes, on
+# The synchronized batch norm (backward and forward) across processes, on
 # loopback with `mpirun --oversubscribe`:
 #  - every sync graph (examples/graphs/sync, tests/data/sync) with the batch
 #    split over 2 and 3 processes (uneven slices) and over 4 (the batch-3
@@ -41,6 +41,24 @@ if grep -q 'rows 0\.\.0' <<<"$out" && grep -q '^PASSED$' <<<"$out"; then
   echo "ok   np=4 with an empty slice"
 else
   echo "FAIL np=4 with an empty slice"; echo "$out"; fail=1
+fi
+
+# The synchronized forward at 1e4 from zero (statistics merged without
+# cancellation), and with a batch of 5 over 6 processes (rank 0 holds none).
+for g in "$src"/examples/graphs/sync/bn_sync_forward_*.json; do
+  out="$(run 2 "$cli" run "$g" --shard-batch --check --data-offset 1e4)"
+  if grep -q '^PASSED$' <<<"$out"; then
+    echo "ok   np=2 offset 1e4 $(basename "$g")"
+  else
+    echo "FAIL np=2 offset 1e4 $g"; echo "$out"; fail=1
+  fi
+done
+g="$src/examples/graphs/sync/bn_sync_forward_f32_ncx.json"   # batch 5
+out="$(run 6 "$cli" run "$g" --shard-batch --check)"
+if grep -q 'rows 0\.\.0' <<<"$out" && grep -q '^PASSED$' <<<"$out"; then
+  echo "ok   np=6 forward with an empty slice"
+else
+  echo "FAIL np=6 forward with an empty slice"; echo "$out"; fail=1
 fi
 
 for mode in mismatch fail-early; do
