@@ -360,8 +360,8 @@ int64_t reduction_length(const Graph& graph, int64_t tensor_id) {
       op.kind() != OpKind::kBatchNormForwardReduce &&   // its sum and M2
       op.kind() != OpKind::kBatchNormForwardApply)      // the statistics outputs
     return 0;
-  const bool reduce = op.kind() == OpKind::kBatchNormBackwardReduce ||
-                      op.kind() == OpKind::kBatchNormForwardReduce;
+  const bool reduce =
+      op.kind() == OpKind::kBatchNormBackwardReduce || op.kind() == OpKind::kBatchNormForwardReduce;
   for (size_t i = reduce ? 0 : 1; i < op.outputs().size() && (!reduce || i < 2); ++i) {
     if (op.outputs()[i].id != tensor_id || op.outputs()[i].rank() != 1) continue;
     auto d = describe_batch_norm(op);
