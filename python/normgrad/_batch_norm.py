@@ -302,23 +302,21 @@ class BatchNorm3d(_NormgradBatchNorm, _nn.BatchNorm3d):
 
 def _local_moments(x, with_m2=True):
     """This process's count and per-channel mean and M2 = sum (x - mean)^2, in
-    f64, from sums shifted by each channel's first values (so data far from
-    zero does not cancel: a constant channel has M2 = 0 exactly)."""
+    f64: BatchNormForwardReduce on the JIT, from sums shifted by each
+    channel's first values (so data far from zero does not cancel: a constant
+    channel has M2 = 0 exactly), accumulated in f32 per fixed chunk and in f64
+    across chunks. `with_m2` is kept for the callers that want the mean alone."""
     c = x.shape[1]
-    n = x.numel() // c
+    n = x.numel() // c if c else 0
     if n == 0:
         z = _torch.zeros(c, dtype=_torch.float64)
         return 0, z, z.clone()
-    dims = [0] + list(range(2, x.dim()))
-    xf = x.detach().float()
-    shape = [1, c] + [1] * (x.dim() - 2)
-    k = xf[0].reshape(c, -1)[:, :16].mean(1)  # near the mean: the sums stay small
-    t = xf - k.view(shape)
-    s1 = t.sum(dims, dtype=_torch.float64)
-    if not with_m2:  # the mean alone: one pass fewer
-        return n, k.double() + s1 / n, None
-    s2 = (t * t).sum(dims, dtype=_torch.float64)
-    return n, k.double() + s1 / n, (s2 - s1 * s1 / n).clamp_min(0)
+    fmt, xv = _g.layout(x.detach())
+    sums = _torch.empty(2 * c, dtype=_torch.float64)
+    count = _torch.zeros(1, dtype=_torch.int64)
+    _g.run(_g.forward_reduce_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c), {_g.X: xv},
+           {_g.F_SUM: sums[:c], _g.F_M2: sums[c:], _g.F_COUNT: count})
+    return n, sums[:c] / n, sums[c:] if with_m2 else None
 
 
 def group_moments(x, group, name):
@@ -397,12 +395,31 @@ def group_sums_backward(x, grad, mean, invstd, gamma, group, mean_lo=None):
     return dx, local
 
 
-def normalize_split(x, hi, lo, scale, shift):
-    """((x - hi) - lo) scale + shift in f32 per channel (x - hi is exact for x
-    near the mean, so data far from zero keeps its low bits)."""
-    shape = [1, x.shape[1]] + [1] * (x.dim() - 2)
-    y = x.float() - hi.view(shape)
-    y = y.sub_(lo.view(shape)).mul_(scale.view(shape)).add_(shift.view(shape))
+def normalize_group(x, total, mean64, var64, gamma, beta, eps, leaky=None):
+    """y = gamma (x - mean) / sqrt(var + eps) + beta [then leaky_relu(leaky)] on
+    the JIT (BatchNormForwardApply), from the group's count and f64 mean and
+    variance, in x's dtype and memory format. The kernel subtracts the mean as
+    hi + lo, so data far from zero keeps its low bits."""
+    xd = x.detach()
+    fmt, xv = _g.layout(xd)
+    c = x.shape[1]
+    y = _g.pooled_like(xd, fmt)
+    if x.numel() == 0:  # this process's slice is empty: nothing to normalise
+        return y
+    inputs = {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0),
+              _g.G_SUM: (mean64 * total).contiguous(), _g.G_M2: (var64 * total).contiguous(),
+              _g.G_COUNT: _torch.tensor([int(round(total))], dtype=_torch.int64)}
+    affine = gamma is not None
+    if affine:
+        inputs[_g.GAMMA] = gamma.detach().float().contiguous()
+        inputs[_g.BETA] = (beta.detach().float().contiguous() if beta is not None
+                           else _g.constant(c, 0.0))
+    scratch = _torch.empty(4 * c, dtype=_torch.float32)  # the op's statistics outputs, unused
+    out = _g.RELU_OUT if leaky is not None else _g.Y0
+    _g.run(_g.forward_apply_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, affine, eps,
+                                  leaky),
+           inputs, {out: _g.view_as_fmt(y, fmt), _g.ORM: scratch[:c], _g.ORV: scratch[c:2 * c],
+                    _g.BM: scratch[2 * c:3 * c], _g.BV: scratch[3 * c:]})
     return y
 
 
@@ -421,14 +438,11 @@ class _SyncBatchNormFunction(_torch.autograd.Function):
         hi, lo = split_mean(mean64)
         _g.update_running(running_mean, running_var, mean64.float(), var64.float(), factor,
                           total)
-        c = x.shape[1]
-        scale = invstd64 * (weight.detach().double() if weight is not None else 1.0)
-        shift = bias.detach().float() if bias is not None else _torch.zeros(c)
-        y = normalize_split(x.detach(), hi, lo, scale.float(), shift)
+        y = normalize_group(x, total, mean64, var64, weight, bias, eps)
         ctx.group = group
         invstd = invstd64.float()
         ctx.save_for_backward(x, weight, hi, lo, invstd)
-        return _g.like(y.to(x.dtype), x)
+        return y
 
     @staticmethod
     def backward(ctx, grad):

@@ -144,11 +144,7 @@ class _InPlaceABNSyncFunction(_torch.autograd.Function):
                           total)
         c = x.shape[1]
         gamma, beta = _scale_shift(weight, bias, eps, c)
-        hi, lo = _bn.split_mean(mean64)
-        scale = (gamma.double() / _torch.sqrt(var64 + eps)).float()
-        y = _bn.normalize_split(xd, hi, lo, scale, beta)
-        if slope is not None:
-            _F.leaky_relu_(y, slope)
+        y = _bn.normalize_group(xd, total, mean64, var64, gamma, beta, eps, leaky=slope)
         xd.copy_(y)  # written over x, in x's dtype and memory format
         var = var64.float()
         ctx.eps, ctx.slope, ctx.group = eps, slope, group

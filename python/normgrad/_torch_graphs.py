@@ -8,7 +8,10 @@ depends on (shape, layout, dtype, strides, fused epilogue, epsilon):
   - backward: BatchNormTrainingBackward, with ReLUBackward on diff_dst when the
     module fused a ReLU.
   - the synchronized backward's two halves: BatchNormBackwardReduce (this
-    process's sums) and BatchNormBackwardApply (on the group's sums).
+    process's sums) and BatchNormBackwardApply (on the group's sums);
+  - the synchronized forward's two data passes: BatchNormForwardReduce (this
+    process's sum, M2 and count) and BatchNormForwardApply (the normalisation
+    on the group's, with an optional LeakyReLU).
 Outputs come from normgrad's caching pool (``pooled_like``): torch frees them
 through their DLPack deleter, which returns the block, so step 2 onward
 takes no page faults.
@@ -36,6 +39,9 @@ GROUP_SUM_DY, GROUP_SUM_DY_XMU, GROUP_COUNT = 23, 24, 25
 # The forward's ports: running statistics in and out, beta, dst, batch statistics,
 # the residual and the epilogue's outputs.
 RM, RV, BETA, Y0, ORM, ORV, BM, BV, RES, ADD_OUT, RELU_OUT = range(30, 41)
+# The synchronized forward's parts: this process's sum, M2 and count
+# (BatchNormForwardReduce), and the group's (BatchNormForwardApply reads them).
+F_SUM, F_M2, F_COUNT, G_SUM, G_M2, G_COUNT = range(50, 56)
 
 
 class RankError(_ng.Error, ValueError):
@@ -336,6 +342,33 @@ def apply_graph(shape, fmt, dt, c, affine):
                  {"epsilon": 0.0, "data_format": fmt, "variance_is_inv_std": True}, id=0,
                  name="apply")
     return _compiled(("apply", tuple(shape), fmt, dt, affine), build)
+
+
+def forward_reduce_graph(shape, fmt, dt, c):
+    """BatchNormForwardReduce: this process's per-channel sum and M2 about its
+    own mean (f64, from the JIT's shifted sums) and its count."""
+    def build(g):
+        g.add_op("BatchNormForwardReduce", [_t(X, dt, shape)],
+                 [_t(F_SUM, "f64", [c]), _t(F_M2, "f64", [c]), _t(F_COUNT, "s64", [1])],
+                 {"data_format": fmt}, id=0, name="fwd_reduce")
+    return _compiled(("fwd_reduce", tuple(shape), fmt, dt), build)
+
+
+def forward_apply_graph(shape, fmt, dt, c, affine, eps, leaky=None):
+    """BatchNormForwardApply on the group's sum, M2 and count [-> LeakyReLU(leaky)]:
+    the normalisation with the mean as hi + lo, as the whole forward does."""
+    def build(g):
+        ins = [_t(X, dt, shape), _t(RM, "f32", [c]), _t(RV, "f32", [c]), _t(G_SUM, "f64", [c]),
+               _t(G_M2, "f64", [c]), _t(G_COUNT, "s64", [1])]
+        if affine:
+            ins += [_t(GAMMA, "f32", [c]), _t(BETA, "f32", [c])]
+        outs = [_t(Y0, dt, shape)] + [_t(i, "f32", [c]) for i in (ORM, ORV, BM, BV)]
+        g.add_op("BatchNormForwardApply", ins, outs, {"epsilon": float(eps), "data_format": fmt},
+                 id=0, name="fwd_apply")
+        if leaky is not None:
+            g.add_op("LeakyReLU", [_t(Y0, dt, shape)], [_t(RELU_OUT, dt, shape)],
+                     {"alpha": float(leaky)}, id=2, name="leaky_relu")
+    return _compiled(("fwd_apply", tuple(shape), fmt, dt, affine, float(eps), leaky), build)
 
 
 _CONSTANTS = {}
