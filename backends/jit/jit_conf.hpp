@@ -282,6 +282,10 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
 // `call_bytes` of src + diff_dst.
 int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes);
 
+// The apply's prefetches and reversed walk for `c`'s walk and tasks (after
+// the ports are known: fused producers read more per task).
+void set_apply_prefetch(BnConf* c);
+
 // The rows per call of the reversed apply for `c` (StreamConf::reverse_rows),
 // whatever the L2's size; 0 where the apply stays forward.
 int64_t reverse_apply_rows(const BnConf& c);

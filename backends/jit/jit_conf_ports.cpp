@@ -1,0 +1,183 @@
+// JIT conf of a partition: where its ports are, by the batch norm's port names.
+//
+// make_conf(partition) takes the op's conf (jit_conf.cpp) and maps the
+// partition's inputs and outputs onto the kernels' PortMap: the statistics
+// and sums as partition inputs, the outputs by name, and a fused producer's
+// two operands as the src or diff_dst port's (dense, and only where no
+// tensor of the batch norm is staged).
+#include <normgrad/backends/jit/jit_conf.hpp>
+
+#include <normgrad/ops/op_ports.hpp>
+
+namespace normgrad {
+namespace jit {
+namespace {
+
+// Where the partition's outputs hold each of the batch norm's, by name.
+Status output_ports(const Op& bn, const std::vector<LogicalTensor>& outputs, PortMap* m) {
+  auto index_out = [&](const LogicalTensor& lt) -> StatusOr<int> {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].id == lt.id) return static_cast<int>(i);
+    }
+    return unimplemented("the JIT writes the batch norm's outputs as partition outputs; tensor " +
+                         std::to_string(lt.id) + " is not one");
+  };
+  if (bn.kind() == OpKind::kBatchNormBackwardReduce) {
+    const BatchNormBackwardReducePorts p(bn);
+    m->dx = m->diff_gamma = m->diff_beta = -1;
+    NG_ASSIGN_OR_RETURN(m->sum_dy_out, index_out(p.sum_dy()));
+    NG_ASSIGN_OR_RETURN(m->sum_dy_xm_out, index_out(p.sum_dy_xm()));
+    NG_ASSIGN_OR_RETURN(m->count_out, index_out(p.count()));
+    return ok_status();
+  }
+  // The other backward kinds name their outputs alike.
+  using P = BatchNormTrainingBackwardPorts;
+  static_assert(P::diff_beta_port() == BatchNormBackwardApplyPorts::diff_beta_port() &&
+                    P::diff_beta_port() == BatchNormTrainingBackwardFromDstPorts::diff_beta_port(),
+                "the backward kinds' outputs share their places");
+  const std::vector<LogicalTensor>& outs = bn.outputs();
+  NG_ASSIGN_OR_RETURN(m->dx, index_out(outs[P::diff_src_port()]));
+  m->diff_gamma = m->diff_beta = -1;
+  if (outs.size() > P::diff_beta_port()) {
+    NG_ASSIGN_OR_RETURN(m->diff_gamma, index_out(outs[P::diff_gamma_port()]));
+    NG_ASSIGN_OR_RETURN(m->diff_beta, index_out(outs[P::diff_beta_port()]));
+  }
+  return ok_status();
+}
+
+// BatchNormTrainingBackwardFromDst on the backward's kernels: src is the
+// recovered y = act^-1(dst), diff_dst the gradient through act, and the
+// "mean" the kernels subtract is beta; the driver turns 1/gamma and the
+// variance into the coefficients (jit_driver.cpp, load_channel).
+template <typename IndexOf>
+StatusOr<BnConf> from_dst_ports(const Op& bn, const IndexOf& index_of, BnConf c) {
+  PortMap& m = c.ports;
+  const BatchNormTrainingBackwardFromDstPorts ports(bn);
+  const int dst = index_of(ports.dst().id), diff_dst = index_of(ports.diff_dst().id);
+  m.variance = index_of(ports.variance().id);
+  m.gamma = index_of(ports.gamma().id);
+  m.mean = index_of(ports.beta().id);
+  if (dst < 0 || diff_dst < 0 || m.variance < 0 || m.gamma < 0 || m.mean < 0)
+    return unimplemented("the JIT needs every input of " + bn.label() + " from the partition");
+  m.x = dst;
+  m.dy = diff_dst;
+  const int residual = ports.has_residual() ? index_of(ports.residual().id) : -1;
+  if (c.d.from_dst_residual && residual < 0)
+    return unimplemented("the JIT needs the residual of " + bn.label() + " from the partition");
+  if (c.d.alpha != 1.f || residual >= 0) {
+    // The kernel reads dst twice (and the residual) where they are: all dense.
+    const LogicalTensor* r = residual >= 0 ? &ports.residual() : nullptr;
+    if (!c.x_strides.empty() || !c.dy_strides.empty() ||
+        (r && r->effective_strides() != dense_strides(r->dims)))
+      return unimplemented(
+          "the JIT takes dense dst, diff_dst and residual through leaky_relu (ref runs it)");
+    c.alpha = c.d.alpha;
+    c.x_fuse = residual >= 0 ? Fuse::kLeakyInverseSub : Fuse::kLeakyInverse;
+    m.x_second = residual;
+  }
+  if (c.d.alpha != 1.f && residual < 0) {
+    c.dy_fuse = Fuse::kLeakyBackwardAtSrc;  // the sign from the recovered src
+  } else if (c.d.alpha != 1.f) {
+    c.dy_fuse = Fuse::kLeakyBackward;  // src is y - residual: the sign from dst itself
+    m.dy = dst;
+    m.dy_second = diff_dst;
+  }
+  set_apply_prefetch(&c);
+  return c;
+}
+
+}  // namespace
+
+StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
+  // The pattern that took the partition (jit_backend.cpp) bound the batch
+  // norm as its anchor and any ReLUBackward/Add as the src or diff_dst producer.
+  const Op* bn = partition.bound(FusionRole::kAnchor);
+  if (bn == nullptr || partition.backend != kBackendName)
+    return internal_error(
+        "the JIT compiles partitions its own patterns matched, not " +
+        (partition.pattern.empty() ? std::string("an unmatched one") : partition.pattern));
+  NG_ASSIGN_OR_RETURN(BnConf c, make_conf(*bn, isa));
+  auto index_of = [&](int64_t id) {
+    for (size_t i = 0; i < partition.inputs.size(); ++i) {
+      if (partition.inputs[i].id == id) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  PortMap& m = c.ports;
+  NG_RETURN_IF_ERROR(output_ports(*bn, partition.outputs, &m));
+  if (c.d.from_dst) return from_dst_ports(*bn, index_of, c);
+  if (c.d.phase == BackwardPhase::kReduce) {
+    const BatchNormBackwardReducePorts ports(*bn);
+    m.x = index_of(ports.src().id);
+    m.dy = index_of(ports.diff_dst().id);
+    m.mean = index_of(ports.mean().id);
+    m.variance = m.gamma = -1;
+    if (m.mean < 0) return unimplemented("the JIT needs the mean as a partition input");
+  } else if (c.d.phase == BackwardPhase::kApply) {
+    const BatchNormBackwardApplyPorts ports(*bn);
+    m.x = index_of(ports.src().id);
+    m.dy = index_of(ports.diff_dst().id);
+    m.mean = index_of(ports.mean().id);
+    m.variance = index_of(ports.variance().id);
+    m.sum_dy = index_of(ports.sum_dy().id);
+    m.sum_dy_xm = index_of(ports.sum_dy_xm().id);
+    m.count = index_of(ports.count().id);
+    m.gamma = ports.has_gamma() ? index_of(ports.gamma().id) : -1;
+    if (m.mean < 0 || m.variance < 0 || m.sum_dy < 0 || m.sum_dy_xm < 0 || m.count < 0 ||
+        (ports.has_gamma() && m.gamma < 0))
+      return unimplemented("the JIT needs the statistics and sums as partition inputs");
+    for (const LogicalTensor* lt : {&ports.sum_dy(), &ports.sum_dy_xm()}) {
+      if (lt->dims[0] > 1 && lt->effective_strides()[0] != 1)
+        return unimplemented("the JIT takes dense sums; tensor " + std::to_string(lt->id) +
+                             " is strided (ref runs it)");
+    }
+  } else {
+    const BatchNormTrainingBackwardPorts ports(*bn);
+    m.x = index_of(ports.src().id);
+    m.dy = index_of(ports.diff_dst().id);
+    m.mean = index_of(ports.mean().id);
+    m.variance = index_of(ports.variance().id);
+    m.gamma = ports.has_gamma() ? index_of(ports.gamma().id) : -1;
+    if (m.mean < 0 || m.variance < 0 || (ports.has_gamma() && m.gamma < 0)) {
+      return unimplemented("the JIT needs the statistics as partition inputs");
+    }
+  }
+  for (const BoundOp& b : partition.roles) {
+    if (b.role != FusionRole::kSrcProducer && b.role != FusionRole::kDiffDstProducer) continue;
+    const Op& op = *partition.bound(b.role);
+    const int port = b.role == FusionRole::kSrcProducer ? 0 : 1;
+    // The kernel reads a fused port's operands where they are: they must be dense.
+    if ((port == 0 && !c.x_strides.empty()) || (port == 1 && !c.dy_strides.empty()))
+      return unimplemented("the JIT takes dense fused inputs");
+    for (const LogicalTensor& lt : op.inputs()) {
+      if (lt.effective_strides() != dense_strides(lt.dims))
+        return unimplemented("the JIT takes dense fused inputs");
+    }
+    // ReLUBackward's (src/dst, diff_dst) or Add's (src_0, src_1).
+    const bool relu = op.kind() == OpKind::kReLUBackward;
+    const int first = index_of(elementwise_src(op).id);
+    const int second =
+        index_of((relu ? ReLUBackwardPorts(op).diff_dst() : AddPorts(op).src_1()).id);
+    const Fuse f = relu ? Fuse::kReluBackward : Fuse::kAdd;
+    if (port == 0) {
+      c.x_fuse = f, m.x = first, m.x_second = second;
+    } else {
+      c.dy_fuse = f, m.dy = first, m.dy_second = second;
+    }
+  }
+  // Staged tensors (strided beyond what the walks take in place) are copied
+  // per task into buffers of their own, and a fused operand has no staged
+  // copy: fusing there would read past the buffers.
+  if ((uses_second(c.x_fuse) || uses_second(c.dy_fuse)) &&
+      (!c.x_strides.empty() || !c.dy_strides.empty() || !c.dx_strides.empty()))
+    return unimplemented(
+        "the JIT fuses producers (and the residual) only where no tensor of the batch norm is "
+        "staged; a strided src, diff_dst or diff_src is");
+  if (m.x < 0 || m.dy < 0)
+    return unimplemented("the JIT needs src and diff_dst from partition inputs");
+  set_apply_prefetch(&c);  // fused producers read more per task
+  return c;
+}
+
+}  // namespace jit
+}  // namespace normgrad
