@@ -495,7 +495,7 @@ Status check_global_count(const std::string& who, const BatchNormDesc& d, double
 
 Status check_forward_count(const std::string& who, const BatchNormDesc& d, double count) {
   if (count >= static_cast<double>(d.reduce_size) && count > 0) return ok_status();
-  return invalid_argument(who + ": input 'count' " + std::to_string(count) +
+  return invalid_argument(who + ": input 'count' " + std::to_string(static_cast<int64_t>(count)) +
                           (count <= 0
                                ? " is 0: every process's batch is empty, so there are "
                                  "no batch statistics"

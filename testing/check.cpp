@@ -410,6 +410,16 @@ StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_
     v.limit = std::max(v.limit, threshold_for(producer->inputs()[0].dtype, 0));
   }
   v.pass = v.error.nan_mismatch == 0 && v.error.rel_l2 <= v.limit;
+  // Quantized integers: a value x / scale within one rounding of a tie
+  // (x / scale against x * (1 / scale), f32 against f64) lands one step
+  // either side, as benchdnn allows for int8; on a small tensor of small
+  // values one such step is over the relative limit. Ties are rare: one
+  // step on at most 1% of the elements (at least one) passes, while a
+  // wrong zero point or scale moves most of them.
+  const DataType qdt = want.desc.dtype;
+  if ((qdt == DataType::kS8 || qdt == DataType::kU8) && v.error.nan_mismatch == 0 &&
+      v.error.max_abs <= 1.0 && v.error.differing <= std::max<int64_t>(1, v.error.elements / 100))
+    v.pass = true;
   if (v.pass || v.error.nan_mismatch != 0 || producer == nullptr) return v;
   const Op& op = *producer;
   size_t port = 0;

@@ -262,6 +262,8 @@ ErrorStats compare(const Buffer& got, const Buffer& want) {
       return;
     }
     const double diff = std::fabs(g - w);
+    ++e.elements;
+    e.differing += diff > 0.0 ? 1 : 0;
     e.max_abs = std::max(e.max_abs, diff);
     num += diff * diff;
     den += w * w;

@@ -55,6 +55,8 @@ struct ErrorStats {
   double max_abs = 0.0;
   double rel_l2 = 0.0;  // ||got - want|| / ||want|| (absolute L2 when want is all zero)
   int64_t nan_mismatch = 0;
+  int64_t differing = 0;  // elements that differ at all
+  int64_t elements = 0;
 };
 
 ErrorStats compare(const Buffer& got, const Buffer& want);
