@@ -188,7 +188,10 @@ TEST(SyncForward, SplitGraphMatchesTheWholeForwardOnOneProcess) {
 TEST(SyncForward, ThreadGroupsMatchTheWholeBatch) {
   if (!built_with_mpi()) GTEST_SKIP() << "only the MPI backend sums over a group of several";
   for (const char* f : {"NCX", "NXC"}) {
-    for (const auto& [ranks, batch] : {std::pair<int, int64_t>{2, 5}, {3, 5}, {3, 2}}) {
+    for (const auto& split : {std::pair<int, int64_t>{2, 5}, {3, 5}, {3, 2}}) {
+      // Plain locals: C++17 lambdas cannot capture structured bindings.
+      const int ranks = split.first;
+      const int64_t batch = split.second;
       FwdCase c;
       c.format = f;
       c.epilogue = "add_leaky";
