@@ -70,10 +70,11 @@ StatusOr<BatchNormDesc> describe_batch_norm(const Op& op);
 // `who` starts the message (the op's label).
 Status check_global_count(const std::string& who, const BatchNormDesc& d, double count);
 
-// BatchNormForwardApply's `count` input against this process's M: the
-// global count is at least M, and above 0 (if every process's batch is
-// empty, there are no statistics; torch refuses that too).
-Status check_forward_count(const std::string& who, const BatchNormDesc& d, double count);
+// The synchronized forward's global `count` (BatchNormForwardMerge and
+// BatchNormForwardApply, on every backend) against this process's `local`
+// elements per channel: at least that, and above 0 (if every process's batch
+// is empty, there are no statistics; torch refuses that too).
+Status check_forward_count(const std::string& who, int64_t local, double count);
 
 // BatchNormTrainingBackwardFromDst divides by gamma: |gamma| below
 // kMinFromDstGamma (or not finite) on channel c is refused, naming the channel.

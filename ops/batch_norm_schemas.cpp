@@ -493,15 +493,14 @@ Status check_global_count(const std::string& who, const BatchNormDesc& d, double
                           " elements per channel (it must be the sum over every process)");
 }
 
-Status check_forward_count(const std::string& who, const BatchNormDesc& d, double count) {
-  if (count >= static_cast<double>(d.reduce_size) && count > 0) return ok_status();
+Status check_forward_count(const std::string& who, int64_t local, double count) {
+  if (count >= static_cast<double>(local) && count > 0) return ok_status();
   return invalid_argument(who + ": input 'count' " + std::to_string(static_cast<int64_t>(count)) +
-                          (count <= 0
-                               ? " is 0: every process's batch is empty, so there are "
-                                 "no batch statistics"
-                               : " is below this process's " + std::to_string(d.reduce_size) +
-                                     " elements per channel (it must be the sum over "
-                                     "every process)"));
+                          (count <= 0 ? " is 0: every process's batch is empty, so there are "
+                                        "no batch statistics"
+                                      : " is below this process's " + std::to_string(local) +
+                                            " elements per channel (it must be the sum over "
+                                            "every process)"));
 }
 
 Status check_from_dst_gamma(const std::string& who, int64_t c, double gamma) {

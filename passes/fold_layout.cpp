@@ -30,14 +30,6 @@ std::vector<int64_t> normalized_order(const Op& t) {
   return *order;
 }
 
-// A conversion's one input and one output, by its kind's port names.
-const LogicalTensor& conversion_src(const Op& op) {
-  return op.kind() == OpKind::kTypeCast ? TypeCastPorts(op).src() : StaticTransposePorts(op).src();
-}
-const LogicalTensor& conversion_dst(const Op& op) {
-  return op.kind() == OpKind::kTypeCast ? TypeCastPorts(op).dst() : StaticTransposePorts(op).dst();
-}
-
 // The producer op of the batch norm's src (`of_src`) or diff_dst when it is
 // of `kind` and feeds only that port.
 const Op* sole_producer(const Graph& g, const Op& bn, bool of_src, OpKind kind) {
@@ -70,9 +62,9 @@ StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
       return false;
     if (!check(bn, *in_src, *in_dy, *out)) return false;
     Op folded = bn;
-    folded.mutable_inputs()[Ports::src_port()] = conversion_src(*in_src);
-    folded.mutable_inputs()[Ports::diff_dst_port()] = conversion_src(*in_dy);
-    folded.mutable_outputs()[Ports::diff_src_port()] = conversion_dst(*out);
+    folded.mutable_inputs()[Ports::src_port()] = elementwise_src(*in_src);
+    folded.mutable_inputs()[Ports::diff_dst_port()] = elementwise_src(*in_dy);
+    folded.mutable_outputs()[Ports::diff_src_port()] = elementwise_dst(*out);
     rewrite(folded);
     const int64_t src_id = in_src->id(), dy_id = in_dy->id(), out_id = out->id();
     // The rewriter, in an order that is valid at every step: the output
@@ -82,7 +74,7 @@ StatusOr<bool> fold_around(Graph& g, OpKind conversion, const Check& check,
     // unread, go. The tensor keeps its id, so an output port naming it still
     // names it.
     Op handed_over = *out;
-    LogicalTensor spare = conversion_dst(*out);
+    LogicalTensor spare = elementwise_dst(*out);
     spare.id = graph.new_tensor_id();
     handed_over.mutable_outputs().assign(1, spare);
     NG_RETURN_IF_ERROR(graph.replace_op(out_id, std::move(handed_over)));
@@ -123,14 +115,14 @@ StatusOr<bool> FoldCastPass::run(Graph& graph) const {
   return fold_around(
       graph, OpKind::kTypeCast,
       [](const Op& bn, const Op& a, const Op& b, const Op& out) {
-        const DataType t = conversion_src(a).dtype;
+        const DataType t = elementwise_src(a).dtype;
         // Only narrow data computed in f32, with f32 statistics: a supported combination after
         // folding.
         if (t != DataType::kBF16 && t != DataType::kF16) return false;
         const BatchNormTrainingBackwardPorts ports(bn);
         if (ports.src().dtype != DataType::kF32 || ports.mean().dtype != DataType::kF32)
           return false;
-        return conversion_src(b).dtype == t && conversion_dst(out).dtype == t;
+        return elementwise_src(b).dtype == t && elementwise_dst(out).dtype == t;
       },
       [](Op&) {});
 }

@@ -13,6 +13,7 @@
 #include <normgrad/backends/jit/jit_driver.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
 #include <normgrad/graph/data_type.hpp>
+#include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
 namespace jit {
@@ -361,15 +362,8 @@ Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
   if (conf.phase == FwdPhase::kApply) {
     // The global count covers this process's elements, and some: with every
     // process's batch empty there are no statistics to normalise with.
-    const double total = fin.global_count();
-    if (!(total > 0) || total < static_cast<double>(conf.pixels))
-      return invalid_argument(
-          "BatchNormForwardApply: input 'count' " + std::to_string(static_cast<int64_t>(total)) +
-          (total > 0 ? " is below this process's " + std::to_string(conf.pixels) +
-                           " elements per channel (it must be the sum "
-                           "over every process)"
-                     : " is 0: every process's batch is empty, so there "
-                       "are no batch statistics"));
+    NG_RETURN_IF_ERROR(
+        check_forward_count("BatchNormForwardApply", conf.pixels, fin.global_count()));
   }
   if (conf.phase == FwdPhase::kReduce && conf.out_count >= 0)
     *static_cast<int64_t*>(out[static_cast<size_t>(conf.out_count)]) = conf.pixels;

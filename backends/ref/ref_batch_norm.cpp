@@ -245,12 +245,7 @@ Status batch_norm_forward_merge(const Op& op, const std::vector<const void*>& in
   const P ports(op);
   const double n = stat_at(op, in, P::local_count_port(), 0);
   const double total = stat_at(op, in, P::count_port(), 0);
-  if (total < n || total <= 0)
-    return invalid_argument(
-        op.label() + ": count " + std::to_string(static_cast<int64_t>(total)) +
-        " is not a sum over every process that includes this one's " +
-        std::to_string(static_cast<int64_t>(n)) +
-        (total <= 0 ? " (every process's batch is empty: there are no batch statistics)" : ""));
+  NG_RETURN_IF_ERROR(check_forward_count(op.label(), static_cast<int64_t>(n), total));
   for (int64_t c = 0; c < ports.m2_part().dims[0]; ++c) {
     const double local_mean = n > 0 ? stat_at(op, in, P::local_sum_port(), c) / n : 0.0;
     const double delta = local_mean - stat_at(op, in, P::sum_port(), c) / total;
@@ -265,7 +260,7 @@ Status batch_norm_forward_apply(const Op& op, const std::vector<const void*>& in
   using P = BatchNormForwardApplyPorts;
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
   const double total = stat_at(op, in, P::count_port(), 0);
-  NG_RETURN_IF_ERROR(check_forward_count(op.label(), d, total));
+  NG_RETURN_IF_ERROR(check_forward_count(op.label(), d.reduce_size, total));
   for (int64_t c = 0; c < d.channels; ++c) {
     const double bmean = stat_at(op, in, P::sum_port(), c) / total;
     const double bvar = stat_at(op, in, P::m2_port(), c) / total;

@@ -186,7 +186,7 @@ def _mean_lo(x, mean, var, eps):
     is far from zero, else None. One more pass over x, only then."""
     if x.numel() == 0 or not bool(((mean.abs() * _torch.rsqrt(var + eps)) > _OFFSET_SIGMAS).any()):
         return None
-    _, mean64, _ = _local_moments(x, with_m2=False)
+    _, mean64, _ = _local_moments(x)
     return (mean64 - mean.double()).float()
 
 
@@ -300,12 +300,12 @@ class BatchNorm3d(_NormgradBatchNorm, _nn.BatchNorm3d):
 # --- SyncBatchNorm -------------------------------------------------------------
 
 
-def _local_moments(x, with_m2=True):
+def _local_moments(x):
     """This process's count and per-channel mean and M2 = sum (x - mean)^2, in
     f64: BatchNormForwardReduce on the JIT, from sums shifted by each
     channel's first values (so data far from zero does not cancel: a constant
     channel has M2 = 0 exactly), accumulated in f32 per fixed chunk and in f64
-    across chunks. `with_m2` is kept for the callers that want the mean alone."""
+    across chunks."""
     c = x.shape[1]
     n = x.numel() // c if c else 0
     if n == 0:
@@ -316,7 +316,7 @@ def _local_moments(x, with_m2=True):
     count = _torch.zeros(1, dtype=_torch.int64)
     _g.run(_g.forward_reduce_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c), {_g.X: xv},
            {_g.F_SUM: sums[:c], _g.F_M2: sums[c:], _g.F_COUNT: count})
-    return n, sums[:c] / n, sums[c:] if with_m2 else None
+    return n, sums[:c] / n, sums[c:]
 
 
 def group_moments(x, group, name):
