@@ -109,8 +109,8 @@ std::string BnConf::kernel_name() const {
 std::string BnConf::key() const {
   // The generated code depends on the ISA, dtypes, walk, the inner length and strides.
   return kernel_name() + (avx512_bf16 ? "+bf16cvt" : "") + (stream.nt_stores ? "+nt" : "") +
-         ":cols=" + std::to_string(walk.cols) + ":rs=" + std::to_string(walk.row_stride) +
-         ":cs=" + std::to_string(walk.channel_stride) +
+         (stream.pair_vectors ? "+pairs" : "") + ":cols=" + std::to_string(walk.cols) +
+         ":rs=" + std::to_string(walk.row_stride) + ":cs=" + std::to_string(walk.channel_stride) +
          ":dxrs=" + std::to_string(walk.dx_row_stride) +
          ":dxcs=" + std::to_string(walk.dx_channel_stride) +
          ":cg=" + std::to_string(walk.channel_group) + ":pg=" + std::to_string(walk.pixel_group) +
@@ -429,6 +429,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // streams too (32-byte vmovntps, 16-byte vmovntdq for 16-bit data); the
   // realigned rows and the grouped rows' linear blocks stay AVX-512's.
   c.stream.nt_stores = isa != Isa::kPortable && 3 * data_bytes > cache_sizes().l3_bytes / 4;
+  c.stream.pair_vectors = isa == Isa::kAvx2 && d.data_dt == DataType::kBF16;
   return c;
 }
 

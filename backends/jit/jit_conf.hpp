@@ -188,6 +188,13 @@ struct StreamConf {
   // rows) prefetches the next channel, the rows its reduce starts on: spread
   // over every call those prefetches evicted the rows the walk relies on.
   int64_t reverse_rows = 0;
+  // AVX2, bf16, the rows walk's apply without fused producers: 16 elements
+  // per step, as the even and odd words of one 32-byte load, rounded and
+  // merged back by shifts and masks into one 32-byte store. The vector at a
+  // time widens each load (vpmovzxwd) and narrows each store (extract and
+  // pack), and that conversion made the apply compute-bound. Elementwise:
+  // the same bits either way.
+  bool pair_vectors = false;
 };
 
 // Software prefetches, each where a measurement found the hardware

@@ -331,6 +331,84 @@ void BnGenerator::cols_loop(const std::function<void(int, int64_t, bool)>& step)
   if (tail_) step(static_cast<int>(rem), rem * lanes_, true);
 }
 
+// StreamConf::pair_vectors, for the kernel being generated: the AVX2 bf16
+// apply without fused producers (their loads are per vector).
+bool BnGenerator::pair_vectors() const {
+  return c_.stream.pair_vectors && !avx512_ && c_.d.data_dt == DataType::kBF16 &&
+         kind_ == Kind::kApply && !fused();
+}
+
+// The low bits of diff_src's address that must be zero for a streaming
+// store: a vector's, or a pair's 32 bytes.
+int BnGenerator::nt_align_mask() const {
+  return (pair_vectors() ? 32 : lanes_ * es_) - 1;
+}
+
+// 16 bf16 elements at `off` as f32: the even ones (the low word of each
+// dword, shifted up) into ymm(even), the odd ones (the high word, masked) into
+// ymm(odd). The same values the vector-at-a-time load gives, in other lanes.
+void BnGenerator::load_pair(int even, int odd, const Reg64& base, int64_t off) {
+  vmovdqu(Ymm(odd), data(base, off));
+  vpslld(Ymm(even), Ymm(odd), 16);
+  vpand(Ymm(odd), Ymm(odd), ptr[rip + c_hi16_]);
+}
+
+// The inverse of load_pair: ymm(even) and ymm(odd) (f32) rounded to bf16 as
+// store() rounds (to nearest even; NaN keeps its top bits and gets the quiet
+// bit), the even words shifted down and the odd ones masked in place, one
+// 32-byte store. Clobbers both inputs and kScratch0..2.
+void BnGenerator::store_pair(const Reg64& base, int64_t off, int even, int odd, bool nt) {
+  const Ymm t(kScratch0), nan(kScratch1), quiet(kScratch2);
+  for (int r : {even, odd}) {
+    const Ymm s(r);
+    vpsrld(t, s, 16);
+    vpand(t, t, ptr[rip + c_one_]);
+    vpaddd(t, t, ptr[rip + c_7fff_]);
+    vpaddd(t, t, s);
+    vcmpps(nan, s, s, 3);  // unordered: NaN
+    vpor(quiet, s, ptr[rip + c_quiet_]);
+    vblendvps(s, t, quiet, nan);
+  }
+  vpsrld(Ymm(even), Ymm(even), 16);
+  vpand(Ymm(odd), Ymm(odd), ptr[rip + c_hi16_]);
+  vpor(Ymm(even), Ymm(even), Ymm(odd));
+  if (nt) {
+    vmovntdq(data(base, off), Ymm(even));
+  } else {
+    vmovdqu(data(base, off), Ymm(even));
+  }
+}
+
+// cols_loop for pair_vectors: pair(p, offset) per 16 elements, two pairs per
+// iteration, then single(j, offset, tail) for what is left (one vector, the
+// tail).
+void BnGenerator::cols_loop_pairs(const std::function<void(int, int64_t)>& pair,
+                                  const std::function<void(int, int64_t, bool)>& single) {
+  const int64_t pair_lanes = 2 * lanes_;
+  const int64_t npairs = c_.walk.cols / pair_lanes, groups = npairs / 2;
+  xor_(r11, r11);
+  if (groups > 0) {
+    Label loop;
+    mov(rax, groups * 2 * pair_lanes);
+    L(loop);
+    pair(0, 0);
+    pair(1, pair_lanes);
+    add(r11, 2 * pair_lanes);
+    cmp(r11, rax);
+    jl(loop, T_NEAR);
+  }
+  int64_t off = 0;
+  if (npairs % 2) {
+    pair(0, 0);
+    off = pair_lanes;
+  }
+  if ((c_.walk.cols % pair_lanes) / lanes_ > 0) {
+    single(0, off, false);
+    off += lanes_;
+  }
+  if (tail_) single(1, off, true);
+}
+
 // Horizontal sum of vmm(v) into lane 0 of Xmm(v); clobbers vmm(s).
 void BnGenerator::hsum(int v, int s) {
   if (avx512_) {
@@ -356,6 +434,7 @@ void BnGenerator::emit_constants() {
   splat(c_one_, 1);
   splat(c_7fff_, 0x7fff);
   splat(c_0040_, 0x40);
+  splat(c_quiet_, 0x00400000u);  // f32's quiet-NaN bit, bf16's 0x0040
   auto bits = [](float f) {
     uint32_t u;
     std::memcpy(&u, &f, sizeof u);

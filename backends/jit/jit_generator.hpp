@@ -83,6 +83,12 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void load(int dst, const Reg64& base, int64_t off, bool tail);
   void store(const Reg64& base, int64_t off, int src, bool tail, bool nt = false);
   void cols_loop(const std::function<void(int, int64_t, bool)>& step);
+  bool pair_vectors() const;
+  int nt_align_mask() const;
+  void load_pair(int even, int odd, const Reg64& base, int64_t off);
+  void store_pair(const Reg64& base, int64_t off, int even, int odd, bool nt);
+  void cols_loop_pairs(const std::function<void(int, int64_t)>& pair,
+                       const std::function<void(int, int64_t, bool)>& single);
   void cols_loop_dx_aligned(const std::function<void(int, int64_t, bool, bool)>& step);
   bool realigned_row_stores() const;
   void hsum(int v, int s);
@@ -97,6 +103,9 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void broadcast_coefs(int first, int64_t g);
   void rows_apply_vector(int x, int cf, int64_t off, const Reg64& out, int64_t dx_off, bool tail,
                          bool nt);
+  void rows_apply_pair(int p, int cf, int64_t off, const Reg64& out, int64_t dx_off, bool nt);
+  void rows_apply_cols(int cf, int64_t off, const Reg64& out, int64_t dx_off, bool nt,
+                       const std::function<void(int64_t)>& before_vector);
   void rows_apply();
   void each_group_channel(const std::function<void(int)>& body);
   int group_sum(int g, int which) const;
@@ -139,7 +148,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   int es_;
   int64_t cp_;
   int tail_;
-  Xbyak::Label c_zero_, c_hi16_, c_one_, c_7fff_, c_0040_, tail_mask_;
+  Xbyak::Label c_zero_, c_hi16_, c_one_, c_7fff_, c_0040_, c_quiet_, tail_mask_;
   // leaky_relu's alpha and 1/alpha (the kLeaky* fuses), 1.0f, and the bits
   // 1.0f ^ alpha and 1.0f ^ (1/alpha) that AVX2 selects a factor with.
   Xbyak::Label c_alpha_, c_inv_alpha_, c_onef_, c_sel_alpha_, c_sel_inv_alpha_;

@@ -142,7 +142,7 @@ void BnGenerator::apply_rows(bool allow_nt, const std::function<void(bool)>& bod
   prefetch_next_row();
   if (nt) {
     // Realigned rows need diff_src on elements only; the others on vectors.
-    test(rcx, realigned_row_stores() ? es_ - 1 : lanes_ * es_ - 1);
+    test(rcx, realigned_row_stores() ? es_ - 1 : nt_align_mask());
     jnz(plain, T_NEAR);
     body(true);
     jmp(row_end, T_NEAR);
@@ -233,6 +233,43 @@ void BnGenerator::rows_apply_vector(int x, int cf, int64_t off, const Reg64& out
   store(out, dx_off, x + 4, tail, nt);
 }
 
+// rows_apply_vector for 16 elements (pair_vectors): x in v[2p], v[2p + 1]
+// (even and odd elements), dy (then dx) in v[2p + 4], v[2p + 5].
+void BnGenerator::rows_apply_pair(int p, int cf, int64_t off, const Reg64& out, int64_t dx_off,
+                                  bool nt) {
+  const int x = 2 * p, dy = 2 * p + 4;
+  load_pair(x, x + 1, rsi, off);
+  load_pair(dy, dy + 1, rdx, off);
+  for (int h = 0; h < 2; ++h) {
+    vsubps(vmm(x + h), vmm(x + h), vmm(cf + 3));
+    vfmadd213ps(vmm(dy + h), vmm(cf), vmm(cf + 2));     // dy a + c
+    vfmadd231ps(vmm(dy + h), vmm(x + h), vmm(cf + 1));  // + (x - mean) b
+  }
+  store_pair(out, dx_off, dy, dy + 1, nt);
+}
+
+// One row of the apply, inputs at element `off` and diff_src at `dx_off`
+// from the row's start, coefficients in v[cf..cf+3]: vector by vector, or in
+// pairs (pair_vectors). before_vector(offset) runs before each step that
+// starts a vector (the apply's prefetches).
+void BnGenerator::rows_apply_cols(int cf, int64_t off, const Reg64& out, int64_t dx_off, bool nt,
+                                  const std::function<void(int64_t)>& before_vector) {
+  auto single = [&](int j, int64_t o, bool tail) {
+    if (!tail) before_vector(o);
+    rows_apply_vector(j, cf, off + o, out, dx_off + o, tail, nt);
+  };
+  if (pair_vectors()) {
+    cols_loop_pairs(
+        [&](int p, int64_t o) {
+          before_vector(o);
+          rows_apply_pair(p, cf, off + o, out, dx_off + o, nt);
+        },
+        single);
+  } else {
+    cols_loop(single);
+  }
+}
+
 // rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
 // With PrefetchConf::next_channel, a call whose next channel exists takes the
 // copy of the loop that also prefetches that channel's lines.
@@ -245,16 +282,17 @@ void BnGenerator::rows_apply() {
     je(last_channel, T_NEAR);
   }
   auto rows = [&](bool next_channel) {
-    auto step = [&](int j, int64_t off, bool tail, bool nt) {
-      if (next_channel && !tail && (off * es_) % 64 == 0)
-        prefetch_inputs_l2(off, c_.walk.channel_stride);
-      rows_apply_vector(j, 12, off, rcx, off, tail, nt);
+    auto prefetch = [&](int64_t off) {
+      if (next_channel && (off * es_) % 64 == 0) prefetch_inputs_l2(off, c_.walk.channel_stride);
     };
     apply_rows(true, [&](bool nt) {
       if (nt && realigned_row_stores()) {
-        cols_loop_dx_aligned(step);
+        cols_loop_dx_aligned([&](int j, int64_t off, bool tail, bool vnt) {
+          if (!tail) prefetch(off);
+          rows_apply_vector(j, 12, off, rcx, off, tail, vnt);
+        });
       } else {
-        cols_loop([&](int j, int64_t off, bool tail) { step(j, off, tail, nt); });
+        rows_apply_cols(12, 0, rcx, 0, nt, prefetch);
       }
     });
   };
@@ -394,10 +432,8 @@ void BnGenerator::rows_apply_grouped() {
   auto group_rows = [&](const Reg64& out, bool nt) {
     each_group_channel([&](int g) {
       broadcast_coefs(12, g);
-      cols_loop([&](int j, int64_t off, bool tail) {
-        rows_apply_vector(j, 12, off + g * c_.walk.channel_stride, out,
-                          off + g * c_.walk.dx_channel_stride, tail, nt);
-      });
+      rows_apply_cols(12, g * c_.walk.channel_stride, out, g * c_.walk.dx_channel_stride, nt,
+                      [](int64_t) {});
     });
   };
   Label done;
@@ -437,7 +473,9 @@ void BnGenerator::rows_apply_grouped() {
     jnz(row, T_NEAR);
     sfence();
   } else {
-    apply_rows(c_.walk.cols % lanes_ == 0, [&](bool nt) { group_rows(rcx, nt); });
+    // Streaming needs every channel's row on a vector (on a pair's 32 bytes with pairs).
+    apply_rows(c_.walk.cols % (pair_vectors() ? 2 * lanes_ : lanes_) == 0,
+               [&](bool nt) { group_rows(rcx, nt); });
   }
   L(done);
   epilogue();

@@ -77,6 +77,8 @@ const Variant kVariants[] = {
        if (!c->empty && reduce_prefetch_fits(*c)) c->prefetch.reduce_rows = true;
      }},
     {"ncx-no-nt", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.nt_stores = false; }},
+    {"bf16-single-vectors", nullptr, 0, 0, 0,
+     [](BnConf* c, int64_t) { c->stream.pair_vectors = false; }},
 };
 
 // The number after `prefix` and a dash ("nxc-blocked-4"), `fallback` when the

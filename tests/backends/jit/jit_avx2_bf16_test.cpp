@@ -1,0 +1,177 @@
+// The AVX2 bf16 apply of the rows walk, 16 elements per step (the even and
+// odd words of one 32-byte load, merged back into one 32-byte store): against
+// ref, bit for bit against the vector-at-a-time kernel it replaces
+// (`bf16-single-vectors`), over every way a row ends (pairs, one vector left,
+// a tail), grouped and long rows, streamed rows on and off a 32-byte
+// boundary, and NaN, infinities and overflow through the rounding.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <normgrad/backends/jit/jit_conf.hpp>
+#include "tests/backend_test_util.hpp"
+#include "tests/backends/jit/jit_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using jit_test::conf_for;
+using jit_test::form_op;
+using jit_test::IsaScope;
+using jit_test::streams;
+using testing_util::compare_with_ref;
+using testing_util::one_op;
+
+constexpr int64_t kSrc = 0, kDiffDst = 1, kVariance = 3, kGamma = 4, kDiffSrc = 5;
+
+float bf16_to_float(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {  // round to nearest even; finite inputs only
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Compiles `g` on the JIT under `variant` and runs it on `inputs`; returns
+// every output and the kernel names.
+std::map<int64_t, oracle::Buffer> run_jit(const Graph& g, const std::string& variant,
+                                          const std::map<int64_t, oracle::Buffer>& inputs,
+                                          std::string* kernel) {
+  CompileOptions options{"jit"};
+  options.jit_variant = variant;
+  auto cg = CompiledGraph::compile(g, options);
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  if (!cg.ok()) return {};
+  for (const auto& p : cg->partitions()) *kernel += p->kernel_name();
+  auto outs = oracle::run_outputs(*cg, inputs);
+  EXPECT_TRUE(outs.ok()) << outs.status().to_string();
+  return outs.ok() ? *outs : std::map<int64_t, oracle::Buffer>{};
+}
+
+std::map<int64_t, oracle::Buffer> inputs_for(const Graph& g, uint64_t seed) {
+  auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  if (!cg.ok()) return {};
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, nullptr);
+  EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
+  return inputs.ok() ? *inputs : std::map<int64_t, oracle::Buffer>{};
+}
+
+// Row lengths for every way cols_loop_pairs ends a row: one pair, a pair and
+// a vector, and a tail, the unrolled loop, and grouped (<= 512 bf16) and long
+// rows.
+const int64_t kRowLengths[] = {16, 24, 27, 32, 37, 48, 49, 61, 196, 784, 1000};
+
+TEST(JitAvx2Bf16, PairsMatchRefAndTheSingleVectorBits) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
+  IsaScope scope("avx2");
+  const int64_t l3 = jit::cache_sizes().l3_bytes;
+  uint64_t seed = 4100;
+  std::vector<Dims> shapes;
+  for (int64_t s : kRowLengths) shapes.push_back({2, 3, 1, s});
+  // Streamed: rows of 784 (1568 bytes, every row on 32 bytes) and of 1000
+  // (2000 bytes: every other row 16 bytes off, which takes ordinary stores).
+  for (int64_t s : {784, 1000}) shapes.push_back({l3 / (12 * 4 * s * 2) + 2, 4, 1, s});
+  for (const Dims& shape : shapes) {
+    for (int form : {0, 1, 4}) {
+      SCOPED_TRACE("cols " + std::to_string(shape[3]) + " n " + std::to_string(shape[0]) +
+                   " form " + std::to_string(form));
+      const Op op = form_op(shape, "NCX", DataType::kBF16, form);
+      const jit::BnConf conf = conf_for(op);
+      EXPECT_TRUE(conf.stream.pair_vectors);
+      EXPECT_FALSE(conf_for(op, "bf16-single-vectors").stream.pair_vectors);
+      EXPECT_EQ(conf.stream.nt_stores, streams(shape[0] * 4 * shape[3] * 2));
+      const Graph g = one_op(op);
+      const auto r = compare_with_ref(g, "jit", ++seed);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_EQ(r.kernel.find("jit:avx2:bf16/"), 0u) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+      const auto inputs = inputs_for(g, seed);
+      std::string k1, k2;
+      const auto pairs = run_jit(g, "", inputs, &k1);
+      const auto singles = run_jit(g, "bf16-single-vectors", inputs, &k2);
+      ASSERT_EQ(pairs.size(), singles.size());
+      for (const auto& [id, b] : pairs) {
+        EXPECT_TRUE(b.bytes == singles.at(id).bytes) << "tensor " << id;
+      }
+    }
+  }
+}
+
+// Frozen statistics (diff_src = diff_dst * gamma / sqrt(variance + eps),
+// elementwise): NaN, infinities, values that overflow bf16 once scaled, and
+// ordinary values, in every lane position of the pairs and the tail. NaN
+// stays NaN, infinities keep their sign, overflow rounds to infinity, the
+// rest is the closed form within a bf16 step, and every bit is the single
+// vectors' kernel's. A NaN gamma makes a whole channel NaN.
+TEST(JitAvx2Bf16, PairsRoundNanInfinityAndOverflow) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
+  IsaScope scope("avx2");
+  for (int64_t s : kRowLengths) {
+    SCOPED_TRACE("cols " + std::to_string(s));
+    const Dims shape = {2, 3, 1, s};
+    const Graph g = one_op(form_op(shape, "NCX", DataType::kBF16, 3));
+    auto inputs = inputs_for(g, 77 + static_cast<uint64_t>(s));
+    const int64_t n = 2 * 3 * s;
+    auto* dy = reinterpret_cast<uint16_t*>(inputs.at(kDiffDst).data());
+    auto* var = reinterpret_cast<float*>(inputs.at(kVariance).data());
+    auto* gamma = reinterpret_cast<float*>(inputs.at(kGamma).data());
+    for (int c = 0; c < 3; ++c) {
+      var[c] = 0.25f;  // a scale of about 2: the largest bf16 values overflow
+      gamma[c] = 1.f;
+    }
+    // Channel 2's gamma a NaN whose payload fills the low 16 bits: rounding
+    // it as a number would carry into the sign and store -0.
+    const uint32_t nan_bits = 0x7fffffffu;
+    std::memcpy(&gamma[2], &nan_bits, sizeof nan_bits);
+    for (int64_t i = 0; i < n; ++i) {
+      switch (i % 7) {
+        case 1:
+          dy[i] = static_cast<uint16_t>(0x7fc0 | (i & 0x3f));
+          break;  // quiet NaN
+        case 3:
+          dy[i] = static_cast<uint16_t>(0x7f81 + (i & 0x3e));
+          break;  // signalling NaN
+        case 4:
+          dy[i] = i % 2 ? 0x7f80 : 0xff80;
+          break;  // +-infinity
+        case 6:
+          dy[i] = 0x7f7f;
+          break;  // bf16's largest
+        default:
+          break;  // random
+      }
+    }
+    std::string k1, k2;
+    const auto pairs = run_jit(g, "", inputs, &k1);
+    const auto singles = run_jit(g, "bf16-single-vectors", inputs, &k2);
+    ASSERT_EQ(pairs.count(kDiffSrc), 1u);
+    EXPECT_EQ(k1.find("jit:avx2:bf16/"), 0u) << k1;
+    EXPECT_TRUE(pairs.at(kDiffSrc).bytes == singles.at(kDiffSrc).bytes);
+    const auto* dx = reinterpret_cast<const uint16_t*>(pairs.at(kDiffSrc).bytes.data());
+    const double scale = 1.0 / std::sqrt(0.25 + 1e-3);
+    for (int64_t i = 0; i < n; ++i) {
+      const float in = bf16_to_float(dy[i]), got = bf16_to_float(dx[i]);
+      const double want = static_cast<double>(in) * scale;
+      if (std::isnan(in) || i / s % 3 == 2) {
+        EXPECT_TRUE(std::isnan(got)) << i;
+      } else if (std::isinf(want) || std::fabs(want) > 3.3961e38) {
+        EXPECT_TRUE(std::isinf(got) && (got > 0) == (want > 0)) << i << " got " << got;
+      } else {
+        const float w = bf16_to_float(float_to_bf16(static_cast<float>(want)));
+        EXPECT_LE(std::fabs(got - w), std::fabs(w) * (1.0 / 128) + 1e-30) << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
