@@ -102,9 +102,11 @@ constexpr int64_t kShortRowBytes = 1024;
 // rows ahead (PrefetchConf::reduce_rows).
 constexpr int64_t kReducePrefetchRows = 2;
 // kRows: rows at least this long prefetch the next channel in the apply
-// (PrefetchConf::next_channel). Long rows gained from it and 3 KiB rows
-// (28x28 f32) lost, for reasons not found (docs/performance.md).
-constexpr int64_t kNextChannelPrefetchRowBytes = 4096;
+// (PrefetchConf::next_channel): every row too long for the grouped kernels.
+// Rows of 1.5 KiB (28x28 bf16) are a new stream each, 800 KB apart, and gained
+// the most; 3 KiB rows (28x28 f32), which once measured slower with it, are
+// level (docs/performance.md).
+constexpr int64_t kNextChannelPrefetchRowBytes = kShortRowBytes;
 // kRows, channels whose inputs exceed a quarter of the L2: the apply walks a
 // channel's rows last first in calls of about this many bytes per tensor
 // (StreamConf::reverse_rows).

@@ -149,11 +149,10 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
     const struct {
       Dims shape;
       DataType dt;
-    } on[] = {{{1, 3, 32, 32}, DataType::kF32},
-              {{2, 3, 32, 33}, DataType::kF32},
-              {{3, 3, 40, 40}, DataType::kF32},
-              {{2, 3, 32, 64}, DataType::kBF16},
-              {{3, 3, 33, 64}, DataType::kF16}};
+    } on[] = {{{1, 3, 32, 32}, DataType::kF32}, {{2, 3, 32, 33}, DataType::kF32},
+              {{3, 3, 40, 40}, DataType::kF32}, {{2, 3, 32, 64}, DataType::kBF16},
+              {{3, 3, 33, 64}, DataType::kF16}, {{5, 3, 28, 28}, DataType::kF32},  // 3136-byte rows
+              {{5, 3, 28, 28}, DataType::kBF16}};  // 1568 bytes: the shortest rows not grouped
     for (const auto& c : on) {
       for (int form = 0; form < 6; ++form) {
         const Op op = form_op(c.shape, "NCX", c.dt, form);
@@ -170,11 +169,11 @@ TEST(JitBackend, ApplyPrefetchesNextChannel) {
     for (int port : {0, 1}) apart.mutable_inputs()[port].strides = {3 * 1100, 1100, 32, 1};
     EXPECT_TRUE(prefetches(apart));
     check(one_op(apart), "channels padded apart");
-    // Without: 28x28 f32 rows (3136 bytes), one channel, rows padded from 1024
+    // Without: grouped rows (14x14 f32), one channel, rows padded from 1024
     // to 1040 elements (a call per image), channels padded within their rows
     // (staged), and the staged kernels themselves.
     EXPECT_FALSE(
-        prefetches(bn_bwd({5, 3, 28, 28}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
+        prefetches(bn_bwd({5, 3, 14, 14}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
     EXPECT_FALSE(
         prefetches(bn_bwd({5, 1, 32, 32}, "NCX", DataType::kF32, DataType::kF32, true, 3)));
     Op padded = bn_bwd({2, 3, 2, 1024}, "NCX", DataType::kF32, DataType::kF32, true, 3);
