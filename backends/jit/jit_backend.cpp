@@ -115,6 +115,7 @@ class JitBackend final : public Backend {
                                                   const CompileContext& ctx) const override {
     if (forward(partition)) {
       NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition));
+      NG_RETURN_IF_ERROR(jit::apply_forward_variant(ctx.jit_variant, &conf));
       NG_ASSIGN_OR_RETURN(auto kernels, forward_cache().get(conf));
       return std::shared_ptr<const Kernel>(
           std::make_shared<JitForwardKernel>(std::move(conf), std::move(kernels)));

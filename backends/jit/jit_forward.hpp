@@ -86,6 +86,10 @@ struct FwdConf {
   // exceed a quarter of the L3, cached stores read every line for ownership
   // first and evict the src the apply is about to read.
   bool streaming = false;
+  // AVX2, bf16, the NCX rows apply without a residual: 16 elements per step,
+  // the even and odd words of one 32-byte load, rounded and merged back into
+  // one 32-byte store (StreamConf::pair_vectors is the backward's).
+  bool pair_vectors = false;
 
   std::string kernel_name() const;  // "jit:avx512:bf16:fwd:ncx+relu"
   std::string key() const;          // everything the generated code depends on
@@ -94,6 +98,10 @@ struct FwdConf {
 // The conf of a partition the JIT's forward patterns matched, or the reason
 // the JIT declines it (strided tensors, non-f32 statistics, empty tensors).
 StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa);
+// CompileOptions::jit_variant for a forward conf (jit_variants.cpp): of the
+// names apply_variant knows, bf16-single-vectors applies; the others are the
+// backward's and leave it as it is; an unknown name is an error.
+Status apply_forward_variant(const std::string& variant, FwdConf* conf);
 
 struct FwdArgs {
   const void* x = nullptr;

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include <xbyak/xbyak.h>
 
@@ -249,8 +250,10 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   // handles the vector at rsi + off. `unroll` vectors per step, then single
   // vectors, then the tail of rcx = len - rsi elements: masked by k1 on
   // AVX-512, and on AVX2 `avx2_tail()` (a stack-buffer bounce).
+  // `step()`, when given, emits the unrolled step itself (the pairs).
   template <typename Body, typename Tail>
-  void row_loop(int unroll, const Body& body, const Tail& avx2_tail) {
+  void row_loop(int unroll, const Body& body, const Tail& avx2_tail,
+                const std::function<void()>& step = nullptr) {
     Label main, single, tail_l, done;
     xor_(rsi, rsi);
     mov(rcx, rdx);
@@ -258,7 +261,11 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     L(main);
     cmp(rsi, rcx);
     jge(single, T_NEAR);
-    for (int u = 0; u < unroll; ++u) body(u, lanes_ * u, false);
+    if (step) {
+      step();
+    } else {
+      for (int u = 0; u < unroll; ++u) body(u, lanes_ * u, false);
+    }
     add(rsi, unroll * lanes_);
     jmp(main, T_NEAR);
     L(single);
@@ -348,6 +355,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
 
   void rows_stats();
   void rows_apply();
+  void pair_step(const std::function<void(int)>& normalise);
   void pixels_stats();
   void pixels_apply();
   void emit_constants();
@@ -358,7 +366,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   int64_t cp_;
   bool nt_;
   int zero_ = 31, alpha_ = 26, mask_ = 15;
-  Label c_one_, c_7fff_, c_0040_, c_alpha_, c_masks_;
+  Label c_one_, c_7fff_, c_0040_, c_hi16_, c_alpha_, c_masks_;
 };
 
 }  // namespace jit

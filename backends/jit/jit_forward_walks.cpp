@@ -76,6 +76,30 @@ void FwdGenerator::rows_stats() {
   ret();
 }
 
+// One step of the AVX2 bf16 rows apply in pairs (FwdConf::pair_vectors): 16
+// elements at rsi, the even ones in v0 and the odd ones in v1, each
+// normalised and through the epilogue (no residual) as the vector at a time
+// is, rounded to bf16 words (bf16_dwords), the odd words shifted up into the
+// even ones' dwords, one 32-byte store. Scratch v2..7.
+void FwdGenerator::pair_step(const std::function<void(int)>& normalise) {
+  vmovdqu(Ymm(1), ptr[elem(r8, 0)]);
+  vpslld(Ymm(0), Ymm(1), 16);
+  vpand(Ymm(1), Ymm(1), ptr[rip + c_hi16_]);
+  for (int h = 0; h < 2; ++h) {
+    normalise(h);
+    epilogue(h, 2 + 3 * h, 3 + 3 * h, 4 + 3 * h, nullptr, false);
+  }
+  bf16_dwords(2, 0, 3, 4);
+  bf16_dwords(5, 1, 6, 7);
+  vpslld(Ymm(5), Ymm(5), 16);
+  vpor(Ymm(2), Ymm(2), Ymm(5));
+  if (nt_) {
+    vmovntdq(ptr[elem(r9, 0)], Ymm(2));
+  } else {
+    vmovdqu(ptr[elem(r9, 0)], Ymm(2));
+  }
+}
+
 void FwdGenerator::rows_apply() {
   // AVX-512: data v0..3, scratch v4..11, hi/lo/a/b v27..30, zero v31, alpha v26.
   // AVX2 (two vectors a step): data v0..1, scratch v2..7, hi/lo/a/b v8..11,
@@ -120,7 +144,8 @@ void FwdGenerator::rows_apply() {
         epilogue(0, t_of(0), n_of(0), m_of(0), &ra, false);
         store(rsp + kBounceY, 0, t_of(0), n_of(0), m_of(0), false, false);
         copy_tail(kBounceY, r9, false);
-      });
+      },
+      c_.pair_vectors ? std::function<void()>([&] { pair_step(normalise); }) : nullptr);
   mov(rcx, row_stride_bytes());
   add(r8, rcx);
   add(r9, rcx);
@@ -267,6 +292,7 @@ void FwdGenerator::emit_constants() {
   splat(c_one_, 1);
   splat(c_7fff_, 0x7fff);
   splat(c_0040_, 0x40);
+  splat(c_hi16_, 0xffff0000u);
   uint32_t alpha_bits;
   std::memcpy(&alpha_bits, &c_.alpha, sizeof alpha_bits);
   splat(c_alpha_, alpha_bits);

@@ -8,7 +8,9 @@
 // A variant that does not apply to a conf (an NXC walk on an NCX case) leaves
 // it as make_conf chose it: the bench times every column on every case.
 #include <normgrad/backends/jit/jit_conf.hpp>
+#include <normgrad/backends/jit/jit_forward.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -135,6 +137,19 @@ Status apply_variant(const std::string& variant, BnConf* c) {
   }
   return invalid_argument("unknown JIT variant '" + variant + "' (known: " + jit_variant_names() +
                           ")");
+}
+
+Status apply_forward_variant(const std::string& variant, FwdConf* c) {
+  if (variant.empty()) return ok_status();
+  BnConf checked;  // validates every name as the backward does
+  NG_RETURN_IF_ERROR(apply_variant(variant, &checked));
+  size_t start = 0;
+  while (start <= variant.size()) {
+    const size_t plus = std::min(variant.find('+', start), variant.size());
+    if (variant.compare(start, plus - start, "bf16-single-vectors") == 0) c->pair_vectors = false;
+    start = plus + 1;
+  }
+  return ok_status();
 }
 
 }  // namespace jit

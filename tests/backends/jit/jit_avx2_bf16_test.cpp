@@ -1,9 +1,10 @@
-// The AVX2 bf16 apply of the rows walk, 16 elements per step (the even and
-// odd words of one 32-byte load, merged back into one 32-byte store): against
-// ref, bit for bit against the vector-at-a-time kernel it replaces
-// (`bf16-single-vectors`), over every way a row ends (pairs, one vector left,
-// a tail), grouped and long rows, streamed rows on and off a 32-byte
-// boundary, and NaN, infinities and overflow through the rounding.
+// The AVX2 bf16 applies of the NCX rows walks, backward and forward, 16
+// elements per step (the even and odd words of one 32-byte load, merged back
+// into one 32-byte store): against ref, bit for bit against the
+// vector-at-a-time kernels they replace (`bf16-single-vectors`), over every
+// way a row ends (pairs, one vector left, a tail), grouped and long rows,
+// streamed rows on and off a 32-byte boundary, the forward's epilogues, and
+// NaN, infinities and overflow through the rounding.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -168,6 +169,77 @@ TEST(JitAvx2Bf16, PairsRoundNanInfinityAndOverflow) {
       } else {
         const float w = bf16_to_float(float_to_bf16(static_cast<float>(want)));
         EXPECT_LE(std::fabs(got - w), std::fabs(w) * (1.0 / 128) + 1e-30) << i;
+      }
+    }
+  }
+}
+
+// A BatchNormForwardTraining of `shape` (NCX bf16, f32 statistics, gamma and
+// beta), then nothing (epilogue 0), a ReLU (1), a LeakyReLU(0.01) (2) or an
+// Add and a ReLU (3, which keeps the vector at a time).
+Graph forward_graph(const Dims& shape, int epilogue) {
+  using testing_util::lt;
+  const DataType dt = DataType::kBF16, f32 = DataType::kF32;
+  const int64_t c = shape[1];
+  Graph g;
+  Op bn(1, OpKind::kBatchNormForwardTraining, "bn");
+  bn.set_attr("epsilon", 1e-3f).set_attr("data_format", "NCX");
+  bn.add_input(lt(10, dt, shape)).add_input(lt(11, f32, {c})).add_input(lt(12, f32, {c}));
+  bn.add_input(lt(13, f32, {c})).add_input(lt(14, f32, {c}));
+  bn.add_output(lt(20, dt, shape));
+  for (int64_t id = 21; id <= 24; ++id) bn.add_output(lt(id, f32, {c}));
+  EXPECT_TRUE(g.add_op(bn).ok());
+  int64_t y = 20;
+  if (epilogue == 3) {
+    Op add(2, OpKind::kAdd, "add");
+    add.add_input(lt(y, dt, shape)).add_input(lt(30, dt, shape)).add_output(lt(31, dt, shape));
+    EXPECT_TRUE(g.add_op(add).ok());
+    y = 31;
+  }
+  if (epilogue != 0) {
+    Op act(3, epilogue == 2 ? OpKind::kLeakyReLU : OpKind::kReLU, "act");
+    if (epilogue == 2) act.set_attr("alpha", 0.01f);
+    act.add_input(lt(y, dt, shape)).add_output(lt(40, dt, shape));
+    EXPECT_TRUE(g.add_op(act).ok());
+  }
+  return g;
+}
+
+// The forward's rows apply in pairs: ref, the single vectors' bits, and a
+// NaN gamma whose payload fills the low 16 bits (channel 2 all NaN).
+TEST(JitAvx2Bf16, ForwardPairsMatchRefAndTheSingleVectorBits) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
+  IsaScope scope("avx2");
+  std::vector<Dims> shapes;
+  for (int64_t s : kRowLengths) shapes.push_back({2, 3, 1, s});
+  // Streamed: rows of whole lines, src and dst past a quarter of the L3.
+  shapes.push_back({jit::cache_sizes().l3_bytes / (4 * 4 * 1024 * 2 * 2) + 2, 4, 1, 1024});
+  uint64_t seed = 5100;
+  for (const Dims& shape : shapes) {
+    for (int epilogue = 0; epilogue < 4; ++epilogue) {
+      SCOPED_TRACE("cols " + std::to_string(shape[3]) + " n " + std::to_string(shape[0]) +
+                   " epilogue " + std::to_string(epilogue));
+      const Graph g = forward_graph(shape, epilogue);
+      const auto r = compare_with_ref(g, "jit", ++seed);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_EQ(r.kernel.find("jit:avx2:bf16:fwd:rows"), 0u) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+      auto inputs = inputs_for(g, seed);
+      const uint32_t nan_bits = 0x7fffffffu;
+      std::memcpy(static_cast<float*>(inputs.at(13).data()) + 2, &nan_bits, sizeof nan_bits);
+      std::string k1, k2;
+      const auto pairs = run_jit(g, "", inputs, &k1);
+      const auto singles = run_jit(g, "bf16-single-vectors", inputs, &k2);
+      ASSERT_EQ(pairs.size(), singles.size());
+      for (const auto& [id, b] : pairs) {
+        EXPECT_TRUE(b.bytes == singles.at(id).bytes) << "tensor " << id;
+      }
+      const int64_t out = epilogue == 0 ? 20 : 40, s = shape[3];
+      const auto* y = reinterpret_cast<const uint16_t*>(pairs.at(out).bytes.data());
+      for (int64_t i = 0; i < shape[0] * shape[1] * s; ++i) {
+        if (i / s % shape[1] == 2) {
+          ASSERT_TRUE(std::isnan(bf16_to_float(y[i]))) << i;
+        }
       }
     }
   }
