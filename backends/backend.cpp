@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <thread>
 
@@ -163,6 +164,42 @@ int num_threads() {
 
 void set_backend_threads(int n) {
   set_num_threads(n);
+}
+
+bool has_openmp_runtime() {
+#ifdef NORMGRAD_WITH_OPENMP
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+std::atomic<ThreadRuntime>& runtime_choice() {
+  static std::atomic<ThreadRuntime> choice{[] {
+    const char* v = std::getenv("NORMGRAD_THREADING");
+    const bool omp = v != nullptr && std::string(v) == "openmp" && has_openmp_runtime();
+    if (v != nullptr && std::string(v) != "openmp" && std::string(v) != "tbb")
+      std::cerr << "normgrad: warning: NORMGRAD_THREADING=" << v
+                << " is neither tbb nor openmp; using tbb\n";
+    if (v != nullptr && std::string(v) == "openmp" && !has_openmp_runtime())
+      std::cerr << "normgrad: warning: NORMGRAD_THREADING=openmp, but this build has no "
+                   "OpenMP; using tbb\n";
+    return omp ? ThreadRuntime::kOpenMP : ThreadRuntime::kTbb;
+  }()};
+  return choice;
+}
+}  // namespace
+
+Status set_thread_runtime(ThreadRuntime runtime) {
+  if (runtime == ThreadRuntime::kOpenMP && !has_openmp_runtime())
+    return unimplemented("set_thread_runtime: this build of normgrad has no OpenMP (libgomp)");
+  runtime_choice().store(runtime);
+  return ok_status();
+}
+
+ThreadRuntime thread_runtime() {
+  return runtime_choice().load();
 }
 
 namespace {

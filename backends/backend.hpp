@@ -192,4 +192,18 @@ int num_threads();
 // The same as set_num_threads (kept for callers of the first API).
 void set_backend_threads(int n);
 
+// Where the JIT runs its parallel loops. oneTBB (the default): its own
+// arena. OpenMP: the process's libgomp pool, the one torch's CPU ops and
+// oneDNN use; a kernel called right after a torch op then runs on the
+// threads still spinning from it, where an oneTBB arena would compete with
+// them for the cores (normgrad.torch chooses it when torch runs on OpenMP).
+// The work items and their order within each are the same: the same bits.
+// The initial choice is NORMGRAD_THREADING (tbb or openmp) when set.
+enum class ThreadRuntime { kTbb, kOpenMP };
+// Unimplemented for kOpenMP when the library was built without libgomp.
+Status set_thread_runtime(ThreadRuntime runtime);
+ThreadRuntime thread_runtime();
+// Whether this build can run on OpenMP.
+bool has_openmp_runtime();
+
 }  // namespace normgrad

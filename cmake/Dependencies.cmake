@@ -24,6 +24,24 @@ if(NORMGRAD_WITH_MPI)
     set(NORMGRAD_WITH_MPI OFF)
   endif()
 endif()
+# The JIT can run its loops on GCC's OpenMP runtime (libgomp), the one torch's
+# and oneDNN's CPU code use, so that a kernel called between two torch ops
+# takes the threads still spinning from the last one instead of competing
+# with them (set_thread_runtime, docs/python.md). Only libgomp: a second
+# OpenMP runtime (clang's libomp) in a process with torch's would be a
+# second pool. ThreadSanitizer builds use std::thread throughout.
+set(NORMGRAD_OPENMP OFF)
+if(NOT NORMGRAD_TSAN)
+  find_package(OpenMP COMPONENTS CXX)
+  if(OpenMP_CXX_FOUND AND "gomp" IN_LIST OpenMP_CXX_LIB_NAMES)
+    set(NORMGRAD_OPENMP ON)
+  endif()
+endif()
+if(NORMGRAD_OPENMP)
+  message(STATUS "normgrad: the JIT can run on OpenMP (libgomp) as well as oneTBB")
+else()
+  message(STATUS "normgrad: no libgomp OpenMP with this compiler: the JIT runs on oneTBB only")
+endif()
 if(NORMGRAD_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()

@@ -1,5 +1,6 @@
 // The JIT's thread pool: for_range runs independent work items on oneTBB,
-// in its own arena under set_num_threads' cap, or on std::threads in
+// in its own arena under set_num_threads' cap; on the OpenMP runtime
+// (libgomp) when set_thread_runtime chose it; or on std::threads in
 // NORMGRAD_STD_THREADS builds. A template, so the walks' task bodies inline.
 #pragma once
 
@@ -9,6 +10,9 @@
 #include <thread>
 #include <vector>
 
+#ifdef NORMGRAD_WITH_OPENMP
+#include <omp.h>
+#endif
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -63,6 +67,28 @@ void for_range(bool serial, int64_t n, const Body& body, Split split = Split::kA
   }
   for (std::thread& t : threads) t.join();
 #else
+#ifdef NORMGRAD_WITH_OPENMP
+  if (thread_runtime() == ThreadRuntime::kOpenMP) {
+    // The pool torch's and oneDNN's ops use (their size: omp_get_max_threads,
+    // which torch.set_num_threads sets), under set_num_threads' cap.
+    const int cap = num_threads();
+    const int threads =
+        static_cast<int>(std::min<int64_t>(n, cap > 0 ? cap : omp_get_max_threads()));
+    note_concurrency(threads);
+    if (split == Split::kAdaptive) {
+#pragma omp parallel for schedule(guided) num_threads(threads)
+      for (int64_t i = 0; i < n; ++i) body(i);
+    } else {
+#pragma omp parallel num_threads(threads)
+      {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t begin = t * n / nt, end = (t + 1) * n / nt;
+        for (int64_t i = begin; i < end; ++i) body(last_first ? end - 1 - (i - begin) : i);
+      }
+    }
+    return;
+  }
+#endif
   auto run = [&] {
     note_concurrency(tbb::this_task_arena::max_concurrency());
     auto each = [&](const tbb::blocked_range<int64_t>& r) {

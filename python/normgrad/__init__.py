@@ -20,14 +20,18 @@ from ._normgrad import (  # noqa: F401
     empty_cache,
     graph_from_json,
     load_graph,
+    has_openmp_runtime,
     memory_stats,
     num_threads,
     set_cache_limit,
     set_num_threads,
+    set_thread_runtime,
+    thread_runtime,
 )
 
 __all__ = [
     "CompiledGraph", "Error", "Graph", "LogicalTensor", "Op", "Partition", "__version__",
-    "backends", "compile", "empty_cache", "graph_from_json", "load_graph", "memory_stats",
-    "num_threads", "set_cache_limit", "set_num_threads",
+    "backends", "compile", "empty_cache", "graph_from_json", "has_openmp_runtime", "load_graph",
+    "memory_stats", "num_threads", "set_cache_limit", "set_num_threads", "set_thread_runtime",
+    "thread_runtime",
 ]

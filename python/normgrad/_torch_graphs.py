@@ -19,13 +19,34 @@ takes no page faults.
 The graphs run by data pointer (``run``), so this module also holds the
 input rules every module checks first (``check_input``): a tensor that does
 not match the compiled graph must never reach a kernel.
+
+On import it puts the JIT's loops on torch's thread pool
+(``share_torch_threads``).
 """
 import contextlib
+import os
 
 import torch as _torch
 import torch.utils.dlpack as _dlpack
 
 import normgrad as _ng
+
+
+def share_torch_threads():
+    """Runs the JIT's loops on OpenMP when torch's CPU ops do (ATen's parallel
+    backend) and this build has libgomp: a batch norm then takes the threads
+    still spinning from the convolution before it, and as many as torch uses
+    (torch.set_num_threads). On its own oneTBB arena it would compete with
+    those threads for the cores, 1.5-2x slower per layer on 2 cores. A
+    NORMGRAD_THREADING the user set is kept. Returns the runtime in use."""
+    if "NORMGRAD_THREADING" not in os.environ and _ng.has_openmp_runtime():
+        info = _torch.__config__.parallel_info()
+        if "ATen parallel backend: OpenMP" in info:
+            _ng.set_thread_runtime("openmp")
+    return _ng.thread_runtime()
+
+
+share_torch_threads()
 
 DTYPES = {_torch.float32: "f32", _torch.bfloat16: "bf16", _torch.float16: "f16"}
 CACHE = {}  # graph key -> compiled graph

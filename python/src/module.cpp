@@ -405,6 +405,20 @@ PYBIND11_MODULE(_normgrad, m) {
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Cap the threads every backend uses (0: no cap)");
   m.def("num_threads", &num_threads);
+  m.def(
+      "set_thread_runtime",
+      [](const std::string& name) {
+        if (name != "tbb" && name != "openmp")
+          raise(invalid_argument("set_thread_runtime: '" + name + "' is neither tbb nor openmp"));
+        check(set_thread_runtime(name == "openmp" ? ThreadRuntime::kOpenMP : ThreadRuntime::kTbb));
+      },
+      py::arg("name"),
+      "Where the JIT runs its loops: 'tbb' (its own oneTBB arena) or 'openmp' (the process's "
+      "libgomp pool, which torch's CPU ops use; normgrad.torch chooses it when torch does)");
+  m.def("thread_runtime",
+        [] { return thread_runtime() == ThreadRuntime::kOpenMP ? "openmp" : "tbb"; });
+  m.def("has_openmp_runtime", &has_openmp_runtime,
+        "Whether this build can run the JIT on OpenMP (libgomp)");
   m.def("_pooled_empty", &pooled_empty, py::arg("shape"), py::arg("strides"), py::arg("dtype"),
         "A DLPack capsule over a block of the caching pool (torch.from_dlpack takes it)");
   m.def("_update_running", &update_running, py::arg("running_mean"), py::arg("running_var"),
