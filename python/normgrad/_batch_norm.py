@@ -184,7 +184,8 @@ _OFFSET_SIGMAS = 16.0
 def _mean_lo(x, mean, var, eps):
     """The batch mean's low part (mean - f32 mean) per channel when the data
     is far from zero, else None. One more pass over x, only then."""
-    if x.numel() == 0 or not bool(((mean.abs() * _torch.rsqrt(var + eps)) > _OFFSET_SIGMAS).any()):
+    if x.numel() == 0 or not _ng._normgrad._far_from_zero(mean.data_ptr(), var.data_ptr(),
+                                                          mean.numel(), eps, _OFFSET_SIGMAS):
         return None
     _, mean64, _ = _local_moments(x)
     return (mean64 - mean.double()).float()

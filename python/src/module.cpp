@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <map>
 #include <memory>
 
@@ -262,6 +263,21 @@ void update_running(uintptr_t rm, uintptr_t rv, uintptr_t mean, uintptr_t var, i
   }
 }
 
+// Whether any channel's mean is more than `sigmas` standard deviations from
+// zero (f32 vectors by data pointer; NaN is not): normgrad.torch's test for
+// data whose mean needs its low part, in C++ as it runs on every forward.
+bool far_from_zero(uintptr_t mean, uintptr_t var, int64_t c, double eps, double sigmas) {
+  if (mean == 0 || var == 0 || c < 0)
+    raise(invalid_argument("_far_from_zero: null pointer or negative size"));
+  const auto* m = reinterpret_cast<const float*>(mean);
+  const auto* v = reinterpret_cast<const float*>(var);
+  for (int64_t i = 0; i < c; ++i) {
+    if (std::fabs(static_cast<double>(m[i])) > sigmas * std::sqrt(static_cast<double>(v[i]) + eps))
+      return true;
+  }
+  return false;
+}
+
 Compiled compile(const Graph& graph, const std::string& backend,
                  const std::optional<std::vector<std::string>>& passes, bool optimize) {
   CompileOptions options;
@@ -424,6 +440,9 @@ PYBIND11_MODULE(_normgrad, m) {
   m.def("_update_running", &update_running, py::arg("running_mean"), py::arg("running_var"),
         py::arg("mean"), py::arg("var"), py::arg("c"), py::arg("factor"), py::arg("unbias"),
         "normgrad.torch's running-statistics update (f32 vectors by data pointer)");
+  m.def("_far_from_zero", &far_from_zero, py::arg("mean"), py::arg("var"), py::arg("c"),
+        py::arg("eps"), py::arg("sigmas"),
+        "normgrad.torch's test for means far from zero (f32 vectors by data pointer)");
   m.def(
       "empty_cache", [] { default_caching_allocator().empty_cache(); },
       "Give the caching pool's free blocks back to the system");
