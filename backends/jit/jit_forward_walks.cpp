@@ -163,7 +163,15 @@ void FwdGenerator::rows_apply() {
 // when C is not a multiple of the lanes (k1 on AVX-512, vmm(mask_) on AVX2).
 void FwdGenerator::pixels_stats() {
   const int64_t nv = (c_.c + lanes_ - 1) / lanes_;
-  const int block = avx512_ ? 8 : 4;
+  // Channel vectors per sweep over the chunk's pixels: as many as the sums
+  // fit in registers, so a pixel's row is cut into few slices. On AVX2, 6
+  // (three lines of f32): their two sums, one data temporary (renaming makes
+  // one enough) and the tail mask take 14 of the 16 registers; 6 ran the
+  // 56x56 and 28x28 layers 3-13% faster than 4, and 7, whose slices end
+  // inside lines, lost a little at 14x14 and 7x7 (docs/performance.md).
+  // Each channel's sums run over the pixels in order whatever the block: the
+  // same bits for any block.
+  const int block = avx512_ ? 8 : 6;
   const int vbytes = lanes_ * 4;
   load_args();
   if (tail() != 0 && avx512_) {
@@ -178,8 +186,8 @@ void FwdGenerator::pixels_stats() {
   for (int64_t first = 0; first < nv; first += block) {
     const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
     // S1 v0.., S2 v<block>..; AVX-512: K v16..23 and data v24..31; AVX2: K
-    // from memory and data v8..11.
-    const int k0 = 16, d0 = avx512_ ? 24 : 8;
+    // from memory and data v14.
+    const int k0 = 16;
     for (int v = 0; v < b; ++v) {
       zero(v);
       zero(block + v);
@@ -191,7 +199,7 @@ void FwdGenerator::pixels_stats() {
     L(pix);
     for (int v = 0; v < b; ++v) {
       const bool masked = tail() != 0 && first + v == nv - 1;
-      const int t = d0 + v;
+      const int t = avx512_ ? 24 + v : 14;
       load(t, rsi + static_cast<int>((first + v) * lanes_ * es_), masked);
       // K's padded lanes are 0: masked lanes stay 0.
       if (avx512_) {
