@@ -86,9 +86,10 @@ struct FwdConf {
   // exceed a quarter of the L3, cached stores read every line for ownership
   // first and evict the src the apply is about to read.
   bool streaming = false;
-  // AVX2, bf16, the NCX rows apply without a residual: 16 elements per step,
-  // the even and odd words of one 32-byte load, rounded and merged back into
-  // one 32-byte store (StreamConf::pair_vectors is the backward's).
+  // AVX2, bf16, the apply without a residual: 16 elements per step (NCX) or
+  // 16 channels per pixel (NXC), the even and odd words of one 32-byte load,
+  // rounded and merged back into one 32-byte store (StreamConf::pair_vectors
+  // is the backward's).
   bool pair_vectors = false;
 
   std::string kernel_name() const;  // "jit:avx512:bf16:fwd:ncx+relu"

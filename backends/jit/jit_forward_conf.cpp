@@ -186,7 +186,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   const int64_t line_elems = (c.ncx_rows ? c.spatial : c.c) * es;
   c.streaming = c.isa != Isa::kPortable && line_elems % 64 == 0 &&
                 (c.residual ? 3 : 2) * total * es > cache_sizes().l3_bytes / 4;
-  c.pair_vectors = c.isa == Isa::kAvx2 && c.dt == DataType::kBF16 && c.ncx_rows && !c.residual;
+  c.pair_vectors = c.isa == Isa::kAvx2 && c.dt == DataType::kBF16 && !c.residual;
   return c;
 }
 

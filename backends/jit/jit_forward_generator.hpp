@@ -358,6 +358,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   void pair_step(const std::function<void(int)>& normalise);
   void pixels_stats();
   void pixels_apply();
+  void pixels_pair_block(int64_t first, int row);
   void emit_constants();
 
   FwdConf c_;

@@ -225,13 +225,61 @@ void FwdGenerator::pixels_stats() {
 // Channel blocks with their hi/lo/a(/b) in registers for the whole call, each
 // block over the call's pixels (few enough to stay in the L1/L2 from one
 // block to the next: conf.apply_pixels).
+// FwdConf::pair_vectors in the pixels walk: a block's 16 channels as their
+// even and odd ones, as pair_step takes a row's elements. The block's
+// coefficients (hi, lo, a, b; 16 channels each) are split the same way once
+// per block: even ones in v8, v10, v12, v14, odd ones in v9, v11, v13, v15
+// (vshufps picks them within each 128-bit half, vpermpd puts the halves in
+// order). Per pixel: one 32-byte load and store; scratch v2..5, alpha v6,
+// zero v7.
+void FwdGenerator::pixels_pair_block(int64_t first, int row) {
+  const int f = static_cast<int>(first * 32);
+  for (int k = 0; k < 4; ++k) {
+    vmovups(Ymm(2), ptr[rax + k * row + f]);
+    vmovups(Ymm(3), ptr[rax + k * row + f + 32]);
+    vshufps(Ymm(8 + 2 * k), Ymm(2), Ymm(3), 0x88);
+    vpermpd(Ymm(8 + 2 * k), Ymm(8 + 2 * k), 0xD8);
+    vshufps(Ymm(9 + 2 * k), Ymm(2), Ymm(3), 0xDD);
+    vpermpd(Ymm(9 + 2 * k), Ymm(9 + 2 * k), 0xD8);
+  }
+  mov(rsi, r8);
+  mov(rcx, r9);
+  mov(rbx, rdx);
+  const int d = static_cast<int>(first * lanes_ * es_);
+  Label pix;
+  L(pix);
+  vmovdqu(Ymm(1), ptr[rsi + d]);
+  vpslld(Ymm(0), Ymm(1), 16);
+  vpand(Ymm(1), Ymm(1), ptr[rip + c_hi16_]);
+  for (int h = 0; h < 2; ++h) {
+    vsubps(Ymm(h), Ymm(h), Ymm(8 + h));
+    vsubps(Ymm(h), Ymm(h), Ymm(10 + h));
+    vfmadd213ps(Ymm(h), Ymm(12 + h), Ymm(14 + h));
+    epilogue(h, 2, 3, 4, nullptr, false);
+  }
+  bf16_dwords(2, 0, 3, 4);
+  bf16_dwords(5, 1, 3, 4);
+  vpslld(Ymm(5), Ymm(5), 16);
+  vpor(Ymm(2), Ymm(2), Ymm(5));
+  if (nt_) {
+    vmovntdq(ptr[rcx + d], Ymm(2));
+  } else {
+    vmovdqu(ptr[rcx + d], Ymm(2));
+  }
+  add(rsi, static_cast<int>(c_.c * es_));
+  add(rcx, static_cast<int>(c_.c * es_));
+  dec(rbx);
+  jnz(pix, T_NEAR);
+}
+
 void FwdGenerator::pixels_apply() {
   // AVX-512: blocks of 4; data v0..3, t v4..7, n v8..11, hi/lo/a/b v12..27,
   // alpha v28, zero v31. AVX2: blocks of 2; data v0..1, t v2..3, n v4, m v5,
-  // alpha v6, hi/lo/a v8..13 (b from memory), zero v14, tail mask v15.
+  // alpha v6, zero v7, hi/lo/a v8..13 (b from memory), tail mask v15
+  // (pixels_pair_block has its own plan).
   const int block = avx512_ ? 4 : 2;
   const int hi0 = avx512_ ? 12 : 8;
-  zero_ = avx512_ ? 31 : 14;
+  zero_ = avx512_ ? 31 : 7;
   alpha_ = avx512_ ? 28 : 6;
   mask_ = 15;
   const int64_t nv = (c_.c + lanes_ - 1) / lanes_;
@@ -249,6 +297,10 @@ void FwdGenerator::pixels_apply() {
   const int row = static_cast<int>(cp_ * 4);
   for (int64_t first = 0; first < nv; first += block) {
     const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
+    if (c_.pair_vectors && b == 2 && !(tail() != 0 && first + 1 == nv - 1)) {
+      pixels_pair_block(first, row);
+      continue;
+    }
     for (int v = 0; v < b; ++v) {
       const int f = static_cast<int>((first + v) * vbytes);
       vmovups(vmm(hi0 + v), ptr[rax + f]);

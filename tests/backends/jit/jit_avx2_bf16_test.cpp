@@ -174,16 +174,16 @@ TEST(JitAvx2Bf16, PairsRoundNanInfinityAndOverflow) {
   }
 }
 
-// A BatchNormForwardTraining of `shape` (NCX bf16, f32 statistics, gamma and
-// beta), then nothing (epilogue 0), a ReLU (1), a LeakyReLU(0.01) (2) or an
-// Add and a ReLU (3, which keeps the vector at a time).
-Graph forward_graph(const Dims& shape, int epilogue) {
+// A BatchNormForwardTraining of `shape` (bf16 in `fmt`, f32 statistics,
+// gamma and beta), then nothing (epilogue 0), a ReLU (1), a LeakyReLU(0.01)
+// (2) or an Add and a ReLU (3, which keeps the vector at a time).
+Graph forward_graph(const Dims& shape, int epilogue, const char* fmt = "NCX") {
   using testing_util::lt;
   const DataType dt = DataType::kBF16, f32 = DataType::kF32;
-  const int64_t c = shape[1];
+  const int64_t c = std::string(fmt) == "NCX" ? shape[1] : shape.back();
   Graph g;
   Op bn(1, OpKind::kBatchNormForwardTraining, "bn");
-  bn.set_attr("epsilon", 1e-3f).set_attr("data_format", "NCX");
+  bn.set_attr("epsilon", 1e-3f).set_attr("data_format", fmt);
   bn.add_input(lt(10, dt, shape)).add_input(lt(11, f32, {c})).add_input(lt(12, f32, {c}));
   bn.add_input(lt(13, f32, {c})).add_input(lt(14, f32, {c}));
   bn.add_output(lt(20, dt, shape));
@@ -205,24 +205,33 @@ Graph forward_graph(const Dims& shape, int epilogue) {
   return g;
 }
 
-// The forward's rows apply in pairs: ref, the single vectors' bits, and a
-// NaN gamma whose payload fills the low 16 bits (channel 2 all NaN).
+// The forward's applies in pairs, NCX rows and NXC pixels: ref, the single
+// vectors' bits, and a NaN gamma whose payload fills the low 16 bits
+// (channel 2 all NaN).
 TEST(JitAvx2Bf16, ForwardPairsMatchRefAndTheSingleVectorBits) {
   if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
   IsaScope scope("avx2");
-  std::vector<Dims> shapes;
-  for (int64_t s : kRowLengths) shapes.push_back({2, 3, 1, s});
+  const int64_t l3 = jit::cache_sizes().l3_bytes;
+  std::vector<std::pair<Dims, const char*>> shapes;
+  for (int64_t s : kRowLengths) shapes.push_back({{2, 3, 1, s}, "NCX"});
   // Streamed: rows of whole lines, src and dst past a quarter of the L3.
-  shapes.push_back({jit::cache_sizes().l3_bytes / (4 * 4 * 1024 * 2 * 2) + 2, 4, 1, 1024});
+  shapes.push_back({{l3 / (4 * 4 * 1024 * 2 * 2) + 2, 4, 1, 1024}, "NCX"});
+  // NXC: channels in pairs of vectors (16), a vector left (24, 40), a tail
+  // (20, 37, 100), and streamed pixels of whole lines.
+  for (int64_t c : {16, 20, 24, 37, 40, 100, 256}) shapes.push_back({{3, 5, 7, c}, "NXC"});
+  shapes.push_back({{l3 / (4 * 256 * 2 * 2 * 8) + 2, 2, 4, 256}, "NXC"});
   uint64_t seed = 5100;
-  for (const Dims& shape : shapes) {
+  for (const auto& [shape, fmt] : shapes) {
+    const bool ncx = std::string(fmt) == "NCX";
+    const int64_t c = ncx ? shape[1] : shape[3], inner = ncx ? shape[3] : 1;
     for (int epilogue = 0; epilogue < 4; ++epilogue) {
-      SCOPED_TRACE("cols " + std::to_string(shape[3]) + " n " + std::to_string(shape[0]) +
-                   " epilogue " + std::to_string(epilogue));
-      const Graph g = forward_graph(shape, epilogue);
+      SCOPED_TRACE(std::string(fmt) + " " + dims_to_string(shape) + " epilogue " +
+                   std::to_string(epilogue));
+      const Graph g = forward_graph(shape, epilogue, fmt);
       const auto r = compare_with_ref(g, "jit", ++seed);
       ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-      EXPECT_EQ(r.kernel.find("jit:avx2:bf16:fwd:rows"), 0u) << r.kernel;
+      EXPECT_EQ(r.kernel.find(ncx ? "jit:avx2:bf16:fwd:rows" : "jit:avx2:bf16:fwd:pixels"), 0u)
+          << r.kernel;
       EXPECT_LE(r.worst_ratio, 1.0) << r.report;
       auto inputs = inputs_for(g, seed);
       const uint32_t nan_bits = 0x7fffffffu;
@@ -234,10 +243,10 @@ TEST(JitAvx2Bf16, ForwardPairsMatchRefAndTheSingleVectorBits) {
       for (const auto& [id, b] : pairs) {
         EXPECT_TRUE(b.bytes == singles.at(id).bytes) << "tensor " << id;
       }
-      const int64_t out = epilogue == 0 ? 20 : 40, s = shape[3];
+      const int64_t out = epilogue == 0 ? 20 : 40;
       const auto* y = reinterpret_cast<const uint16_t*>(pairs.at(out).bytes.data());
-      for (int64_t i = 0; i < shape[0] * shape[1] * s; ++i) {
-        if (i / s % shape[1] == 2) {
+      for (int64_t i = 0; i < shape[0] * shape[1] * shape[2] * shape[3]; ++i) {
+        if (i / inner % c == 2) {
           ASSERT_TRUE(std::isnan(bf16_to_float(y[i]))) << i;
         }
       }
