@@ -26,7 +26,7 @@ using jit_test::streams;
 using testing_util::compare_with_ref;
 using testing_util::one_op;
 
-constexpr int64_t kSrc = 0, kDiffDst = 1, kVariance = 3, kGamma = 4, kDiffSrc = 5;
+constexpr int64_t kDiffDst = 1, kVariance = 3, kGamma = 4, kDiffSrc = 5;
 
 float bf16_to_float(uint16_t h) {
   const uint32_t u = uint32_t{h} << 16;
@@ -55,6 +55,21 @@ std::map<int64_t, oracle::Buffer> run_jit(const Graph& g, const std::string& var
   auto outs = oracle::run_outputs(*cg, inputs);
   EXPECT_TRUE(outs.ok()) << outs.status().to_string();
   return outs.ok() ? *outs : std::map<int64_t, oracle::Buffer>{};
+}
+
+// Runs `g` on `inputs` in pairs (the default) and vector at a time
+// (bf16-single-vectors), expects every output's bits equal, and returns the
+// pairs' outputs.
+std::map<int64_t, oracle::Buffer> run_pairs_and_singles(
+    const Graph& g, const std::map<int64_t, oracle::Buffer>& inputs, std::string* kernel) {
+  std::string single_kernel;
+  auto pairs = run_jit(g, "", inputs, kernel);
+  const auto singles = run_jit(g, "bf16-single-vectors", inputs, &single_kernel);
+  EXPECT_EQ(pairs.size(), singles.size());
+  for (const auto& [id, b] : pairs) {
+    EXPECT_TRUE(singles.count(id) && b.bytes == singles.at(id).bytes) << "tensor " << id;
+  }
+  return pairs;
 }
 
 std::map<int64_t, oracle::Buffer> inputs_for(const Graph& g, uint64_t seed) {
@@ -95,14 +110,8 @@ TEST(JitAvx2Bf16, PairsMatchRefAndTheSingleVectorBits) {
       ASSERT_TRUE(r.status.ok()) << r.status.to_string();
       EXPECT_EQ(r.kernel.find("jit:avx2:bf16/"), 0u) << r.kernel;
       EXPECT_LE(r.worst_ratio, 1.0) << r.report;
-      const auto inputs = inputs_for(g, seed);
-      std::string k1, k2;
-      const auto pairs = run_jit(g, "", inputs, &k1);
-      const auto singles = run_jit(g, "bf16-single-vectors", inputs, &k2);
-      ASSERT_EQ(pairs.size(), singles.size());
-      for (const auto& [id, b] : pairs) {
-        EXPECT_TRUE(b.bytes == singles.at(id).bytes) << "tensor " << id;
-      }
+      std::string kernel;
+      run_pairs_and_singles(g, inputs_for(g, seed), &kernel);
     }
   }
 }
@@ -151,12 +160,10 @@ TEST(JitAvx2Bf16, PairsRoundNanInfinityAndOverflow) {
           break;  // random
       }
     }
-    std::string k1, k2;
-    const auto pairs = run_jit(g, "", inputs, &k1);
-    const auto singles = run_jit(g, "bf16-single-vectors", inputs, &k2);
+    std::string kernel;
+    const auto pairs = run_pairs_and_singles(g, inputs, &kernel);
     ASSERT_EQ(pairs.count(kDiffSrc), 1u);
-    EXPECT_EQ(k1.find("jit:avx2:bf16/"), 0u) << k1;
-    EXPECT_TRUE(pairs.at(kDiffSrc).bytes == singles.at(kDiffSrc).bytes);
+    EXPECT_EQ(kernel.find("jit:avx2:bf16/"), 0u) << kernel;
     const auto* dx = reinterpret_cast<const uint16_t*>(pairs.at(kDiffSrc).bytes.data());
     const double scale = 1.0 / std::sqrt(0.25 + 1e-3);
     for (int64_t i = 0; i < n; ++i) {
@@ -236,13 +243,9 @@ TEST(JitAvx2Bf16, ForwardPairsMatchRefAndTheSingleVectorBits) {
       auto inputs = inputs_for(g, seed);
       const uint32_t nan_bits = 0x7fffffffu;
       std::memcpy(static_cast<float*>(inputs.at(13).data()) + 2, &nan_bits, sizeof nan_bits);
-      std::string k1, k2;
-      const auto pairs = run_jit(g, "", inputs, &k1);
-      const auto singles = run_jit(g, "bf16-single-vectors", inputs, &k2);
-      ASSERT_EQ(pairs.size(), singles.size());
-      for (const auto& [id, b] : pairs) {
-        EXPECT_TRUE(b.bytes == singles.at(id).bytes) << "tensor " << id;
-      }
+      std::string kernel;
+      const auto pairs = run_pairs_and_singles(g, inputs, &kernel);
+      ASSERT_EQ(pairs.count(epilogue == 0 ? 20 : 40), 1u);
       const int64_t out = epilogue == 0 ? 20 : 40;
       const auto* y = reinterpret_cast<const uint16_t*>(pairs.at(out).bytes.data());
       for (int64_t i = 0; i < shape[0] * shape[1] * shape[2] * shape[3]; ++i) {

@@ -9,13 +9,13 @@
 #include <normgrad/backends/jit/jit_driver.hpp>
 #include "tests/backend_test_util.hpp"
 #include "tests/backends/jit/jit_test_util.hpp"
+#include "tools/bench_graphs.hpp"
 
 namespace normgrad {
 namespace {
 
 using jit_test::run_with_threads;
 using testing_util::bn_bwd;
-using testing_util::lt;
 using testing_util::one_op;
 
 // The runtime set for a scope, and put back after.
@@ -34,17 +34,6 @@ struct RuntimeScope {
   ThreadRuntime old_;
 };
 
-Graph forward(const Dims& shape, const char* fmt, DataType dt) {
-  const int64_t c = std::string(fmt) == "NCX" ? shape[1] : shape.back();
-  Op bn(1, OpKind::kBatchNormForwardTraining, "bn");
-  bn.set_attr("epsilon", 1e-3f).set_attr("data_format", fmt);
-  bn.add_input(lt(10, dt, shape));
-  for (int64_t id = 11; id <= 14; ++id) bn.add_input(lt(id, DataType::kF32, {c}));
-  bn.add_output(lt(20, dt, shape));
-  for (int64_t id = 21; id <= 24; ++id) bn.add_output(lt(id, DataType::kF32, {c}));
-  return one_op(bn);
-}
-
 std::vector<std::pair<std::string, Graph>> graphs() {
   std::vector<std::pair<std::string, Graph>> v;
   for (DataType dt : {DataType::kF32, DataType::kBF16}) {
@@ -56,8 +45,8 @@ std::vector<std::pair<std::string, Graph>> graphs() {
                    one_op(bn_bwd({64, 40, 7, 7}, "NCX", dt, DataType::kF32, true, 3)));
     v.emplace_back("bwd NXC " + d,
                    one_op(bn_bwd({6, 20, 20, 72}, "NXC", dt, DataType::kF32, true, 3)));
-    v.emplace_back("fwd NCX " + d, forward({6, 40, 20, 20}, "NCX", dt));
-    v.emplace_back("fwd NXC " + d, forward({6, 20, 20, 72}, "NXC", dt));
+    v.emplace_back("fwd NCX " + d, cli::make_forward_graph({6, 40, 20, 20}, "NCX", dt, "none"));
+    v.emplace_back("fwd NXC " + d, cli::make_forward_graph({6, 72, 20, 20}, "NXC", dt, "relu"));
   }
   return v;
 }
