@@ -222,9 +222,6 @@ void FwdGenerator::pixels_stats() {
   ret();
 }
 
-// Channel blocks with their hi/lo/a(/b) in registers for the whole call, each
-// block over the call's pixels (few enough to stay in the L1/L2 from one
-// block to the next: conf.apply_pixels).
 // FwdConf::pair_vectors in the pixels walk: a block's 16 channels as their
 // even and odd ones, as pair_step takes a row's elements. The block's
 // coefficients (hi, lo, a, b; 16 channels each) are split the same way once
@@ -272,6 +269,9 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
   jnz(pix, T_NEAR);
 }
 
+// Channel blocks with their hi/lo/a(/b) in registers for the whole call, each
+// block over the call's pixels (few enough to stay in the L1/L2 from one
+// block to the next: conf.apply_pixels).
 void FwdGenerator::pixels_apply() {
   // AVX-512: blocks of 4; data v0..3, t v4..7, n v8..11, hi/lo/a/b v12..27,
   // alpha v28, zero v31. AVX2: blocks of 2; data v0..1, t v2..3, n v4, m v5,
