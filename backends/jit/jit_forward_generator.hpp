@@ -356,6 +356,8 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   void rows_stats();
   void rows_apply();
   void pair_step(const std::function<void(int)>& normalise);
+  void load_pair(const RegExp& e);
+  void store_pair(const RegExp& e);
   void pixels_stats();
   void pixels_apply();
   void pixels_pair_block(int64_t first, int row);

@@ -79,24 +79,36 @@ void FwdGenerator::rows_stats() {
 // One step of the AVX2 bf16 rows apply in pairs (FwdConf::pair_vectors): 16
 // elements at rsi, the even ones in v0 and the odd ones in v1, each
 // normalised and through the epilogue (no residual) as the vector at a time
-// is, rounded to bf16 words (bf16_dwords), the odd words shifted up into the
-// even ones' dwords, one 32-byte store. Scratch v2..7.
+// is, and stored as 16 bf16 words in one 32-byte store. Scratch v2..7.
 void FwdGenerator::pair_step(const std::function<void(int)>& normalise) {
-  vmovdqu(Ymm(1), ptr[elem(r8, 0)]);
-  vpslld(Ymm(0), Ymm(1), 16);
-  vpand(Ymm(1), Ymm(1), ptr[rip + c_hi16_]);
+  load_pair(elem(r8, 0));
   for (int h = 0; h < 2; ++h) {
     normalise(h);
     epilogue(h, 2 + 3 * h, 3 + 3 * h, 4 + 3 * h, nullptr, false);
   }
+  store_pair(elem(r9, 0));
+}
+
+// 16 bf16 elements at `e` as f32: the even ones (each dword's low word,
+// shifted up) in v0, the odd ones (its high word, masked) in v1.
+void FwdGenerator::load_pair(const RegExp& e) {
+  vmovdqu(Ymm(1), ptr[e]);
+  vpslld(Ymm(0), Ymm(1), 16);
+  vpand(Ymm(1), Ymm(1), ptr[rip + c_hi16_]);
+}
+
+// The inverse of load_pair: v0 and v1 rounded to bf16 words (bf16_dwords),
+// the odd words shifted up into the even ones' dwords, one 32-byte store
+// (streaming in the streaming apply). Clobbers v2..5.
+void FwdGenerator::store_pair(const RegExp& e) {
   bf16_dwords(2, 0, 3, 4);
-  bf16_dwords(5, 1, 6, 7);
+  bf16_dwords(5, 1, 3, 4);
   vpslld(Ymm(5), Ymm(5), 16);
   vpor(Ymm(2), Ymm(2), Ymm(5));
   if (nt_) {
-    vmovntdq(ptr[elem(r9, 0)], Ymm(2));
+    vmovntdq(ptr[e], Ymm(2));
   } else {
-    vmovdqu(ptr[elem(r9, 0)], Ymm(2));
+    vmovdqu(ptr[e], Ymm(2));
   }
 }
 
@@ -245,24 +257,14 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
   const int d = static_cast<int>(first * lanes_ * es_);
   Label pix;
   L(pix);
-  vmovdqu(Ymm(1), ptr[rsi + d]);
-  vpslld(Ymm(0), Ymm(1), 16);
-  vpand(Ymm(1), Ymm(1), ptr[rip + c_hi16_]);
+  load_pair(rsi + d);
   for (int h = 0; h < 2; ++h) {
     vsubps(Ymm(h), Ymm(h), Ymm(8 + h));
     vsubps(Ymm(h), Ymm(h), Ymm(10 + h));
     vfmadd213ps(Ymm(h), Ymm(12 + h), Ymm(14 + h));
     epilogue(h, 2, 3, 4, nullptr, false);
   }
-  bf16_dwords(2, 0, 3, 4);
-  bf16_dwords(5, 1, 3, 4);
-  vpslld(Ymm(5), Ymm(5), 16);
-  vpor(Ymm(2), Ymm(2), Ymm(5));
-  if (nt_) {
-    vmovntdq(ptr[rcx + d], Ymm(2));
-  } else {
-    vmovdqu(ptr[rcx + d], Ymm(2));
-  }
+  store_pair(rcx + d);
   add(rsi, static_cast<int>(c_.c * es_));
   add(rcx, static_cast<int>(c_.c * es_));
   dec(rbx);

@@ -253,7 +253,8 @@ void BnGenerator::load(int dst, const Reg64& base, int64_t off, bool tail) {
   }
 }
 
-// Stores vector `src` (f32) to `base` at element `off`, converting; clobbers kScratch0..2.
+// Stores vector `src` (f32) to `base` at element `off`, converting; clobbers kScratch0..2
+// (and, AVX2 bf16, src itself).
 void BnGenerator::store(const Reg64& base, int64_t off, int src, bool tail, bool nt) {
   const Xmm s = vmm(src);
   if (c_.d.data_dt == DataType::kF32) {
@@ -273,34 +274,25 @@ void BnGenerator::store(const Reg64& base, int64_t off, int src, bool tail, bool
     vcvtps2ph(half(w), s, 0);  // round to nearest even
   } else if (avx512_ && c_.avx512_bf16) {
     vcvtneps2bf16(half(w), s);
-  } else {
+  } else if (avx512_) {
     // Round to nearest even by integer arithmetic; NaN keeps its top bits and gets the quiet bit.
     const Xmm t = vmm(kScratch1), n = vmm(kScratch2);
     vpsrld(t, s, 16);
-    if (avx512_) {
-      vpandd(t, t, ptr[rip + c_one_]);
-    } else {
-      vpand(t, t, ptr[rip + c_one_]);
-    }
+    vpandd(t, t, ptr[rip + c_one_]);
     vpaddd(t, t, ptr[rip + c_7fff_]);
     vpaddd(t, t, s);
     vpsrld(t, t, 16);
     vpsrld(n, s, 16);
-    if (avx512_) {
-      vpord(n, n, ptr[rip + c_0040_]);
-    } else {
-      vpor(n, n, ptr[rip + c_0040_]);
-    }
-    if (avx512_) {
-      vcmpps(k2, s, s, 3);  // unordered: NaN
-      vmovdqa32(t | k2, n);
-      vpmovdw(half(w), t);
-    } else {
-      vcmpps(vmm(w), s, s, 3);
-      vblendvps(t, t, n, vmm(w));
-      vextracti128(Xmm(kScratch2), Ymm(kScratch1), 1);
-      vpackusdw(Xmm(w), Xmm(kScratch1), Xmm(kScratch2));
-    }
+    vpord(n, n, ptr[rip + c_0040_]);
+    vcmpps(k2, s, s, 3);  // unordered: NaN
+    vmovdqa32(t | k2, n);
+    vpmovdw(half(w), t);
+  } else {
+    // AVX2: rounded in place (every caller's last use of src), the words packed.
+    round_bf16_avx2(src);
+    vpsrld(Ymm(kScratch1), Ymm(src), 16);
+    vextracti128(Xmm(kScratch2), Ymm(kScratch1), 1);
+    vpackusdw(Xmm(w), Xmm(kScratch1), Xmm(kScratch2));
   }
   if (!tail && nt) {
     vmovntdq(data(base, off), half(w));
@@ -353,22 +345,28 @@ void BnGenerator::load_pair(int even, int odd, const Reg64& base, int64_t off) {
   vpand(Ymm(odd), Ymm(odd), ptr[rip + c_hi16_]);
 }
 
+// AVX2: ymm(v) (f32) rounded in place to bf16 in its top 16 bits, to
+// nearest even by integer arithmetic; NaN keeps its top bits and gets the
+// quiet bit (so no carry reaches the sign). Clobbers kScratch0..2.
+void BnGenerator::round_bf16_avx2(int v) {
+  assert((v < kScratch0 || v > kScratch2) && "round_bf16_avx2 uses the scratch registers");
+  const Ymm s(v), t(kScratch0), nan(kScratch1), quiet(kScratch2);
+  vpsrld(t, s, 16);
+  vpand(t, t, ptr[rip + c_one_]);
+  vpaddd(t, t, ptr[rip + c_7fff_]);
+  vpaddd(t, t, s);
+  vcmpps(nan, s, s, 3);  // unordered: NaN
+  vpor(quiet, s, ptr[rip + c_quiet_]);
+  vblendvps(s, t, quiet, nan);
+}
+
 // The inverse of load_pair: ymm(even) and ymm(odd) (f32) rounded to bf16 as
 // store() rounds (to nearest even; NaN keeps its top bits and gets the quiet
 // bit), the even words shifted down and the odd ones masked in place, one
 // 32-byte store. Clobbers both inputs and kScratch0..2.
 void BnGenerator::store_pair(const Reg64& base, int64_t off, int even, int odd, bool nt) {
-  const Ymm t(kScratch0), nan(kScratch1), quiet(kScratch2);
-  for (int r : {even, odd}) {
-    const Ymm s(r);
-    vpsrld(t, s, 16);
-    vpand(t, t, ptr[rip + c_one_]);
-    vpaddd(t, t, ptr[rip + c_7fff_]);
-    vpaddd(t, t, s);
-    vcmpps(nan, s, s, 3);  // unordered: NaN
-    vpor(quiet, s, ptr[rip + c_quiet_]);
-    vblendvps(s, t, quiet, nan);
-  }
+  round_bf16_avx2(even);
+  round_bf16_avx2(odd);
   vpsrld(Ymm(even), Ymm(even), 16);
   vpand(Ymm(odd), Ymm(odd), ptr[rip + c_hi16_]);
   vpor(Ymm(even), Ymm(even), Ymm(odd));

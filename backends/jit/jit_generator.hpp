@@ -85,6 +85,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void cols_loop(const std::function<void(int, int64_t, bool)>& step);
   bool pair_vectors() const;
   int nt_align_mask() const;
+  void round_bf16_avx2(int v);
   void load_pair(int even, int odd, const Reg64& base, int64_t off);
   void store_pair(const Reg64& base, int64_t off, int even, int odd, bool nt);
   void cols_loop_pairs(const std::function<void(int, int64_t)>& pair,

@@ -10,7 +10,6 @@
 #include <normgrad/backends/jit/jit_conf.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -140,15 +139,12 @@ Status apply_variant(const std::string& variant, BnConf* c) {
 }
 
 Status apply_forward_variant(const std::string& variant, FwdConf* c) {
-  if (variant.empty()) return ok_status();
-  BnConf checked;  // validates every name as the backward does
-  NG_RETURN_IF_ERROR(apply_variant(variant, &checked));
-  size_t start = 0;
-  while (start <= variant.size()) {
-    const size_t plus = std::min(variant.find('+', start), variant.size());
-    if (variant.compare(start, plus - start, "bf16-single-vectors") == 0) c->pair_vectors = false;
-    start = plus + 1;
-  }
+  // The backward's table decides: the forward takes what a variant does to
+  // the pair flag they share (bf16-single-vectors) and nothing else.
+  BnConf probe;
+  probe.stream.pair_vectors = true;
+  NG_RETURN_IF_ERROR(apply_variant(variant, &probe));
+  if (!probe.stream.pair_vectors) c->pair_vectors = false;
   return ok_status();
 }
 
