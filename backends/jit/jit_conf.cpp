@@ -385,22 +385,25 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
                       (d.phase == BackwardPhase::kWhole &&
                        (d.mode == BackwardMode::kTraining || d.diff_scale_shift));
   c.walk.chunk_rows = pixel_chunk_rows(c.walk.rows, 2 * c.walk.cols * dtype_size(d.data_dt));
-  // Rows wider than the registers (C > 64 on AVX-512). f32 takes the
+  // Rows wider than the registers (C > 64 on AVX-512). From DRAM, 16-bit
+  // data and f32 rows of up to kPerPixelMaxChannels take the per-pixel walk:
+  // two sequential streams, which the prefetchers follow best. Wider f32 rows
+  // from DRAM, and f32 that src and diff_dst fit in half the L3, take the
   // channel-swept kernels: every load a fixed stride from its previous one
   // (what the stride prefetchers follow, as in oneDNN's nspc kernel), sums and
-  // coefficients in registers, a call's rows re-read from the L2; the
-  // blocked walk's loads jump between 8 pixels and back, which some hosts'
-  // prefetchers do not follow. Rows so wide that a call has fewer than
-  // kMinSweepRows pixels (C >= 1024) take the blocked walk, whose groups stay
-  // long enough there. 16-bit data takes the per-pixel walk from DRAM and the
-  // blocked walk when src and diff_dst fit in half the L3. The runs behind
-  // each rule: docs/performance.md, "Why the JIT chooses what it does".
+  // coefficients in registers, a call's rows re-read from the L2. Rows so
+  // wide that a call has fewer than kMinSweepRows pixels (C >= 1024) take the
+  // blocked walk, whose groups stay long enough there; so does 16-bit data in
+  // half the L3. The runs behind each rule: docs/performance.md, "Why the
+  // JIT chooses what it does".
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
   if (c.walk.kind == Walk::kPixels && isa == Isa::kAvx512 && c.walk.cols > 64) {
     const int64_t call_rows = sweep_call_rows(c, kSweepCallBytes);
-    if (d.data_dt == DataType::kF32 && call_rows >= kMinSweepRows) {
+    if (!cache_resident && c.walk.cols <= kPerPixelMaxChannels) {
+      // the per-pixel walk: pixel_group and sweep_rows stay 0
+    } else if (d.data_dt == DataType::kF32 && call_rows >= kMinSweepRows) {
       c.walk.sweep_rows = call_rows;
     } else if (d.data_dt == DataType::kF32 || cache_resident) {
       c.walk.pixel_group = kPixelGroup;

@@ -81,6 +81,14 @@ using normgrad::CacheSizes;
 // 8 and 16 on C = 256..2048, f32; docs/performance.md).
 constexpr int kPixelGroup = 8;
 
+// NXC from DRAM on AVX-512: rows of up to this many channels take the
+// per-pixel kernels. Their sums (reduce) and coefficients (apply) are rows of
+// C floats read from the L1 as memory operands: at 2048 channels the apply's
+// four rows take 32 KiB of a 48 KiB L1, and the blocked walk measured faster
+// (7x7 f32); at 256 to 1024 channels per-pixel was 1.05-1.20x the swept and
+// blocked walks (docs/performance.md, "The three NXC walks").
+constexpr int64_t kPerPixelMaxChannels = 1024;
+
 // Bytes of src + diff_dst per call of the channel-swept pixel kernels
 // (WalkConf::sweep_rows): a quarter of a 1 MiB L2, so the blocks after the
 // first find the call's rows there.
