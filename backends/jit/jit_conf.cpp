@@ -419,7 +419,8 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
       c.walk.cols * dtype_size(d.data_dt) <= kShortRowBytes)
     c.walk.channel_group = isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
   set_apply_prefetch(&c);
-  c.prefetch.reduce_rows = reduce_prefetch_fits(c) && dtype_size(d.data_dt) == 2 &&
+  c.prefetch.reduce_rows = reduce_prefetch_fits(c) &&
+                           (dtype_size(d.data_dt) == 2 || isa == Isa::kAvx2) &&
                            c.walk.cols * dtype_size(d.data_dt) > kShortRowBytes;
   c.single_thread = c.total_elements < 100000;
   // Streaming stores pay off unless all three tensors stay in the cache from
