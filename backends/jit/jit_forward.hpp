@@ -91,6 +91,16 @@ struct FwdConf {
   // rounded and merged back into one 32-byte store (StreamConf::pair_vectors
   // is the backward's).
   bool pair_vectors = false;
+  // AVX2, 16-bit data, NXC with whole lines per 32 channels (C % 32 == 0):
+  // the apply walks each pixel's row whole, 32 channels (one line of dst)
+  // per step, the coefficients as memory operands. The channel blocks of the
+  // other walks hold their coefficients in registers, which on AVX2 fit two
+  // vectors: 32 bytes of 16-bit data, half a line per pixel, so the
+  // streaming stores left every line half written until the call's next
+  // block. With pair_vectors the driver lays each coefficient row out as
+  // the pairs read it (per 16 channels the even ones, then the odd ones).
+  // The same arithmetic in the same order: the same bits.
+  bool line_walk = false;
 
   std::string kernel_name() const;  // "jit:avx512:bf16:fwd:ncx+relu"
   std::string key() const;          // everything the generated code depends on

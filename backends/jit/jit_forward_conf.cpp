@@ -35,9 +35,10 @@ int index_in(const std::vector<LogicalTensor>& list, int64_t id) {
 
 std::string FwdConf::kernel_name() const {
   std::string s = std::string("jit:") + isa_name(isa) + ":" + dtype_name(dt) + ":fwd:" +
-                  (empty      ? "empty"
-                   : ncx_rows ? "rows"
-                              : "pixels");
+                  (empty       ? "empty"
+                   : ncx_rows  ? "rows"
+                   : line_walk ? "pixels_lines"
+                               : "pixels");
   if (phase == FwdPhase::kReduce) s += "+reduce";
   if (phase == FwdPhase::kApply) s += "+apply";
   if (residual) s += "+add";
@@ -187,6 +188,8 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.streaming = c.isa != Isa::kPortable && line_elems % 64 == 0 &&
                 (c.residual ? 3 : 2) * total * es > cache_sizes().l3_bytes / 4;
   c.pair_vectors = c.isa == Isa::kAvx2 && c.dt == DataType::kBF16 && !c.residual;
+  c.line_walk =
+      c.isa == Isa::kAvx2 && !c.ncx_rows && c.dt != DataType::kF32 && c.c % 32 == 0 && c.c > 0;
   return c;
 }
 

@@ -183,6 +183,20 @@ float ncx_shift(const FwdConf& c, const void* x, int64_t ch) {
   return static_cast<float>(s / static_cast<double>(k));
 }
 
+// FwdConf::line_walk with pairs: each of the four coefficient rows (cp
+// floats apart) laid out per 16 channels as the pairs load them, the even
+// channels first, then the odd ones.
+void pair_order(int64_t cp, float* coef) {
+  float block[16];
+  for (int64_t row = 0; row < 4; ++row) {
+    for (int64_t f = 0; f + 16 <= cp; f += 16) {
+      float* v = coef + row * cp + f;
+      for (int i = 0; i < 8; ++i) block[i] = v[2 * i], block[8 + i] = v[2 * i + 1];
+      std::copy(block, block + 16, v);
+    }
+  }
+}
+
 // The apply to call: the streaming variant when dst starts on a line (the
 // conf made every row or pixel whole lines).
 void (FwdKernels::*apply_fn(const FwdConf& c, const void* y))(const FwdArgs&) const {
@@ -335,6 +349,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
     }
   }
   if (c.phase == FwdPhase::kReduce) return ok_status();
+  if (c.line_walk && c.pair_vectors) pair_order(cp, coef.data());
   const int64_t block = c.apply_pixels;
   parallel_range(c.single_thread, (c.pixels + block - 1) / block, [&](int64_t b) {
     const int64_t p0 = b * block;

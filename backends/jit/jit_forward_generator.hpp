@@ -361,6 +361,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   void pixels_stats();
   void pixels_apply();
   void pixels_pair_block(int64_t first, int row);
+  void pixels_apply_lines(int row);
   void emit_constants();
 
   FwdConf c_;

@@ -271,6 +271,58 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
   jnz(pix, T_NEAR);
 }
 
+// FwdConf::line_walk (AVX2, 16-bit, C % 32 == 0): pixel after pixel, each
+// row 32 channels (one line of dst) per step, rdi the step's byte offset in
+// the row and twice that its offset in the coefficient rows (f32), which the
+// arithmetic reads as memory operands: x - hi - lo, times a (loaded) plus b.
+// bf16 without a residual in pairs (the coefficients in pair order, the odd
+// channels' 32 bytes after the even ones'), otherwise vector by vector.
+// Data v0..1, scratch v2..5, alpha v6, zero v7.
+void FwdGenerator::pixels_apply_lines(int row) {
+  const int step_bytes = 32 * es_;
+  auto normalise = [&](int v, int coef_disp) {
+    const RegExp k = rax + rdi * 2 + coef_disp;
+    vsubps(Ymm(v), Ymm(v), ptr[k]);
+    vsubps(Ymm(v), Ymm(v), ptr[k + row]);
+    vmovups(Ymm(5), ptr[k + 2 * row]);
+    vfmadd213ps(Ymm(v), Ymm(5), ptr[k + 3 * row]);
+  };
+  mov(rsi, r8);
+  mov(rcx, r9);
+  mov(r11, r10);
+  mov(rbx, rdx);
+  Label pix, step;
+  L(pix);
+  xor_(rdi, rdi);
+  L(step);
+  if (c_.pair_vectors) {
+    for (int p = 0; p < 2; ++p) {  // 16 channels each: 32 bytes of data, 64 of coefficients
+      load_pair(rsi + rdi + 32 * p);
+      for (int h = 0; h < 2; ++h) {
+        normalise(h, 64 * p + 32 * h);
+        epilogue(h, 2, 3, 4, nullptr, false);
+      }
+      store_pair(rcx + rdi + 32 * p);
+    }
+  } else {
+    for (int v = 0; v < 4; ++v) {  // 8 channels each: 16 bytes of data, 32 of coefficients
+      load(0, rsi + rdi + 16 * v, false);
+      normalise(0, 32 * v);
+      const RegExp ra = r11 + rdi + 16 * v;
+      epilogue(0, 2, 3, 4, &ra, false);
+      store(rcx + rdi + 16 * v, 0, 2, 3, 4, false);
+    }
+  }
+  add(rdi, step_bytes);
+  cmp(rdi, static_cast<int>(c_.c * es_));
+  jl(step, T_NEAR);
+  add(rsi, static_cast<int>(c_.c * es_));
+  add(rcx, static_cast<int>(c_.c * es_));
+  if (c_.residual) add(r11, static_cast<int>(c_.c * es_));
+  dec(rbx);
+  jnz(pix, T_NEAR);
+}
+
 // Channel blocks with their hi/lo/a(/b) in registers for the whole call, each
 // block over the call's pixels (few enough to stay in the L1/L2 from one
 // block to the next: conf.apply_pixels).
@@ -284,7 +336,7 @@ void FwdGenerator::pixels_apply() {
   zero_ = avx512_ ? 31 : 7;
   alpha_ = avx512_ ? 28 : 6;
   mask_ = 15;
-  const int64_t nv = (c_.c + lanes_ - 1) / lanes_;
+  int64_t nv = (c_.c + lanes_ - 1) / lanes_;
   const int vbytes = lanes_ * 4;
   push(rbx);
   load_args();
@@ -297,6 +349,10 @@ void FwdGenerator::pixels_apply() {
   zero(zero_);
   load_alpha();
   const int row = static_cast<int>(cp_ * 4);
+  if (c_.line_walk) {
+    pixels_apply_lines(row);
+    nv = 0;  // no channel blocks
+  }
   for (int64_t first = 0; first < nv; first += block) {
     const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
     if (c_.pair_vectors && b == 2 && !(tail() != 0 && first + 1 == nv - 1)) {

@@ -80,6 +80,8 @@ const Variant kVariants[] = {
     {"ncx-no-nt", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.nt_stores = false; }},
     {"bf16-single-vectors", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->stream.pair_vectors = false; }},
+    // The forward's alone (apply_forward_variant): no backward conf changes.
+    {"fwd-channel-blocks", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},
 };
 
 // The number after `prefix` and a dash ("nxc-blocked-4"), `fallback` when the
@@ -139,8 +141,15 @@ Status apply_variant(const std::string& variant, BnConf* c) {
 }
 
 Status apply_forward_variant(const std::string& variant, FwdConf* c) {
-  // The backward's table decides: the forward takes what a variant does to
-  // the pair flag they share (bf16-single-vectors) and nothing else.
+  // fwd-channel-blocks: the AVX2 16-bit NXC apply in channel blocks, as
+  // before FwdConf::line_walk.
+  for (size_t begin = 0; begin <= variant.size();) {
+    const size_t end = std::min(variant.find('+', begin), variant.size());
+    if (variant.compare(begin, end - begin, "fwd-channel-blocks") == 0) c->line_walk = false;
+    begin = end + 1;
+  }
+  // The backward's table decides the rest: the forward takes what a variant
+  // does to the pair flag they share (bf16-single-vectors) and nothing else.
   BnConf probe;
   probe.stream.pair_vectors = true;
   NG_RETURN_IF_ERROR(apply_variant(variant, &probe));

@@ -4,7 +4,9 @@
 // vector-at-a-time kernels they replace (`bf16-single-vectors`), over every
 // way a row ends (pairs, one vector left, a tail), grouped and long rows,
 // streamed rows on and off a 32-byte boundary, the forward's epilogues, and
-// NaN, infinities and overflow through the rounding.
+// NaN, infinities and overflow through the rounding. Then the 16-bit NXC
+// forward apply that walks each pixel's row whole (bf16 and f16), against
+// the channel blocks it replaced.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -181,12 +183,13 @@ TEST(JitAvx2Bf16, PairsRoundNanInfinityAndOverflow) {
   }
 }
 
-// A BatchNormForwardTraining of `shape` (bf16 in `fmt`, f32 statistics,
+// A BatchNormForwardTraining of `shape` (`dt` in `fmt`, f32 statistics,
 // gamma and beta), then nothing (epilogue 0), a ReLU (1), a LeakyReLU(0.01)
 // (2) or an Add and a ReLU (3, which keeps the vector at a time).
-Graph forward_graph(const Dims& shape, int epilogue, const char* fmt = "NCX") {
+Graph forward_graph(const Dims& shape, int epilogue, const char* fmt = "NCX",
+                    DataType dt = DataType::kBF16) {
   using testing_util::lt;
-  const DataType dt = DataType::kBF16, f32 = DataType::kF32;
+  const DataType f32 = DataType::kF32;
   const int64_t c = std::string(fmt) == "NCX" ? shape[1] : shape.back();
   Graph g;
   Op bn(1, OpKind::kBatchNormForwardTraining, "bn");
@@ -251,6 +254,49 @@ TEST(JitAvx2Bf16, ForwardPairsMatchRefAndTheSingleVectorBits) {
       for (int64_t i = 0; i < shape[0] * shape[1] * shape[2] * shape[3]; ++i) {
         if (i / inner % c == 2) {
           ASSERT_TRUE(std::isnan(bf16_to_float(y[i]))) << i;
+        }
+      }
+    }
+  }
+}
+
+// The AVX2 16-bit NXC apply that walks each pixel's row whole, a line of
+// dst per step (pixels_lines, C a multiple of 32): against ref and bit for
+// bit against the channel blocks it replaced (`fwd-channel-blocks`), bf16 in
+// pairs and vector at a time (with a residual, or `bf16-single-vectors`) and
+// f16, every epilogue, rows of one line to 64 (2048 channels), and streamed.
+TEST(JitAvx2Bf16, ForwardLinesMatchRefAndTheChannelBlockBits) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
+  IsaScope scope("avx2");
+  const int64_t l3 = jit::cache_sizes().l3_bytes;
+  std::vector<Dims> shapes;
+  for (int64_t c : {32, 64, 96, 2048}) shapes.push_back({2, 3, 5, c});
+  shapes.push_back({l3 / (4 * 256 * 2 * 2 * 8) + 2, 2, 4, 256});  // streamed
+  uint64_t seed = 6100;
+  for (DataType dt : {DataType::kBF16, DataType::kF16}) {
+    for (const Dims& shape : shapes) {
+      for (int epilogue = 0; epilogue < 4; ++epilogue) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + dims_to_string(shape) + " epilogue " +
+                     std::to_string(epilogue));
+        const Graph g = forward_graph(shape, epilogue, "NXC", dt);
+        const auto r = compare_with_ref(g, "jit", ++seed);
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_EQ(r.kernel.find(std::string("jit:avx2:") + dtype_name(dt) + ":fwd:pixels_lines"),
+                  0u)
+            << r.kernel;
+        EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+        const auto inputs = inputs_for(g, seed);
+        for (const char* lines : {"", "bf16-single-vectors"}) {
+          std::string kernel, blocks_kernel;
+          const auto y = run_jit(g, lines, inputs, &kernel);
+          const auto b = run_jit(g, std::string(lines) + (*lines ? "+" : "") + "fwd-channel-blocks",
+                                 inputs, &blocks_kernel);
+          EXPECT_NE(kernel.find("pixels_lines"), std::string::npos) << kernel;
+          EXPECT_EQ(blocks_kernel.find("pixels_lines"), std::string::npos) << blocks_kernel;
+          ASSERT_EQ(y.size(), b.size());
+          for (const auto& [id, buf] : y) {
+            EXPECT_TRUE(b.count(id) && buf.bytes == b.at(id).bytes) << lines << " tensor " << id;
+          }
         }
       }
     }
