@@ -189,7 +189,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
                 (c.residual ? 3 : 2) * total * es > cache_sizes().l3_bytes / 4;
   c.pair_vectors = c.isa == Isa::kAvx2 && c.dt == DataType::kBF16 && !c.residual;
   c.line_walk =
-      c.isa == Isa::kAvx2 && !c.ncx_rows && c.dt != DataType::kF32 && c.c % 32 == 0 && c.c > 0;
+      c.isa != Isa::kPortable && !c.ncx_rows && c.dt != DataType::kF32 && c.c % 32 == 0 && c.c > 0;
   return c;
 }
 

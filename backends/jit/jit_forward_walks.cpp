@@ -8,7 +8,9 @@
 //                 channels in blocks whose sums stay in registers while the
 //                 pixels stream past (8 vectors on AVX-512, 4 on AVX2)
 //   pixels apply  channel blocks with their coefficients in registers, each
-//                 over the call's pixels (4 vectors on AVX-512, 2 on AVX2)
+//                 over the call's pixels (4 vectors on AVX-512, 2 on AVX2);
+//                 16-bit data of whole lines: each pixel's row whole, a line
+//                 per step, the coefficients from memory (pixels_apply_lines)
 #include <algorithm>
 #include <cstring>
 
@@ -271,21 +273,22 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
   jnz(pix, T_NEAR);
 }
 
-// FwdConf::line_walk (AVX2, 16-bit, C % 32 == 0): pixel after pixel, each
+// FwdConf::line_walk (16-bit, C % 32 == 0): pixel after pixel, each
 // row 32 channels (one line of dst) per step, rdi the step's byte offset in
 // the row and twice that its offset in the coefficient rows (f32), which the
 // arithmetic reads as memory operands: x - hi - lo, times a (loaded) plus b.
-// bf16 without a residual in pairs (the coefficients in pair order, the odd
-// channels' 32 bytes after the even ones'), otherwise vector by vector.
-// Data v0..1, scratch v2..5, alpha v6, zero v7.
+// On AVX2, bf16 without a residual in pairs (the coefficients in pair
+// order, the odd channels' 32 bytes after the even ones'), otherwise vector
+// by vector. Data v0..1, scratch v2..5 (alpha and zero as pixels_apply set
+// them).
 void FwdGenerator::pixels_apply_lines(int row) {
   const int step_bytes = 32 * es_;
   auto normalise = [&](int v, int coef_disp) {
     const RegExp k = rax + rdi * 2 + coef_disp;
-    vsubps(Ymm(v), Ymm(v), ptr[k]);
-    vsubps(Ymm(v), Ymm(v), ptr[k + row]);
-    vmovups(Ymm(5), ptr[k + 2 * row]);
-    vfmadd213ps(Ymm(v), Ymm(5), ptr[k + 3 * row]);
+    vsubps(vmm(v), vmm(v), ptr[k]);
+    vsubps(vmm(v), vmm(v), ptr[k + row]);
+    vmovups(vmm(5), ptr[k + 2 * row]);
+    vfmadd213ps(vmm(v), vmm(5), ptr[k + 3 * row]);
   };
   mov(rsi, r8);
   mov(rcx, r9);
@@ -305,12 +308,15 @@ void FwdGenerator::pixels_apply_lines(int row) {
       store_pair(rcx + rdi + 32 * p);
     }
   } else {
-    for (int v = 0; v < 4; ++v) {  // 8 channels each: 16 bytes of data, 32 of coefficients
-      load(0, rsi + rdi + 16 * v, false);
-      normalise(0, 32 * v);
-      const RegExp ra = r11 + rdi + 16 * v;
+    const int vectors = static_cast<int>(32 / lanes_);
+    for (int v = 0; v < vectors;
+         ++v) {  // 8 (16) channels each: 2 bytes and 4 of coefficients a channel
+      const int d = v * lanes_ * es_;
+      load(0, rsi + rdi + d, false);
+      normalise(0, 2 * d);
+      const RegExp ra = r11 + rdi + d;
       epilogue(0, 2, 3, 4, &ra, false);
-      store(rcx + rdi + 16 * v, 0, 2, 3, 4, false);
+      store(rcx + rdi + d, 0, 2, 3, 4, false);
     }
   }
   add(rdi, step_bytes);

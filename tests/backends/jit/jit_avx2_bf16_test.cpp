@@ -260,14 +260,8 @@ TEST(JitAvx2Bf16, ForwardPairsMatchRefAndTheSingleVectorBits) {
   }
 }
 
-// The AVX2 16-bit NXC apply that walks each pixel's row whole, a line of
-// dst per step (pixels_lines, C a multiple of 32): against ref and bit for
-// bit against the channel blocks it replaced (`fwd-channel-blocks`), bf16 in
-// pairs and vector at a time (with a residual, or `bf16-single-vectors`) and
-// f16, every epilogue, rows of one line to 64 (2048 channels), and streamed.
-TEST(JitAvx2Bf16, ForwardLinesMatchRefAndTheChannelBlockBits) {
-  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
-  IsaScope scope("avx2");
+// ForwardLinesMatchRefAndTheChannelBlockBits (below) under one ISA.
+void forward_lines_against_blocks(const std::string& isa) {
   const int64_t l3 = jit::cache_sizes().l3_bytes;
   std::vector<Dims> shapes;
   for (int64_t c : {32, 64, 96, 2048}) shapes.push_back({2, 3, 5, c});
@@ -276,13 +270,12 @@ TEST(JitAvx2Bf16, ForwardLinesMatchRefAndTheChannelBlockBits) {
   for (DataType dt : {DataType::kBF16, DataType::kF16}) {
     for (const Dims& shape : shapes) {
       for (int epilogue = 0; epilogue < 4; ++epilogue) {
-        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + dims_to_string(shape) + " epilogue " +
+        SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + dims_to_string(shape) + " epilogue " +
                      std::to_string(epilogue));
         const Graph g = forward_graph(shape, epilogue, "NXC", dt);
         const auto r = compare_with_ref(g, "jit", ++seed);
         ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-        EXPECT_EQ(r.kernel.find(std::string("jit:avx2:") + dtype_name(dt) + ":fwd:pixels_lines"),
-                  0u)
+        EXPECT_EQ(r.kernel.find("jit:" + isa + ":" + dtype_name(dt) + ":fwd:pixels_lines"), 0u)
             << r.kernel;
         EXPECT_LE(r.worst_ratio, 1.0) << r.report;
         const auto inputs = inputs_for(g, seed);
@@ -300,6 +293,21 @@ TEST(JitAvx2Bf16, ForwardLinesMatchRefAndTheChannelBlockBits) {
         }
       }
     }
+  }
+}
+
+// The 16-bit NXC forward apply that walks each pixel's row whole, a line of
+// dst per step (pixels_lines, C a multiple of 32), on AVX2 and AVX-512
+// where the host has them: against ref and bit for bit against the channel
+// blocks it replaced (`fwd-channel-blocks`), bf16 in pairs (AVX2) and vector
+// at a time (with a residual, `bf16-single-vectors`, AVX-512) and f16, every
+// epilogue, rows of one line to 64 (2048 channels), and streamed.
+TEST(JitAvx2Bf16, ForwardLinesMatchRefAndTheChannelBlockBits) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
+  for (const std::string& isa : jit_test::isas()) {
+    if (isa == "portable") continue;
+    IsaScope scope(isa);
+    forward_lines_against_blocks(isa);
   }
 }
 
