@@ -308,9 +308,10 @@ void FwdGenerator::pixels_apply_lines(int row) {
       store_pair(rcx + rdi + 32 * p);
     }
   } else {
+    // 8 channels a vector on AVX2, 16 on AVX-512: 2 bytes of data and 4 of
+    // coefficients a channel.
     const int vectors = static_cast<int>(32 / lanes_);
-    for (int v = 0; v < vectors;
-         ++v) {  // 8 (16) channels each: 2 bytes and 4 of coefficients a channel
+    for (int v = 0; v < vectors; ++v) {
       const int d = v * lanes_ * es_;
       load(0, rsi + rdi + d, false);
       normalise(0, 2 * d);

@@ -141,8 +141,8 @@ Status apply_variant(const std::string& variant, BnConf* c) {
 }
 
 Status apply_forward_variant(const std::string& variant, FwdConf* c) {
-  // fwd-channel-blocks: the AVX2 16-bit NXC apply in channel blocks, as
-  // before FwdConf::line_walk.
+  // fwd-channel-blocks: the 16-bit NXC apply in channel blocks, as before
+  // FwdConf::line_walk.
   for (size_t begin = 0; begin <= variant.size();) {
     const size_t end = std::min(variant.find('+', begin), variant.size());
     if (variant.compare(begin, end - begin, "fwd-channel-blocks") == 0) c->line_walk = false;
