@@ -399,11 +399,10 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   const int64_t half_l3 = cache_sizes().l3_bytes / 2;
   const bool cache_resident = 2 * data_bytes <= half_l3;
-  if (c.walk.kind == Walk::kPixels && isa == Isa::kAvx512 && c.walk.cols > 64) {
+  const bool per_pixel = !cache_resident && c.walk.cols <= kPerPixelMaxChannels;
+  if (c.walk.kind == Walk::kPixels && isa == Isa::kAvx512 && c.walk.cols > 64 && !per_pixel) {
     const int64_t call_rows = sweep_call_rows(c, kSweepCallBytes);
-    if (!cache_resident && c.walk.cols <= kPerPixelMaxChannels) {
-      // the per-pixel walk: pixel_group and sweep_rows stay 0
-    } else if (d.data_dt == DataType::kF32 && call_rows >= kMinSweepRows) {
+    if (d.data_dt == DataType::kF32 && call_rows >= kMinSweepRows) {
       c.walk.sweep_rows = call_rows;
     } else if (d.data_dt == DataType::kF32 || cache_resident) {
       c.walk.pixel_group = kPixelGroup;

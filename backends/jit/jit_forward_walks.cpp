@@ -343,7 +343,7 @@ void FwdGenerator::pixels_apply() {
   zero_ = avx512_ ? 31 : 7;
   alpha_ = avx512_ ? 28 : 6;
   mask_ = 15;
-  int64_t nv = (c_.c + lanes_ - 1) / lanes_;
+  const int64_t nv = (c_.c + lanes_ - 1) / lanes_;
   const int vbytes = lanes_ * 4;
   push(rbx);
   load_args();
@@ -358,49 +358,49 @@ void FwdGenerator::pixels_apply() {
   const int row = static_cast<int>(cp_ * 4);
   if (c_.line_walk) {
     pixels_apply_lines(row);
-    nv = 0;  // no channel blocks
-  }
-  for (int64_t first = 0; first < nv; first += block) {
-    const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
-    if (c_.pair_vectors && b == 2 && !(tail() != 0 && first + 1 == nv - 1)) {
-      pixels_pair_block(first, row);
-      continue;
-    }
-    for (int v = 0; v < b; ++v) {
-      const int f = static_cast<int>((first + v) * vbytes);
-      vmovups(vmm(hi0 + v), ptr[rax + f]);
-      vmovups(vmm(hi0 + block + v), ptr[rax + row + f]);
-      vmovups(vmm(hi0 + 2 * block + v), ptr[rax + 2 * row + f]);
-      if (avx512_) vmovups(vmm(hi0 + 3 * block + v), ptr[rax + 3 * row + f]);
-    }
-    mov(rsi, r8);
-    mov(rcx, r9);
-    mov(r11, r10);
-    mov(rbx, rdx);
-    Label pix;
-    L(pix);
-    for (int v = 0; v < b; ++v) {
-      const bool masked = tail() != 0 && first + v == nv - 1;
-      const int d = static_cast<int>((first + v) * lanes_ * es_);
-      const int t = block + v, n = avx512_ ? 8 + v : 4, m = avx512_ ? 8 + v : 5;
-      load(v, rsi + d, masked);
-      vsubps(vmm(v), vmm(v), vmm(hi0 + v));
-      vsubps(vmm(v), vmm(v), vmm(hi0 + block + v));
-      if (avx512_) {
-        vfmadd213ps(vmm(v), vmm(hi0 + 2 * block + v), vmm(hi0 + 3 * block + v));
-      } else {
-        vfmadd213ps(vmm(v), vmm(hi0 + 2 * block + v),
-                    ptr[rax + 3 * row + static_cast<int>((first + v) * vbytes)]);
+  } else {
+    for (int64_t first = 0; first < nv; first += block) {
+      const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
+      if (c_.pair_vectors && b == 2 && !(tail() != 0 && first + 1 == nv - 1)) {
+        pixels_pair_block(first, row);
+        continue;
       }
-      const RegExp ra = r11 + d;
-      epilogue(v, t, n, m, &ra, masked);
-      store(rcx + d, v, t, n, m, masked);
+      for (int v = 0; v < b; ++v) {
+        const int f = static_cast<int>((first + v) * vbytes);
+        vmovups(vmm(hi0 + v), ptr[rax + f]);
+        vmovups(vmm(hi0 + block + v), ptr[rax + row + f]);
+        vmovups(vmm(hi0 + 2 * block + v), ptr[rax + 2 * row + f]);
+        if (avx512_) vmovups(vmm(hi0 + 3 * block + v), ptr[rax + 3 * row + f]);
+      }
+      mov(rsi, r8);
+      mov(rcx, r9);
+      mov(r11, r10);
+      mov(rbx, rdx);
+      Label pix;
+      L(pix);
+      for (int v = 0; v < b; ++v) {
+        const bool masked = tail() != 0 && first + v == nv - 1;
+        const int d = static_cast<int>((first + v) * lanes_ * es_);
+        const int t = block + v, n = avx512_ ? 8 + v : 4, m = avx512_ ? 8 + v : 5;
+        load(v, rsi + d, masked);
+        vsubps(vmm(v), vmm(v), vmm(hi0 + v));
+        vsubps(vmm(v), vmm(v), vmm(hi0 + block + v));
+        if (avx512_) {
+          vfmadd213ps(vmm(v), vmm(hi0 + 2 * block + v), vmm(hi0 + 3 * block + v));
+        } else {
+          vfmadd213ps(vmm(v), vmm(hi0 + 2 * block + v),
+                      ptr[rax + 3 * row + static_cast<int>((first + v) * vbytes)]);
+        }
+        const RegExp ra = r11 + d;
+        epilogue(v, t, n, m, &ra, masked);
+        store(rcx + d, v, t, n, m, masked);
+      }
+      add(rsi, static_cast<int>(c_.c * es_));
+      add(rcx, static_cast<int>(c_.c * es_));
+      if (c_.residual) add(r11, static_cast<int>(c_.c * es_));
+      dec(rbx);
+      jnz(pix, T_NEAR);
     }
-    add(rsi, static_cast<int>(c_.c * es_));
-    add(rcx, static_cast<int>(c_.c * es_));
-    if (c_.residual) add(r11, static_cast<int>(c_.c * es_));
-    dec(rbx);
-    jnz(pix, T_NEAR);
   }
   pop(rbx);
   if (nt_) sfence();

@@ -6,7 +6,9 @@
 // the change it makes to the conf. The help text and the error for an
 // unknown name are printed from the same table, so a new variant is one row.
 // A variant that does not apply to a conf (an NXC walk on an NCX case) leaves
-// it as make_conf chose it: the bench times every column on every case.
+// it as make_conf chose it: the bench times every column on every case. A
+// row may also change the forward's conf (bf16-single-vectors,
+// fwd-channel-blocks); the forward ignores the rows that do not.
 #include <normgrad/backends/jit/jit_conf.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
 
@@ -22,6 +24,7 @@ struct Variant {
   const char* arg;  // the number's meaning ("PIXELS"), or nullptr when it takes none
   int64_t fallback, lo, hi;
   void (*apply)(BnConf* c, int64_t n);
+  void (*forward)(FwdConf* c) = nullptr;  // the change to a forward conf, if any
 };
 
 // NXC's wide pixel walk on AVX-512, where the blocked and swept walks apply.
@@ -79,9 +82,10 @@ const Variant kVariants[] = {
      }},
     {"ncx-no-nt", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.nt_stores = false; }},
     {"bf16-single-vectors", nullptr, 0, 0, 0,
-     [](BnConf* c, int64_t) { c->stream.pair_vectors = false; }},
-    // The forward's alone (apply_forward_variant): no backward conf changes.
-    {"fwd-channel-blocks", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},
+     [](BnConf* c, int64_t) { c->stream.pair_vectors = false; },
+     [](FwdConf* c) { c->pair_vectors = false; }},
+    {"fwd-channel-blocks", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c) { c->line_walk = false; }},
 };
 
 // The number after `prefix` and a dash ("nxc-blocked-4"), `fallback` when the
@@ -96,6 +100,34 @@ int64_t variant_number(const std::string& variant, const std::string& prefix, in
     n = n * 10 + (variant[i] - '0');
   }
   return n;
+}
+
+// Runs each(row, n) for every name of `variant` ("A+B": A, then B), or
+// returns the error for the first unknown name or number out of range.
+template <typename Each>
+Status for_each_variant(const std::string& variant, const Each& each) {
+  if (variant.empty()) return ok_status();
+  if (const size_t plus = variant.find('+'); plus != std::string::npos) {
+    NG_RETURN_IF_ERROR(for_each_variant(variant.substr(0, plus), each));
+    return for_each_variant(variant.substr(plus + 1), each);
+  }
+  for (const Variant& v : kVariants) {
+    if (v.arg == nullptr) {
+      if (variant != v.name) continue;
+      each(v, 0);
+      return ok_status();
+    }
+    const int64_t n = variant_number(variant, v.name, v.fallback);
+    if (n < 0) continue;  // "nxc-swept-ahead" is no "nxc-swept-N"
+    if (n < v.lo || n > v.hi) {
+      return invalid_argument("JIT variant '" + variant + "': " + v.arg + " must be in [" +
+                              std::to_string(v.lo) + ", " + std::to_string(v.hi) + "]");
+    }
+    each(v, n);
+    return ok_status();
+  }
+  return invalid_argument("unknown JIT variant '" + variant + "' (known: " + jit_variant_names() +
+                          ")");
 }
 
 }  // namespace
@@ -116,45 +148,13 @@ std::string jit_variant_names() {
 }
 
 Status apply_variant(const std::string& variant, BnConf* c) {
-  if (variant.empty()) return ok_status();
-  if (const size_t plus = variant.find('+'); plus != std::string::npos) {
-    NG_RETURN_IF_ERROR(apply_variant(variant.substr(0, plus), c));
-    return apply_variant(variant.substr(plus + 1), c);
-  }
-  for (const Variant& v : kVariants) {
-    if (v.arg == nullptr) {
-      if (variant != v.name) continue;
-      v.apply(c, 0);
-      return ok_status();
-    }
-    const int64_t n = variant_number(variant, v.name, v.fallback);
-    if (n < 0) continue;  // "nxc-swept-ahead" is no "nxc-swept-N"
-    if (n < v.lo || n > v.hi) {
-      return invalid_argument("JIT variant '" + variant + "': " + v.arg + " must be in [" +
-                              std::to_string(v.lo) + ", " + std::to_string(v.hi) + "]");
-    }
-    v.apply(c, n);
-    return ok_status();
-  }
-  return invalid_argument("unknown JIT variant '" + variant + "' (known: " + jit_variant_names() +
-                          ")");
+  return for_each_variant(variant, [&](const Variant& v, int64_t n) { v.apply(c, n); });
 }
 
 Status apply_forward_variant(const std::string& variant, FwdConf* c) {
-  // fwd-channel-blocks: the 16-bit NXC apply in channel blocks, as before
-  // FwdConf::line_walk.
-  for (size_t begin = 0; begin <= variant.size();) {
-    const size_t end = std::min(variant.find('+', begin), variant.size());
-    if (variant.compare(begin, end - begin, "fwd-channel-blocks") == 0) c->line_walk = false;
-    begin = end + 1;
-  }
-  // The backward's table decides the rest: the forward takes what a variant
-  // does to the pair flag they share (bf16-single-vectors) and nothing else.
-  BnConf probe;
-  probe.stream.pair_vectors = true;
-  NG_RETURN_IF_ERROR(apply_variant(variant, &probe));
-  if (!probe.stream.pair_vectors) c->pair_vectors = false;
-  return ok_status();
+  return for_each_variant(variant, [&](const Variant& v, int64_t) {
+    if (v.forward != nullptr) v.forward(c);
+  });
 }
 
 }  // namespace jit

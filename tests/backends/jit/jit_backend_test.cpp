@@ -11,6 +11,7 @@
 
 #include <normgrad/backends/jit/jit_conf.hpp>
 #include <normgrad/backends/jit/jit_driver.hpp>
+#include <normgrad/backends/jit/jit_forward.hpp>
 #include <normgrad/backends/jit/jit_kernels.hpp>
 #include "tests/backend_test_util.hpp"
 #include "tests/backends/jit/jit_test_util.hpp"
@@ -205,6 +206,31 @@ TEST(JitBackend, EveryVariantIsListedAndDocumented) {
   jit::BnConf conf;
   const Status unknown = jit::apply_variant("nope", &conf);
   EXPECT_NE(unknown.message().find(names), std::string::npos) << unknown.to_string();
+}
+
+// The forward takes the rows of the same table that change its conf
+// (bf16-single-vectors, fwd-channel-blocks), ignores the backward's own, and
+// refuses what the table does not know.
+TEST(JitBackend, ForwardVariantsComeFromTheSameTable) {
+  auto forward = [](const std::string& variant, Status* status) {
+    jit::FwdConf c;
+    c.pair_vectors = true;
+    c.line_walk = true;
+    *status = jit::apply_forward_variant(variant, &c);
+    return std::make_pair(c.pair_vectors, c.line_walk);
+  };
+  Status status;
+  EXPECT_EQ(forward("bf16-single-vectors", &status), std::make_pair(false, true));
+  EXPECT_TRUE(status.ok()) << status.to_string();
+  EXPECT_EQ(forward("fwd-channel-blocks", &status), std::make_pair(true, false));
+  EXPECT_EQ(forward("nxc-swept-16+fwd-channel-blocks+bf16-single-vectors", &status),
+            std::make_pair(false, false));
+  EXPECT_TRUE(status.ok()) << status.to_string();
+  EXPECT_EQ(forward("nxc-swept+ncx-no-nt", &status), std::make_pair(true, true));
+  EXPECT_TRUE(status.ok()) << status.to_string();
+  forward("fwd-channel-blocks+nope", &status);
+  EXPECT_NE(status.message().find("unknown JIT variant 'nope'"), std::string::npos)
+      << status.to_string();
 }
 
 // The JIT declines what it cannot run, with the reason.
