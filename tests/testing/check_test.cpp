@@ -1,6 +1,7 @@
 // The reduction check (tools/cli_check.hpp) on single-channel, long
 // reductions, where a sum near zero makes plain relative errors meaningless:
-// 100 seeds per backend must pass, and a wrong sum must still fail.
+// 100 seeds per backend must pass, and a wrong sum must still fail; and the
+// bound it takes for statistics of dequantized data.
 #include <cmath>
 
 #include <normgrad/graph/json_io.hpp>
@@ -73,6 +74,64 @@ TEST(CliCheck, AWrongSumStillFails) {
                                    want.at(diff_beta));
   ASSERT_TRUE(same.ok());
   EXPECT_TRUE(same->pass);
+}
+
+// The batch mean of a dequantized src (terms on the quantizer's lattice,
+// whose running f32 sum does not cancel its roundings) is held to the bound
+// of any summation order, (m - 1) u against its terms: an error of 10 sqrt(m)
+// u of them passes (a running sum of 8960 such terms reached 7), one of 1e-2
+// still fails. The zero point centres the data, so the mean is small next to
+// its terms and the plain relative check alone would refuse both.
+TEST(CliCheck, DequantizedStatisticsTakeTheOrderFreeBound) {
+  using testing_util::lt;
+  const Dims shape = {4, 64, 5, 7, 2};
+  Graph g;
+  Op dq(1, OpKind::kDequantize, "dq");
+  dq.set_attr("qtype", std::string("per_tensor")).set_attr("axis", int64_t{1});
+  dq.set_attr("scales", std::vector<float>{0.01f}).set_attr("zps", std::vector<int64_t>{128});
+  dq.add_input(lt(10, DataType::kU8, shape)).add_output(lt(11, DataType::kF32, shape));
+  ASSERT_TRUE(g.add_op(dq).ok());
+  Op bn(2, OpKind::kBatchNormForwardTraining, "bn");
+  bn.set_attr("epsilon", 0.1f).set_attr("data_format", std::string("NXC"));
+  bn.add_input(lt(11, DataType::kF32, shape));
+  for (int64_t id = 12; id <= 15; ++id) bn.add_input(lt(id, DataType::kF32, {2}));
+  bn.add_output(lt(20, DataType::kF32, shape));
+  for (int64_t id = 21; id <= 24; ++id) bn.add_output(lt(id, DataType::kF32, {2}));
+  ASSERT_TRUE(g.add_op(bn).ok());
+  ASSERT_TRUE(g.finalize().ok());
+  auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", 7, nullptr);
+  ASSERT_TRUE(inputs.ok());
+  std::map<int64_t, const void*> in;
+  for (auto& [id, b] : *inputs) in[id] = b.data();
+  std::map<int64_t, oracle::Buffer> want;
+  std::map<int64_t, void*> out;
+  for (const LogicalTensor& lt_out : cg->outputs())
+    out[lt_out.id] = want.emplace(lt_out.id, *oracle::allocate(lt_out)).first->second.data();
+  ASSERT_TRUE(cg->execute(in, out).ok());
+  const int64_t mean = 23;  // the batch mean (port 3)
+  ASSERT_EQ(want.count(mean), 1u);
+  // The terms' size: mean |x| of channel 0.
+  const auto* q = static_cast<const uint8_t*>(inputs->at(10).data());
+  double terms = 0.0;
+  const int64_t m = 4 * 64 * 5 * 7;
+  for (int64_t i = 0; i < m; ++i) terms += std::fabs((q[2 * i] - 128) * 0.01);
+  terms /= static_cast<double>(m);
+  ASSERT_GT(terms, 0.0);
+  const double u = 5.9604644775390625e-08;
+  auto off_by = [&](double relative) {
+    oracle::Buffer got = want.at(mean);
+    static_cast<float*>(got.data())[0] += static_cast<float>(relative * terms);
+    auto v = oracle::check_output(cg->lowered_graph(), *inputs, mean, got, want.at(mean));
+    EXPECT_TRUE(v.ok());
+    return v.ok() ? *v : oracle::OutputVerdict{};
+  };
+  const auto near = off_by(10 * std::sqrt(static_cast<double>(m)) * u);
+  EXPECT_TRUE(near.pass) << near.cond_error << " " << near.cond_limit;
+  EXPECT_NEAR(near.cond_limit, (m - 1) * u, 1e-9);
+  const auto wrong = off_by(1e-2);
+  EXPECT_FALSE(wrong.pass) << wrong.cond_error << " " << wrong.cond_limit;
 }
 
 // A synchronized backward checked in one process (split into Reduce,
