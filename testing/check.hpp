@@ -45,10 +45,30 @@ struct OutputVerdict {
   double cond_limit = 0.0;
 };
 
+// How the kernel under test adds a channel's m terms, which sets the bound
+// its per-channel sums are held to.
+enum class SumOrder {
+  // Vector lanes and per-call partial sums (normgrad's kernels, oneDNN's JIT
+  // kernels): roundings of random sign, kLambda sqrt(m) u.
+  kBlocked,
+  // One running f32 sum over the m terms (oneDNN's reference kernels). On
+  // data of few distinct values (a quantizer's lattice, bf16 after a ReLU)
+  // its roundings stop cancelling and reach 7-9 sqrt(m) u, so its sums get
+  // the bound of any summation order, (m - 1) u, as well.
+  kRunning,
+};
+
+// The order of the kernel a partition ran on, by the name the compiled
+// partition reports: oneDNN names its reference implementations "ref:any",
+// "bnorm_ref:any".
+SumOrder sum_order_of(const std::string& kernel_name);
+
 // `lowered` is the compiled graph (canonical ops), `inputs` the graph's input
-// buffers by id, `got` and `want` the output under test and ref's.
+// buffers by id, `got` and `want` the output under test and ref's, `order`
+// that of the kernel which computed `got`.
 StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_t, Buffer>& inputs,
-                                     int64_t id, const Buffer& got, const Buffer& want);
+                                     int64_t id, const Buffer& got, const Buffer& want,
+                                     SumOrder order = SumOrder::kBlocked);
 
 }  // namespace oracle
 }  // namespace normgrad

@@ -90,7 +90,8 @@ Status check_partitions(const CompiledGraph& cg, const std::map<int64_t, oracle:
     }
     for (auto& [id, g] : got) {
       NG_ASSIGN_OR_RETURN(oracle::OutputVerdict v,
-                          oracle::check_output(cg.lowered_graph(), known, id, g, want.at(id)));
+                          oracle::check_output(cg.lowered_graph(), known, id, g, want.at(id),
+                                               oracle::sum_order_of(p->kernel_name())));
       if (!v.pass) {
         std::ostringstream o;
         o << "partition " << part.id << " (" << part.ops_string() << " on " << p->kernel_name()

@@ -1,7 +1,7 @@
 // The reduction check (tools/cli_check.hpp) on single-channel, long
 // reductions, where a sum near zero makes plain relative errors meaningless:
 // 100 seeds per backend must pass, and a wrong sum must still fail; and the
-// bound it takes for statistics of dequantized data.
+// bound it takes for a kernel's running sums.
 #include <cmath>
 
 #include <normgrad/graph/json_io.hpp>
@@ -77,12 +77,14 @@ TEST(CliCheck, AWrongSumStillFails) {
 }
 
 // The batch mean of a dequantized src (terms on the quantizer's lattice,
-// whose running f32 sum does not cancel its roundings) is held to the bound
-// of any summation order, (m - 1) u against its terms: an error of 10 sqrt(m)
-// u of them passes (a running sum of 8960 such terms reached 7), one of 1e-2
-// still fails. The zero point centres the data, so the mean is small next to
-// its terms and the plain relative check alone would refuse both.
-TEST(CliCheck, DequantizedStatisticsTakeTheOrderFreeBound) {
+// whose running f32 sum does not cancel its roundings): from a kernel that
+// adds its terms one by one it is held to the bound of any summation order,
+// (m - 1) u against its terms, so an error of 10 sqrt(m) u of them passes (a
+// running sum of 8960 such terms reached 7); from a blocked kernel the same
+// error fails, and one of 1e-2 fails from either. The zero point centres the
+// data, so the mean is small next to its terms and the plain relative check
+// alone would refuse all of them.
+TEST(CliCheck, RunningSumsTakeTheOrderFreeBound) {
   using testing_util::lt;
   const Dims shape = {4, 64, 5, 7, 2};
   Graph g;
@@ -120,18 +122,31 @@ TEST(CliCheck, DequantizedStatisticsTakeTheOrderFreeBound) {
   terms /= static_cast<double>(m);
   ASSERT_GT(terms, 0.0);
   const double u = 5.9604644775390625e-08;
-  auto off_by = [&](double relative) {
+  auto off_by = [&](double relative, oracle::SumOrder order) {
     oracle::Buffer got = want.at(mean);
     static_cast<float*>(got.data())[0] += static_cast<float>(relative * terms);
-    auto v = oracle::check_output(cg->lowered_graph(), *inputs, mean, got, want.at(mean));
+    auto v = oracle::check_output(cg->lowered_graph(), *inputs, mean, got, want.at(mean), order);
     EXPECT_TRUE(v.ok());
     return v.ok() ? *v : oracle::OutputVerdict{};
   };
-  const auto near = off_by(10 * std::sqrt(static_cast<double>(m)) * u);
-  EXPECT_TRUE(near.pass) << near.cond_error << " " << near.cond_limit;
-  EXPECT_NEAR(near.cond_limit, (m - 1) * u, 1e-9);
-  const auto wrong = off_by(1e-2);
-  EXPECT_FALSE(wrong.pass) << wrong.cond_error << " " << wrong.cond_limit;
+  // 10 sqrt(m) u: what oneDNN's running sum reaches on the lattice, past the
+  // random-sign bound that blocked sums are held to.
+  const double lattice = 10 * std::sqrt(static_cast<double>(m)) * u;
+  const auto running = off_by(lattice, oracle::SumOrder::kRunning);
+  EXPECT_TRUE(running.pass) << running.cond_error << " " << running.cond_limit;
+  EXPECT_NEAR(running.cond_limit, (m - 1) * u, 1e-9);
+  const auto blocked = off_by(lattice, oracle::SumOrder::kBlocked);
+  EXPECT_FALSE(blocked.pass) << blocked.cond_error << " " << blocked.cond_limit;
+  EXPECT_NEAR(blocked.cond_limit, 4 * std::sqrt(static_cast<double>(m)) * u, 1e-9);
+  for (oracle::SumOrder order : {oracle::SumOrder::kRunning, oracle::SumOrder::kBlocked}) {
+    const auto wrong = off_by(1e-2, order);
+    EXPECT_FALSE(wrong.pass) << wrong.cond_error << " " << wrong.cond_limit;
+  }
+  // The order follows the kernel's name: oneDNN's reference kernels say "ref:".
+  EXPECT_EQ(oracle::sum_order_of("ref:any"), oracle::SumOrder::kRunning);
+  EXPECT_EQ(oracle::sum_order_of("bnorm_ref:any"), oracle::SumOrder::kRunning);
+  EXPECT_EQ(oracle::sum_order_of("bnorm_jit:avx512_core"), oracle::SumOrder::kBlocked);
+  EXPECT_EQ(oracle::sum_order_of("jit:avx2:f32:bwd:ncx"), oracle::SumOrder::kBlocked);
 }
 
 // A synchronized backward checked in one process (split into Reduce,
