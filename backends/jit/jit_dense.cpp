@@ -34,10 +34,10 @@ void coefficients(const BnConf& conf, double m, const Channel& ch, double sum_dy
   const double g = ch.gamma, s = ch.s;
   *diff_beta = sum_dy;
   *diff_gamma = s * sum_dyxm;
-  *a = static_cast<float>(g * s);
+  *a = kernel_float(g * s);
   if (conf.d.mode == BackwardMode::kTraining) {
-    *b = static_cast<float>(-g * s * s * (*diff_gamma) / m);
-    *c = static_cast<float>(-g * s * sum_dy / m);
+    *b = kernel_float(-g * s * s * (*diff_gamma) / m);
+    *c = kernel_float(-g * s * sum_dy / m);
   } else {
     *b = 0.f;
     *c = 0.f;
@@ -341,7 +341,7 @@ void DenseRun::rows_staged() {
     gather_dense(x_ + c * stage_->x_strides[axis] * es_, xs_sub, sub_dims, es_, bx);
     gather_dense(dy_ + c * stage_->dy_strides[axis] * es_, dys_sub, sub_dims, es_, bdy);
     load_channel(c);
-    float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(scratch_.ch[c].mean)};
+    float coef[4] = {0.f, 0.f, 0.f, kernel_float(scratch_.ch[c].mean)};
     double sums[2] = {0.0, 0.0};
     if (given_sums_) {
       sums[0] = given(pm_.sum_dy, c), sums[1] = given(pm_.sum_dy_xm, c);
@@ -371,7 +371,7 @@ void DenseRun::rows_grouped() {
     double sums[2 * kRowGroupAvx512] = {};
     for (int64_t g = 0; g < cnt; ++g) {
       load_channel(c0 + g);
-      coef[4 * g + 3] = static_cast<float>(scratch_.ch[c0 + g].mean);
+      coef[4 * g + 3] = kernel_float(scratch_.ch[c0 + g].mean);
       if (given_sums_)
         sums[2 * g] = given(pm_.sum_dy, c0 + g), sums[2 * g + 1] = given(pm_.sum_dy_xm, c0 + g);
     }
@@ -406,7 +406,7 @@ void DenseRun::rows_per_channel() {
     const int64_t base = c * conf_.walk.channel_stride * es_;
     const int64_t dx_base = c * conf_.walk.dx_channel_stride * es_;
     load_channel(c);
-    float coef[4] = {0.f, 0.f, 0.f, static_cast<float>(scratch_.ch[c].mean)};
+    float coef[4] = {0.f, 0.f, 0.f, kernel_float(scratch_.ch[c].mean)};
     double sums[2] = {0.0, 0.0};
     if (given_sums_) sums[0] = given(pm_.sum_dy, c), sums[1] = given(pm_.sum_dy_xm, c);
     for (int64_t b = 0; b < calls && conf_.needs_reduction; ++b) {
@@ -529,7 +529,7 @@ void DenseRun::pixels_apply(int64_t nchunks, const LineVector<float>& coef) {
 void DenseRun::pixels() {
   LineVector<float>& coef = scratch_.coef;  // rows a, b, c and the means, cp_ apart
   coef.assign(static_cast<size_t>(4 * cp_), 0.f);
-  for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = static_cast<float>(scratch_.ch[c].mean);
+  for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = kernel_float(scratch_.ch[c].mean);
   const int64_t nchunks = (conf_.walk.rows + conf_.walk.chunk_rows - 1) / conf_.walk.chunk_rows;
   pixels_reduce(nchunks, coef);
   // Phase 3: the coefficients (Reduce: the sums are the output).

@@ -104,6 +104,9 @@ struct FwdConf {
   // ones, then the odd ones). The same arithmetic in the same order: the
   // same bits.
   bool line_walk = false;
+  // AVX-512 with avx512_bf16: bf16 stores round with vcvtneps2bf16, else by
+  // integer arithmetic (as on AVX2).
+  bool avx512_bf16 = false;
 
   std::string kernel_name() const;  // "jit:avx512:bf16:fwd:ncx+relu"
   std::string key() const;          // everything the generated code depends on

@@ -49,7 +49,7 @@ std::string FwdConf::kernel_name() const {
 std::string FwdConf::key() const {
   return kernel_name() + ":" + std::to_string(c) + ":" + std::to_string(spatial) + ":" +
          std::to_string(affine) + (streaming ? ":nt" : "") + (pair_vectors ? ":pairs" : "") +
-         (leaky ? ":alpha=" + std::to_string(alpha) : "");
+         (avx512_bf16 ? ":bf16cvt" : "") + (leaky ? ":alpha=" + std::to_string(alpha) : "");
 }
 
 namespace {
@@ -121,6 +121,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
             : bn->kind() == OpKind::kBatchNormForwardApply ? FwdPhase::kApply
                                                            : FwdPhase::kWhole;
   c.isa = isa;
+  c.avx512_bf16 = isa == Isa::kAvx512 && cpu_has_avx512_bf16();
   c.dt = d.data_dt;
   c.format = d.format;
   c.c = d.channels;

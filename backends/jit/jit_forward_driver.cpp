@@ -160,10 +160,10 @@ struct Finish {
     const double inv = 1.0 / std::sqrt(bvar + static_cast<double>(c.epsilon));
     const double gamma = c.affine ? f32_in(in, c.in_gamma)[ch] : 1.0;
     const double beta = c.affine ? f32_in(in, c.in_beta)[ch] : 0.0;
-    *hi = static_cast<float>(bmean);
-    *lo = static_cast<float>(bmean - static_cast<double>(*hi));
-    *a = static_cast<float>(gamma * inv);
-    *b = static_cast<float>(beta);
+    *hi = kernel_float(bmean);
+    *lo = kernel_float(bmean - static_cast<double>(*hi));
+    *a = kernel_float(gamma * inv);
+    *b = kernel_float(beta);
     const double mom = c.momentum;
     if (float* o = f32_out(out, c.out_running_mean))
       o[ch] = static_cast<float>(mom * f32_in(in, c.in_mean)[ch] + (1.0 - mom) * bmean);

@@ -45,7 +45,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
       : CodeGenerator(kFwdCodeBytes, Xbyak::DontSetProtectRWE),
         c_(c),
         avx512_(c.isa == Isa::kAvx512),
-        native_bf16_(avx512_ && cpu_has_avx512_bf16()),
+        native_bf16_(avx512_ && c.avx512_bf16),
         lanes_(avx512_ ? 16 : 8),
         es_(static_cast<int>(dtype_size(c.dt))),
         cp_(padded_channels(c.c)),
@@ -114,11 +114,13 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     }
   }
 
-  // vmm(t) = the bf16 bits of vmm(v) in each dword, rounded to nearest even;
-  // NaN keeps its top bits and gets the quiet bit (as f32_to_bf16_bits).
-  // Clobbers vmm(n) and, on AVX2, vmm(m).
-  void bf16_dwords(int t, int v, int n, int m) {
-    const Xmm tv = vmm(t), vv = vmm(v), nv = vmm(n);
+  // vmm(t) = the bf16 bits of vmm(v) rounded to nearest even, in each
+  // dword's low word (`down`) or left in its high word: x + 0x7fff + (bit 16
+  // of x). A NaN stays a NaN: its low 16 bits are zero, so nothing carries
+  // into its top bits (the kernels only meet NaNs loaded from bf16, made by
+  // arithmetic, or from the driver's kernel_float).
+  void bf16_dwords(int t, int v, bool down = true) {
+    const Xmm tv = vmm(t), vv = vmm(v);
     vpsrld(tv, vv, 16);
     if (avx512_) {
       vpandd(tv, tv, ptr[rip + c_one_]);
@@ -127,22 +129,12 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     }
     vpaddd(tv, tv, ptr[rip + c_7fff_]);
     vpaddd(tv, tv, vv);
-    vpsrld(tv, tv, 16);
-    vpsrld(nv, vv, 16);
-    if (avx512_) {
-      vpord(nv, nv, ptr[rip + c_0040_]);
-      vcmpps(k2, vv, vv, 3);  // unordered: NaN
-      vmovdqa32(Zmm(t) | k2, Zmm(n));
-    } else {
-      vpor(nv, nv, ptr[rip + c_0040_]);
-      vcmpps(vmm(m), vv, vv, 3);
-      vblendvps(tv, tv, nv, vmm(m));
-    }
+    if (down) vpsrld(tv, tv, 16);
   }
 
   // Rounds v to the data type and back (the unfused graph stores dst before
-  // the Add or the LeakyReLU reads it); clobbers t, n, m.
-  void round_to_dt(int v, int t, int n, int m) {
+  // the Add or the LeakyReLU reads it); clobbers t.
+  void round_to_dt(int v, int t) {
     if (c_.dt == DataType::kF16) {
       vcvtps2ph(half(t), vmm(v), 0);
       vcvtph2ps(vmm(v), half(t));
@@ -151,7 +143,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
       vpmovzxwd(Zmm(v), Ymm(t));
       vpslld(Zmm(v), Zmm(v), 16);
     } else if (c_.dt == DataType::kBF16) {
-      bf16_dwords(t, v, n, m);
+      bf16_dwords(t, v);
       vpslld(vmm(v), vmm(t), 16);
     }
   }
@@ -180,7 +172,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     } else if (native_bf16_) {
       vcvtneps2bf16(Ymm(t), Zmm(v));
     } else {
-      bf16_dwords(n, v, t, m);  // dwords in vmm(n), then packed into half(t)
+      bf16_dwords(n, v);  // dwords in vmm(n), then packed into half(t)
       if (avx512_) {
         vpmovdw(Ymm(t), Zmm(n));
       } else {
@@ -199,16 +191,16 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     }
   }
 
-  // The epilogue on v = the normalised value: [+ r] [relu]; clobbers t, n, m.
-  void epilogue(int v, int t, int n, int m, const RegExp* r_addr, bool masked) {
+  // The epilogue on v = the normalised value: [+ r] [relu]; clobbers t and m.
+  void epilogue(int v, int t, int m, const RegExp* r_addr, bool masked) {
     const Xmm x = vmm(v);
     if (c_.residual) {
-      round_to_dt(v, t, n, m);
+      round_to_dt(v, t);
       load(t, *r_addr, masked);
       vaddps(x, x, vmm(t));
     }
     if (c_.relu && c_.leaky) {
-      if (c_.dt != DataType::kF32) round_to_dt(v, t, n, m);  // the LeakyReLU reads dst's dtype
+      if (c_.dt != DataType::kF32) round_to_dt(v, t);  // the LeakyReLU reads dst's dtype
       if (avx512_) {
         vcmpps(k2, Zmm(v), Zmm(zero_), 0x11);  // less-than, ordered, quiet: NaN stays NaN
         vmulps(Zmm(v) | k2, Zmm(v), Zmm(alpha_));
@@ -370,7 +362,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   int64_t cp_;
   bool nt_;
   int zero_ = 31, alpha_ = 26, mask_ = 15;
-  Label c_one_, c_7fff_, c_0040_, c_hi16_, c_alpha_, c_masks_;
+  Label c_one_, c_7fff_, c_hi16_, c_alpha_, c_masks_;
 };
 
 }  // namespace jit

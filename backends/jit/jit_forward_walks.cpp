@@ -86,7 +86,7 @@ void FwdGenerator::pair_step(const std::function<void(int)>& normalise) {
   load_pair(elem(r8, 0));
   for (int h = 0; h < 2; ++h) {
     normalise(h);
-    epilogue(h, 2 + 3 * h, 3 + 3 * h, 4 + 3 * h, nullptr, false);
+    epilogue(h, 2 + 3 * h, 4 + 3 * h, nullptr, false);
   }
   store_pair(elem(r9, 0));
 }
@@ -100,13 +100,13 @@ void FwdGenerator::load_pair(const RegExp& e) {
 }
 
 // The inverse of load_pair: v0 and v1 rounded to bf16 words (bf16_dwords),
-// the odd words shifted up into the even ones' dwords, one 32-byte store
-// (streaming in the streaming apply). Clobbers v2..5.
+// the even ones down in each dword's low word and the odd ones blended in
+// above them, one 32-byte store (streaming in the streaming apply).
+// Clobbers v2 and v5.
 void FwdGenerator::store_pair(const RegExp& e) {
-  bf16_dwords(2, 0, 3, 4);
-  bf16_dwords(5, 1, 3, 4);
-  vpslld(Ymm(5), Ymm(5), 16);
-  vpor(Ymm(2), Ymm(2), Ymm(5));
+  bf16_dwords(2, 0);
+  bf16_dwords(5, 1, false);
+  vpblendw(Ymm(2), Ymm(2), Ymm(5), 0xaa);
   if (nt_) {
     vmovntdq(ptr[e], Ymm(2));
   } else {
@@ -146,7 +146,7 @@ void FwdGenerator::rows_apply() {
         load(u, elem(r8, off), masked);
         normalise(u);
         const RegExp ra = elem(r10, off);
-        epilogue(u, t_of(u), n_of(u), m_of(u), &ra, masked);
+        epilogue(u, t_of(u), m_of(u), &ra, masked);
         store(elem(r9, off), u, t_of(u), n_of(u), m_of(u), masked);
       },
       [&] {
@@ -155,7 +155,7 @@ void FwdGenerator::rows_apply() {
         load(0, rsp + kBounceX, false);
         normalise(0);
         const RegExp ra = rsp + kBounceR;
-        epilogue(0, t_of(0), n_of(0), m_of(0), &ra, false);
+        epilogue(0, t_of(0), m_of(0), &ra, false);
         store(rsp + kBounceY, 0, t_of(0), n_of(0), m_of(0), false, false);
         copy_tail(kBounceY, r9, false);
       },
@@ -264,7 +264,7 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
     vsubps(Ymm(h), Ymm(h), Ymm(8 + h));
     vsubps(Ymm(h), Ymm(h), Ymm(10 + h));
     vfmadd213ps(Ymm(h), Ymm(12 + h), Ymm(14 + h));
-    epilogue(h, 2, 3, 4, nullptr, false);
+    epilogue(h, 2, 4, nullptr, false);
   }
   store_pair(rcx + d);
   add(rsi, static_cast<int>(c_.c * es_));
@@ -303,7 +303,7 @@ void FwdGenerator::pixels_apply_lines(int row) {
       load_pair(rsi + rdi + 32 * p);
       for (int h = 0; h < 2; ++h) {
         normalise(h, 64 * p + 32 * h);
-        epilogue(h, 2, 3, 4, nullptr, false);
+        epilogue(h, 2, 4, nullptr, false);
       }
       store_pair(rcx + rdi + 32 * p);
     }
@@ -316,7 +316,7 @@ void FwdGenerator::pixels_apply_lines(int row) {
       load(0, rsi + rdi + d, false);
       normalise(0, 2 * d);
       const RegExp ra = r11 + rdi + d;
-      epilogue(0, 2, 3, 4, &ra, false);
+      epilogue(0, 2, 4, &ra, false);
       store(rcx + rdi + d, 0, 2, 3, 4, false);
     }
   }
@@ -392,7 +392,7 @@ void FwdGenerator::pixels_apply() {
                       ptr[rax + 3 * row + static_cast<int>((first + v) * vbytes)]);
         }
         const RegExp ra = r11 + d;
-        epilogue(v, t, n, m, &ra, masked);
+        epilogue(v, t, m, &ra, masked);
         store(rcx + d, v, t, n, m, masked);
       }
       add(rsi, static_cast<int>(c_.c * es_));
@@ -416,7 +416,6 @@ void FwdGenerator::emit_constants() {
   };
   splat(c_one_, 1);
   splat(c_7fff_, 0x7fff);
-  splat(c_0040_, 0x40);
   splat(c_hi16_, 0xffff0000u);
   uint32_t alpha_bits;
   std::memcpy(&alpha_bits, &c_.alpha, sizeof alpha_bits);

@@ -275,17 +275,14 @@ void BnGenerator::store(const Reg64& base, int64_t off, int src, bool tail, bool
   } else if (avx512_ && c_.avx512_bf16) {
     vcvtneps2bf16(half(w), s);
   } else if (avx512_) {
-    // Round to nearest even by integer arithmetic; NaN keeps its top bits and gets the quiet bit.
-    const Xmm t = vmm(kScratch1), n = vmm(kScratch2);
+    // Round to nearest even by integer arithmetic (round_bf16_avx2's, whose
+    // comment says why a NaN stays a NaN).
+    const Xmm t = vmm(kScratch1);
     vpsrld(t, s, 16);
     vpandd(t, t, ptr[rip + c_one_]);
     vpaddd(t, t, ptr[rip + c_7fff_]);
     vpaddd(t, t, s);
     vpsrld(t, t, 16);
-    vpsrld(n, s, 16);
-    vpord(n, n, ptr[rip + c_0040_]);
-    vcmpps(k2, s, s, 3);  // unordered: NaN
-    vmovdqa32(t | k2, n);
     vpmovdw(half(w), t);
   } else {
     // AVX2: rounded in place (every caller's last use of src), the words packed.
@@ -346,30 +343,29 @@ void BnGenerator::load_pair(int even, int odd, const Reg64& base, int64_t off) {
 }
 
 // AVX2: ymm(v) (f32) rounded in place to bf16 in its top 16 bits, to
-// nearest even by integer arithmetic; NaN keeps its top bits and gets the
-// quiet bit (so no carry reaches the sign). Clobbers kScratch0..2.
+// nearest even by integer arithmetic: x + 0x7fff + (bit 16 of x). A NaN
+// stays a NaN because its low 16 bits are zero, so nothing carries into its
+// top bits: the kernels only meet NaNs loaded from bf16, made by arithmetic
+// (the default NaN or an operand's) or from the driver's kernel_float, which
+// makes any NaN 0x7fc00000. A test feeds NaNs with full payloads in every f32
+// input. Clobbers kScratch0.
 void BnGenerator::round_bf16_avx2(int v) {
-  assert((v < kScratch0 || v > kScratch2) && "round_bf16_avx2 uses the scratch registers");
-  const Ymm s(v), t(kScratch0), nan(kScratch1), quiet(kScratch2);
+  assert(v != kScratch0 && "round_bf16_avx2 uses kScratch0");
+  const Ymm s(v), t(kScratch0);
   vpsrld(t, s, 16);
   vpand(t, t, ptr[rip + c_one_]);
   vpaddd(t, t, ptr[rip + c_7fff_]);
-  vpaddd(t, t, s);
-  vcmpps(nan, s, s, 3);  // unordered: NaN
-  vpor(quiet, s, ptr[rip + c_quiet_]);
-  vblendvps(s, t, quiet, nan);
+  vpaddd(s, s, t);
 }
 
 // The inverse of load_pair: ymm(even) and ymm(odd) (f32) rounded to bf16 as
-// store() rounds (to nearest even; NaN keeps its top bits and gets the quiet
-// bit), the even words shifted down and the odd ones masked in place, one
-// 32-byte store. Clobbers both inputs and kScratch0..2.
+// store() rounds, the even words shifted down and the odd ones blended in
+// above them, one 32-byte store. Clobbers both inputs and kScratch0.
 void BnGenerator::store_pair(const Reg64& base, int64_t off, int even, int odd, bool nt) {
   round_bf16_avx2(even);
   round_bf16_avx2(odd);
   vpsrld(Ymm(even), Ymm(even), 16);
-  vpand(Ymm(odd), Ymm(odd), ptr[rip + c_hi16_]);
-  vpor(Ymm(even), Ymm(even), Ymm(odd));
+  vpblendw(Ymm(even), Ymm(even), Ymm(odd), 0xaa);  // the odd (high) word of each dword
   if (nt) {
     vmovntdq(data(base, off), Ymm(even));
   } else {
@@ -431,8 +427,6 @@ void BnGenerator::emit_constants() {
   splat(c_hi16_, 0xffff0000u);
   splat(c_one_, 1);
   splat(c_7fff_, 0x7fff);
-  splat(c_0040_, 0x40);
-  splat(c_quiet_, 0x00400000u);  // f32's quiet-NaN bit, bf16's 0x0040
   auto bits = [](float f) {
     uint32_t u;
     std::memcpy(&u, &f, sizeof u);

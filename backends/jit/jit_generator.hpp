@@ -149,7 +149,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   int es_;
   int64_t cp_;
   int tail_;
-  Xbyak::Label c_zero_, c_hi16_, c_one_, c_7fff_, c_0040_, c_quiet_, tail_mask_;
+  Xbyak::Label c_zero_, c_hi16_, c_one_, c_7fff_, tail_mask_;
   // leaky_relu's alpha and 1/alpha (the kLeaky* fuses), 1.0f, and the bits
   // 1.0f ^ alpha and 1.0f ^ (1/alpha) that AVX2 selects a factor with.
   Xbyak::Label c_alpha_, c_inv_alpha_, c_onef_, c_sel_alpha_, c_sel_inv_alpha_;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 
 #include <normgrad/backends/jit/jit_conf.hpp>
@@ -70,6 +71,18 @@ inline void store_element(void* p, int64_t i, DataType dt, float v) {
       static_cast<float*>(p)[i] = v;
       return;
   }
+}
+
+// A per-channel value the driver hands to a generated kernel (a coefficient,
+// a mean), as f32 with any NaN made the one quiet NaN, 0x7fc00000. The
+// integer bf16 rounding (x + 0x7fff + lsb, then the top 16 bits) keeps a NaN
+// a NaN only when its low 16 bits are zero, and this keeps every NaN a kernel
+// meets so: values loaded from bf16 have them zero, an arithmetic result that
+// is NaN is the default NaN (0xffc00000) or a NaN operand's bits, and the
+// constants are finite. Only an f32 from memory could carry a payload there
+// (a NaN gamma read from the user's tensor), and every one passes through here.
+inline float kernel_float(double v) {
+  return v != v ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(v);
 }
 
 // Padded per-channel array length.
