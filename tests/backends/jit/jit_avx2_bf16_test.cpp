@@ -21,42 +21,23 @@
 namespace normgrad {
 namespace {
 
+using jit_test::bf16_to_float;
 using jit_test::conf_for;
 using jit_test::form_op;
+using jit_test::forward_graph;
+using jit_test::inputs_for;
 using jit_test::IsaScope;
+using jit_test::run_jit;
 using jit_test::streams;
 using testing_util::compare_with_ref;
 using testing_util::one_op;
 
 constexpr int64_t kDiffDst = 1, kVariance = 3, kGamma = 4, kDiffSrc = 5;
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t u = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 uint16_t float_to_bf16(float f) {  // round to nearest even; finite inputs only
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// Compiles `g` on the JIT under `variant` and runs it on `inputs`; returns
-// every output and the kernel names.
-std::map<int64_t, oracle::Buffer> run_jit(const Graph& g, const std::string& variant,
-                                          const std::map<int64_t, oracle::Buffer>& inputs,
-                                          std::string* kernel) {
-  CompileOptions options{"jit"};
-  options.jit_variant = variant;
-  auto cg = CompiledGraph::compile(g, options);
-  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
-  if (!cg.ok()) return {};
-  for (const auto& p : cg->partitions()) *kernel += p->kernel_name();
-  auto outs = oracle::run_outputs(*cg, inputs);
-  EXPECT_TRUE(outs.ok()) << outs.status().to_string();
-  return outs.ok() ? *outs : std::map<int64_t, oracle::Buffer>{};
 }
 
 // Runs `g` on `inputs` in pairs (the default) and vector at a time
@@ -72,15 +53,6 @@ std::map<int64_t, oracle::Buffer> run_pairs_and_singles(
     EXPECT_TRUE(singles.count(id) && b.bytes == singles.at(id).bytes) << "tensor " << id;
   }
   return pairs;
-}
-
-std::map<int64_t, oracle::Buffer> inputs_for(const Graph& g, uint64_t seed) {
-  auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
-  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
-  if (!cg.ok()) return {};
-  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, nullptr);
-  EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
-  return inputs.ok() ? *inputs : std::map<int64_t, oracle::Buffer>{};
 }
 
 // Row lengths for every way cols_loop_pairs ends a row: one pair, a pair and
@@ -181,38 +153,6 @@ TEST(JitAvx2Bf16, PairsRoundNanInfinityAndOverflow) {
       }
     }
   }
-}
-
-// A BatchNormForwardTraining of `shape` (`dt` in `fmt`, f32 statistics,
-// gamma and beta), then nothing (epilogue 0), a ReLU (1), a LeakyReLU(0.01)
-// (2) or an Add and a ReLU (3, which keeps the vector at a time).
-Graph forward_graph(const Dims& shape, int epilogue, const char* fmt = "NCX",
-                    DataType dt = DataType::kBF16) {
-  using testing_util::lt;
-  const DataType f32 = DataType::kF32;
-  const int64_t c = std::string(fmt) == "NCX" ? shape[1] : shape.back();
-  Graph g;
-  Op bn(1, OpKind::kBatchNormForwardTraining, "bn");
-  bn.set_attr("epsilon", 1e-3f).set_attr("data_format", fmt);
-  bn.add_input(lt(10, dt, shape)).add_input(lt(11, f32, {c})).add_input(lt(12, f32, {c}));
-  bn.add_input(lt(13, f32, {c})).add_input(lt(14, f32, {c}));
-  bn.add_output(lt(20, dt, shape));
-  for (int64_t id = 21; id <= 24; ++id) bn.add_output(lt(id, f32, {c}));
-  EXPECT_TRUE(g.add_op(bn).ok());
-  int64_t y = 20;
-  if (epilogue == 3) {
-    Op add(2, OpKind::kAdd, "add");
-    add.add_input(lt(y, dt, shape)).add_input(lt(30, dt, shape)).add_output(lt(31, dt, shape));
-    EXPECT_TRUE(g.add_op(add).ok());
-    y = 31;
-  }
-  if (epilogue != 0) {
-    Op act(3, epilogue == 2 ? OpKind::kLeakyReLU : OpKind::kReLU, "act");
-    if (epilogue == 2) act.set_attr("alpha", 0.01f);
-    act.add_input(lt(y, dt, shape)).add_output(lt(40, dt, shape));
-    EXPECT_TRUE(g.add_op(act).ok());
-  }
-  return g;
 }
 
 // The forward's applies in pairs, NCX rows and NXC pixels: ref, the single

@@ -18,8 +18,12 @@
 namespace normgrad {
 namespace {
 
+using jit_test::bf16_to_float;
 using jit_test::form_op;
+using jit_test::forward_graph;
+using jit_test::inputs_for;
 using jit_test::IsaScope;
+using jit_test::run_jit;
 using testing_util::compare_with_ref;
 using testing_util::one_op;
 
@@ -45,59 +49,11 @@ std::vector<std::pair<Dims, const char*>> shapes() {
   return s;
 }
 
-// A BatchNormForwardTraining in bf16 with f32 statistics, gamma (13) and beta (14).
-Graph forward_graph(const Dims& shape, const char* fmt) {
-  using testing_util::lt;
-  const DataType f32 = DataType::kF32, bf16 = DataType::kBF16;
-  const int64_t c = std::string(fmt) == "NCX" ? shape[1] : shape.back();
-  Graph g;
-  Op bn(1, OpKind::kBatchNormForwardTraining, "bn");
-  bn.set_attr("epsilon", 1e-3f).set_attr("data_format", fmt);
-  bn.add_input(lt(10, bf16, shape)).add_input(lt(11, f32, {c})).add_input(lt(12, f32, {c}));
-  bn.add_input(lt(13, f32, {c})).add_input(lt(14, f32, {c}));
-  bn.add_output(lt(20, bf16, shape));
-  for (int64_t id = 21; id <= 24; ++id) bn.add_output(lt(id, f32, {c}));
-  EXPECT_TRUE(g.add_op(bn).ok());
-  return g;
-}
-
 std::vector<Graph> graphs(const Dims& shape, const char* fmt) {
   std::vector<Graph> g;
   for (int form : {0, 1, 4}) g.push_back(one_op(form_op(shape, fmt, DataType::kBF16, form)));
-  g.push_back(forward_graph(shape, fmt));
+  g.push_back(forward_graph(shape, 0, fmt));  // gamma 13, beta 14
   return g;
-}
-
-std::map<int64_t, oracle::Buffer> run(const Graph& g, const std::string& backend,
-                                      const std::string& variant,
-                                      const std::map<int64_t, oracle::Buffer>& inputs,
-                                      std::string* kernel = nullptr) {
-  CompileOptions options{backend};
-  options.jit_variant = variant;
-  auto cg = CompiledGraph::compile(g, options);
-  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
-  if (!cg.ok()) return {};
-  for (const auto& p : cg->partitions())
-    if (kernel != nullptr) *kernel += p->kernel_name();
-  auto outs = oracle::run_outputs(*cg, inputs);
-  EXPECT_TRUE(outs.ok()) << outs.status().to_string();
-  return outs.ok() ? *outs : std::map<int64_t, oracle::Buffer>{};
-}
-
-std::map<int64_t, oracle::Buffer> inputs_for(const Graph& g, uint64_t seed) {
-  auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
-  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
-  if (!cg.ok()) return {};
-  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, nullptr);
-  EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
-  return inputs.ok() ? *inputs : std::map<int64_t, oracle::Buffer>{};
-}
-
-float bf16_to_float(uint16_t h) {
-  const uint32_t u = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
 }
 
 TEST(JitBf16Rounding, IntegerRoundingMatchesRefAndTheHardwareBits) {
@@ -117,8 +73,9 @@ TEST(JitBf16Rounding, IntegerRoundingMatchesRefAndTheHardwareBits) {
         // vcvtneps2bf16 rounds to nearest even as the integer code does; it
         // also flushes denormals, which batch-norm outputs here never are.
         const auto inputs = inputs_for(g, seed);
-        const auto integer = run(g, "jit", s.variant, inputs);
-        const auto hardware = run(g, "jit", "", inputs);
+        std::string kernels;
+        const auto integer = run_jit(g, s.variant, inputs, &kernels);
+        const auto hardware = run_jit(g, "", inputs, &kernels);
         for (const auto& [id, b] : hardware) {
           ASSERT_EQ(integer.count(id), 1u);
           if (b.desc.dtype != DataType::kBF16) continue;
@@ -160,11 +117,13 @@ TEST(JitBf16Rounding, NanPayloadsInEveryF32InputStayNan) {
             std::memcpy(&stat[1], &bits, sizeof bits);
             std::memcpy(&stat[3], &bits, sizeof bits);
             std::string kernel;
-            const auto got = run(g, "jit", s.variant, inputs, &kernel);
+            const auto got = run_jit(g, s.variant, inputs, &kernel);
             EXPECT_EQ(kernel.find(std::string("jit:") + s.isa + ":bf16"), 0u) << kernel;
-            const auto want = run(g, "ref", "", inputs);
             auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
             ASSERT_TRUE(cg.ok());
+            const auto ran = oracle::run_outputs(*cg, inputs);
+            ASSERT_TRUE(ran.ok());
+            const auto& want = *ran;
             const int64_t data_out = op.outputs()[0].id;
             const auto& w = want.at(data_out);
             const auto* y = reinterpret_cast<const uint16_t*>(got.at(data_out).bytes.data());

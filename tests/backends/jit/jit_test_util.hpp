@@ -1,8 +1,11 @@
 // Helpers shared by the JIT backend's tests: the ISA paths this CPU can run,
-// the output forms, runs at a given thread count, and fused producers.
+// the output forms, runs at a given thread count, fused producers, and runs
+// of bf16 graphs under a variant.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
@@ -198,6 +201,72 @@ inline jit::BnConf conf_for(const Op& op, const std::string& jit_variant = "") {
 // L3, or when src, diff_dst and diff_src together exceed the L3.
 inline bool streams(int64_t tensor_bytes) {
   return 3 * tensor_bytes > jit::cache_sizes().l3_bytes / 4;
+}
+
+// A bf16 word as f32.
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Compiles `g` on the JIT under `variant` and runs it on `inputs`; returns
+// every output and the kernel names.
+inline std::map<int64_t, oracle::Buffer> run_jit(const Graph& g, const std::string& variant,
+                                                 const std::map<int64_t, oracle::Buffer>& inputs,
+                                                 std::string* kernel) {
+  CompileOptions options{"jit"};
+  options.jit_variant = variant;
+  auto cg = CompiledGraph::compile(g, options);
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  if (!cg.ok()) return {};
+  for (const auto& p : cg->partitions()) *kernel += p->kernel_name();
+  auto outs = oracle::run_outputs(*cg, inputs);
+  EXPECT_TRUE(outs.ok()) << outs.status().to_string();
+  return outs.ok() ? *outs : std::map<int64_t, oracle::Buffer>{};
+}
+
+// The inputs ref's compile of `g` makes from `seed`.
+inline std::map<int64_t, oracle::Buffer> inputs_for(const Graph& g, uint64_t seed) {
+  auto cg = CompiledGraph::compile(g, CompileOptions{"ref"});
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  if (!cg.ok()) return {};
+  auto inputs = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, nullptr);
+  EXPECT_TRUE(inputs.ok()) << inputs.status().to_string();
+  return inputs.ok() ? *inputs : std::map<int64_t, oracle::Buffer>{};
+}
+
+// A BatchNormForwardTraining of `shape` (`dt` in `fmt`, f32 statistics,
+// gamma and beta), then nothing (epilogue 0), a ReLU (1), a LeakyReLU(0.01)
+// (2) or an Add and a ReLU (3, which keeps the vector at a time).
+inline Graph forward_graph(const Dims& shape, int epilogue, const char* fmt = "NCX",
+                           DataType dt = DataType::kBF16) {
+  using testing_util::lt;
+  const DataType f32 = DataType::kF32;
+  const int64_t c = std::string(fmt) == "NCX" ? shape[1] : shape.back();
+  Graph g;
+  Op bn(1, OpKind::kBatchNormForwardTraining, "bn");
+  bn.set_attr("epsilon", 1e-3f).set_attr("data_format", fmt);
+  bn.add_input(lt(10, dt, shape)).add_input(lt(11, f32, {c})).add_input(lt(12, f32, {c}));
+  bn.add_input(lt(13, f32, {c})).add_input(lt(14, f32, {c}));
+  bn.add_output(lt(20, dt, shape));
+  for (int64_t id = 21; id <= 24; ++id) bn.add_output(lt(id, f32, {c}));
+  EXPECT_TRUE(g.add_op(bn).ok());
+  int64_t y = 20;
+  if (epilogue == 3) {
+    Op add(2, OpKind::kAdd, "add");
+    add.add_input(lt(y, dt, shape)).add_input(lt(30, dt, shape)).add_output(lt(31, dt, shape));
+    EXPECT_TRUE(g.add_op(add).ok());
+    y = 31;
+  }
+  if (epilogue != 0) {
+    Op act(3, epilogue == 2 ? OpKind::kLeakyReLU : OpKind::kReLU, "act");
+    if (epilogue == 2) act.set_attr("alpha", 0.01f);
+    act.add_input(lt(y, dt, shape)).add_output(lt(40, dt, shape));
+    EXPECT_TRUE(g.add_op(act).ok());
+  }
+  return g;
 }
 
 }  // namespace jit_test
