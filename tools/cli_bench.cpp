@@ -261,51 +261,6 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
 
 }  // namespace
 
-// `bench --shard-batch` (under mpirun): each layer's synchronized backward
-// with the batch split over the processes; the step time is the slowest
-// process's median, and the collective's share is its AllReduce partition.
-int bench_sharded(const BenchOptions& opt, const std::vector<std::pair<std::string, Dims>>& shapes,
-                  int64_t threads) {
-  const auto world = mpi_world();
-  const int rank = world ? world->rank() : 0;
-  const int processes = world ? world->size() : 1;
-  if (rank == 0) {
-    std::cout << "shard-batch: " << processes << " processes x " << threads
-              << " threads, median of " << opt.iters << " steps\n";
-  }
-  int failures = 0;
-  for (const auto& [name, nchw] : shapes) {
-    for (const std::string& dt_name : opt.dts) {
-      auto dt = parse_dtype(dt_name);
-      if (!dt.ok()) return std::cerr << "normgrad bench: " << dt.status().message() << "\n", 2;
-      for (const std::string& layout : opt.layouts) {
-        const Graph plain = make_graph(nchw, layout, *dt, "none");
-        std::vector<Op> ops = plain.ops().to_vector();
-        for (Op& op : ops) op.set_attr("sync_group", "world");
-        Graph g = plain.with_ops(std::move(ops));
-        ShardOptions so;
-        so.iters = opt.iters;
-        so.backend = opt.backends[0];
-        Status st = g.finalize();
-        auto r = st.ok() ? run_sharded(g, so) : StatusOr<ShardResult>(st);
-        if (!r.ok()) {
-          std::cerr << "normgrad bench: rank " << rank << ": " << name << ": "
-                    << r.status().to_string() << "\n";
-          return 1;
-        }
-        if (rank == 0) {
-          std::cout << std::fixed << std::setprecision(3) << "  " << name << " " << dt_name << " "
-                    << layout << ": step " << r->step_ms << " ms, collective " << r->collective_ms
-                    << " ms (" << std::setprecision(1)
-                    << 100.0 * r->collective_ms / std::max(r->step_ms, 1e-9) << "%)\n";
-        }
-        failures += r->passed ? 0 : 1;
-      }
-    }
-  }
-  return failures == 0 ? 0 : 1;
-}
-
 int bench_command(const std::vector<std::string>& argv) {
   BenchOptions opt;
   CLI::App app(
@@ -420,7 +375,8 @@ int bench_command(const std::vector<std::string>& argv) {
                                                 static_cast<size_t>(threads));
   set_backend_threads(static_cast<int>(threads));
 
-  if (opt.shard_batch) return bench_sharded(opt, shapes, threads);
+  if (opt.shard_batch)
+    return bench_sharded(shapes, opt.dts, opt.layouts, opt.backends[0], opt.iters, threads);
 
   constexpr int64_t kProbeFloats = int64_t{64} << 20;  // 256 MiB per array, far beyond the L3
   StreamProbe probe(kProbeFloats);

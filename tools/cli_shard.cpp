@@ -1,5 +1,6 @@
 // `--shard-batch`: a synchronized graph run on a slice of the batch per process.
 #include "tools/cli_shard.hpp"
+#include "tools/bench_graphs.hpp"
 #include "tools/cli.hpp"
 #include "tools/cli_driver.hpp"
 
@@ -277,6 +278,52 @@ int shard_run_command(const std::string& path, const RunOptions& opt) {
     if (opt.check) std::cout << (r->passed ? "PASSED" : "FAILED") << "\n";
   }
   return opt.check && !r->passed ? 1 : 0;
+}
+
+// `bench --shard-batch` (under mpirun): each layer's synchronized backward
+// with the batch split over the processes; the step time is the slowest
+// process's median, and the collective's share is its AllReduce partition.
+int bench_sharded(const std::vector<std::pair<std::string, Dims>>& shapes,
+                  const std::vector<std::string>& dts, const std::vector<std::string>& layouts,
+                  const std::string& backend, int64_t iters, int64_t threads) {
+  const auto world = mpi_world();
+  const int rank = world ? world->rank() : 0;
+  const int processes = world ? world->size() : 1;
+  if (rank == 0) {
+    std::cout << "shard-batch: " << processes << " processes x " << threads
+              << " threads, median of " << iters << " steps\n";
+  }
+  int failures = 0;
+  for (const auto& [name, nchw] : shapes) {
+    for (const std::string& dt_name : dts) {
+      auto dt = parse_dtype(dt_name);
+      if (!dt.ok()) return std::cerr << "normgrad bench: " << dt.status().message() << "\n", 2;
+      for (const std::string& layout : layouts) {
+        const Graph plain = make_graph(nchw, layout, *dt, "none");
+        std::vector<Op> ops = plain.ops().to_vector();
+        for (Op& op : ops) op.set_attr("sync_group", "world");
+        Graph g = plain.with_ops(std::move(ops));
+        ShardOptions so;
+        so.iters = iters;
+        so.backend = backend;
+        Status st = g.finalize();
+        auto r = st.ok() ? run_sharded(g, so) : StatusOr<ShardResult>(st);
+        if (!r.ok()) {
+          std::cerr << "normgrad bench: rank " << rank << ": " << name << ": "
+                    << r.status().to_string() << "\n";
+          return 1;
+        }
+        if (rank == 0) {
+          std::cout << std::fixed << std::setprecision(3) << "  " << name << " " << dt_name << " "
+                    << layout << ": step " << r->step_ms << " ms, collective " << r->collective_ms
+                    << " ms (" << std::setprecision(1)
+                    << 100.0 * r->collective_ms / std::max(r->step_ms, 1e-9) << "%)\n";
+        }
+        failures += r->passed ? 0 : 1;
+      }
+    }
+  }
+  return failures == 0 ? 0 : 1;
 }
 
 }  // namespace cli

@@ -8,7 +8,9 @@
 // compares each process's slice of the outputs with ref on the full batch.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <normgrad/graph/graph.hpp>
@@ -40,6 +42,14 @@ StatusOr<ShardResult> run_sharded(const Graph& full, const ShardOptions& opt);
 
 // `normgrad run GRAPH --shard-batch [--check]`: exit 0 when every process passed.
 int shard_run_command(const std::string& path, const RunOptions& opt);
+
+// `normgrad bench --shard-batch` (under mpirun): each of `shapes` in each
+// dtype and layout, its synchronized backward with the batch split over the
+// processes, timed over `iters` steps; rank 0 prints the step and the
+// collective's share. Exit 0 when every process passed.
+int bench_sharded(const std::vector<std::pair<std::string, Dims>>& shapes,
+                  const std::vector<std::string>& dts, const std::vector<std::string>& layouts,
+                  const std::string& backend, int64_t iters, int64_t threads);
 
 }  // namespace cli
 }  // namespace normgrad
