@@ -180,15 +180,30 @@ int64_t pixel_chunk_rows(int64_t pixels, int64_t bytes_per_pixel) {
   return std::max<int64_t>(1, (pixels + chunks - 1) / chunks);
 }
 
-// f32 lanes of an AVX-512 vector: the grouped rows' bounce block and linear
-// blocks are AVX-512 only.
+// f32 lanes of an AVX-512 vector: the grouped rows' linear blocks are
+// AVX-512 only.
 constexpr int64_t kAvx512Lanes = 16;
+// The shortest rows AVX2 streams through the bounce block (bounce_block_bytes).
+constexpr int64_t kAvx2BounceRowBytes = 512;
 
 int64_t bounce_block_bytes(const BnConf& c) {
-  if (c.isa != Isa::kAvx512 || c.walk.kind != Walk::kRows || c.walk.channel_group == 0 ||
-      !c.stream.nt_stores || c.walk.cols % kAvx512Lanes == 0)
+  if (c.isa == Isa::kPortable || c.walk.kind != Walk::kRows || c.walk.channel_group == 0 ||
+      !c.stream.nt_stores)
     return 0;
-  return c.walk.channel_group * c.walk.cols * dtype_size(c.d.data_dt);
+  // The rows stream straight to diff_src when each starts on what the apply
+  // stores: a vector, or on AVX2 with bf16 pairs 16 elements (32 bytes).
+  const bool pairs = c.isa == Isa::kAvx2 && c.stream.pair_vectors &&
+                     c.d.data_dt == DataType::kBF16 && c.x_fuse == Fuse::kNone &&
+                     c.dy_fuse == Fuse::kNone;
+  const int64_t step = c.isa == Isa::kAvx512 ? kAvx512Lanes : pairs ? 16 : 8;
+  if (c.walk.cols % step == 0) return 0;
+  // AVX2 has no byte masks, so the block's partial end lines go element by
+  // element; against ordinary stores (ncx-no-nt) that paid off at 14x14 f32
+  // (784-byte rows, 1.11-1.19x) and not on shorter rows: level at 14x14 bf16
+  // (392), 0.90-1.04x at 7x7 f32 (196) and 0.79-0.83x at 7x7 bf16 (98).
+  const int64_t row_bytes = c.walk.cols * dtype_size(c.d.data_dt);
+  if (c.isa == Isa::kAvx2 && row_bytes < kAvx2BounceRowBytes) return 0;
+  return c.walk.channel_group * row_bytes;
 }
 
 std::vector<int64_t> grouped_linear_phases(const BnConf& c) {

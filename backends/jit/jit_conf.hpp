@@ -266,7 +266,8 @@ struct BnConf {
 
 // Bytes of the 64-byte-aligned scratch block (KernelArgs::acc) through which
 // the grouped rows apply streams diff_src rows that do not start on a vector
-// (jit_generator_rows.cpp); 0 when it stores directly. The generator and the
+// (jit_generator_rows.cpp; on AVX2 rows of 512 bytes or more); 0 when it
+// stores directly. The generator and the
 // driver both ask here, so the kernel never runs without its block.
 int64_t bounce_block_bytes(const BnConf& c);
 // Whether the grouped rows apply (AVX-512, rows that are not whole vectors:

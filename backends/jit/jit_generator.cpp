@@ -373,6 +373,91 @@ void BnGenerator::store_pair(const Reg64& base, int64_t off, int even, int odd, 
   }
 }
 
+// For stream_block: rax = the bounce block's bytes (rdi rows of S
+// elements), r11 = those up to diff_src's first line boundary (rcx on).
+void BnGenerator::block_bytes_to_line() {
+  imul(rax, rdi, static_cast<int>(c_.walk.cols * es_));  // block bytes
+  mov(r11, rcx);
+  neg(r11);
+  and_(r11, 63);  // bytes up to the first line boundary
+  cmp(r11, rax);
+  cmova(r11, rax);
+}
+
+// Copies the grouped rows apply's bounce block (jit_generator_rows.cpp; r9:
+// rdi rows of S elements) to diff_src (rcx); clobbers rax, rbx, r11, k4 and
+// v8.
+void BnGenerator::stream_block() {
+  if (!avx512_) return stream_block_avx2();
+  const Zmm t(kScratch0);
+  Label lines, lines_done;
+  block_bytes_to_line();
+  sub(rax, r11);  // bytes from that boundary on
+  mov(rbx, -1);
+  bzhi(rbx, rbx, r11);
+  kmovq(k4, rbx);
+  vmovdqu8(t | k4 | T_z, ptr[r9]);
+  vmovdqu8(ptr[rcx] | k4, t);
+  L(lines);
+  cmp(rax, 64);
+  jb(lines_done, T_NEAR);
+  vmovdqu8(t, ptr[r9 + r11]);
+  vmovntdq(ptr[rcx + r11], t);
+  add(r11, 64);
+  sub(rax, 64);
+  jmp(lines, T_NEAR);
+  L(lines_done);
+  mov(rbx, -1);
+  bzhi(rbx, rbx, rax);
+  kmovq(k4, rbx);
+  vmovdqu8(t | k4 | T_z, ptr[r9 + r11]);
+  vmovdqu8(ptr[rcx + r11] | k4, t);
+}
+
+// stream_block on AVX2, which has no byte masks: the partial lines at the
+// block's two ends element by element, the whole lines in between as two
+// 32-byte streaming stores each. Clobbers rax, rbx, r11 and v8.
+void BnGenerator::stream_block_avx2() {
+  const Ymm t(kScratch0);
+  const Xmm e(kScratch0);
+  // Elements [rbx, end) of the block, one at a time, through e.
+  auto elements = [&](const Reg64& end) {
+    Label loop, done;
+    L(loop);
+    cmp(rbx, end);
+    jae(done, T_NEAR);
+    if (es_ == 4) {
+      vmovss(e, ptr[r9 + rbx]);
+      vmovss(ptr[rcx + rbx], e);
+    } else {
+      vpinsrw(e, e, ptr[r9 + rbx], 0);
+      vpextrw(ptr[rcx + rbx], e, 0);
+    }
+    add(rbx, es_);
+    jmp(loop, T_NEAR);
+    L(done);
+  };
+  Label lines, lines_done;
+  block_bytes_to_line();
+  xor_(ebx, ebx);
+  elements(r11);
+  sub(rax, r11);  // bytes from that boundary on
+  L(lines);
+  cmp(rax, 64);
+  jb(lines_done, T_NEAR);
+  vmovdqu(t, ptr[r9 + r11]);
+  vmovntdq(ptr[rcx + r11], t);
+  vmovdqu(t, ptr[r9 + r11 + 32]);
+  vmovntdq(ptr[rcx + r11 + 32], t);
+  add(r11, 64);
+  sub(rax, 64);
+  jmp(lines, T_NEAR);
+  L(lines_done);
+  mov(rbx, r11);
+  add(rax, r11);  // the block's end
+  elements(rax);
+}
+
 // cols_loop for pair_vectors: pair(p, offset) per 16 elements, two pairs per
 // iteration, then single(j, offset, tail) for what is left (one vector, the
 // tail).

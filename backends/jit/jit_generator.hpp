@@ -116,7 +116,9 @@ class BnGenerator : public Xbyak::CodeGenerator {
   bool bounce_stores() const;
   bool linear_block_stores() const;
   void linear_block(int64_t lead);
+  void block_bytes_to_line();
   void stream_block();
+  void stream_block_avx2();
 
   // jit_generator_pixels.cpp: the pixels walk.
   void each_vector(const std::function<void(int, int64_t, bool)>& step);

@@ -568,38 +568,5 @@ void BnGenerator::linear_block(int64_t lead) {
   }
 }
 
-// Copies the bounce block (r9: rdi rows of S elements) to diff_src (rcx);
-// clobbers rax, rbx, r11, k4 and v8.
-void BnGenerator::stream_block() {
-  const Zmm t(kScratch0);
-  Label lines, lines_done;
-  imul(rax, rdi, static_cast<int>(c_.walk.cols * es_));  // block bytes
-  mov(r11, rcx);
-  neg(r11);
-  and_(r11, 63);  // bytes up to the first line boundary
-  cmp(r11, rax);
-  cmova(r11, rax);
-  sub(rax, r11);  // bytes from that boundary on
-  mov(rbx, -1);
-  bzhi(rbx, rbx, r11);
-  kmovq(k4, rbx);
-  vmovdqu8(t | k4 | T_z, ptr[r9]);
-  vmovdqu8(ptr[rcx] | k4, t);
-  L(lines);
-  cmp(rax, 64);
-  jb(lines_done, T_NEAR);
-  vmovdqu8(t, ptr[r9 + r11]);
-  vmovntdq(ptr[rcx + r11], t);
-  add(r11, 64);
-  sub(rax, 64);
-  jmp(lines, T_NEAR);
-  L(lines_done);
-  mov(rbx, -1);
-  bzhi(rbx, rbx, rax);
-  kmovq(k4, rbx);
-  vmovdqu8(t | k4 | T_z, ptr[r9 + r11]);
-  vmovdqu8(ptr[rcx + r11] | k4, t);
-}
-
 }  // namespace jit
 }  // namespace normgrad

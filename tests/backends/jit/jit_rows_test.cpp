@@ -312,23 +312,31 @@ TEST(JitBackend, NcxVariantsMatchRef) {
 
 // Grouped short rows that do not start on a vector (7x7, 14x14) stream
 // diff_src through a 64-byte-aligned bounce block when it is larger than half
-// the L3 (AVX-512) and the linear blocks cannot take it (diff_src's images
-// not whole lines apart): blocks whose ends fall inside lines (1568 bytes per
-// group of 8 7x7 f32 channels), images that start off a line (203 channels),
-// a last group of 3 channels, blocks of whole lines (16 channels of 14x14
-// f32) in images padded to 3140 elements, and a fused producer. Batches are
-// sized from the L3 this host reports.
-TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
-  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "streaming stores are AVX-512";
+// the L3 and the linear blocks (AVX-512) cannot take it (diff_src's images
+// not whole lines apart), on AVX-512 and AVX2 (rows of 512 bytes or more):
+// blocks whose ends fall inside lines (1568 bytes per group of 8 7x7 f32
+// channels), images that start off a line (203 channels), a last group of 3
+// channels, blocks of whole lines (16 channels of 14x14 f32) in images
+// padded to 3140 elements, bf16 (in pairs on AVX2) and f16 (element by
+// element at the block's ends on AVX2), and a fused producer. Batches are sized from the L3 this
+// host reports.
+void grouped_rows_through_bounce_block(jit::Isa isa) {
   const int64_t half_l3 = jit::cache_sizes().l3_bytes / 2;
-  const struct {
+  struct Case {
     int64_t c, h, w;
     DataType dt;
     int64_t dx_image_stride;  // 0: dense
-  } cases[] = {{203, 7, 7, DataType::kF32, 0},
-               {16, 14, 14, DataType::kF32, 3140},
-               {203, 14, 14, DataType::kBF16, 0},
-               {37, 5, 5, DataType::kF16, 0}};
+  };
+  // AVX2 bounces rows of 512 bytes or more only.
+  const std::vector<Case> cases = isa == jit::Isa::kAvx512
+                                      ? std::vector<Case>{{203, 7, 7, DataType::kF32, 0},
+                                                          {16, 14, 14, DataType::kF32, 3140},
+                                                          {203, 14, 14, DataType::kBF16, 0},
+                                                          {37, 5, 5, DataType::kF16, 0}}
+                                      : std::vector<Case>{{203, 15, 15, DataType::kF32, 0},
+                                                          {16, 14, 14, DataType::kF32, 3140},
+                                                          {203, 17, 17, DataType::kBF16, 0},
+                                                          {37, 17, 17, DataType::kF16, 0}};
   int ran = 0;
   for (const auto& k : cases) {
     const int64_t image_bytes = k.c * k.h * k.w * dtype_size(k.dt);
@@ -336,25 +344,39 @@ TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
     Op op = bn_bwd({n, k.c, k.h, k.w}, "NCX", k.dt, DataType::kF32, true, 3, 1e-3f);
     if (k.dx_image_stride > 0)
       op.mutable_outputs()[0].strides = {k.dx_image_stride, k.h * k.w, k.w, 1};
-    const std::string what = dims_to_string({n, k.c, k.h, k.w}) + " " + dtype_name(k.dt);
-    auto conf = jit::make_conf(op, jit::Isa::kAvx512);
+    const std::string what = std::string(jit::isa_name(isa)) + " " +
+                             dims_to_string({n, k.c, k.h, k.w}) + " " + dtype_name(k.dt);
+    auto conf = jit::make_conf(op, isa);
     ASSERT_TRUE(conf.ok());
     EXPECT_GT(conf->walk.channel_group, 0) << what;
     EXPECT_TRUE(conf->stream.nt_stores) << what;
-    EXPECT_NE(conf->walk.cols % 16, 0) << what;
+    EXPECT_NE(conf->walk.cols % (isa == jit::Isa::kAvx512 ? 16 : 8), 0) << what;
     EXPECT_GT(jit::bounce_block_bytes(*conf), 0) << what;
     EXPECT_FALSE(jit::grouped_linear_blocks(*conf)) << what;
     const auto r = compare_with_ref(one_op(op), "jit", static_cast<uint64_t>(ran++));
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_EQ(r.kernel.find(std::string("jit:") + jit::isa_name(isa)), 0u) << r.kernel;
     EXPECT_NE(r.kernel.find("rows_grouped"), std::string::npos) << r.kernel;
     EXPECT_LE(r.worst_ratio, 1.0) << what << " " << r.report;
   }
   // A fused ReLUBackward on src: the kernel saves r12/r13 next to rbx.
-  const int64_t n = half_l3 / (203 * 49 * 4) + 1;
-  const auto r = compare_with_ref(fused_on_port({n, 203, 7, 7}, "NCX", 0), "jit", 99);
+  const int64_t hw = isa == jit::Isa::kAvx512 ? 7 : 15;
+  const int64_t n = half_l3 / (203 * hw * hw * 4) + 1;
+  const auto r = compare_with_ref(fused_on_port({n, 203, hw, hw}, "NCX", 0), "jit", 99);
   ASSERT_TRUE(r.status.ok()) << r.status.to_string();
   EXPECT_NE(r.kernel.find("rows_grouped+src_"), std::string::npos) << r.kernel;
   EXPECT_LE(r.worst_ratio, 1.0) << "fused " << r.report;
+}
+
+TEST(JitBackend, GroupedRowsStreamThroughBounceBlock) {
+  if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the JIT runs no AVX-512 here";
+  grouped_rows_through_bounce_block(jit::Isa::kAvx512);
+}
+
+TEST(JitBackend, GroupedRowsStreamThroughBounceBlockOnAvx2) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT runs no AVX2 here";
+  IsaScope scope("avx2");
+  grouped_rows_through_bounce_block(jit::Isa::kAvx2);
 }
 
 // Runs an f32 NCX batch norm backward of `shape` on the JIT into output
