@@ -9,8 +9,8 @@
 // AVX2 has no mask registers: a constant tail is a vmaskmovps mask (f32) or
 // word inserts and extracts (16-bit), and the rows walk's run-time tail goes
 // through a zeroed stack buffer. bf16 is rounded to nearest even by integer
-// arithmetic (NaN keeps its top bits and gets the quiet bit) wherever
-// vcvtneps2bf16 is missing: on AVX2, and on AVX-512 without avx512_bf16.
+// arithmetic (a NaN stays a NaN: see bf16_dwords) wherever vcvtneps2bf16 is
+// missing: on AVX2, and on AVX-512 without avx512_bf16.
 #pragma once
 
 #include <cstddef>
