@@ -197,10 +197,10 @@ int64_t bounce_block_bytes(const BnConf& c) {
                      c.dy_fuse == Fuse::kNone;
   const int64_t step = c.isa == Isa::kAvx512 ? kAvx512Lanes : pairs ? 16 : 8;
   if (c.walk.cols % step == 0) return 0;
-  // AVX2 has no byte masks, so the block's partial end lines go element by
-  // element; against ordinary stores (ncx-no-nt) that paid off at 14x14 f32
-  // (784-byte rows, 1.11-1.19x) and not on shorter rows: level at 14x14 bf16
-  // (392), 0.90-1.04x at 7x7 f32 (196) and 0.79-0.83x at 7x7 bf16 (98).
+  // On AVX2, against ordinary stores (ncx-no-nt), the bounce block paid off
+  // at 14x14 f32 (784-byte rows, 1.08-1.19x) and not on shorter rows: level
+  // at 14x14 bf16 (392 bytes, 0.96-1.07x), 0.88-1.04x at 7x7 f32 (196) and
+  // 0.79-0.86x at 7x7 bf16 (98), whose tensors are near L3-sized.
   const int64_t row_bytes = c.walk.cols * dtype_size(c.d.data_dt);
   if (c.isa == Isa::kAvx2 && row_bytes < kAvx2BounceRowBytes) return 0;
   return c.walk.channel_group * row_bytes;

@@ -414,37 +414,29 @@ void BnGenerator::stream_block() {
   vmovdqu8(ptr[rcx + r11] | k4, t);
 }
 
-// stream_block on AVX2, which has no byte masks: the partial lines at the
-// block's two ends element by element, the whole lines in between as two
-// 32-byte streaming stores each. Clobbers rax, rbx, r11 and v8.
+// stream_block on AVX2, which has no byte masks: the block's first and last
+// 64 bytes with ordinary 32-byte stores, which cover the partial lines at its
+// two ends (and part of a whole line, which the streaming stores then write
+// again with the same bytes), then the whole lines between with streaming
+// stores. Every store stays inside the block, which bounce_block_bytes keeps
+// to rows of 512 bytes or more on AVX2. Clobbers rax, r11 and v8.
 void BnGenerator::stream_block_avx2() {
+  assert(c_.walk.cols * es_ >= 128 && "the AVX2 bounce block's ends take 64 bytes each");
   const Ymm t(kScratch0);
-  const Xmm e(kScratch0);
-  // Elements [rbx, end) of the block, one at a time, through e.
-  auto elements = [&](const Reg64& end) {
-    Label loop, done;
-    L(loop);
-    cmp(rbx, end);
-    jae(done, T_NEAR);
-    if (es_ == 4) {
-      vmovss(e, ptr[r9 + rbx]);
-      vmovss(ptr[rcx + rbx], e);
-    } else {
-      vpinsrw(e, e, ptr[r9 + rbx], 0);
-      vpextrw(ptr[rcx + rbx], e, 0);
-    }
-    add(rbx, es_);
-    jmp(loop, T_NEAR);
-    L(done);
-  };
-  Label lines, lines_done;
+  Label lines, done;
   block_bytes_to_line();
-  xor_(ebx, ebx);
-  elements(r11);
-  sub(rax, r11);  // bytes from that boundary on
+  for (int off : {0, 32}) {
+    vmovdqu(t, ptr[r9 + off]);
+    vmovdqu(ptr[rcx + off], t);
+  }
+  for (int back : {64, 32}) {
+    vmovdqu(t, ptr[r9 + rax - back]);
+    vmovdqu(ptr[rcx + rax - back], t);
+  }
+  sub(rax, r11);  // bytes from the first line boundary on
   L(lines);
   cmp(rax, 64);
-  jb(lines_done, T_NEAR);
+  jb(done, T_NEAR);
   vmovdqu(t, ptr[r9 + r11]);
   vmovntdq(ptr[rcx + r11], t);
   vmovdqu(t, ptr[r9 + r11 + 32]);
@@ -452,10 +444,7 @@ void BnGenerator::stream_block_avx2() {
   add(r11, 64);
   sub(rax, 64);
   jmp(lines, T_NEAR);
-  L(lines_done);
-  mov(rbx, r11);
-  add(rax, r11);  // the block's end
-  elements(rax);
+  L(done);
 }
 
 // cols_loop for pair_vectors: pair(p, offset) per 16 elements, two pairs per

@@ -317,8 +317,8 @@ TEST(JitBackend, NcxVariantsMatchRef) {
 // blocks whose ends fall inside lines (1568 bytes per group of 8 7x7 f32
 // channels), images that start off a line (203 channels), a last group of 3
 // channels, blocks of whole lines (16 channels of 14x14 f32) in images
-// padded to 3140 elements, bf16 (in pairs on AVX2) and f16 (element by
-// element at the block's ends on AVX2), and a fused producer. Batches are sized from the L3 this
+// padded to 3140 elements, bf16 (in pairs on AVX2), f16, and a fused
+// producer. Batches are sized from the L3 this
 // host reports.
 void grouped_rows_through_bounce_block(jit::Isa isa) {
   const int64_t half_l3 = jit::cache_sizes().l3_bytes / 2;
