@@ -413,6 +413,14 @@ SumOrder sum_order_of(const std::string& kernel_name) {
   return kernel_name.find("ref:") != std::string::npos ? SumOrder::kRunning : SumOrder::kBlocked;
 }
 
+SumOrder sum_order_of(const CompiledGraph& cg, int64_t id) {
+  for (const auto& p : cg.partitions()) {
+    for (const LogicalTensor& lt : p->partition().outputs)
+      if (lt.id == id) return sum_order_of(p->kernel_name());
+  }
+  return SumOrder::kBlocked;
+}
+
 StatusOr<OutputVerdict> check_output(const Graph& lowered, const std::map<int64_t, Buffer>& inputs,
                                      int64_t id, const Buffer& got, const Buffer& want,
                                      SumOrder order) {

@@ -31,6 +31,7 @@
 #include <map>
 #include <string>
 
+#include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/graph.hpp>
 #include <normgrad/testing/oracle.hpp>
 
@@ -62,6 +63,9 @@ enum class SumOrder {
 // partition reports: oneDNN names its reference implementations "ref:any",
 // "bnorm_ref:any".
 SumOrder sum_order_of(const std::string& kernel_name);
+// The order of the kernel of the partition in `cg` that writes tensor `id`
+// (kBlocked when none does: an input).
+SumOrder sum_order_of(const CompiledGraph& cg, int64_t id);
 
 // `lowered` is the compiled graph (canonical ops), `inputs` the graph's input
 // buffers by id, `got` and `want` the output under test and ref's, `order`

@@ -85,7 +85,8 @@ inline Comparison compare_with_ref(const Graph& graph, const std::string& backen
   EXPECT_TRUE(want.ok()) << want.status().to_string();
   if (!want.ok()) return c;
   for (const auto& [id, w] : *want) {
-    auto v = oracle::check_output(cg->lowered_graph(), *inputs, id, got->at(id), w);
+    auto v = oracle::check_output(cg->lowered_graph(), *inputs, id, got->at(id), w,
+                                  oracle::sum_order_of(*cg, id));
     EXPECT_TRUE(v.ok()) << v.status().to_string();
     const oracle::ErrorStats& e = v->error;
     // <= 1 passes: the plain relative limit, or (sums) the condition-aware one.

@@ -39,7 +39,6 @@ using oracle::compare;
 using oracle::ErrorStats;
 using oracle::make_inputs;
 using oracle::sum_order_of;
-using oracle::SumOrder;
 namespace {
 
 std::string attrs_string(const Op& op) {
@@ -218,12 +217,8 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
   report << std::scientific << std::setprecision(3);
   for (const auto& [id, want] : expected) {
     // Sums are held to the bound of the kernel that made the output.
-    SumOrder order = SumOrder::kBlocked;
-    for (const auto& p : cg.partitions()) {
-      for (const LogicalTensor& lt : p->partition().outputs)
-        if (lt.id == id) order = sum_order_of(p->kernel_name());
-    }
-    auto verdict = check_output(cg.lowered_graph(), *inputs, id, outputs.at(id), want, order);
+    auto verdict =
+        check_output(cg.lowered_graph(), *inputs, id, outputs.at(id), want, sum_order_of(cg, id));
     if (!verdict.ok()) return error_result(verdict.status());
     const ErrorStats& e = verdict->error;
     const bool pass = verdict->pass;

@@ -186,16 +186,18 @@ constexpr int64_t kAvx512Lanes = 16;
 // The shortest rows AVX2 streams through the bounce block (bounce_block_bytes).
 constexpr int64_t kAvx2BounceRowBytes = 512;
 
+bool apply_in_pairs(const BnConf& c) {
+  return c.stream.pair_vectors && c.isa == Isa::kAvx2 && c.d.data_dt == DataType::kBF16 &&
+         c.x_fuse == Fuse::kNone && c.dy_fuse == Fuse::kNone;
+}
+
 int64_t bounce_block_bytes(const BnConf& c) {
   if (c.isa == Isa::kPortable || c.walk.kind != Walk::kRows || c.walk.channel_group == 0 ||
       !c.stream.nt_stores)
     return 0;
   // The rows stream straight to diff_src when each starts on what the apply
   // stores: a vector, or on AVX2 with bf16 pairs 16 elements (32 bytes).
-  const bool pairs = c.isa == Isa::kAvx2 && c.stream.pair_vectors &&
-                     c.d.data_dt == DataType::kBF16 && c.x_fuse == Fuse::kNone &&
-                     c.dy_fuse == Fuse::kNone;
-  const int64_t step = c.isa == Isa::kAvx512 ? kAvx512Lanes : pairs ? 16 : 8;
+  const int64_t step = c.isa == Isa::kAvx512 ? kAvx512Lanes : apply_in_pairs(c) ? 16 : 8;
   if (c.walk.cols % step == 0) return 0;
   // On AVX2, against ordinary stores (ncx-no-nt), the bounce block paid off
   // at 14x14 f32 (784-byte rows, 1.08-1.19x) and not on shorter rows: level

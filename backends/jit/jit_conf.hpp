@@ -270,6 +270,10 @@ struct BnConf {
 // stores directly. The generator and the
 // driver both ask here, so the kernel never runs without its block.
 int64_t bounce_block_bytes(const BnConf& c);
+// StreamConf::pair_vectors as the apply takes it: AVX2 bf16 without fused
+// producers (whose loads are per vector). Rows then stream when they start
+// on a pair's 32 bytes.
+bool apply_in_pairs(const BnConf& c);
 // Whether the grouped rows apply (AVX-512, rows that are not whole vectors:
 // 14x14, 7x7) computes each image's block of a group as one run of vectors
 // over diff_src's lines, instead of each channel's row with a masked tail

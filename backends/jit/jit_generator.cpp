@@ -63,7 +63,7 @@ void BnGenerator::prologue() {
   mov(r8, ptr[rdi + offsetof(KernelArgs, coef)]);
   mov(r9, ptr[rdi + offsetof(KernelArgs, acc)]);
   mov(r10, ptr[rdi + offsetof(KernelArgs, rows)]);
-  if (bounce_stores()) push(rbx);  // callee-saved: the streaming copy's mask
+  if (bounce_stores() && avx512_) push(rbx);  // callee-saved: the streaming copy's mask
   if (fused()) {
     // Callee-saved registers for the fused producers' second inputs.
     push(r12);
@@ -101,7 +101,7 @@ void BnGenerator::epilogue() {
     pop(r13);
     pop(r12);
   }
-  if (bounce_stores()) pop(rbx);
+  if (bounce_stores() && avx512_) pop(rbx);
   vzeroupper();
   ret();
 }
@@ -320,11 +320,9 @@ void BnGenerator::cols_loop(const std::function<void(int, int64_t, bool)>& step)
   if (tail_) step(static_cast<int>(rem), rem * lanes_, true);
 }
 
-// StreamConf::pair_vectors, for the kernel being generated: the AVX2 bf16
-// apply without fused producers (their loads are per vector).
+// apply_in_pairs, for the kernel being generated (an apply).
 bool BnGenerator::pair_vectors() const {
-  return c_.stream.pair_vectors && !avx512_ && c_.d.data_dt == DataType::kBF16 &&
-         kind_ == Kind::kApply && !fused();
+  return kind_ == Kind::kApply && apply_in_pairs(c_);
 }
 
 // The low bits of diff_src's address that must be zero for a streaming

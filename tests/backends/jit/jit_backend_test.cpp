@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <thread>
+#include <tuple>
 
 #include <tbb/global_control.h>
 
@@ -212,21 +213,25 @@ TEST(JitBackend, EveryVariantIsListedAndDocumented) {
 // (bf16-single-vectors, fwd-channel-blocks), ignores the backward's own, and
 // refuses what the table does not know.
 TEST(JitBackend, ForwardVariantsComeFromTheSameTable) {
+  // (pair_vectors, line_walk, avx512_bf16) after the variant, all true before.
   auto forward = [](const std::string& variant, Status* status) {
     jit::FwdConf c;
     c.pair_vectors = true;
     c.line_walk = true;
+    c.avx512_bf16 = true;
     *status = jit::apply_forward_variant(variant, &c);
-    return std::make_pair(c.pair_vectors, c.line_walk);
+    return std::make_tuple(c.pair_vectors, c.line_walk, c.avx512_bf16);
   };
   Status status;
-  EXPECT_EQ(forward("bf16-single-vectors", &status), std::make_pair(false, true));
+  EXPECT_EQ(forward("bf16-single-vectors", &status), std::make_tuple(false, true, true));
   EXPECT_TRUE(status.ok()) << status.to_string();
-  EXPECT_EQ(forward("fwd-channel-blocks", &status), std::make_pair(true, false));
+  EXPECT_EQ(forward("fwd-channel-blocks", &status), std::make_tuple(true, false, true));
+  EXPECT_EQ(forward("bf16-integer-rounding", &status), std::make_tuple(true, true, false));
+  EXPECT_TRUE(status.ok()) << status.to_string();
   EXPECT_EQ(forward("nxc-swept-16+fwd-channel-blocks+bf16-single-vectors", &status),
-            std::make_pair(false, false));
+            std::make_tuple(false, false, true));
   EXPECT_TRUE(status.ok()) << status.to_string();
-  EXPECT_EQ(forward("nxc-swept+ncx-no-nt", &status), std::make_pair(true, true));
+  EXPECT_EQ(forward("nxc-swept+ncx-no-nt", &status), std::make_tuple(true, true, true));
   EXPECT_TRUE(status.ok()) << status.to_string();
   forward("fwd-channel-blocks+nope", &status);
   EXPECT_NE(status.message().find("unknown JIT variant 'nope'"), std::string::npos)

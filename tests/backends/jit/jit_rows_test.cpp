@@ -359,7 +359,7 @@ void grouped_rows_through_bounce_block(jit::Isa isa) {
     EXPECT_NE(r.kernel.find("rows_grouped"), std::string::npos) << r.kernel;
     EXPECT_LE(r.worst_ratio, 1.0) << what << " " << r.report;
   }
-  // A fused ReLUBackward on src: the kernel saves r12/r13 next to rbx.
+  // A fused ReLUBackward on src: the kernel saves r12/r13 (next to rbx on AVX-512).
   const int64_t hw = isa == jit::Isa::kAvx512 ? 7 : 15;
   const int64_t n = half_l3 / (203 * hw * hw * 4) + 1;
   const auto r = compare_with_ref(fused_on_port({n, 203, hw, hw}, "NCX", 0), "jit", 99);
