@@ -47,6 +47,12 @@ constexpr int64_t kFwdChunkPixels = 64;
 // Bytes of src per apply call of the NXC walk (the call walks its pixels once
 // per block of channels, so they should stay in the L1/L2 between blocks).
 constexpr int64_t kFwdApplyBytes = 64 * 1024;
+// Channels per grouped NCX call (FwdConf::channel_group), as the backward's
+// grouped rows: each channel's two sums take a register for the whole call.
+constexpr int kFwdGroupAvx512 = 8;
+constexpr int kFwdGroupAvx2 = 4;
+// A grouped chunk's lane chains take at most this many terms each.
+constexpr int64_t kFwdChainTerms = 64;
 
 // The whole forward, or a part of the synchronized one: Reduce (this
 // process's f64 sum, M2 about its mean and count, from the statistics pass
@@ -65,6 +71,13 @@ struct FwdConf {
   int64_t chunk_pixels = 0;           // NXC: pixels per statistics chunk
   int64_t apply_pixels = 0;           // NXC: pixels per apply call
   int64_t chunk_rows = 1;             // NCX: rows per statistics chunk (1 when pieces)
+  // NCX rows of up to kShortRowBytes on the generated code: channels per
+  // call (0: one channel per call). A group's rows of one image are one
+  // contiguous block, so the walk goes image by image over the block instead
+  // of down one channel's rows, a row every C*S elements (7x7 f32: 196-byte
+  // rows 400 KB apart, a new page and a missed prefetch per row); each
+  // channel's sums then take one vector of chains, chunk_rows images a chunk.
+  int channel_group = 0;
   float epsilon = 0.f, momentum = 0.1f;
   bool affine = false;    // gamma and beta given
   bool residual = false;  // an Add's other input joins before the ReLU
@@ -131,6 +144,10 @@ struct FwdArgs {
   float* s2 = nullptr;
   int64_t len = 0;   // NCX: elements of each row (piece); NXC: pixels
   int64_t rows = 1;  // NCX: rows in the call, conf.c * conf.spatial elements apart
+  // NCX with conf.channel_group: the call's channels (1 to the group), their
+  // rows conf.spatial elements apart in each image; coef then holds each
+  // channel's shift (stats) or hi, lo, a, b (apply), and s1/s2 one sum each.
+  int64_t channels = 1;
 };
 
 class FwdKernels {

@@ -36,7 +36,7 @@ int index_in(const std::vector<LogicalTensor>& list, int64_t id) {
 std::string FwdConf::kernel_name() const {
   std::string s = std::string("jit:") + isa_name(isa) + ":" + dtype_name(dt) + ":fwd:" +
                   (empty       ? "empty"
-                   : ncx_rows  ? "rows"
+                   : ncx_rows  ? (channel_group > 0 ? "rows_grouped" : "rows")
                    : line_walk ? "pixels_lines"
                                : "pixels");
   if (phase == FwdPhase::kReduce) s += "+reduce";
@@ -181,6 +181,11 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.chunk_pixels = kFwdChunkPixels;
   c.apply_pixels = std::clamp<int64_t>(kFwdApplyBytes / pixel_bytes, 1, 256);
   c.chunk_rows = c.spatial >= kFwdRowPiece || c.spatial == 0 ? 1 : kFwdRowPiece / c.spatial;
+  if (c.ncx_rows && c.isa != Isa::kPortable && c.spatial * es <= kShortRowBytes) {
+    const int64_t lanes = c.isa == Isa::kAvx512 ? 16 : 8;
+    c.channel_group = c.isa == Isa::kAvx512 ? kFwdGroupAvx512 : kFwdGroupAvx2;
+    c.chunk_rows = std::max<int64_t>(1, kFwdChainTerms / ((c.spatial + lanes - 1) / lanes));
+  }
   NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, bn->label()));
   c.single_thread = total * es < 64 * 1024;
   // Whole lines per NCX row or NXC pixel, so every unmasked vector store is

@@ -6,6 +6,7 @@
 // fixed by the shape, and each channel's f64 totals add them in chunk order,
 // whichever thread ran which chunk. The apply is elementwise.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 
@@ -275,6 +276,69 @@ Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const v
   return ok_status();
 }
 
+// FwdConf::channel_group: a task per group of adjacent channels, its
+// statistics in chunks of chunk_rows images (each chunk's f32 sums into the
+// f64 totals in image order), then its apply over every image while the
+// group's rows are still in the cache.
+Status run_rows_grouped(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
+                        const std::vector<void*>& out) {
+  const void* x = in[static_cast<size_t>(c.in_src)];
+  void* y = c.out_dst < 0 ? nullptr : out[static_cast<size_t>(c.out_dst)];  // Reduce: none
+  const auto apply = apply_fn(c, y);
+  const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
+  const int64_t es = dtype_size(c.dt), group = c.channel_group;
+  assert(group > 0 && group <= kFwdGroupAvx512 && "a grouped walk takes 1 to 8 channels a call");
+  const Finish fin{c, in, out, static_cast<double>(c.n * c.spatial)};
+  parallel_range(c.single_thread, (c.c + group - 1) / group, [&](int64_t task) {
+    const int64_t ch0 = task * group, count = std::min(group, c.c - ch0);
+    float shift[kFwdGroupAvx512] = {}, coef[4 * kFwdGroupAvx512] = {};
+    // Bytes to the group's first row in `image`.
+    auto at = [&](int64_t image) { return ((image * c.c + ch0) * c.spatial) * es; };
+    if (c.phase == FwdPhase::kApply) {
+      for (int64_t g = 0; g < count; ++g)
+        fin.global(ch0 + g, &coef[4 * g], &coef[4 * g + 1], &coef[4 * g + 2], &coef[4 * g + 3]);
+    } else {
+      double s1[kFwdGroupAvx512] = {}, s2[kFwdGroupAvx512] = {};
+      for (int64_t g = 0; g < count; ++g) shift[g] = ncx_shift(c, x, ch0 + g);
+      for (int64_t n = 0; n < c.n; n += c.chunk_rows) {
+        float f1[kFwdGroupAvx512], f2[kFwdGroupAvx512];
+        FwdArgs a;
+        a.x = static_cast<const char*>(x) + at(n);
+        a.coef = shift;
+        a.s1 = f1;
+        a.s2 = f2;
+        a.len = c.spatial;
+        a.rows = std::min(c.chunk_rows, c.n - n);
+        a.channels = count;
+        k.stats(a);
+        for (int64_t g = 0; g < count; ++g) {
+          s1[g] += f1[g];
+          s2[g] += f2[g];
+        }
+      }
+      for (int64_t g = 0; g < count; ++g) {
+        if (c.phase == FwdPhase::kReduce) {
+          fin.reduce(ch0 + g, shift[g], s1[g], s2[g]);
+        } else {
+          fin.channel(ch0 + g, shift[g], s1[g], s2[g], &coef[4 * g], &coef[4 * g + 1],
+                      &coef[4 * g + 2], &coef[4 * g + 3]);
+        }
+      }
+      if (c.phase == FwdPhase::kReduce) return;
+    }
+    FwdArgs a;
+    a.x = static_cast<const char*>(x) + at(0);
+    a.y = static_cast<char*>(y) + at(0);
+    a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + at(0);
+    a.coef = coef;
+    a.len = c.spatial;
+    a.rows = c.n;
+    a.channels = count;
+    (k.*apply)(a);
+  });
+  return ok_status();
+}
+
 Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
                   const std::vector<void*>& out) {
   const void* x = in[static_cast<size_t>(c.in_src)];
@@ -395,6 +459,7 @@ Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
     }
     return ok_status();
   }
+  if (conf.ncx_rows && conf.channel_group > 0) return run_rows_grouped(conf, kernels, in, out);
   return conf.ncx_rows ? run_rows(conf, kernels, in, out) : run_pixels(conf, kernels, in, out);
 }
 

@@ -3,8 +3,8 @@
 // One FwdGenerator emits one kernel (stats, apply or streaming apply) for one
 // conf, on AVX-512 or AVX2. The shared pieces (loads and stores with dtype
 // conversion and tails, the epilogue, the rows loop) are inline here; the
-// four walks are in jit_forward_walks.cpp; generate_fwd_kernels is in
-// jit_forward_generator.cpp.
+// four walks are in jit_forward_walks.cpp, the grouped rows walk in
+// jit_forward_groups.cpp; generate_fwd_kernels is in jit_forward_generator.cpp.
 //
 // AVX2 has no mask registers: a constant tail is a vmaskmovps mask (f32) or
 // word inserts and extracts (16-bit), and the rows walk's run-time tail goes
@@ -50,7 +50,9 @@ class FwdGenerator : public Xbyak::CodeGenerator {
         es_(static_cast<int>(dtype_size(c.dt))),
         cp_(padded_channels(c.c)),
         nt_(kind == Kind::kApplyStreaming) {
-    if (c.ncx_rows) {
+    if (c.ncx_rows && c.channel_group > 0) {
+      kind == Kind::kStats ? rows_stats_grouped() : rows_apply_grouped();
+    } else if (c.ncx_rows) {
       kind == Kind::kStats ? rows_stats() : rows_apply();
     } else {
       kind == Kind::kStats ? pixels_stats() : pixels_apply();
@@ -158,6 +160,8 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     if (c_.dt == DataType::kF32) {
       if (masked && avx512_) {
         vmovups(a | k1, Zmm(v));
+      } else if (masked && c_.ncx_rows) {
+        store_bytes(e, v, tail() * 4, t);
       } else if (masked) {
         vmaskmovps(a, vmm(mask_), x);
       } else if (nt) {
@@ -182,6 +186,8 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     }
     if (masked && avx512_) {
       vmovdqu16(a | k1, Ymm(t));
+    } else if (masked && c_.ncx_rows) {
+      store_bytes(e, t, tail() * 2, m);
     } else if (masked) {
       for (int i = 0; i < tail(); ++i) vpextrw(ptr[e + i * 2], Xmm(t), i);
     } else if (nt) {
@@ -218,7 +224,8 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     if (c_.leaky) vbroadcastss(vmm(alpha_), ptr[rip + c_alpha_]);
   }
 
-  int tail() const { return static_cast<int>(c_.c % lanes_); }
+  // The constant tail: of a pixel's channels, or of a grouped walk's rows.
+  int tail() const { return static_cast<int>((c_.ncx_rows ? c_.spatial : c_.c) % lanes_); }
 
   void hsum(int v, int t) {
     const Xmm xv(v), xt(t);
@@ -347,7 +354,13 @@ class FwdGenerator : public Xbyak::CodeGenerator {
 
   void rows_stats();
   void rows_apply();
-  void pair_step(const std::function<void(int)>& normalise);
+  void rows_stats_grouped();
+  void rows_apply_grouped();
+  void grouped_row(int unroll, const std::function<void(int, int64_t, bool)>& body, int64_t from,
+                   int64_t base);
+  void grouped_tail_mask();
+  void store_bytes(const RegExp& e, int v, int bytes, int scratch);
+  void pair_step(const std::function<void(int)>& normalise, int64_t off = 0);
   void load_pair(const RegExp& e);
   void store_pair(const RegExp& e);
   void pixels_stats();

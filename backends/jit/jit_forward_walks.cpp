@@ -79,16 +79,16 @@ void FwdGenerator::rows_stats() {
 }
 
 // One step of the AVX2 bf16 rows apply in pairs (FwdConf::pair_vectors): 16
-// elements at rsi, the even ones in v0 and the odd ones in v1, each
+// elements at rsi + off, the even ones in v0 and the odd ones in v1, each
 // normalised and through the epilogue (no residual) as the vector at a time
 // is, and stored as 16 bf16 words in one 32-byte store. Scratch v2..7.
-void FwdGenerator::pair_step(const std::function<void(int)>& normalise) {
-  load_pair(elem(r8, 0));
+void FwdGenerator::pair_step(const std::function<void(int)>& normalise, int64_t off) {
+  load_pair(elem(r8, off));
   for (int h = 0; h < 2; ++h) {
     normalise(h);
     epilogue(h, 2 + 3 * h, 4 + 3 * h, nullptr, false);
   }
-  store_pair(elem(r9, 0));
+  store_pair(elem(r9, off));
 }
 
 // 16 bf16 elements at `e` as f32: the even ones (each dword's low word,

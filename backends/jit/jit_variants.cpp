@@ -8,7 +8,7 @@
 // A variant that does not apply to a conf (an NXC walk on an NCX case) leaves
 // it as make_conf chose it: the bench times every column on every case. A
 // row may also change the forward's conf (bf16-single-vectors,
-// fwd-channel-blocks, bf16-integer-rounding); the forward ignores the rows
+// fwd-channel-blocks, fwd-ungrouped, bf16-integer-rounding); the forward ignores the rows
 // that do not.
 #include <normgrad/backends/jit/jit_conf.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
@@ -87,6 +87,14 @@ const Variant kVariants[] = {
      [](FwdConf* c) { c->pair_vectors = false; }},
     {"fwd-channel-blocks", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
      [](FwdConf* c) { c->line_walk = false; }},
+    {"fwd-ungrouped", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c) {
+       // One channel per call, chunks of whole rows up to kFwdRowPiece
+       // elements (grouped rows are far shorter than that).
+       if (c->channel_group == 0) return;
+       c->channel_group = 0;
+       c->chunk_rows = kFwdRowPiece / c->spatial;
+     }},
     {"bf16-integer-rounding", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->avx512_bf16 = false; },
      [](FwdConf* c) { c->avx512_bf16 = false; }},
 };

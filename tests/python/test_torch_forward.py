@@ -165,7 +165,10 @@ def test_fused_forward_and_backward_match_torch():
     assert rel(xo.grad, xr.grad) < 2e-6
     assert rel(ro.grad, rr.grad) < 1e-6
     assert rel(ours.weight.grad, ref.weight.grad) < 1e-5
-    assert len(ran) == 1 and kernels(ran)[0].endswith("fwd:rows+add+relu"), kernels(ran)
+    # One kernel: the NCX rows walk (grouped for these short rows where the
+    # JIT generates code) with the Add and the ReLU fused.
+    assert len(ran) == 1, kernels(ran)
+    assert ":fwd:rows" in kernels(ran)[0] and kernels(ran)[0].endswith("+add+relu"), kernels(ran)
 
 
 def test_convert_fuse_traces_torchvision_resnets():

@@ -210,7 +210,9 @@ TEST(JitBackend, EveryVariantIsListedAndDocumented) {
 }
 
 // The forward takes the rows of the same table that change its conf
-// (bf16-single-vectors, fwd-channel-blocks), ignores the backward's own, and
+// (bf16-single-vectors, fwd-channel-blocks, fwd-ungrouped and
+// bf16-integer-rounding; jit_forward_groups_test.cpp checks fwd-ungrouped's
+// change), ignores the backward's own, and
 // refuses what the table does not know.
 TEST(JitBackend, ForwardVariantsComeFromTheSameTable) {
   // (pair_vectors, line_walk, avx512_bf16) after the variant, all true before.
