@@ -181,6 +181,8 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.chunk_pixels = kFwdChunkPixels;
   c.apply_pixels = std::clamp<int64_t>(kFwdApplyBytes / pixel_bytes, 1, 256);
   c.chunk_rows = c.spatial >= kFwdRowPiece || c.spatial == 0 ? 1 : kFwdRowPiece / c.spatial;
+  // Rows past kShortRowBytes stay one channel a call: grouped, 20x20 and
+  // 28x28 f32 rows (1.6 and 3.1 KB) ran 5-7% slower.
   if (c.ncx_rows && c.isa != Isa::kPortable && c.spatial * es <= kShortRowBytes) {
     const int64_t lanes = c.isa == Isa::kAvx512 ? 16 : 8;
     c.channel_group = c.isa == Isa::kAvx512 ? kFwdGroupAvx512 : kFwdGroupAvx2;
