@@ -53,6 +53,11 @@ constexpr int kFwdGroupAvx512 = 8;
 constexpr int kFwdGroupAvx2 = 4;
 // A grouped chunk's lane chains take at most this many terms each.
 constexpr int64_t kFwdChainTerms = 64;
+// The bounce buffer: a group's block at any offset within a line, and a
+// vector's overrun past its end.
+constexpr int64_t kFwdBounceBytes = kFwdGroupAvx512 * kShortRowBytes + 128;
+// The shortest rows (bytes) AVX2 streams through the bounce buffer by default.
+constexpr int64_t kFwdAvx2BounceRowBytes = 256;
 
 // The whole forward, or a part of the synchronized one: Reduce (this
 // process's f64 sum, M2 about its mean and count, from the statistics pass
@@ -99,6 +104,11 @@ struct FwdConf {
   // exceed a quarter of the L3, cached stores read every line for ownership
   // first and evict the src the apply is about to read.
   bool streaming = false;
+  // Grouped rows that do not start on lines (7x7, 14x14), under `streaming`:
+  // each image's block of the group's rows is computed into an L1 buffer
+  // (FwdArgs::bounce) and copied out, whole lines with streaming stores
+  // (fwd_bounce_possible; by default AVX2 rows of kFwdAvx2BounceRowBytes).
+  bool bounce = false;
   // AVX2, bf16, the apply without a residual: 16 elements per step (NCX) or
   // 16 channels per pixel (NXC), the even and odd words of one 32-byte load,
   // rounded and merged back into one 32-byte store (StreamConf::pair_vectors
@@ -125,6 +135,13 @@ struct FwdConf {
   std::string key() const;          // everything the generated code depends on
 };
 
+// Whether src and dst (and a residual) exceed a quarter of the cache
+// model's L3: then dst's stores stream where the walk allows.
+bool fwd_past_cache(const FwdConf& c);
+// Whether the grouped apply can stream through the bounce buffer: grouped
+// rows off lines, past the cache, and on AVX2 rows of 128 bytes or more.
+bool fwd_bounce_possible(const FwdConf& c);
+
 // The conf of a partition the JIT's forward patterns matched, or the reason
 // the JIT declines it (strided tensors, non-f32 statistics, empty tensors).
 StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa);
@@ -148,6 +165,8 @@ struct FwdArgs {
   // rows conf.spatial elements apart in each image; coef then holds each
   // channel's shift (stats) or hi, lo, a, b (apply), and s1/s2 one sum each.
   int64_t channels = 1;
+  // FwdConf::bounce: a 64-byte-aligned buffer of kFwdBounceBytes.
+  void* bounce = nullptr;
 };
 
 class FwdKernels {

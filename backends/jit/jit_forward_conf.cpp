@@ -43,13 +43,14 @@ std::string FwdConf::kernel_name() const {
   if (phase == FwdPhase::kApply) s += "+apply";
   if (residual) s += "+add";
   if (relu) s += leaky ? "+leaky_relu" : "+relu";
+  if (streaming) s += bounce ? "+nt_bounce" : "+nt";
   return s;
 }
 
 std::string FwdConf::key() const {
   return kernel_name() + ":" + std::to_string(c) + ":" + std::to_string(spatial) + ":" +
-         std::to_string(affine) + (streaming ? ":nt" : "") + (pair_vectors ? ":pairs" : "") +
-         (avx512_bf16 ? ":bf16cvt" : "") + (leaky ? ":alpha=" + std::to_string(alpha) : "");
+         std::to_string(affine) + (pair_vectors ? ":pairs" : "") + (avx512_bf16 ? ":bf16cvt" : "") +
+         (leaky ? ":alpha=" + std::to_string(alpha) : "");
 }
 
 namespace {
@@ -101,6 +102,18 @@ Status forward_ports(const Partition& partition, const Op& bn, const Op* add, co
 }
 
 }  // namespace
+
+bool fwd_past_cache(const FwdConf& c) {
+  const int64_t bytes = c.n * c.c * c.spatial * dtype_size(c.dt);
+  return (c.residual ? 3 : 2) * bytes > cache_sizes().l3_bytes / 4;
+}
+
+bool fwd_bounce_possible(const FwdConf& c) {
+  const int64_t row_bytes = c.spatial * dtype_size(c.dt);
+  // The AVX2 copy takes blocks of 128 bytes or more (emit_stream_copy).
+  return c.channel_group > 0 && row_bytes % 64 != 0 && fwd_past_cache(c) &&
+         (c.isa == Isa::kAvx512 || row_bytes >= 128);
+}
 
 StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   // The roles the epilogue pattern bound (passes/pattern.hpp).
@@ -193,8 +206,14 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   // Whole lines per NCX row or NXC pixel, so every unmasked vector store is
   // a full aligned line (or half of one, for 16-bit data).
   const int64_t line_elems = (c.ncx_rows ? c.spatial : c.c) * es;
-  c.streaming = c.isa != Isa::kPortable && line_elems % 64 == 0 &&
-                (c.residual ? 3 : 2) * total * es > cache_sizes().l3_bytes / 4;
+  c.streaming = c.isa != Isa::kPortable && line_elems % 64 == 0 && fwd_past_cache(c);
+  // Measured against ordinary stores (docs/performance.md): on AVX2 14x14
+  // rows gained 1.07-1.32x, 7x7 were level; on AVX-512 14x14 f32 was level
+  // and the 16-bit rows and 7x7 lost up to 1.5x, as streaming gives up the
+  // L3 that holds much of those tensors.
+  c.bounce =
+      fwd_bounce_possible(c) && c.isa == Isa::kAvx2 && c.spatial * es >= kFwdAvx2BounceRowBytes;
+  c.streaming = c.streaming || c.bounce;
   c.pair_vectors = c.isa == Isa::kAvx2 && c.dt == DataType::kBF16 && !c.residual;
   c.line_walk =
       c.isa != Isa::kPortable && !c.ncx_rows && c.dt != DataType::kF32 && c.c % 32 == 0 && c.c > 0;

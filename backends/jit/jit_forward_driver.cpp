@@ -326,7 +326,10 @@ Status run_rows_grouped(const FwdConf& c, const FwdKernels& k, const std::vector
       }
       if (c.phase == FwdPhase::kReduce) return;
     }
+    // The bounce buffer: this thread's, as the call is (no call inside waits).
+    alignas(64) thread_local unsigned char bounce[kFwdBounceBytes];
     FwdArgs a;
+    a.bounce = bounce;
     a.x = static_cast<const char*>(x) + at(0);
     a.y = static_cast<char*>(y) + at(0);
     a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + at(0);

@@ -21,6 +21,7 @@
 #include <algorithm>
 
 #include <normgrad/backends/jit/jit_forward_generator.hpp>
+#include <normgrad/backends/jit/jit_generator.hpp>
 
 namespace normgrad {
 namespace jit {
@@ -152,22 +153,23 @@ void FwdGenerator::rows_apply_grouped() {
   const int unroll = avx512_ ? 4 : 2;
   const int cf = avx512_ ? 27 : 8;
   const int64_t row_bytes = c_.spatial * es_;
+  const bool bounce = nt_ && c_.bounce;
   zero_ = avx512_ ? 31 : 12;
   alpha_ = avx512_ ? 26 : 13;
   mask_ = 14;
-  push(rbx);
+  for (const Reg64& r : {rbx, r12, r13, r14}) push(r);
   load_args();
   mov(rbx, ptr[rdi + offsetof(FwdArgs, rows)]);
   xor_(rsi, rsi);
   grouped_tail_mask();
   zero(zero_);
   load_alpha();
-  // rdx: from the row after the group's last to the next image's first row.
-  mov(rdx, ptr[rdi + offsetof(FwdArgs, channels)]);
-  imul(rdx, rdx, static_cast<int>(row_bytes));
-  neg(rdx);
-  mov(r11, row_stride_bytes());
-  add(rdx, r11);
+  // r13: the block's bytes (the call's rows of one image); rdx: from the row
+  // after the group's last to the next image's first row.
+  mov(r13, ptr[rdi + offsetof(FwdArgs, channels)]);
+  imul(r13, r13, static_cast<int>(row_bytes));
+  mov(rdx, row_stride_bytes());
+  sub(rdx, r13);
   auto normalise = [&](int v) {
     vsubps(vmm(v), vmm(v), vmm(cf));
     vsubps(vmm(v), vmm(v), vmm(cf + 1));
@@ -177,6 +179,15 @@ void FwdGenerator::rows_apply_grouped() {
   L(image);
   mov(rcx, ptr[rdi + offsetof(FwdArgs, channels)]);
   mov(r11, rax);
+  if (bounce) {
+    // dst's block (r12) at the same offset within a line in the buffer (r9
+    // and r14), so the copy's lines line up.
+    mov(r12, r9);
+    and_(r9, 63);
+    add(r9, ptr[rdi + offsetof(FwdArgs, bounce)]);
+    mov(r14, r9);
+    nt_ = false;  // the rows go to the buffer with ordinary stores
+  }
   L(channel);
   for (int i = 0; i < 4; ++i) vbroadcastss(vmm(cf + i), ptr[r11 + 4 * i]);
   int64_t from = 0;
@@ -191,7 +202,9 @@ void FwdGenerator::rows_apply_grouped() {
         normalise(u);
         const RegExp ra = elem(r10, off);
         epilogue(u, t, m, &ra, masked);
-        store(elem(r9, off), u, t, n, m, masked);
+        // Into the buffer a tail is stored whole: the next row, or nothing
+        // the copy reads, takes its lanes past the row.
+        store(elem(r9, off), u, t, n, m, masked && !bounce);
       },
       from, 0);
   add(r8, static_cast<int>(row_bytes));
@@ -200,12 +213,18 @@ void FwdGenerator::rows_apply_grouped() {
   add(r11, 16);
   dec(rcx);
   jnz(channel, T_NEAR);
+  if (bounce) {
+    nt_ = true;
+    mov(rcx, r13);
+    emit_stream_copy(*this, avx512_, r14, r12, rcx, r11, r9, avx512_ ? 4 : 2);
+    lea(r9, ptr[r12 + r13]);
+  }
   add(r8, rdx);
   add(r9, rdx);
   if (c_.residual) add(r10, rdx);
   dec(rbx);
   jnz(image, T_NEAR);
-  pop(rbx);
+  for (const Reg64& r : {r14, r13, r12, rbx}) pop(r);
   if (nt_) sfence();
   vzeroupper();
   ret();

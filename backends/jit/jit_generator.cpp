@@ -371,78 +371,78 @@ void BnGenerator::store_pair(const Reg64& base, int64_t off, int even, int odd, 
   }
 }
 
-// For stream_block: rax = the bounce block's bytes (rdi rows of S
-// elements), r11 = those up to diff_src's first line boundary (rcx on).
-void BnGenerator::block_bytes_to_line() {
-  imul(rax, rdi, static_cast<int>(c_.walk.cols * es_));  // block bytes
-  mov(r11, rcx);
-  neg(r11);
-  and_(r11, 63);  // bytes up to the first line boundary
-  cmp(r11, rax);
-  cmova(r11, rax);
-}
-
 // Copies the grouped rows apply's bounce block (jit_generator_rows.cpp; r9:
-// rdi rows of S elements) to diff_src (rcx); clobbers rax, rbx, r11, k4 and
-// v8.
+// rdi rows of S elements) to diff_src (rcx) through emit_stream_copy;
+// clobbers rax, rbx, r11, k4 and v8.
 void BnGenerator::stream_block() {
-  if (!avx512_) return stream_block_avx2();
-  const Zmm t(kScratch0);
-  Label lines, lines_done;
-  block_bytes_to_line();
-  sub(rax, r11);  // bytes from that boundary on
-  mov(rbx, -1);
-  bzhi(rbx, rbx, r11);
-  kmovq(k4, rbx);
-  vmovdqu8(t | k4 | T_z, ptr[r9]);
-  vmovdqu8(ptr[rcx] | k4, t);
-  L(lines);
-  cmp(rax, 64);
-  jb(lines_done, T_NEAR);
-  vmovdqu8(t, ptr[r9 + r11]);
-  vmovntdq(ptr[rcx + r11], t);
-  add(r11, 64);
-  sub(rax, 64);
-  jmp(lines, T_NEAR);
-  L(lines_done);
-  mov(rbx, -1);
-  bzhi(rbx, rbx, rax);
-  kmovq(k4, rbx);
-  vmovdqu8(t | k4 | T_z, ptr[r9 + r11]);
-  vmovdqu8(ptr[rcx + r11] | k4, t);
+  assert((avx512_ || c_.walk.cols * es_ >= 128) && "the AVX2 copy's ends take 64 bytes each");
+  imul(rax, rdi, static_cast<int>(c_.walk.cols * es_));
+  emit_stream_copy(*this, avx512_, r9, rcx, rax, r11, rbx, kScratch0);
 }
 
-// stream_block on AVX2, which has no byte masks: the block's first and last
-// 64 bytes with ordinary 32-byte stores, which cover the partial lines at its
-// two ends (and part of a whole line, which the streaming stores then write
-// again with the same bytes), then the whole lines between with streaming
-// stores. Every store stays inside the block, which bounce_block_bytes keeps
-// to rows of 512 bytes or more on AVX2. Clobbers rax, r11 and v8.
-void BnGenerator::stream_block_avx2() {
-  assert(c_.walk.cols * es_ >= 128 && "the AVX2 bounce block's ends take 64 bytes each");
-  const Ymm t(kScratch0);
+void emit_stream_copy(Xbyak::CodeGenerator& g, bool avx512, const Xbyak::Reg64& from,
+                      const Xbyak::Reg64& to, const Xbyak::Reg64& bytes, const Xbyak::Reg64& head,
+                      const Xbyak::Reg64& tmp, int vec) {
+  using namespace Xbyak;
+  // head: the bytes up to `to`'s first line boundary, at most the block.
+  g.mov(head, to);
+  g.neg(head);
+  g.and_(head, 63);
+  g.cmp(head, bytes);
+  g.cmova(head, bytes);
   Label lines, done;
-  block_bytes_to_line();
+  if (avx512) {
+    // The partial lines at the two ends with byte-masked stores (their other
+    // bytes belong to the neighbouring blocks), the whole lines between streamed.
+    const Zmm t(vec);
+    g.sub(bytes, head);  // bytes from that boundary on
+    g.mov(tmp, -1);
+    g.bzhi(tmp, tmp, head);
+    g.kmovq(g.k4, tmp);
+    g.vmovdqu8(t | g.k4 | g.T_z, g.ptr[from]);
+    g.vmovdqu8(g.ptr[to] | g.k4, t);
+    g.L(lines);
+    g.cmp(bytes, 64);
+    g.jb(done, g.T_NEAR);
+    g.vmovdqu8(t, g.ptr[from + head]);
+    g.vmovntdq(g.ptr[to + head], t);
+    g.add(head, 64);
+    g.sub(bytes, 64);
+    g.jmp(lines, g.T_NEAR);
+    g.L(done);
+    g.mov(tmp, -1);
+    g.bzhi(tmp, tmp, bytes);
+    g.kmovq(g.k4, tmp);
+    g.vmovdqu8(t | g.k4 | g.T_z, g.ptr[from + head]);
+    g.vmovdqu8(g.ptr[to + head] | g.k4, t);
+    return;
+  }
+  // AVX2 has no byte masks: the block's first and last 64 bytes with
+  // ordinary 32-byte stores, which cover the partial lines at its two ends
+  // (and part of a whole line, which the streaming stores then write again
+  // with the same bytes), then the whole lines between streamed. Every store
+  // stays inside the block, which must be 128 bytes or more.
+  const Ymm t(vec);
   for (int off : {0, 32}) {
-    vmovdqu(t, ptr[r9 + off]);
-    vmovdqu(ptr[rcx + off], t);
+    g.vmovdqu(t, g.ptr[from + off]);
+    g.vmovdqu(g.ptr[to + off], t);
   }
   for (int back : {64, 32}) {
-    vmovdqu(t, ptr[r9 + rax - back]);
-    vmovdqu(ptr[rcx + rax - back], t);
+    g.vmovdqu(t, g.ptr[from + bytes - back]);
+    g.vmovdqu(g.ptr[to + bytes - back], t);
   }
-  sub(rax, r11);  // bytes from the first line boundary on
-  L(lines);
-  cmp(rax, 64);
-  jb(done, T_NEAR);
-  vmovdqu(t, ptr[r9 + r11]);
-  vmovntdq(ptr[rcx + r11], t);
-  vmovdqu(t, ptr[r9 + r11 + 32]);
-  vmovntdq(ptr[rcx + r11 + 32], t);
-  add(r11, 64);
-  sub(rax, 64);
-  jmp(lines, T_NEAR);
-  L(done);
+  g.sub(bytes, head);  // bytes from the first line boundary on
+  g.L(lines);
+  g.cmp(bytes, 64);
+  g.jb(done, g.T_NEAR);
+  g.vmovdqu(t, g.ptr[from + head]);
+  g.vmovntdq(g.ptr[to + head], t);
+  g.vmovdqu(t, g.ptr[from + head + 32]);
+  g.vmovntdq(g.ptr[to + head + 32], t);
+  g.add(head, 64);
+  g.sub(bytes, 64);
+  g.jmp(lines, g.T_NEAR);
+  g.L(done);
 }
 
 // cols_loop for pair_vectors: pair(p, offset) per 16 elements, two pairs per

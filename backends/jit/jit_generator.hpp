@@ -45,6 +45,18 @@ StatusOr<std::shared_ptr<const Set>> generate_guarded(const std::string& what, M
   }
 }
 
+// Copies a bounce block of `bytes` bytes (a register) from `from` (an L1
+// buffer at the same offset within a line as `to`) to `to`: the lines wholly
+// inside the block with streaming stores, the partial lines at its two ends
+// with ordinary stores that write only the block's bytes (AVX-512: byte
+// masks; AVX2: 32-byte stores over the block's first and last 64 bytes, so
+// an AVX2 block must be 128 bytes or more). Clobbers bytes, head, tmp
+// (AVX-512), k4 (AVX-512) and vector register `vec`. Shared by the
+// backward's and the forward's grouped rows applies.
+void emit_stream_copy(Xbyak::CodeGenerator& g, bool avx512, const Xbyak::Reg64& from,
+                      const Xbyak::Reg64& to, const Xbyak::Reg64& bytes, const Xbyak::Reg64& head,
+                      const Xbyak::Reg64& tmp, int vec);
+
 class BnGenerator : public Xbyak::CodeGenerator {
  public:
   enum class Kind { kReduce, kApply };
@@ -116,9 +128,7 @@ class BnGenerator : public Xbyak::CodeGenerator {
   bool bounce_stores() const;
   bool linear_block_stores() const;
   void linear_block(int64_t lead);
-  void block_bytes_to_line();
   void stream_block();
-  void stream_block_avx2();
 
   // jit_generator_pixels.cpp: the pixels walk.
   void each_vector(const std::function<void(int, int64_t, bool)>& step);

@@ -8,8 +8,9 @@
 // A variant that does not apply to a conf (an NXC walk on an NCX case) leaves
 // it as make_conf chose it: the bench times every column on every case. A
 // row may also change the forward's conf (bf16-single-vectors,
-// fwd-channel-blocks, fwd-ungrouped, bf16-integer-rounding); the forward ignores the rows
-// that do not.
+// fwd-channel-blocks, fwd-ungrouped, fwd-bounce, fwd-no-bounce,
+// bf16-integer-rounding); the forward ignores the
+// rows that do not.
 #include <normgrad/backends/jit/jit_conf.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
 
@@ -94,6 +95,21 @@ const Variant kVariants[] = {
        if (c->channel_group == 0) return;
        c->channel_group = 0;
        c->chunk_rows = kFwdRowPiece / c->spatial;
+       if (c->bounce) c->bounce = c->streaming = false;  // the rows are off lines
+     }},
+    {"fwd-bounce", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c) {
+       if (!fwd_bounce_possible(*c)) return;
+       c->bounce = true;
+       c->streaming = true;
+     }},
+    {"fwd-no-bounce", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c) {
+       // Ordinary dst stores for grouped rows off lines (they streamed only
+       // through the bounce buffer).
+       if (!c->bounce) return;
+       c->bounce = false;
+       c->streaming = false;
      }},
     {"bf16-integer-rounding", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->avx512_bf16 = false; },
      [](FwdConf* c) { c->avx512_bf16 = false; }},

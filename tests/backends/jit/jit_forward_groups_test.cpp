@@ -2,7 +2,7 @@
 // group of adjacent channels per call, image by image): against ref on each
 // ISA for row lengths around the vector and the group (tails, rows shorter
 // than a vector, a short last group, several chunks of images), with every
-// epilogue, data far from zero and the streaming apply; the same bits for
+// epilogue, data far from zero, the streaming apply and its bounce buffer; the same bits for
 // any thread count; and the fwd-ungrouped variant, which keeps the
 // one-channel walk. (The synchronized forward's parts, Reduce and Apply,
 // take the same walk in tests/backends/sync/sync_forward_test.cpp.)
@@ -106,6 +106,51 @@ TEST(JitForwardGroups, StreamingApply) {
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
     EXPECT_LE(r.worst_ratio, 1.0) << r.report;
     EXPECT_NE(r.kernel.find(":fwd:rows_grouped+relu"), std::string::npos) << r.kernel;
+  }
+}
+
+// Rows off lines in tensors past a quarter of the cache model's L3 stream
+// through the bounce buffer under fwd-bounce: 7x7 and 14x14 (the ResNet-50
+// rows), 3x3 (36 bytes, several rows to a line; AVX-512 only, as the AVX2
+// copy takes rows of 128 bytes or more) and 5x7 f32 (140 bytes), with a
+// short last group, every epilogue, and bf16 pairs on AVX2. Against ref,
+// and bit for bit against fwd-no-bounce (the same arithmetic with ordinary
+// stores). By default AVX2 takes the buffer for rows of 256 bytes or more,
+// AVX-512 never.
+TEST(JitForwardGroups, BounceBufferStreamsRowsOffLines) {
+  const jit::Isa here = jit::detect_isa();
+  if (here == jit::Isa::kPortable)
+    GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
+  struct Case {
+    Dims shape;
+    DataType dt;
+    int epilogue;
+  };
+  const Case cases[] = {
+      {{32, 701, 7, 7}, DataType::kF32, 1},  {{32, 1403, 7, 7}, DataType::kBF16, 0},
+      {{8, 701, 14, 14}, DataType::kF32, 3}, {{8, 1403, 14, 14}, DataType::kBF16, 2},
+      {{16, 2005, 5, 7}, DataType::kF32, 0}, {{32, 1403, 7, 7}, DataType::kF16, 3},
+      {{32, 3701, 3, 3}, DataType::kF32, 1}};
+  uint64_t seed = 970;
+  for (const Case& k : cases) {
+    const int64_t row_bytes = k.shape[2] * k.shape[3] * static_cast<int64_t>(dtype_size(k.dt));
+    if (here != jit::Isa::kAvx512 && row_bytes < 128) continue;
+    const Graph g = jit_test::forward_graph(k.shape, k.epilogue, "NCX", k.dt);
+    SCOPED_TRACE(std::string(dtype_name(k.dt)) + " " + dims_to_string(k.shape));
+    const auto r = compare_with_ref(g, "jit", seed++, k.epilogue == 0 ? 1e4 : 0.0, "fwd-bounce");
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    EXPECT_NE(r.kernel.find("+nt_bounce"), std::string::npos) << r.kernel;
+    const auto inputs = jit_test::inputs_for(g, seed);
+    std::string with, without, by_default;
+    const auto a = jit_test::run_jit(g, "fwd-bounce", inputs, &with);
+    const auto b = jit_test::run_jit(g, "fwd-no-bounce", inputs, &without);
+    jit_test::run_jit(g, "", inputs, &by_default);
+    EXPECT_EQ(without.find("+nt"), std::string::npos) << without;
+    const bool bounces = here == jit::Isa::kAvx2 && row_bytes >= jit::kFwdAvx2BounceRowBytes;
+    EXPECT_EQ(by_default.find("+nt_bounce") != std::string::npos, bounces) << by_default;
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [id, buf] : a) EXPECT_TRUE(buf.bytes == b.at(id).bytes) << "tensor " << id;
   }
 }
 
