@@ -114,12 +114,16 @@ std::map<std::string, std::map<std::string, TunedChoice>> read_file(bool quiet) 
 
 std::string tune_class(const BatchNormDesc& d) {
   std::ostringstream s;
-  s << (d.from_dst ? "from-dst" : "bwd") << "/" << (d.format == DataFormat::kNXC ? "NXC" : "NCX")
-    << "/" << dtype_name(d.data_dt) << "/c" << bucket(d.channels, {64, 256, 1024}) << "/m"
+  const bool forward = d.kind == OpKind::kBatchNormForwardTraining;
+  s << (forward      ? "fwd"
+        : d.from_dst ? "from-dst"
+                     : "bwd")
+    << "/" << (d.format == DataFormat::kNXC ? "NXC" : "NCX") << "/" << dtype_name(d.data_dt) << "/c"
+    << bucket(d.channels, {64, 256, 1024}) << "/m"
     << bucket(d.reduce_size, {1024, 4096, 16384, 65536});
   int64_t elems = 1;
   for (int64_t v : d.dims) elems *= v;
-  const int64_t bytes = 2 * elems * dtype_size(d.data_dt);  // src and diff_dst
+  const int64_t bytes = 2 * elems * dtype_size(d.data_dt);  // src and diff_dst (or dst)
   s << "/" << (bytes <= cache_sizes().l3_bytes / 2 ? "cached" : "dram");
   return s.str();
 }

@@ -1,8 +1,9 @@
 // Kernel choices measured on this host: `normgrad tune` times the JIT's
 // variants per shape class and writes the winners here; compile reads them.
 //
-// A shape class is op (bwd, from-dst) x layout x dtype x channel bucket x
-// reduction-length bucket x whether src and diff_dst fit in half the L3
+// A shape class is op (fwd, bwd, from-dst) x layout x dtype x channel
+// bucket x reduction-length bucket x whether src and diff_dst (the forward:
+// src and dst) fit in half the L3
 // (tune_class). The cache is one JSON file,
 // $XDG_CACHE_HOME/normgrad/tune.json (~/.cache/normgrad/tune.json without
 // XDG_CACHE_HOME), valid for one host: CPU model, cache sizes, thread count
@@ -27,7 +28,8 @@ struct TunedChoice {
   double speedup = 1.0;  // the JIT's own choice's median time over the variant's
 };
 
-// "bwd/NXC/f32/c<=256/m<=4096/dram": the shape class of a backward problem.
+// "bwd/NXC/f32/c<=256/m<=4096/dram": the shape class of a problem (a
+// forward, a backward or a backward from dst).
 std::string tune_class(const BatchNormDesc& d);
 
 // The host the cache is valid for, as the file records it.

@@ -28,13 +28,16 @@ namespace normgrad {
 namespace cli {
 namespace {
 
-// The candidates for a layout: the JIT's own choice ("default", the control)
-// first, then every variant the JIT names for that layout's walk.
-std::vector<std::string> candidates(bool nxc) {
+// The candidates for an op and layout: the JIT's own choice ("default", the
+// control) first, then every variant the JIT names for that walk (the
+// forward's: every fwd- variant; those that leave a problem's kernel as it
+// was are dropped when it compiles).
+std::vector<std::string> candidates(const std::string& op, bool nxc) {
   std::vector<std::string> names = {"default"};
+  const char* prefix = op == "fwd" ? "fwd-" : nxc ? "nxc-" : "ncx-";
   if (const Backend* jit = find_backend("jit")) {
     for (const std::string& v : jit->variants()) {
-      if (v.rfind(nxc ? "nxc-" : "ncx-", 0) == 0) names.push_back(v);
+      if (v.rfind(prefix, 0) == 0) names.push_back(v);
     }
   }
   return names;
@@ -109,7 +112,7 @@ int tune_command(const std::vector<std::string>& argv) {
       "(NORMGRAD_TUNE=0 ignores it).",
       "normgrad tune");
   std::string shapes = "32x64x112x112,32x256x56x56,32x512x28x28,32x1024x14x14,32x2048x7x7";
-  std::string dts = "f32,bf16", layouts = "NCX,NXC", ops = "bwd,from-dst";
+  std::string dts = "f32,bf16", layouts = "NCX,NXC", ops = "fwd,bwd,from-dst";
   int64_t iters = 7;
   double margin = 1.05;
   bool dry_run = false;
@@ -117,7 +120,9 @@ int tune_command(const std::vector<std::string>& argv) {
                  "comma-separated NxCxHxW (default: ResNet-50's batch-32 layers)");
   app.add_option("--dt", dts, "comma-separated: f32, bf16, f16");
   app.add_option("--layouts", layouts, "comma-separated: NCX, NXC");
-  app.add_option("--ops", ops, "comma-separated: bwd (BatchNormTrainingBackward), from-dst");
+  app.add_option("--ops", ops,
+                 "comma-separated: fwd (BatchNormForwardTraining), bwd "
+                 "(BatchNormTrainingBackward), from-dst");
   app.add_option("--iters", iters, "timed runs per candidate, interleaved (default 7)")
       ->check(CLI::Range(1, 1000));
   app.add_option("--margin", margin,
@@ -129,7 +134,8 @@ int tune_command(const std::vector<std::string>& argv) {
 
   std::vector<Problem> problems;
   for (const std::string& op : split_list(ops)) {
-    if (op != "bwd" && op != "from-dst") return usage_error("--ops: unknown '" + op + "'");
+    if (op != "fwd" && op != "bwd" && op != "from-dst")
+      return usage_error("--ops: unknown '" + op + "'");
     for (const std::string& layout : split_list(layouts)) {
       if (layout != "NCX" && layout != "NXC")
         return usage_error("--layouts: unknown '" + layout + "'");
@@ -149,13 +155,18 @@ int tune_command(const std::vector<std::string>& argv) {
   }
   // Compile every candidate; a variant the conf cannot take is left out.
   for (Problem& p : problems) {
-    const Graph g = p.op == "bwd" ? make_graph(p.nchw, p.layout, p.dt, "none")
-                                  : make_from_dst_graph(p.nchw, p.layout, p.dt, 0.01f);
-    for (const std::string& v : candidates(p.layout == "NXC")) {
+    const Graph g = p.op == "fwd"   ? make_forward_graph(p.nchw, p.layout, p.dt, "none")
+                    : p.op == "bwd" ? make_graph(p.nchw, p.layout, p.dt, "none")
+                                    : make_from_dst_graph(p.nchw, p.layout, p.dt, 0.01f);
+    for (const std::string& v : candidates(p.op, p.layout == "NXC")) {
       CompileOptions options{"jit"};
       options.jit_variant = v;
       auto cg = CompiledGraph::compile(g, options);
-      if (!cg.ok()) {
+      // A forward variant that leaves the kernel as it was is not a candidate.
+      const bool same = cg.ok() && v != "default" && p.op == "fwd" &&
+                        cg->partitions().front()->kernel_name() ==
+                            p.compiled.front()->partitions().front()->kernel_name();
+      if (!cg.ok() || same) {
         if (v == "default") {
           std::cerr << "normgrad tune: " << p.label << ": " << cg.status().to_string() << "\n";
           return 1;
@@ -212,7 +223,7 @@ int tune_command(const std::vector<std::string>& argv) {
     cs.isa = p.isa;
     std::cout << "  " << std::left << std::setw(34) << p.label << " " << std::setw(44) << p.cls
               << std::right << std::fixed << std::setprecision(3) << " default " << base << " ms";
-    const std::vector<std::string> names = candidates(p.layout == "NXC");
+    const std::vector<std::string> names = candidates(p.op, p.layout == "NXC");
     for (size_t k = 1; k < p.compiled.size(); ++k) {
       if (!p.compiled[k]) continue;
       const double m = median(p.ms[k]);

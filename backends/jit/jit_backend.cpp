@@ -115,7 +115,22 @@ class JitBackend final : public Backend {
                                                   const CompileContext& ctx) const override {
     if (forward(partition)) {
       NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition));
-      NG_RETURN_IF_ERROR(jit::apply_forward_variant(ctx.jit_variant, &conf));
+      if (!ctx.jit_variant.empty()) {
+        NG_RETURN_IF_ERROR(jit::apply_forward_variant(ctx.jit_variant, &conf));
+      } else if (conf.phase == jit::FwdPhase::kWhole) {
+        // The host's measured choice, as for the backward below (the
+        // synchronized forward's parts keep the rules: tune times the whole).
+        NG_ASSIGN_OR_RETURN(BatchNormDesc d,
+                            describe_batch_norm(*partition.bound(FusionRole::kAnchor)));
+        take_tuned(
+            conf.isa, d,
+            [&](const std::string& v) {
+              jit::FwdConf chosen = conf;
+              const Status s = jit::apply_forward_variant(v, &chosen);
+              return std::make_pair(s, chosen);
+            },
+            &conf);
+      }
       NG_ASSIGN_OR_RETURN(auto kernels, forward_cache().get(conf));
       return std::shared_ptr<const Kernel>(
           std::make_shared<JitForwardKernel>(std::move(conf), std::move(kernels)));
@@ -154,22 +169,37 @@ class JitBackend final : public Backend {
     // made one (the split Reduce/Apply halves keep the rules: tune times the
     // whole backward).
     if (conf.d.phase != BackwardPhase::kWhole) return conf;
-    const TunedChoice* tuned = find_tuned_choice(jit::isa_name(conf.isa), tune_class(conf.d));
-    if (tuned == nullptr || tuned->variant == "default") return conf;
-    jit::BnConf chosen = conf;
-    if (Status s = jit::apply_variant(tuned->variant, &chosen); !s.ok()) {
-      // A cache entry this build does not know: said once, then the rules.
+    take_tuned(
+        conf.isa, conf.d,
+        [&](const std::string& v) {
+          jit::BnConf chosen = conf;
+          const Status s = jit::apply_variant(v, &chosen);
+          return std::make_pair(s, chosen);
+        },
+        &conf);
+    return conf;
+  }
+
+  // Replaces *conf with apply(variant) when the tune cache holds a choice
+  // for d's class on this ISA, and names it in conf->tuned. A variant this
+  // build does not know is said once, and the rules stay.
+  template <typename Conf, typename Apply>
+  static void take_tuned(jit::Isa isa, const BatchNormDesc& d, const Apply& apply, Conf* conf) {
+    const TunedChoice* tuned = find_tuned_choice(jit::isa_name(isa), tune_class(d));
+    if (tuned == nullptr || tuned->variant == "default") return;
+    auto [status, chosen] = apply(tuned->variant);
+    if (!status.ok()) {
       static std::once_flag warned;
       std::call_once(warned, [&] {
-        std::cerr << "normgrad: warning: tune cache " << tune_cache_path() << ": " << s.message()
-                  << "; using the JIT's own rules for that class\n";
+        std::cerr << "normgrad: warning: tune cache " << tune_cache_path() << ": "
+                  << status.message() << "; using the JIT's own rules for that class\n";
       });
-      return conf;
+      return;
     }
     char speedup[32];
     std::snprintf(speedup, sizeof speedup, "%.2fx", tuned->speedup);
     chosen.tuned = tuned->variant + " " + speedup;
-    return chosen;
+    *conf = chosen;
   }
 };
 

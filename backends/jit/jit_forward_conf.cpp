@@ -44,6 +44,7 @@ std::string FwdConf::kernel_name() const {
   if (residual) s += "+add";
   if (relu) s += leaky ? "+leaky_relu" : "+relu";
   if (streaming) s += bounce ? "+nt_bounce" : "+nt";
+  if (!tuned.empty()) s += "+tuned(" + tuned + ")";
   return s;
 }
 

@@ -88,6 +88,34 @@ TEST_F(TuneCacheTest, CompileTakesTheHostsChoiceAndItMatchesRef) {
   EXPECT_EQ(jit_kernel(g), untuned);
 }
 
+// The forward takes its class's choice too (the synchronized forward's
+// parts and an explicit variant keep the rules and the variant).
+TEST_F(TuneCacheTest, TheForwardTakesTheHostsChoice) {
+  auto g = graph_from_text(
+      "%5:f32[4,16,7,7], %6:f32[16], %7:f32[16], %8:f32[16], %9:f32[16] = "
+      "BatchNormForwardTraining#0 \"bn\"(%0:f32[4,16,7,7], %1:f32[16], %2:f32[16], %3:f32[16], "
+      "%4:f32[16]) {data_format=\"NCX\", epsilon=1e-05f, momentum=0.1f}\n");
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  ASSERT_TRUE(g->finalize().ok());
+  EXPECT_EQ(class_of(*g), "fwd/NCX/f32/c<=64/m<=1024/cached");
+  const std::string untuned = jit_kernel(*g);
+  if (untuned.find(":fwd:rows_grouped") == std::string::npos)
+    GTEST_SKIP() << "the JIT groups no rows here (" << untuned << ")";
+  const std::string isa = untuned.substr(4, untuned.find(':', 4) - 4);
+  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(*g), {"fwd-ungrouped", 1.25}}}).ok());
+  const std::string tuned = jit_kernel(*g);
+  EXPECT_NE(tuned.find(":fwd:rows+tuned(fwd-ungrouped 1.25x)"), std::string::npos) << tuned;
+  const auto r = testing_util::compare_with_ref(*g, "jit", 4);
+  ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+  EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+  // An explicit variant is taken as given.
+  CompileOptions control{"jit"};
+  control.jit_variant = "default";
+  auto cg = CompiledGraph::compile(*g, control);
+  ASSERT_TRUE(cg.ok()) << cg.status().to_string();
+  EXPECT_EQ(cg->partitions().front()->kernel_name(), untuned);
+}
+
 TEST_F(TuneCacheTest, AnUnusableFileIsIgnored) {
   const Graph g = nxc_backward(256);
   const std::string untuned = jit_kernel(g);

@@ -90,13 +90,20 @@ TEST(CliTune, WritesTheHostsChoicesOrAClearError) {
   const std::string dir = ::testing::TempDir() + "/ng_cli_tune";
   std::filesystem::remove_all(dir);
   const std::string args =
-      "tune --shapes=2x64x7x7,2x96x5x5 --dt=f32 --layouts=NCX,NXC --ops=bwd,from-dst --iters=2";
+      "tune --shapes=2x64x7x7,2x96x5x5 --dt=f32 --layouts=NCX,NXC --ops=fwd,bwd,from-dst "
+      "--iters=2";
   Result r = run("--version");  // the CLI exists
   setenv("XDG_CACHE_HOME", dir.c_str(), 1);
   r = run(args);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("choices:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("bwd/NXC/f32/c<=64/m<=1024/cached"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fwd/NCX/f32/c<=64/m<=1024/cached"), std::string::npos) << r.output;
+  // Where the JIT generates code (a choice line "  avx512 fwd/..."), it
+  // groups these rows, and fwd-ungrouped is a forward candidate.
+  if (r.output.find("  avx") != std::string::npos) {
+    EXPECT_NE(r.output.find("fwd-ungrouped"), std::string::npos) << r.output;
+  }
   EXPECT_TRUE(std::filesystem::exists(dir + "/normgrad/tune.json"));
   r = run(args + " --dry-run");
   EXPECT_NE(r.output.find("dry run: nothing written"), std::string::npos) << r.output;
