@@ -249,10 +249,12 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   // handles the vector at rsi + off. `unroll` vectors per step, then single
   // vectors, then the tail of rcx = len - rsi elements: masked by k1 on
   // AVX-512, and on AVX2 `avx2_tail()` (a stack-buffer bounce).
-  // `step()`, when given, emits the unrolled step itself (the pairs).
+  // `step()`, when given, emits the unrolled step itself (the pairs);
+  // `before_step()` runs before each unrolled step (the apply's prefetches).
   template <typename Body, typename Tail>
   void row_loop(int unroll, const Body& body, const Tail& avx2_tail,
-                const std::function<void()>& step = nullptr) {
+                const std::function<void()>& step = nullptr,
+                const std::function<void()>& before_step = nullptr) {
     Label main, single, tail_l, done;
     xor_(rsi, rsi);
     mov(rcx, rdx);
@@ -260,6 +262,7 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     L(main);
     cmp(rsi, rcx);
     jge(single, T_NEAR);
+    if (before_step) before_step();
     if (step) {
       step();
     } else {

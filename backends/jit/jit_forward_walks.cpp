@@ -159,7 +159,14 @@ void FwdGenerator::rows_apply() {
         store(rsp + kBounceY, 0, t_of(0), n_of(0), m_of(0), false, false);
         copy_tail(kBounceY, r9, false);
       },
-      c_.pair_vectors ? std::function<void()>([&] { pair_step(normalise); }) : nullptr);
+      c_.pair_vectors ? std::function<void()>([&] { pair_step(normalise); }) : nullptr,
+      c_.prefetch_next_channel ? std::function<void()>([&] {
+        // The next channel's src at this row and offset, into the L2.
+        const int64_t step_bytes = unroll * lanes_ * es_, row_bytes = c_.spatial * es_;
+        for (int64_t b = 0; b < step_bytes; b += 64)
+          prefetcht1(ptr[r8 + rsi * es_ + static_cast<int>(row_bytes + b)]);
+      })
+                               : nullptr);
   mov(rcx, row_stride_bytes());
   add(r8, rcx);
   add(r9, rcx);

@@ -97,6 +97,8 @@ const Variant kVariants[] = {
        c->chunk_rows = kFwdRowPiece / c->spatial;
        if (c->bounce) c->bounce = c->streaming = false;  // the rows are off lines
      }},
+    {"fwd-no-prefetch", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c) { c->prefetch_next_channel = false; }},
     {"fwd-bounce", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
      [](FwdConf* c) {
        if (!fwd_bounce_possible(*c)) return;
