@@ -127,10 +127,11 @@ struct FwdConf {
   // ones, then the odd ones). The same arithmetic in the same order: the
   // same bits.
   bool line_walk = false;
-  // NCX rows past kShortRowBytes (not grouped): the apply prefetches the
-  // next channel's src at the same row and offset into the L2 (in NCX it
-  // starts where this channel's row ends), which the next channel's
-  // statistics read first; the hardware prefetchers restart on every row.
+  // NCX: the apply prefetches into the L2 the src the next task's
+  // statistics read first, which the hardware prefetchers do not foresee
+  // (they restart on every row): the next channel's row at the same offset
+  // (it starts where this channel's row ends), or with channel_group the
+  // next group's row in the same image (its block follows this one).
   bool prefetch_next_channel = false;
   // AVX-512 with avx512_bf16: bf16 stores round with vcvtneps2bf16, else by
   // integer arithmetic (as on AVX2).

@@ -202,8 +202,8 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     c.channel_group = c.isa == Isa::kAvx512 ? kFwdGroupAvx512 : kFwdGroupAvx2;
     c.chunk_rows = std::max<int64_t>(1, kFwdChainTerms / ((c.spatial + lanes - 1) / lanes));
   }
-  c.prefetch_next_channel = c.ncx_rows && c.isa != Isa::kPortable && c.channel_group == 0 &&
-                            c.spatial * es <= (int64_t{1} << 30);
+  c.prefetch_next_channel =
+      c.ncx_rows && c.isa != Isa::kPortable && c.spatial * es <= (int64_t{1} << 30);
   NG_ASSIGN_OR_RETURN(int64_t total, checked_product(d.dims, bn->label()));
   c.single_thread = total * es < 64 * 1024;
   // Whole lines per NCX row or NXC pixel, so every unmasked vector store is

@@ -189,6 +189,12 @@ void FwdGenerator::rows_apply_grouped() {
     nt_ = false;  // the rows go to the buffer with ordinary stores
   }
   L(channel);
+  if (c_.prefetch_next_channel) {
+    // The next group's row in this image (its block follows this one), into
+    // the L2: the next group's statistics read it first.
+    for (int64_t off = 0; off < row_bytes; off += 64)
+      prefetcht1(ptr[r8 + static_cast<int>(c_.channel_group * row_bytes + off)]);
+  }
   for (int i = 0; i < 4; ++i) vbroadcastss(vmm(cf + i), ptr[r11 + 4 * i]);
   int64_t from = 0;
   if (c_.pair_vectors) {
