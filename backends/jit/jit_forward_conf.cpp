@@ -43,7 +43,8 @@ std::string FwdConf::kernel_name() const {
   if (phase == FwdPhase::kApply) s += "+apply";
   if (residual) s += "+add";
   if (relu) s += leaky ? "+leaky_relu" : "+relu";
-  if (streaming) s += bounce ? "+nt_bounce" : "+nt";
+  if (streaming && phase != FwdPhase::kReduce)
+    s += bounce ? "+nt_bounce" : "+nt";  // Reduce: no dst
   if (!tuned.empty()) s += "+tuned(" + tuned + ")";
   return s;
 }
