@@ -115,6 +115,11 @@ class Kernel {
   virtual std::string name() const = 0;
   // Extra facts for verbose lines, e.g. the JIT's code-generation time.
   virtual std::string info() const { return ""; }
+  // Everything the kernel's code and walk depend on, where the name does
+  // not say it all (the JIT forward: its conf's key): two kernels of one
+  // partition with the same config run alike (`normgrad tune` drops a
+  // variant that leaves it as it was).
+  virtual std::string config() const { return name(); }
   // inputs and outputs follow the partition's port order.
   virtual Status execute(const std::vector<const void*>& inputs,
                          const std::vector<void*>& outputs) const = 0;

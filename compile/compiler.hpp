@@ -34,6 +34,7 @@ class CompiledPartition {
   const Partition& partition() const { return partition_; }
   const char* backend_name() const { return backend_->name(); }
   std::string kernel_name() const { return kernel_->name(); }
+  std::string kernel_config() const { return kernel_->config(); }  // Kernel::config
   double compile_ms() const { return compile_ms_; }
 
   // Tensors in the partition's port order; each must match its port's id,

@@ -40,6 +40,7 @@ class JitForwardKernel final : public Kernel {
   JitForwardKernel(jit::FwdConf conf, std::shared_ptr<const jit::FwdKernels> kernels)
       : conf_(std::move(conf)), kernels_(std::move(kernels)) {}
   std::string name() const override { return conf_.kernel_name(); }
+  std::string config() const override { return conf_.key(); }
   std::string info() const override {
     return conf_.isa == jit::Isa::kPortable ? "portable"
                                             : "codegen_ms=" + std::to_string(kernels_->generate_ms);
