@@ -188,19 +188,19 @@ class JitBackend final : public Backend {
   static void take_tuned(jit::Isa isa, const BatchNormDesc& d, const Apply& apply, Conf* conf) {
     const TunedChoice* tuned = find_tuned_choice(jit::isa_name(isa), tune_class(d));
     if (tuned == nullptr || tuned->variant == "default") return;
-    auto [status, chosen] = apply(tuned->variant);
-    if (!status.ok()) {
+    std::pair<Status, Conf> applied = apply(tuned->variant);
+    if (!applied.first.ok()) {
       static std::once_flag warned;
       std::call_once(warned, [&] {
         std::cerr << "normgrad: warning: tune cache " << tune_cache_path() << ": "
-                  << status.message() << "; using the JIT's own rules for that class\n";
+                  << applied.first.message() << "; using the JIT's own rules for that class\n";
       });
       return;
     }
     char speedup[32];
     std::snprintf(speedup, sizeof speedup, "%.2fx", tuned->speedup);
-    chosen.tuned = tuned->variant + " " + speedup;
-    *conf = chosen;
+    applied.second.tuned = tuned->variant + " " + speedup;
+    *conf = std::move(applied.second);
   }
 };
 

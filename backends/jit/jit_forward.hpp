@@ -17,7 +17,9 @@
 //      and b = beta, in one read of src (and of the residual) and one write
 //      of dst.
 // NCX runs channel by channel on one thread each when there are enough
-// channels, so a channel that fits in the L2 is read from DRAM once.
+// channels (rows of up to kShortRowBytes: a group of adjacent channels per
+// task, FwdConf::channel_group), so a channel that fits in the L2 is read
+// from DRAM once.
 #pragma once
 
 #include <cstdint>

@@ -9,8 +9,8 @@
 // kernels walk image by image, block after block, and the hardware
 // prefetchers see one stream per image. Each row is straight-line code:
 // whole vectors, then a constant tail (a k1 mask on AVX-512; on AVX2 a
-// vmaskmovps load and stores of the tail's bytes, since AVX2's masked store
-// is slow on AMD and a whole vector would reach into the next row).
+// vmaskmovps load and stores of the tail's bytes: a whole vector would
+// reach into the next row, and vmaskmovps stores are slow on AMD cores).
 //   stats   each channel's S1, S2 of (x - K) in one vector of lane chains
 //           each for the whole call (the group gives the independent
 //           chains), summed across lanes at the end; the driver keeps each
@@ -18,6 +18,10 @@
 //   apply   channel after channel within an image, its hi, lo, a, b
 //           broadcast from the call's coefficients; the same arithmetic as
 //           the one-channel apply (the same bits for the same coefficients).
+//           It prefetches the next group's row of the image (its block
+//           follows this one) into the L2 for the next task's statistics,
+//           and with FwdConf::bounce computes each image's block into an L1
+//           buffer that emit_stream_copy streams out.
 #include <algorithm>
 
 #include <normgrad/backends/jit/jit_forward_generator.hpp>
