@@ -116,6 +116,7 @@ std::string BnConf::key() const {
          ":cg=" + std::to_string(walk.channel_group) + ":pg=" + std::to_string(walk.pixel_group) +
          (walk.sweep_rows > 0 ? ":swept" : "") + (prefetch.apply ? "" : ":nopf") +
          (prefetch.reduce_rows ? ":rpf" : "") + (prefetch.next_channel ? ":pfc" : "") +
+         (prefetch.next_group ? ":pfg" : "") +
          (prefetch.sweep_ahead > 0 ? ":pfa=" + std::to_string(prefetch.sweep_ahead) : "") +
          (x_fuse == Fuse::kLeakyInverse || x_fuse == Fuse::kLeakyInverseSub
               ? ":alpha=" + std::to_string(alpha)
@@ -254,6 +255,11 @@ void set_apply_prefetch(BnConf* c) {
                              c->walk.cols * es >= kNextChannelPrefetchRowBytes &&
                              c->d.channels > 1 && c->x_strides.empty() && c->dy_strides.empty() &&
                              (c->walk.channel_stride + c->walk.cols) * es <= INT32_MAX;
+  // Measured against ncx-no-next-group (docs/performance.md): AVX-512 7x7
+  // 1.07-1.23x, 14x14 1.01-1.13x; AVX2 7x7 1.03-1.20x, but 14x14 (392- and
+  // 784-byte rows) 0.94-1.01x.
+  c->prefetch.next_group =
+      c->walk.channel_group > 0 && (c->isa == Isa::kAvx512 || c->walk.cols * es < 256);
   // The reversed apply starts on the rows the reduce left in a large L2; it
   // paid on large channels with an L2 of 2 MiB and cost time on channels that
   // fit and on an L2 of 1 MiB, hence kReverseApplyMinL2Bytes

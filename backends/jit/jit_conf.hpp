@@ -228,6 +228,11 @@ struct PrefetchConf {
   // following them (the calls of a thread take adjacent channels). The
   // driver says per call whether c + 1 exists (KernelArgs::prefetch_next).
   bool next_channel = false;
+  // kRows, grouped short rows: at each image the apply prefetches the next
+  // group's block of that image into the L2 (it follows this group's), which
+  // the next task's reduce reads first (a thread's tasks take adjacent
+  // groups). On AVX-512, and on AVX2 for rows under 256 bytes.
+  bool next_group = false;
   // kPixels, swept kernels: every load also prefetches into the L2 the line
   // this many pixels on (0: none). A walk that steps C x 4 bytes opens a new
   // 4 KiB page every few loads, where hardware prefetchers stop.

@@ -31,6 +31,18 @@ constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum 
 // the TLB and the hardware prefetchers on every row; touch the next row of the
 // inputs while this one is computed.
 void BnGenerator::prefetch_next_row() {
+  if (kind_ == Kind::kApply && c_.walk.kind == Walk::kRows && c_.prefetch.next_group) {
+    // The next group's block of this image follows this one's: into the L2
+    // for the next task's reduce (PrefetchConf::next_group).
+    const int64_t block = c_.walk.channel_group * c_.walk.channel_stride * es_;
+    for (int64_t off = 0; off < c_.walk.channel_group * c_.walk.cols * es_; off += 64) {
+      const int disp = static_cast<int>(block + off);
+      prefetcht1(ptr[rsi + disp]);
+      prefetcht1(ptr[rdx + disp]);
+      if (uses_second(c_.x_fuse)) prefetcht1(ptr[r12 + disp]);
+      if (uses_second(c_.dy_fuse)) prefetcht1(ptr[r13 + disp]);
+    }
+  }
   // A group's rows of one image are one block: the next image's block (the
   // nearest that pays; docs/performance.md, "Why the JIT chooses what it does").
   if (c_.walk.kind != Walk::kRows || c_.walk.cols * es_ > kShortRowBytes) return;
