@@ -106,6 +106,13 @@ TEST(JitForwardGroups, StreamingApply) {
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
     EXPECT_LE(r.worst_ratio, 1.0) << r.report;
     EXPECT_NE(r.kernel.find(":fwd:rows_grouped+relu"), std::string::npos) << r.kernel;
+    // Streamed exactly when src and dst exceed a quarter of the cache model's
+    // L3 (the data buffers start on lines).
+    int64_t elements = 1;
+    for (int64_t d : shape) elements *= d;
+    const bool past =
+        2 * elements * static_cast<int64_t>(dtype_size(dt)) > jit::cache_sizes().l3_bytes / 4;
+    EXPECT_EQ(r.kernel.find("+nt") != std::string::npos, past) << r.kernel;
   }
 }
 
