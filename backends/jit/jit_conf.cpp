@@ -3,6 +3,7 @@
 
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include <cstdint>
 #include <cstdlib>
@@ -93,6 +94,7 @@ std::string BnConf::kernel_name() const {
   std::string n = std::string("jit:") + isa_name(isa) + ":" + dtype_name(d.data_dt) + "/" +
                   dtype_name(d.stats_dt) + ":" +
                   (walk.kind == Walk::kRows ? (walk.channel_group > 0 ? "rows_grouped" : "rows")
+                   : walk.strips            ? "pixels_strips"
                    : walk.sweep_rows > 0    ? "pixels_swept"
                    : walk.pixel_group > 0   ? "pixels_blocked"
                                             : "pixels");
@@ -420,17 +422,7 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // half the L3. The runs behind each rule: docs/performance.md, "Why the
   // JIT chooses what it does".
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
-  const int64_t half_l3 = cache_sizes().l3_bytes / 2;
-  const bool cache_resident = 2 * data_bytes <= half_l3;
-  const bool per_pixel = !cache_resident && c.walk.cols <= kPerPixelMaxChannels;
-  if (c.walk.kind == Walk::kPixels && isa == Isa::kAvx512 && c.walk.cols > 64 && !per_pixel) {
-    const int64_t call_rows = sweep_call_rows(c, kSweepCallBytes);
-    if (d.data_dt == DataType::kF32 && call_rows >= kMinSweepRows) {
-      c.walk.sweep_rows = call_rows;
-    } else if (d.data_dt == DataType::kF32 || cache_resident) {
-      c.walk.pixel_group = kPixelGroup;
-    }
-  }
+  if (c.walk.kind == Walk::kPixels) choose_pixels_walk(&c);
   // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
   // grouped rows kernels: each image's rows of a channel group are one
   // contiguous block.
@@ -467,6 +459,37 @@ bool reduce_prefetch_fits(const BnConf& c) {
       (kReducePrefetchRows * c.walk.row_stride + c.walk.cols) * dtype_size(c.d.data_dt);
   return c.walk.kind == Walk::kRows && c.walk.channel_group == 0 &&
          c.walk.row_stride != c.walk.cols && ahead <= INT32_MAX;
+}
+
+void choose_pixels_walk(BnConf* c) {
+  const BatchNormDesc& d = c->d;
+  c->walk.cols = d.channels;
+  c->walk.strips = false;
+  c->walk.sweep_rows = 0;
+  c->walk.pixel_group = 0;
+  const int64_t data_bytes = c->total_elements * dtype_size(d.data_dt);  // one tensor
+  const bool cache_resident = 2 * data_bytes <= cache_sizes().l3_bytes / 2;
+  const bool per_pixel = !cache_resident && c->walk.cols <= kPerPixelMaxChannels;
+  if (c->isa == Isa::kAvx512 && c->walk.cols > 64 && !per_pixel) {
+    const int64_t call_rows = sweep_call_rows(*c, kSweepCallBytes);
+    if (d.data_dt == DataType::kF32 && call_rows >= kMinSweepRows) {
+      c->walk.sweep_rows = call_rows;
+    } else if (d.data_dt == DataType::kF32 || cache_resident) {
+      c->walk.pixel_group = kPixelGroup;
+    }
+  }
+}
+
+bool bwd_strips_possible(const BnConf& c, int64_t width) {
+  return c.walk.kind == Walk::kPixels && c.isa != Isa::kPortable && !c.empty &&
+         c.d.phase == BackwardPhase::kWhole && c.needs_reduction && c.x_strides.empty() &&
+         c.dy_strides.empty() && c.dx_strides.empty() && !c.walk.strided_native && width > 0 &&
+         width % 32 == 0 && c.d.channels % width == 0 && width < c.d.channels;
+}
+
+int planned_threads() {
+  const int cap = num_threads();
+  return cap > 0 ? cap : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes) {

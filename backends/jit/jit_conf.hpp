@@ -97,6 +97,9 @@ constexpr int64_t kSweepCallBytes = 256 * 1024;
 // block's pass is too short for its setup and for the stride prefetchers.
 constexpr int64_t kMinSweepRows = 64;
 
+// Channels per strip of the NXC backward's strips (WalkConf::strips) when
+// `nxc-strips` names no width.
+constexpr int64_t kBwdStripChannels = 128;
 // Channels per call of the grouped rows kernels (short NCX rows): as many as
 // keep both sums in registers (zmm16..31 on AVX-512, ymm0..7 on AVX2; the
 // portable path takes the AVX2 group, so the driver has one rows walk per shape).
@@ -174,6 +177,17 @@ struct WalkConf {
   // channels per kernel call, each image's rows of the group one contiguous
   // block (0: one channel per call).
   int channel_group = 0;
+  // kPixels, dense, the whole backward: `cols` is a strip of adjacent
+  // channels less than C (row_stride stays C). Each task takes one strip
+  // across every pixel, its reduce, then its apply, while the strip's src and
+  // diff_dst are still in the cache: they are read from DRAM once instead of
+  // twice (the NCX walks' channels and groups do the same). The chunks are
+  // the pixels walk's (fixed by the shape), so the bits do not depend on the
+  // thread count. Only through the `nxc-strips` variant (and so `normgrad
+  // tune`): against the default walks they gained 1.07-1.18x on AVX-512 at
+  // 7x7 and lost 3-6% at 14x14 f32, and on AVX2 lost up to 1.7x
+  // (docs/performance.md).
+  bool strips = false;
   // Strided data walked in place (row_stride/channel_stride set from it).
   bool strided_native = false;
   // kRows over padded rows: per channel, one call per image (batch_calls of
@@ -310,6 +324,15 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
 // Pixels per call of the channel-swept kernels for calls of about
 // `call_bytes` of src + diff_dst.
 int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes);
+// NXC rows wider than the registers on AVX-512: the swept, blocked or
+// per-pixel walk for all C channels (cols back to C, no strips).
+void choose_pixels_walk(BnConf* c);
+// Whether the walk can take strips of `width` channels: NXC, dense, the
+// whole backward with a reduction, generated code, `width` a multiple of 32
+// that divides C and is less than C.
+bool bwd_strips_possible(const BnConf& c, int64_t width);
+// The threads the JIT plans for: set_num_threads' cap, else every core.
+int planned_threads();
 
 // The apply's prefetches and reversed walk for `c`'s walk and tasks (after
 // the ports are known: fused producers read more per task).

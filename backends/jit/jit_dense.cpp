@@ -232,6 +232,7 @@ class DenseRun {
   void rows_grouped();
   void rows_per_channel();
   void pixels();
+  void pixels_strips();
   // The pixels walk's phases.
   void pixels_reduce(int64_t nchunks, LineVector<float>& coef);
   void pixels_apply(int64_t nchunks, const LineVector<float>& coef);
@@ -311,6 +312,8 @@ Status DenseRun::run() {
     rows_grouped();
   } else if (conf_.walk.kind == Walk::kRows) {
     rows_per_channel();
+  } else if (conf_.walk.strips) {
+    pixels_strips();
   } else {
     pixels();
   }
@@ -536,6 +539,55 @@ void DenseRun::pixels() {
   for (int64_t c = 0; c < nc_; ++c)
     finish_channel(c, scratch_.s0[c], scratch_.s1[c], &coef[c], &coef[cp_ + c], &coef[2 * cp_ + c]);
   if (!reduce_only_) pixels_apply(nchunks, coef);
+}
+
+// WalkConf::strips: a task per strip of `cols` channels, its reduce over
+// every chunk (each chunk's partial from zero, merged in chunk order as
+// pixels_reduce merges them), its coefficients, then its apply, while the
+// strip's src and diff_dst are in the cache. The whole backward only.
+void DenseRun::pixels_strips() {
+  const int64_t w = conf_.walk.cols, chunk = conf_.walk.chunk_rows;
+  const int64_t row_bytes = conf_.walk.row_stride * es_,
+                dx_row_bytes = conf_.walk.dx_row_stride * es_;
+  const int64_t nchunks = (conf_.walk.rows + chunk - 1) / chunk;
+  assert(nc_ % w == 0 && !given_sums_ && !reduce_only_ && !stage_ &&
+         "strips: the whole, dense backward");
+  LineVector<float>& coef = scratch_.coef;  // rows a, b, c and the means, cp_ apart
+  coef.assign(static_cast<size_t>(4 * cp_), 0.f);
+  for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = kernel_float(scratch_.ch[c].mean);
+  for_range(conf_.single_thread, nc_ / w, [&](int64_t strip) {
+    const int64_t c0 = strip * w;
+    // The kernels' partial rows are cp_ apart; this strip's lanes of them.
+    thread_local LineVector<float> partial;
+    thread_local std::vector<double> sums;
+    partial.assign(static_cast<size_t>(2 * cp_), 0.f);
+    sums.assign(static_cast<size_t>(2 * w), 0.0);
+    float* acc = partial.data() + c0;
+    for (int64_t k = 0; k < nchunks && conf_.needs_reduction; ++k) {
+      const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
+      std::fill(acc, acc + w, 0.f);
+      std::fill(acc + cp_, acc + cp_ + w, 0.f);
+      calls(len, [&](int64_t r, int64_t n) {
+        kernels_.reduce(
+            args((r0 + r) * row_bytes + c0 * es_, 0, false, coef.data() + 3 * cp_ + c0, acc, n));
+      });
+      for (int64_t j = 0; j < w; ++j) {
+        sums[j] += acc[j];
+        sums[w + j] += acc[cp_ + j];
+      }
+    }
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t c = c0 + j;
+      finish_channel(c, sums[j], sums[w + j], &coef[c], &coef[cp_ + c], &coef[2 * cp_ + c]);
+    }
+    for (int64_t k = 0; k < nchunks; ++k) {
+      const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
+      calls(len, [&](int64_t r, int64_t n) {
+        kernels_.apply(args((r0 + r) * row_bytes + c0 * es_, (r0 + r) * dx_row_bytes + c0 * es_,
+                            true, coef.data() + c0, nullptr, n));
+      });
+    }
+  });
 }
 
 }  // namespace

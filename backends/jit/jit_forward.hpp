@@ -53,6 +53,14 @@ constexpr int64_t kFwdApplyBytes = 64 * 1024;
 // grouped rows: each channel's two sums take a register for the whole call.
 constexpr int kFwdGroupAvx512 = 8;
 constexpr int kFwdGroupAvx2 = 4;
+// Channels per strip of the NXC forward (FwdConf::strip_channels): 512 bytes
+// of each f32 pixel, 128 of a 16-bit one. Measured on ResNet-50's 14x14 and
+// 7x7 layers (docs/performance.md): 32 and 64 f32 channels, and 128 or more
+// 16-bit ones, were slower.
+constexpr int64_t kFwdStripF32 = 128;
+constexpr int64_t kFwdStrip16 = 64;
+// The shortest pixel row (bytes) the rule takes strips for: a page.
+constexpr int64_t kFwdStripRowBytes = 4096;
 // A grouped chunk's lane chains take at most this many terms each.
 constexpr int64_t kFwdChainTerms = 64;
 // The bounce buffer: a group's block at any offset within a line, and a
@@ -85,6 +93,18 @@ struct FwdConf {
   // rows 400 KB apart, a new page and a missed prefetch per row); each
   // channel's sums then take one vector of chains, chunk_rows images a chunk.
   int channel_group = 0;
+  // NXC, the whole forward, src past the cache: channels per task (0: the
+  // pixels walk over all channels). Each task takes a strip of adjacent
+  // channels across all pixels, its statistics, then its apply, while the
+  // strip's src is still in the cache, so src is read from DRAM once
+  // instead of twice (the NCX walks' channels and groups do the same). The
+  // kernels are the pixels walk's over `strip_channels` channels a pixel, C
+  // apart; the apply takes each pixel's strip whole (line_walk). Each
+  // channel's sums take the same chunks in the same order: the same bits.
+  // The strips of all threads together fill at most a quarter of the L3:
+  // not the L2, whose sets a pixel stride of 4 or 8 KiB (14x14 and 7x7 f32)
+  // confines a strip to 256 of its lines.
+  int64_t strip_channels = 0;
   float epsilon = 0.f, momentum = 0.1f;
   bool affine = false;    // gamma and beta given
   bool residual = false;  // an Add's other input joins before the ReLU
@@ -152,6 +172,18 @@ bool fwd_past_cache(const FwdConf& c);
 // Whether the grouped apply can stream through the bounce buffer: grouped
 // rows off lines, past the cache, and on AVX2 rows of 128 bytes or more.
 bool fwd_bounce_possible(const FwdConf& c);
+// Whether the walk can take strips of `width` channels (FwdConf::strip_channels):
+// NXC, the whole forward on generated code, `width` a multiple of 32
+// channels that divides C and is less than C.
+bool fwd_strips_possible(const FwdConf& c, int64_t width);
+// The rule's strip width (kFwdStripF32 or kFwdStrip16), or 0: strips when
+// src is past the cache, a pixel's row is a page or more
+// (kFwdStripRowBytes), each of `threads` threads has a strip, and their
+// strips' src fits in a quarter of the L3.
+int64_t fwd_strip_rule(const FwdConf& c, int threads);
+// FwdConf::line_walk's rule: 16-bit data of whole lines per 32 channels, or
+// strips (whose pixels the apply takes whole, any dtype).
+bool fwd_line_walk(const FwdConf& c);
 
 // The conf of a partition the JIT's forward patterns matched, or the reason
 // the JIT declines it (strided tensors, non-f32 statistics, empty tensors).

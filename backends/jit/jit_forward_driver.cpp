@@ -186,11 +186,11 @@ float ncx_shift(const FwdConf& c, const void* x, int64_t ch) {
 
 // FwdConf::line_walk with pairs: each of the four coefficient rows (cp
 // floats apart) laid out per 16 channels as the pairs load them, the even
-// channels first, then the odd ones.
-void pair_order(int64_t cp, float* coef) {
+// channels first, then the odd ones; channels [first, last), whole 16s.
+void pair_order(int64_t cp, float* coef, int64_t first, int64_t last) {
   float block[16];
   for (int64_t row = 0; row < 4; ++row) {
-    for (int64_t f = 0; f + 16 <= cp; f += 16) {
+    for (int64_t f = first; f + 16 <= last; f += 16) {
       float* v = coef + row * cp + f;
       for (int i = 0; i < 8; ++i) block[i] = v[2 * i], block[8 + i] = v[2 * i + 1];
       std::copy(block, block + 16, v);
@@ -416,7 +416,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
     }
   }
   if (c.phase == FwdPhase::kReduce) return ok_status();
-  if (c.line_walk && c.pair_vectors) pair_order(cp, coef.data());
+  if (c.line_walk && c.pair_vectors) pair_order(cp, coef.data(), 0, cp);
   const int64_t block = c.apply_pixels;
   parallel_range(c.single_thread, (c.pixels + block - 1) / block, [&](int64_t b) {
     const int64_t p0 = b * block;
@@ -428,6 +428,86 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
     a.coef = coef.data();
     a.len = std::min(block, c.pixels - p0);
     (k.*apply)(a);
+  });
+  return ok_status();
+}
+
+// FwdConf::strip_channels: one task per strip of adjacent channels, its
+// statistics over every pixel, then its apply over every pixel while the
+// strip's src is still in the L2. The chunks, their groups and the order of
+// every f64 addition are run_pixels': the same bits.
+Status run_pixel_strips(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
+                        const std::vector<void*>& out) {
+  const char* x = static_cast<const char*>(in[static_cast<size_t>(c.in_src)]);
+  char* y = static_cast<char*>(out[static_cast<size_t>(c.out_dst)]);
+  const auto apply = apply_fn(c, y);
+  const char* r =
+      c.residual ? static_cast<const char*>(in[static_cast<size_t>(c.in_residual)]) : nullptr;
+  const int64_t es = dtype_size(c.dt);
+  const int64_t cp = padded_channels(c.c);
+  const int64_t w = c.strip_channels;
+  assert(w > 0 && c.c % w == 0 && "strips are whole and divide C");
+  const int64_t chunks = (c.pixels + c.chunk_pixels - 1) / c.chunk_pixels;
+  const int64_t per_group = (chunks + 63) / 64;
+  ScratchLeaseOf<FwdScratch> lease;
+  FwdScratch& scratch = lease.get();
+  LineVector<float>& shift = scratch.shift;
+  shift.assign(static_cast<size_t>(cp), 0.f);
+  const int64_t k0 = std::min<int64_t>(c.pixels, 8);
+  for (int64_t ch = 0; ch < c.c; ++ch) {
+    double s = 0.0;
+    for (int64_t p = 0; p < k0; ++p) s += load_element(x, p * c.c + ch, c.dt);
+    shift[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
+  }
+  LineVector<float>& coef = scratch.coef;
+  coef.assign(static_cast<size_t>(4 * cp), 0.f);
+  const Finish fin{c, in, out, static_cast<double>(c.pixels)};
+  parallel_range(c.single_thread, c.c / w, [&](int64_t strip) {
+    const int64_t c0 = strip * w;
+    thread_local LineVector<float> f;
+    thread_local std::vector<double> sums;
+    f.resize(static_cast<size_t>(2 * w));
+    sums.assign(static_cast<size_t>(4 * w), 0.0);  // totals S1, S2; a group's S1, S2
+    double* t1 = sums.data();
+    double* t2 = t1 + w;
+    double* g1 = t2 + w;
+    double* g2 = g1 + w;
+    FwdArgs a;
+    a.coef = shift.data() + c0;
+    a.s1 = f.data();
+    a.s2 = f.data() + w;
+    for (int64_t first = 0; first < chunks; first += per_group) {
+      std::fill(g1, g1 + 2 * w, 0.0);
+      for (int64_t ck = first; ck < std::min(chunks, first + per_group); ++ck) {
+        const int64_t p0 = ck * c.chunk_pixels;
+        a.x = x + (p0 * c.c + c0) * es;
+        a.len = std::min(c.chunk_pixels, c.pixels - p0);
+        k.stats(a);
+        for (int64_t j = 0; j < w; ++j) {
+          g1[j] += a.s1[j];
+          g2[j] += a.s2[j];
+        }
+      }
+      for (int64_t j = 0; j < w; ++j) {
+        t1[j] += g1[j];
+        t2[j] += g2[j];
+      }
+    }
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t ch = c0 + j;
+      float* hi = &coef[static_cast<size_t>(ch)];
+      fin.channel(ch, shift[static_cast<size_t>(ch)], t1[j], t2[j], hi, hi + cp, hi + 2 * cp,
+                  hi + 3 * cp);
+    }
+    // The strip is whole lines: whole 16s of 16-bit channels.
+    if (c.line_walk && c.pair_vectors) pair_order(cp, coef.data(), c0, c0 + w);
+    FwdArgs b;
+    b.x = x + c0 * es;
+    b.y = y + c0 * es;
+    b.residual = r == nullptr ? nullptr : r + c0 * es;
+    b.coef = coef.data() + c0;
+    b.len = c.pixels;
+    (k.*apply)(b);
   });
   return ok_status();
 }
@@ -463,6 +543,7 @@ Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
     return ok_status();
   }
   if (conf.ncx_rows && conf.channel_group > 0) return run_rows_grouped(conf, kernels, in, out);
+  if (conf.strip_channels > 0) return run_pixel_strips(conf, kernels, in, out);
   return conf.ncx_rows ? run_rows(conf, kernels, in, out) : run_pixels(conf, kernels, in, out);
 }
 

@@ -224,8 +224,10 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     if (c_.leaky) vbroadcastss(vmm(alpha_), ptr[rip + c_alpha_]);
   }
 
+  // The channels of a pixel one call takes: all, or a strip's (whole lines).
+  int64_t width() const { return c_.strip_channels > 0 ? c_.strip_channels : c_.c; }
   // The constant tail: of a pixel's channels, or of a grouped walk's rows.
-  int tail() const { return static_cast<int>((c_.ncx_rows ? c_.spatial : c_.c) % lanes_); }
+  int tail() const { return static_cast<int>((c_.ncx_rows ? c_.spatial : width()) % lanes_); }
 
   void hsum(int v, int t) {
     const Xmm xv(v), xt(t);

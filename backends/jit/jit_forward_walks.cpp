@@ -4,9 +4,10 @@
 //                 four independent vector chains, a masked tail, one fixed
 //                 horizontal sum, so a row's sums depend on its data only
 //   rows apply    y = ((x - hi) - lo) a + b [+ r] [relu] over a channel's rows
-//   pixels stats  `len` pixels of C channels: per channel vector S1, S2; the
+//   pixels stats  `len` pixels of C channels (or of a strip's, C apart:
+//                 FwdConf::strip_channels): per channel vector S1, S2; the
 //                 channels in blocks whose sums stay in registers while the
-//                 pixels stream past (8 vectors on AVX-512, 4 on AVX2)
+//                 pixels stream past (8 vectors on AVX-512, 6 on AVX2)
 //   pixels apply  channel blocks with their coefficients in registers, each
 //                 over the call's pixels (4 vectors on AVX-512, 2 on AVX2);
 //                 16-bit data of whole lines: each pixel's row whole, a line
@@ -183,7 +184,7 @@ void FwdGenerator::rows_apply() {
 // Pixels walk. Channel vectors: nv = ceil(C / lanes), the last one masked
 // when C is not a multiple of the lanes (k1 on AVX-512, vmm(mask_) on AVX2).
 void FwdGenerator::pixels_stats() {
-  const int64_t nv = (c_.c + lanes_ - 1) / lanes_;
+  const int64_t nv = (width() + lanes_ - 1) / lanes_;
   // Channel vectors per sweep over the chunk's pixels: as many as the sums
   // fit in registers, so a pixel's row is cut into few slices. On AVX2, 6
   // (three lines of f32): their two sums, one data temporary (renaming makes
@@ -280,18 +281,20 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
   jnz(pix, T_NEAR);
 }
 
-// FwdConf::line_walk (16-bit, C % 32 == 0): pixel after pixel, each
-// row 32 channels (one line of dst) per step, rdi the step's byte offset in
-// the row and twice that its offset in the coefficient rows (f32), which the
-// arithmetic reads as memory operands: x - hi - lo, times a (loaded) plus b.
-// On AVX2, bf16 without a residual in pairs (the coefficients in pair
-// order, the odd channels' 32 bytes after the even ones'), otherwise vector
-// by vector. Data v0..1, scratch v2..5 (alpha and zero as pixels_apply set
-// them).
+// FwdConf::line_walk (16-bit with C % 32 == 0, or a strip of 32s):
+// pixel after pixel, each row (or the strip's part of it) 32 channels per
+// step (one line of 16-bit dst, two of f32), rdi the step's byte offset in
+// the row and 4 / es that its offset in the coefficient rows (f32), which
+// the arithmetic reads as memory operands: x - hi - lo, times a (loaded)
+// plus b. On AVX2, bf16 without a residual in pairs (the coefficients in
+// pair order, the odd channels' 32 bytes after the even ones'), otherwise
+// vector by vector. Data v0..1, scratch v2..5 (alpha and zero as
+// pixels_apply set them).
 void FwdGenerator::pixels_apply_lines(int row) {
   const int step_bytes = 32 * es_;
+  const int scale = 4 / es_;  // coefficient bytes per data byte
   auto normalise = [&](int v, int coef_disp) {
-    const RegExp k = rax + rdi * 2 + coef_disp;
+    const RegExp k = rax + rdi * scale + coef_disp;
     vsubps(vmm(v), vmm(v), ptr[k]);
     vsubps(vmm(v), vmm(v), ptr[k + row]);
     vmovups(vmm(5), ptr[k + 2 * row]);
@@ -315,20 +318,20 @@ void FwdGenerator::pixels_apply_lines(int row) {
       store_pair(rcx + rdi + 32 * p);
     }
   } else {
-    // 8 channels a vector on AVX2, 16 on AVX-512: 2 bytes of data and 4 of
-    // coefficients a channel.
+    // 8 channels a vector on AVX2, 16 on AVX-512: es bytes of data and 4
+    // of coefficients a channel.
     const int vectors = static_cast<int>(32 / lanes_);
     for (int v = 0; v < vectors; ++v) {
       const int d = v * lanes_ * es_;
       load(0, rsi + rdi + d, false);
-      normalise(0, 2 * d);
+      normalise(0, scale * d);
       const RegExp ra = r11 + rdi + d;
       epilogue(0, 2, 4, &ra, false);
       store(rcx + rdi + d, 0, 2, 3, 4, false);
     }
   }
   add(rdi, step_bytes);
-  cmp(rdi, static_cast<int>(c_.c * es_));
+  cmp(rdi, static_cast<int>(width() * es_));
   jl(step, T_NEAR);
   add(rsi, static_cast<int>(c_.c * es_));
   add(rcx, static_cast<int>(c_.c * es_));
@@ -350,7 +353,7 @@ void FwdGenerator::pixels_apply() {
   zero_ = avx512_ ? 31 : 7;
   alpha_ = avx512_ ? 28 : 6;
   mask_ = 15;
-  const int64_t nv = (c_.c + lanes_ - 1) / lanes_;
+  const int64_t nv = (width() + lanes_ - 1) / lanes_;
   const int vbytes = lanes_ * 4;
   push(rbx);
   load_args();

@@ -8,7 +8,8 @@
 // A variant that does not apply to a conf (an NXC walk on an NCX case) leaves
 // it as make_conf chose it: the bench times every column on every case. A
 // row may also change the forward's conf (bf16-single-vectors,
-// fwd-channel-blocks, fwd-ungrouped, fwd-bounce, fwd-no-bounce,
+// fwd-channel-blocks, fwd-ungrouped, fwd-bounce, fwd-no-bounce, fwd-no-nt,
+// fwd-strips, fwd-no-strips,
 // bf16-integer-rounding); the forward ignores the
 // rows that do not.
 #include <normgrad/backends/jit/jit_conf.hpp>
@@ -26,8 +27,14 @@ struct Variant {
   const char* arg;  // the number's meaning ("PIXELS"), or nullptr when it takes none
   int64_t fallback, lo, hi;
   void (*apply)(BnConf* c, int64_t n);
-  void (*forward)(FwdConf* c) = nullptr;  // the change to a forward conf, if any
+  void (*forward)(FwdConf* c, int64_t n) = nullptr;  // the change to a forward conf, if any
 };
+
+// The pixels walk over all C channels instead of strips (WalkConf::strips),
+// so that a variant naming another NXC walk times that walk.
+void unstrip(BnConf* c) {
+  if (c->walk.strips) choose_pixels_walk(c);
+}
 
 // NXC's wide pixel walk on AVX-512, where the blocked and swept walks apply.
 bool wide_pixels(const BnConf& c) {
@@ -38,24 +45,28 @@ const Variant kVariants[] = {
     {"default", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},  // make_conf's own: a control column
     {"nxc-per-pixel", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) {
+       unstrip(c);
        c->walk.pixel_group = 0;
        c->walk.sweep_rows = 0;
        c->prefetch.sweep_ahead = 0;
      }},
     {"nxc-blocked", "PIXELS", kPixelGroup, 1, 16,
      [](BnConf* c, int64_t g) {
+       unstrip(c);
        c->walk.sweep_rows = 0;
        c->prefetch.sweep_ahead = 0;
        if (wide_pixels(*c)) c->walk.pixel_group = static_cast<int>(g);
      }},
     {"nxc-swept", "KIB", kSweepCallBytes >> 10, 1, 65536,
      [](BnConf* c, int64_t kib) {
+       unstrip(c);
        c->walk.pixel_group = 0;
        c->prefetch.sweep_ahead = 0;
        if (wide_pixels(*c)) c->walk.sweep_rows = sweep_call_rows(*c, kib << 10);
      }},
     {"nxc-swept-ahead", "PIXELS", 8, 1, 4096,
      [](BnConf* c, int64_t ahead) {
+       unstrip(c);
        c->walk.pixel_group = 0;
        c->prefetch.sweep_ahead = 0;
        // The prefetches' displacement is a 32-bit immediate.
@@ -73,6 +84,19 @@ const Variant kVariants[] = {
      [](BnConf* c, int64_t) { c->walk.apply_last_first = true; }},
     {"nxc-forward-apply", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->walk.apply_last_first = false; }},
+    {"nxc-strips", "CHANNELS", 0, 0, 1 << 20,
+     [](BnConf* c, int64_t w) {
+       // Strips of CHANNELS (0 or none: the rule's width) wherever the walk
+       // can take them, also within the cache.
+       if (w == 0) w = kBwdStripChannels;
+       if (!bwd_strips_possible(*c, w)) return;
+       choose_pixels_walk(c);
+       c->walk.cols = w;
+       c->walk.strips = true;
+       c->walk.sweep_rows = 0;
+       c->walk.pixel_group = 0;
+       c->prefetch.sweep_ahead = 0;
+     }},
     {"ncx-forward-apply", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.reverse_rows = 0; }},
     {"ncx-reverse-apply", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->stream.reverse_rows = reverse_apply_rows(*c); }},
@@ -87,11 +111,11 @@ const Variant kVariants[] = {
     {"ncx-no-nt", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.nt_stores = false; }},
     {"bf16-single-vectors", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->stream.pair_vectors = false; },
-     [](FwdConf* c) { c->pair_vectors = false; }},
+     [](FwdConf* c, int64_t) { c->pair_vectors = false; }},
     {"fwd-channel-blocks", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
-     [](FwdConf* c) { c->line_walk = false; }},
+     [](FwdConf* c, int64_t) { c->line_walk = false; }},
     {"fwd-ungrouped", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
-     [](FwdConf* c) {
+     [](FwdConf* c, int64_t) {
        // One channel per call, chunks of whole rows up to kFwdRowPiece
        // elements (grouped rows are far shorter than that).
        if (c->channel_group == 0) return;
@@ -100,23 +124,44 @@ const Variant kVariants[] = {
        if (c->bounce) c->bounce = c->streaming = false;  // the rows are off lines
      }},
     {"fwd-no-prefetch", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
-     [](FwdConf* c) { c->prefetch_next_channel = false; }},
+     [](FwdConf* c, int64_t) { c->prefetch_next_channel = false; }},
     {"fwd-bounce", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
-     [](FwdConf* c) {
+     [](FwdConf* c, int64_t) {
        if (!fwd_bounce_possible(*c)) return;
        c->bounce = true;
        c->streaming = true;
      }},
     {"fwd-no-bounce", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
-     [](FwdConf* c) {
+     [](FwdConf* c, int64_t) {
        // Ordinary dst stores for grouped rows off lines (they streamed only
        // through the bounce buffer).
        if (!c->bounce) return;
        c->bounce = false;
        c->streaming = false;
      }},
+    {"fwd-no-nt", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c, int64_t) {
+       // Ordinary dst stores everywhere: neither streaming nor the bounce
+       // buffer.
+       c->bounce = false;
+       c->streaming = false;
+     }},
+    {"fwd-strips", "CHANNELS", 0, 0, 1 << 20, [](BnConf*, int64_t) {},
+     [](FwdConf* c, int64_t w) {
+       // Strips of CHANNELS (0 or none: the rule's width) wherever the walk
+       // can take them, also within the cache.
+       if (w == 0) w = c->dt == DataType::kF32 ? kFwdStripF32 : kFwdStrip16;
+       if (!fwd_strips_possible(*c, w)) return;
+       c->strip_channels = w;
+       c->line_walk = fwd_line_walk(*c);  // each pixel's strip whole
+     }},
+    {"fwd-no-strips", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c, int64_t) {
+       c->strip_channels = 0;
+       c->line_walk = fwd_line_walk(*c);
+     }},
     {"bf16-integer-rounding", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->avx512_bf16 = false; },
-     [](FwdConf* c) { c->avx512_bf16 = false; }},
+     [](FwdConf* c, int64_t) { c->avx512_bf16 = false; }},
 };
 
 // The number after `prefix` and a dash ("nxc-blocked-4"), `fallback` when the
@@ -183,8 +228,8 @@ Status apply_variant(const std::string& variant, BnConf* c) {
 }
 
 Status apply_forward_variant(const std::string& variant, FwdConf* c) {
-  return for_each_variant(variant, [&](const Variant& v, int64_t) {
-    if (v.forward != nullptr) v.forward(c);
+  return for_each_variant(variant, [&](const Variant& v, int64_t n) {
+    if (v.forward != nullptr) v.forward(c, n);
   });
 }
 

@@ -93,6 +93,29 @@ TEST(FromDst, JitAgainstRefSweep) {
   EXPECT_GE(ran, 60);
 }
 
+// The NXC strips (nxc-strips, WalkConf::strips): the inverse activation and
+// the residual read per strip, on each ISA.
+TEST(FromDst, StripsAgainstRef) {
+  int ran = 0;
+  for (const std::string& isa : jit_test::isas()) {
+    if (isa == "portable") continue;  // the portable path has no strips
+    jit_test::IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+      for (bool residual : {false, true}) {
+        SCOPED_TRACE(isa + " " + dtype_name(dt) + (residual ? " residual" : ""));
+        const auto r =
+            compare_with_ref(from_dst_graph({3, 5, 7, 192}, "NXC", dt, 0.01f, 1e-3f, residual),
+                             "jit", static_cast<uint64_t>(ran) + 400, 0.0, "nxc-strips-64");
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_NE(r.kernel.find(":pixels_strips+"), std::string::npos) << r.kernel;
+        EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+        ++ran;
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
+}
+
 TEST(FromDst, SameBitsForAnyThreadCount) {
   for (const Dims& shape : {Dims{8, 32, 20, 20}, Dims{8, 20, 20, 96}}) {
     const Graph g = from_dst_graph(shape, shape[3] == 96 ? "NXC" : "NCX", DataType::kF32, 0.01f);

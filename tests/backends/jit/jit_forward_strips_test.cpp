@@ -1,0 +1,169 @@
+// The JIT forward's channel strips (NXC: a task per strip of adjacent
+// channels across all pixels, statistics then apply): against ref on each
+// ISA with every epilogue, every dtype, data far from zero, partial
+// statistics chunks and several chunks to a group; bit for bit against the
+// pixels walk (fwd-no-strips), as the walk keeps every sum's order; the same
+// bits for any thread count; and the rule that chooses them.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <normgrad/backends/backend.hpp>
+#include <normgrad/backends/jit/jit_conf.hpp>
+#include <normgrad/backends/jit/jit_forward.hpp>
+#include "tests/backend_test_util.hpp"
+#include "tests/backends/jit/jit_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using testing_util::compare_with_ref;
+
+struct Case {
+  Dims shape;  // N, H, W, C
+  const char* variant;
+};
+
+// 96 channels in strips of 32 (105 pixels: a partial second chunk); 64 in
+// strips of 32 over 5000 pixels (79 chunks, two to a group); 256 in the
+// rule's strips (128 f32 channels, 64 16-bit ones); 160 in strips of 32 over
+// 37 pixels (one partial chunk).
+const Case kCases[] = {{{3, 5, 7, 96}, "fwd-strips-32"},
+                       {{2, 50, 50, 64}, "fwd-strips-32"},
+                       {{5, 7, 7, 256}, "fwd-strips"},
+                       {{37, 1, 1, 160}, "fwd-strips-32"}};
+
+TEST(JitForwardStrips, MatchRefOnEachIsa) {
+  int ran = 0;
+  for (const std::string& isa : jit_test::isas()) {
+    if (isa == "portable") continue;  // the portable path has no strips
+    jit_test::IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      for (const Case& k : kCases) {
+        const int epilogue = ran % 4;  // none, ReLU, LeakyReLU, Add + ReLU
+        const Graph g = jit_test::forward_graph(k.shape, epilogue, "NXC", dt);
+        SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + dims_to_string(k.shape) + " " + k.variant +
+                     " epilogue " + std::to_string(epilogue));
+        const double offset = epilogue == 0 ? 1e4 : 0.0;
+        const auto r =
+            compare_with_ref(g, "jit", 1100 + static_cast<uint64_t>(ran), offset, k.variant);
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+        EXPECT_EQ(r.kernel.find("jit:" + isa + ":"), 0u) << r.kernel;
+        EXPECT_NE(r.kernel.find("_strips"), std::string::npos) << r.kernel;
+        ++ran;
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
+}
+
+// Each channel's sums take the same chunks in the same order as the pixels
+// walk's, and the apply is elementwise: the same bits as fwd-no-strips.
+TEST(JitForwardStrips, SameBitsAsThePixelsWalk) {
+  if (jit::detect_isa() == jit::Isa::kPortable)
+    GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
+  uint64_t seed = 1200;
+  for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+    for (const Case& k : kCases) {
+      for (int epilogue : {0, 3}) {
+        const Graph g = jit_test::forward_graph(k.shape, epilogue, "NXC", dt);
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + dims_to_string(k.shape) + " " + k.variant +
+                     " epilogue " + std::to_string(epilogue));
+        const auto inputs = jit_test::inputs_for(g, seed++);
+        std::string strips, pixels;
+        const auto a = jit_test::run_jit(g, k.variant, inputs, &strips);
+        const auto b = jit_test::run_jit(g, "fwd-no-strips", inputs, &pixels);
+        EXPECT_NE(strips.find("_strips"), std::string::npos) << strips;
+        EXPECT_EQ(pixels.find("_strips"), std::string::npos) << pixels;
+        ASSERT_EQ(a.size(), b.size());
+        for (const auto& [id, buf] : a) EXPECT_TRUE(buf.bytes == b.at(id).bytes) << "tensor " << id;
+      }
+    }
+  }
+}
+
+TEST(JitForwardStrips, SameBitsForAnyThreadCount) {
+  if (jit::detect_isa() == jit::Isa::kPortable)
+    GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
+  for (DataType dt : {DataType::kF32, DataType::kBF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    jit_test::expect_same_bits_for_1_2_4_threads(
+        jit_test::forward_graph({2, 50, 50, 64}, 3, "NXC", dt), "fwd-strips-32");
+  }
+}
+
+// The rule: strips of 128 f32 or 64 16-bit channels when src is past the
+// cache, a pixel's row is a page or more, every thread has a strip and all
+// threads' strips fit in a quarter of the L3; never for NCX, the synchronized forward's parts or
+// the portable code. The variant takes widths the walk can take and leaves the others.
+TEST(JitForwardStrips, Rule) {
+  jit::FwdConf c;
+  c.isa = jit::Isa::kAvx512;
+  c.dt = DataType::kF32;
+  c.ncx_rows = false;
+  c.n = 32;
+  c.spatial = 49;
+  c.c = 2048;  // ResNet-50's 7x7 layer: 12.8 MB of f32
+  c.pixels = c.n * c.spatial;
+  const int64_t l3 = jit::cache_sizes().l3_bytes;
+  const bool past = 2 * c.pixels * c.c * 4 > l3 / 4;
+  const bool fits = 2 * c.pixels * jit::kFwdStripF32 * 4 <= l3 / 4;
+  EXPECT_EQ(jit::fwd_strip_rule(c, 2), past && fits ? jit::kFwdStripF32 : 0);
+  // 64 threads: 16 strips leave threads idle.
+  EXPECT_EQ(jit::fwd_strip_rule(c, 64), 0);
+  c.dt = DataType::kBF16;
+  EXPECT_EQ(jit::fwd_strip_rule(c, 2),
+            2 * c.pixels * c.c * 2 > l3 / 4 && 2 * c.pixels * jit::kFwdStrip16 * 2 <= l3 / 4
+                ? jit::kFwdStrip16
+                : 0);
+  // 14x14 bf16: 2 KiB a pixel, so a page holds two strips' runs.
+  jit::FwdConf half = c;
+  half.spatial = 196;
+  half.c = 1024;
+  half.pixels = half.n * half.spatial;
+  EXPECT_EQ(jit::fwd_strip_rule(half, 2), 0);
+  half.dt = DataType::kF32;  // 4 KiB a pixel
+  EXPECT_EQ(jit::fwd_strip_rule(half, 2), 2 * half.pixels * half.c * 4 > l3 / 4 &&
+                                                  2 * half.pixels * jit::kFwdStripF32 * 4 <= l3 / 4
+                                              ? jit::kFwdStripF32
+                                              : 0);
+  c.dt = DataType::kF32;
+  // 28x28: each strip's src (12.8 MB) is more than the L3 holds for two.
+  jit::FwdConf wide = c;
+  wide.spatial = 784;
+  wide.c = 512;
+  wide.pixels = wide.n * wide.spatial;
+  if (2 * wide.pixels * jit::kFwdStripF32 * 4 > l3 / 4) {
+    EXPECT_EQ(jit::fwd_strip_rule(wide, 2), 0);
+  }
+  for (auto change : {+[](jit::FwdConf* k) { k->ncx_rows = true; },
+                      +[](jit::FwdConf* k) { k->phase = jit::FwdPhase::kApply; },
+                      +[](jit::FwdConf* k) { k->phase = jit::FwdPhase::kReduce; },
+                      +[](jit::FwdConf* k) { k->isa = jit::Isa::kPortable; },
+                      +[](jit::FwdConf* k) { k->c = 2048 + 16; }}) {
+    jit::FwdConf k = c;
+    change(&k);
+    EXPECT_FALSE(jit::fwd_strips_possible(k, jit::kFwdStripF32));
+    EXPECT_EQ(jit::fwd_strip_rule(k, 2), 0);
+  }
+  // The variant: a width of whole 32s that divides C, below C.
+  for (const auto& [variant, width] :
+       std::vector<std::pair<std::string, int64_t>>{{"fwd-strips", jit::kFwdStripF32},
+                                                    {"fwd-strips-64", 64},
+                                                    {"fwd-strips-48", 0},
+                                                    {"fwd-strips-2048", 0},
+                                                    {"fwd-strips-96", 0}}) {
+    jit::FwdConf k = c;
+    ASSERT_TRUE(jit::apply_forward_variant(variant, &k).ok());
+    EXPECT_EQ(k.strip_channels, width) << variant;
+    EXPECT_EQ(k.line_walk, width > 0) << variant;
+    ASSERT_TRUE(jit::apply_forward_variant("fwd-no-strips", &k).ok());
+    EXPECT_EQ(k.strip_channels, 0);
+    EXPECT_FALSE(k.line_walk) << "f32 without strips takes the channel blocks";
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
