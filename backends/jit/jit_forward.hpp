@@ -59,6 +59,9 @@ constexpr int kFwdGroupAvx2 = 4;
 // 16-bit ones, were slower.
 constexpr int64_t kFwdStripF32 = 128;
 constexpr int64_t kFwdStrip16 = 64;
+// The shortest 16-bit pixel row (bytes) whose statistics go pixel by pixel
+// (FwdConf::stats_pixel_group).
+constexpr int64_t kFwdStatsGroupRowBytes = 512;
 // The shortest pixel row (bytes) the rule takes strips for: a page.
 constexpr int64_t kFwdStripRowBytes = 4096;
 // A grouped chunk's lane chains take at most this many terms each.
@@ -105,6 +108,11 @@ struct FwdConf {
   // not the L2, whose sets a pixel stride of 4 or 8 KiB (14x14 and 7x7 f32)
   // confines a strip to 256 of its lines.
   int64_t strip_channels = 0;
+  // NXC statistics: pixels per group of the grouped walk
+  // (pixels_stats_grouped: the chunk's sums in memory, each group of
+  // pixels walked one channel block at a time), 0: each channel block over
+  // the whole chunk's pixels, its sums in registers. The same bits.
+  int stats_pixel_group = 0;
   float epsilon = 0.f, momentum = 0.1f;
   bool affine = false;    // gamma and beta given
   bool residual = false;  // an Add's other input joins before the ReLU

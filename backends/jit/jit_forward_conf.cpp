@@ -55,6 +55,7 @@ std::string FwdConf::key() const {
          std::to_string(affine) + (pair_vectors ? ":pairs" : "") + (avx512_bf16 ? ":bf16cvt" : "") +
          (prefetch_next_channel ? ":pf" : "") +
          (strip_channels > 0 ? ":strip=" + std::to_string(strip_channels) : "") +
+         (stats_pixel_group > 0 ? ":spg=" + std::to_string(stats_pixel_group) : "") +
          (leaky ? ":alpha=" + std::to_string(alpha) : "");
 }
 
@@ -249,6 +250,14 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   // The threads the forward will run on (the same bits for any).
   c.strip_channels = fwd_strip_rule(c, planned_threads());
   c.line_walk = fwd_line_walk(c);
+  // 16-bit NXC statistics pixel by pixel, the chunk's sums in memory: each
+  // channel block swept over a chunk's 64 pixels read 16-bit data at half
+  // f32's bytes a second, slower the wider the pixel (56x56 to 14x14 gained
+  // 1.05-1.43x). Narrow pixels (112x112's 128 bytes: 0.97-0.99x) and a
+  // strip's keep the sweeps (docs/performance.md).
+  if (!c.ncx_rows && c.isa != Isa::kPortable && c.dt != DataType::kF32 && c.strip_channels == 0 &&
+      c.c * es >= kFwdStatsGroupRowBytes)
+    c.stats_pixel_group = 1;
   return c;
 }
 

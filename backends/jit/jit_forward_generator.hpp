@@ -55,7 +55,13 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     } else if (c.ncx_rows) {
       kind == Kind::kStats ? rows_stats() : rows_apply();
     } else {
-      kind == Kind::kStats ? pixels_stats() : pixels_apply();
+      if (kind != Kind::kStats) {
+        pixels_apply();
+      } else if (c.stats_pixel_group > 0) {
+        pixels_stats_grouped();
+      } else {
+        pixels_stats();
+      }
     }
     emit_constants();
     readyRE();
@@ -368,7 +374,10 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   void pair_step(const std::function<void(int)>& normalise, int64_t off = 0);
   void load_pair(const RegExp& e);
   void store_pair(const RegExp& e);
+  void stats_prologue();
   void pixels_stats();
+  void pixels_stats_grouped();
+  void pixels_stats_block(int nb, bool tail_last, int g);
   void pixels_apply();
   void pixels_pair_block(int64_t first, int row);
   void pixels_apply_lines(int row);

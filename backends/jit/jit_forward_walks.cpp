@@ -183,6 +183,21 @@ void FwdGenerator::rows_apply() {
 
 // Pixels walk. Channel vectors: nv = ceil(C / lanes), the last one masked
 // when C is not a multiple of the lanes (k1 on AVX-512, vmm(mask_) on AVX2).
+// The pixels statistics' arguments: x r8, K rax, len rdx, S1 r9, S2 r10,
+// and the tail's mask (AVX-512 k1, AVX2 f32 v15).
+void FwdGenerator::stats_prologue() {
+  load_args();
+  if (tail() != 0 && avx512_) {
+    mov(r11d, (1 << tail()) - 1);
+    kmovw(k1, r11d);
+  } else if (tail() != 0 && c_.dt == DataType::kF32) {
+    mask_ = 15;
+    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail()) * 4]);
+  }
+  mov(r9, ptr[rdi + offsetof(FwdArgs, s1)]);
+  mov(r10, ptr[rdi + offsetof(FwdArgs, s2)]);
+}
+
 void FwdGenerator::pixels_stats() {
   const int64_t nv = (width() + lanes_ - 1) / lanes_;
   // Channel vectors per sweep over the chunk's pixels: as many as the sums
@@ -195,16 +210,7 @@ void FwdGenerator::pixels_stats() {
   // same bits for any block.
   const int block = avx512_ ? 8 : 6;
   const int vbytes = lanes_ * 4;
-  load_args();
-  if (tail() != 0 && avx512_) {
-    mov(r11d, (1 << tail()) - 1);
-    kmovw(k1, r11d);
-  } else if (tail() != 0 && c_.dt == DataType::kF32) {
-    mask_ = 15;
-    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail()) * 4]);
-  }
-  mov(r9, ptr[rdi + offsetof(FwdArgs, s1)]);
-  mov(r10, ptr[rdi + offsetof(FwdArgs, s2)]);
+  stats_prologue();
   for (int64_t first = 0; first < nv; first += block) {
     const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
     // S1 v0.., S2 v<block>..; AVX-512: K v16..23 and data v24..31; AVX2: K
@@ -242,6 +248,92 @@ void FwdGenerator::pixels_stats() {
   }
   vzeroupper();
   ret();
+}
+
+// FwdConf::stats_pixel_group: the chunk's sums live in memory (a.s1, a.s2,
+// zeroed first); the pixels go by in groups of g, and each group is walked
+// one channel block at a time (r11 its first channel), the block's sums
+// loaded, g pixels added, the sums stored back. Each channel's sums still
+// run over the pixels in order, exactly rounded at every step: the same
+// bits as pixels_stats. Registers as there.
+void FwdGenerator::pixels_stats_grouped() {
+  const int64_t nv = (width() + lanes_ - 1) / lanes_;
+  const int block = avx512_ ? 8 : 6;
+  const int g = static_cast<int>(c_.stats_pixel_group);
+  const int vbytes = lanes_ * 4;
+  stats_prologue();
+  zero(0);
+  for (int64_t v = 0; v < nv; ++v) {
+    vmovups(ptr[r9 + static_cast<int>(v * vbytes)], vmm(0));
+    vmovups(ptr[r10 + static_cast<int>(v * vbytes)], vmm(0));
+  }
+  const int64_t whole_blocks = (nv - (tail() != 0 ? 1 : 0)) / block;
+  const int left = static_cast<int>(nv - whole_blocks * block);
+  auto blocks = [&](int pixels) {
+    xor_(r11, r11);
+    if (whole_blocks > 0) {
+      Label blk;
+      L(blk);
+      pixels_stats_block(block, false, pixels);
+      add(r11, block * static_cast<int>(lanes_));
+      cmp(r11, static_cast<uint32_t>(whole_blocks * block * lanes_));
+      jl(blk, T_NEAR);
+    }
+    if (left > 0) pixels_stats_block(left, tail() != 0, pixels);
+  };
+  mov(rsi, r8);
+  mov(rcx, rdx);
+  Label group, rest, single, done;
+  L(group);
+  cmp(rcx, g);
+  jl(rest, T_NEAR);
+  blocks(g);
+  add(rsi, static_cast<int>(g * c_.c * es_));
+  sub(rcx, g);
+  jmp(group, T_NEAR);
+  L(rest);
+  test(rcx, rcx);
+  jz(done, T_NEAR);
+  L(single);
+  blocks(1);
+  add(rsi, static_cast<int>(c_.c * es_));
+  dec(rcx);
+  jnz(single, T_NEAR);
+  L(done);
+  vzeroupper();
+  ret();
+}
+
+// One block of nb channel vectors from channel r11 over `g` pixels from
+// rsi: S1 v0.., S2 v<8 or 6>.., loaded and stored back; the last vector
+// masked when tail_last. AVX-512: K v16..23, data v24..31; AVX2: K from
+// memory, data v14.
+void FwdGenerator::pixels_stats_block(int nb, bool tail_last, int g) {
+  const int block = avx512_ ? 8 : 6;
+  const int vbytes = lanes_ * 4;
+  for (int v = 0; v < nb; ++v) {
+    vmovups(vmm(v), ptr[r9 + r11 * 4 + v * vbytes]);
+    vmovups(vmm(block + v), ptr[r10 + r11 * 4 + v * vbytes]);
+    if (avx512_) vmovups(Zmm(16 + v), ptr[rax + r11 * 4 + v * vbytes]);
+  }
+  for (int p = 0; p < g; ++p) {
+    for (int v = 0; v < nb; ++v) {
+      const bool masked = tail_last && v == nb - 1;
+      const int t = avx512_ ? 24 + v : 14;
+      load(t, rsi + r11 * es_ + static_cast<int>(p * c_.c * es_ + v * lanes_ * es_), masked);
+      if (avx512_) {
+        vsubps(vmm(t), vmm(t), Zmm(16 + v));
+      } else {
+        vsubps(vmm(t), vmm(t), ptr[rax + r11 * 4 + v * vbytes]);
+      }
+      vaddps(vmm(v), vmm(v), vmm(t));
+      vfmadd231ps(vmm(block + v), vmm(t), vmm(t));
+    }
+  }
+  for (int v = 0; v < nb; ++v) {
+    vmovups(ptr[r9 + r11 * 4 + v * vbytes], vmm(v));
+    vmovups(ptr[r10 + r11 * 4 + v * vbytes], vmm(block + v));
+  }
 }
 
 // FwdConf::pair_vectors in the pixels walk: a block's 16 channels as their

@@ -160,6 +160,13 @@ const Variant kVariants[] = {
        c->strip_channels = 0;
        c->line_walk = fwd_line_walk(*c);
      }},
+    {"fwd-stats-groups", "PIXELS", 8, 1, 64, [](BnConf*, int64_t) {},
+     [](FwdConf* c, int64_t g) {
+       // The NXC statistics in groups of PIXELS pixels, the sums in memory.
+       if (!c->ncx_rows && c->isa != Isa::kPortable) c->stats_pixel_group = static_cast<int>(g);
+     }},
+    {"fwd-stats-sweeps", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c, int64_t) { c->stats_pixel_group = 0; }},
     {"bf16-integer-rounding", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->avx512_bf16 = false; },
      [](FwdConf* c, int64_t) { c->avx512_bf16 = false; }},
 };

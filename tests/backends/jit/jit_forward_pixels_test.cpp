@@ -1,9 +1,10 @@
-// The JIT forward's channel strips (NXC: a task per strip of adjacent
-// channels across all pixels, statistics then apply): against ref on each
-// ISA with every epilogue, every dtype, data far from zero, partial
+// The JIT forward's NXC walks: the channel strips (a task per strip of
+// adjacent channels across all pixels, statistics then apply) against ref
+// on each ISA with every epilogue, every dtype, data far from zero, partial
 // statistics chunks and several chunks to a group; bit for bit against the
 // pixels walk (fwd-no-strips), as the walk keeps every sum's order; the same
-// bits for any thread count; and the rule that chooses them.
+// bits for any thread count; the rule that chooses them. And the statistics
+// in groups of pixels (the sums in memory) against the channel-block sweeps.
 #include <string>
 #include <vector>
 
@@ -34,7 +35,7 @@ const Case kCases[] = {{{3, 5, 7, 96}, "fwd-strips-32"},
                        {{5, 7, 7, 256}, "fwd-strips"},
                        {{37, 1, 1, 160}, "fwd-strips-32"}};
 
-TEST(JitForwardStrips, MatchRefOnEachIsa) {
+TEST(JitForwardPixels, StripsMatchRefOnEachIsa) {
   int ran = 0;
   for (const std::string& isa : jit_test::isas()) {
     if (isa == "portable") continue;  // the portable path has no strips
@@ -61,7 +62,7 @@ TEST(JitForwardStrips, MatchRefOnEachIsa) {
 
 // Each channel's sums take the same chunks in the same order as the pixels
 // walk's, and the apply is elementwise: the same bits as fwd-no-strips.
-TEST(JitForwardStrips, SameBitsAsThePixelsWalk) {
+TEST(JitForwardPixels, StripsSameBitsAsThePixelsWalk) {
   if (jit::detect_isa() == jit::Isa::kPortable)
     GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
   uint64_t seed = 1200;
@@ -84,7 +85,7 @@ TEST(JitForwardStrips, SameBitsAsThePixelsWalk) {
   }
 }
 
-TEST(JitForwardStrips, SameBitsForAnyThreadCount) {
+TEST(JitForwardPixels, StripsSameBitsForAnyThreadCount) {
   if (jit::detect_isa() == jit::Isa::kPortable)
     GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
   for (DataType dt : {DataType::kF32, DataType::kBF16}) {
@@ -98,7 +99,7 @@ TEST(JitForwardStrips, SameBitsForAnyThreadCount) {
 // cache, a pixel's row is a page or more, every thread has a strip and all
 // threads' strips fit in a quarter of the L3; never for NCX, the synchronized forward's parts or
 // the portable code. The variant takes widths the walk can take and leaves the others.
-TEST(JitForwardStrips, Rule) {
+TEST(JitForwardPixels, StripsRule) {
   jit::FwdConf c;
   c.isa = jit::Isa::kAvx512;
   c.dt = DataType::kF32;
@@ -163,6 +164,42 @@ TEST(JitForwardStrips, Rule) {
     EXPECT_EQ(k.strip_channels, 0);
     EXPECT_FALSE(k.line_walk) << "f32 without strips takes the channel blocks";
   }
+}
+
+// The statistics in groups of 1, 3 and 8 pixels (fwd-stats-groups) keep
+// each channel's sums in pixel order, rounded at every step as in
+// registers: the same bits as the channel-block sweeps (fwd-stats-sweeps),
+// on each ISA, with blocks whole and cut short, tails, and a last group of
+// fewer pixels.
+TEST(JitForwardPixels, StatsGroupsSameBitsAsSweeps) {
+  int ran = 0;
+  for (const std::string& isa : jit_test::isas()) {
+    if (isa == "portable") continue;
+    jit_test::IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      for (const Dims& shape :
+           {Dims{3, 5, 7, 96}, Dims{2, 9, 9, 200}, Dims{37, 1, 1, 33}, Dims{4, 3, 3, 1000}}) {
+        const Graph g = jit_test::forward_graph(shape, ran % 4, "NXC", dt);
+        const auto inputs = jit_test::inputs_for(g, 1400 + static_cast<uint64_t>(ran));
+        std::string name;
+        const auto sweeps = jit_test::run_jit(g, "fwd-stats-sweeps", inputs, &name);
+        for (int group : {1, 3, 8}) {
+          const std::string variant = "fwd-stats-groups-" + std::to_string(group);
+          SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + dims_to_string(shape) + " " + variant);
+          const auto grouped = jit_test::run_jit(g, variant, inputs, &name);
+          ASSERT_EQ(grouped.size(), sweeps.size());
+          for (const auto& [id, buf] : grouped)
+            EXPECT_TRUE(buf.bytes == sweeps.at(id).bytes) << "tensor " << id;
+        }
+        const auto r = compare_with_ref(g, "jit", 1400 + static_cast<uint64_t>(ran),
+                                        ran % 4 == 0 ? 1e4 : 0.0, "fwd-stats-groups-3");
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+        ++ran;
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
 }
 
 }  // namespace
