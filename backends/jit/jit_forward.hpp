@@ -62,6 +62,8 @@ constexpr int64_t kFwdStrip16 = 64;
 // The shortest 16-bit pixel row (bytes) whose statistics go pixel by pixel
 // (FwdConf::stats_pixel_group).
 constexpr int64_t kFwdStatsGroupRowBytes = 512;
+// Pixels per statistics group of an AVX2 strip (FwdConf::stats_pixel_group).
+constexpr int kFwdStripStatsGroupAvx2 = 4;
 // The shortest pixel row (bytes) the rule takes strips for: a page.
 constexpr int64_t kFwdStripRowBytes = 4096;
 // A grouped chunk's lane chains take at most this many terms each.

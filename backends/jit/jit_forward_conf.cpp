@@ -253,11 +253,14 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   // 16-bit NXC statistics pixel by pixel, the chunk's sums in memory: each
   // channel block swept over a chunk's 64 pixels read 16-bit data at half
   // f32's bytes a second, slower the wider the pixel (56x56 to 14x14 gained
-  // 1.05-1.43x). Narrow pixels (112x112's 128 bytes: 0.97-0.99x) and a
-  // strip's keep the sweeps (docs/performance.md).
+  // 1.05-1.43x). Narrow pixels (112x112's 128 bytes: 0.97-0.99x) keep the
+  // sweeps, and so do AVX-512 strips (docs/performance.md).
   if (!c.ncx_rows && c.isa != Isa::kPortable && c.dt != DataType::kF32 && c.strip_channels == 0 &&
       c.c * es >= kFwdStatsGroupRowBytes)
     c.stats_pixel_group = 1;
+  // AVX2 strips: groups of 4 pixels beat the sweeps (7x7 1.03-1.16x, 14x14
+  // f32 0.99-1.07x); on AVX-512 the sweeps were level with groups or faster.
+  if (c.strip_channels > 0 && c.isa == Isa::kAvx2) c.stats_pixel_group = kFwdStripStatsGroupAvx2;
   return c;
 }
 
