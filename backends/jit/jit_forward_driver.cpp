@@ -184,6 +184,18 @@ float ncx_shift(const FwdConf& c, const void* x, int64_t ch) {
   return static_cast<float>(s / static_cast<double>(k));
 }
 
+// The NXC walk's shifts: each channel's mean over the first pixels (up to
+// 8), on vectors of channels padded with zeros.
+void pixel_shifts(const FwdConf& c, const void* x, LineVector<float>* shift) {
+  shift->assign(static_cast<size_t>(padded_channels(c.c)), 0.f);
+  const int64_t k0 = std::min<int64_t>(c.pixels, 8);
+  for (int64_t ch = 0; ch < c.c; ++ch) {
+    double s = 0.0;
+    for (int64_t p = 0; p < k0; ++p) s += load_element(x, p * c.c + ch, c.dt);
+    (*shift)[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
+  }
+}
+
 // FwdConf::line_walk with pairs: each of the four coefficient rows (cp
 // floats apart) laid out per 16 channels as the pairs load them, the even
 // channels first, then the odd ones; channels [first, last), whole 16s.
@@ -360,13 +372,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   ScratchLeaseOf<FwdScratch> lease;
   FwdScratch& scratch = lease.get();
   LineVector<float>& shift = scratch.shift;
-  shift.assign(static_cast<size_t>(cp), 0.f);
-  const int64_t k0 = std::min<int64_t>(c.pixels, 8);
-  for (int64_t ch = 0; ch < c.c && c.phase != FwdPhase::kApply; ++ch) {
-    double s = 0.0;
-    for (int64_t p = 0; p < k0; ++p) s += load_element(x, p * c.c + ch, c.dt);
-    shift[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
-  }
+  if (c.phase != FwdPhase::kApply) pixel_shifts(c, x, &shift);
   std::vector<double>& partial = scratch.partial;
   partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
   const bool stats = c.phase != FwdPhase::kApply;  // Apply is given the global statistics
@@ -434,7 +440,7 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
 
 // FwdConf::strip_channels: one task per strip of adjacent channels, its
 // statistics over every pixel, then its apply over every pixel while the
-// strip's src is still in the L2. The chunks, their groups and the order of
+// strip's src is still in the cache. The chunks, their groups and the order of
 // every f64 addition are run_pixels': the same bits.
 Status run_pixel_strips(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
                         const std::vector<void*>& out) {
@@ -452,13 +458,7 @@ Status run_pixel_strips(const FwdConf& c, const FwdKernels& k, const std::vector
   ScratchLeaseOf<FwdScratch> lease;
   FwdScratch& scratch = lease.get();
   LineVector<float>& shift = scratch.shift;
-  shift.assign(static_cast<size_t>(cp), 0.f);
-  const int64_t k0 = std::min<int64_t>(c.pixels, 8);
-  for (int64_t ch = 0; ch < c.c; ++ch) {
-    double s = 0.0;
-    for (int64_t p = 0; p < k0; ++p) s += load_element(x, p * c.c + ch, c.dt);
-    shift[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
-  }
+  pixel_shifts(c, x, &shift);
   LineVector<float>& coef = scratch.coef;
   coef.assign(static_cast<size_t>(4 * cp), 0.f);
   const Finish fin{c, in, out, static_cast<double>(c.pixels)};
