@@ -11,6 +11,7 @@
 // The reductions are partitioned by the shape alone and the tasks run on the
 // pool (jit_parallel.hpp), so any thread count gives the same bits.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -233,6 +234,13 @@ class DenseRun {
   void rows_per_channel();
   void pixels();
   void pixels_strips();
+  // The pixels walks' coefficient rows a, b, c and the means, cp_ apart.
+  LineVector<float>& coef_with_means() {
+    LineVector<float>& coef = scratch_.coef;
+    coef.assign(static_cast<size_t>(4 * cp_), 0.f);
+    for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = kernel_float(scratch_.ch[c].mean);
+    return coef;
+  }
   // The pixels walk's phases.
   void pixels_reduce(int64_t nchunks, LineVector<float>& coef);
   void pixels_apply(int64_t nchunks, const LineVector<float>& coef);
@@ -530,9 +538,7 @@ void DenseRun::pixels_apply(int64_t nchunks, const LineVector<float>& coef) {
 }
 
 void DenseRun::pixels() {
-  LineVector<float>& coef = scratch_.coef;  // rows a, b, c and the means, cp_ apart
-  coef.assign(static_cast<size_t>(4 * cp_), 0.f);
-  for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = kernel_float(scratch_.ch[c].mean);
+  LineVector<float>& coef = coef_with_means();
   const int64_t nchunks = (conf_.walk.rows + conf_.walk.chunk_rows - 1) / conf_.walk.chunk_rows;
   pixels_reduce(nchunks, coef);
   // Phase 3: the coefficients (Reduce: the sums are the output).
@@ -552,9 +558,7 @@ void DenseRun::pixels_strips() {
   const int64_t nchunks = (conf_.walk.rows + chunk - 1) / chunk;
   assert(nc_ % w == 0 && !given_sums_ && !reduce_only_ && !stage_ &&
          "strips: the whole, dense backward");
-  LineVector<float>& coef = scratch_.coef;  // rows a, b, c and the means, cp_ apart
-  coef.assign(static_cast<size_t>(4 * cp_), 0.f);
-  for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = kernel_float(scratch_.ch[c].mean);
+  LineVector<float>& coef = coef_with_means();
   for_range(conf_.single_thread, nc_ / w, [&](int64_t strip) {
     const int64_t c0 = strip * w;
     // The kernels' partial rows are cp_ apart; this strip's lanes of them.

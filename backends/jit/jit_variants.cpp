@@ -9,9 +9,8 @@
 // it as make_conf chose it: the bench times every column on every case. A
 // row may also change the forward's conf (bf16-single-vectors,
 // fwd-channel-blocks, fwd-ungrouped, fwd-bounce, fwd-no-bounce, fwd-no-nt,
-// fwd-strips, fwd-no-strips,
-// bf16-integer-rounding); the forward ignores the
-// rows that do not.
+// fwd-strips, fwd-no-strips, fwd-stats-groups, fwd-stats-sweeps,
+// bf16-integer-rounding); the forward ignores the rows that do not.
 #include <normgrad/backends/jit/jit_conf.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
 
@@ -86,8 +85,8 @@ const Variant kVariants[] = {
      [](BnConf* c, int64_t) { c->walk.apply_last_first = false; }},
     {"nxc-strips", "CHANNELS", 0, 0, 1 << 20,
      [](BnConf* c, int64_t w) {
-       // Strips of CHANNELS (0 or none: the rule's width) wherever the walk
-       // can take them, also within the cache.
+       // Strips of CHANNELS (0 or none: kBwdStripChannels) wherever the walk
+       // can take them; the JIT has no rule that takes them by itself.
        if (w == 0) w = kBwdStripChannels;
        if (!bwd_strips_possible(*c, w)) return;
        choose_pixels_walk(c);

@@ -97,8 +97,9 @@ TEST(JitForwardPixels, StripsSameBitsForAnyThreadCount) {
 
 // The rule: strips of 128 f32 or 64 16-bit channels when src is past the
 // cache, a pixel's row is a page or more, every thread has a strip and all
-// threads' strips fit in a quarter of the L3; never for NCX, the synchronized forward's parts or
-// the portable code. The variant takes widths the walk can take and leaves the others.
+// threads' strips fit in a quarter of the L3; never for NCX, the
+// synchronized forward's parts or the portable code. The variant takes
+// widths the walk can take and leaves the others.
 TEST(JitForwardPixels, StripsRule) {
   jit::FwdConf c;
   c.isa = jit::Isa::kAvx512;
@@ -131,13 +132,19 @@ TEST(JitForwardPixels, StripsRule) {
                                               ? jit::kFwdStripF32
                                               : 0);
   c.dt = DataType::kF32;
-  // 28x28: each strip's src (12.8 MB) is more than the L3 holds for two.
+  // 28x28 f32: 2 KiB a pixel, whatever the L3 holds.
   jit::FwdConf wide = c;
   wide.spatial = 784;
   wide.c = 512;
   wide.pixels = wide.n * wide.spatial;
-  if (2 * wide.pixels * jit::kFwdStripF32 * 4 > l3 / 4) {
-    EXPECT_EQ(jit::fwd_strip_rule(wide, 2), 0);
+  EXPECT_EQ(jit::fwd_strip_rule(wide, 2), 0);
+  // 7x7 f32 at batch 256: each strip's src (25.7 MB) is more than a quarter
+  // of any L3 the cache model takes for two threads.
+  jit::FwdConf big = c;
+  big.n = 256;
+  big.pixels = big.n * big.spatial;
+  if (2 * big.pixels * jit::kFwdStripF32 * 4 > l3 / 4) {
+    EXPECT_EQ(jit::fwd_strip_rule(big, 2), 0);
   }
   for (auto change : {+[](jit::FwdConf* k) { k->ncx_rows = true; },
                       +[](jit::FwdConf* k) { k->phase = jit::FwdPhase::kApply; },
