@@ -34,6 +34,9 @@ struct RunOptions {
   // Added to every batch-norm src (data far from zero: statistics that
   // cancel show up).
   double data_offset = 0.0;
+  // Ops normgrad carries but cannot run (convolutions, pooling, ...) are cut:
+  // what they wrote becomes graph inputs with random data, so the rest runs.
+  bool cut_unsupported = false;
   int verbose = 0;
   std::string engine = "cpu";
   std::string inputs_dir, outputs_dir;

@@ -19,6 +19,7 @@
 #include <normgrad/graph/text_io.hpp>
 #include <normgrad/testing/check.hpp>
 #include <normgrad/testing/oracle.hpp>
+#include <normgrad/testing/partition_check.hpp>
 #include "tools/cli.hpp"
 #include "tools/cli_args.hpp"
 #include "tools/graph_gen.hpp"
@@ -46,64 +47,6 @@ Status check_plan_order(const CompiledGraph& cg) {
       }
     }
     for (const LogicalTensor& lt : p->partition().outputs) written.insert(lt.id);
-  }
-  return ok_status();
-}
-
-// Runs each partition of `cg` in plan order on this backend's own values
-// (the graph's inputs, then what earlier partitions wrote), and ref op by op
-// on the same inputs, and checks every partition output: each partition is
-// judged on exactly its inputs, so rounding upstream is never charged to it.
-// `values` receives every tensor this backend computed.
-Status check_partitions(const CompiledGraph& cg, const std::map<int64_t, oracle::Buffer>& inputs,
-                        std::map<int64_t, oracle::Buffer>* values, std::string* failure) {
-  std::map<int64_t, oracle::Buffer>& known = *values;
-  known = inputs;
-  for (const auto& p : cg.partitions()) {
-    const Partition& part = p->partition();
-    std::vector<Tensor> in, out;
-    for (const LogicalTensor& lt : part.inputs) {
-      auto it = known.find(lt.id);
-      if (it == known.end()) return internal_error("tensor " + std::to_string(lt.id) + " unknown");
-      in.push_back({lt, it->second.data()});
-    }
-    std::map<int64_t, oracle::Buffer> got;
-    for (const LogicalTensor& lt : part.outputs) {
-      NG_ASSIGN_OR_RETURN(oracle::Buffer b, oracle::allocate(lt));
-      out.push_back({lt, got.emplace(lt.id, std::move(b)).first->second.data()});
-    }
-    NG_RETURN_IF_ERROR(p->execute(in, out));
-    // ref, op by op, intermediates in their own dtype.
-    std::map<int64_t, oracle::Buffer> want;
-    for (const Op& op : part.ops) {
-      std::vector<const void*> op_in;
-      std::vector<void*> op_out;
-      for (const LogicalTensor& lt : op.inputs()) {
-        auto w = want.find(lt.id);
-        op_in.push_back(w != want.end() ? w->second.data() : known.at(lt.id).data());
-      }
-      for (const LogicalTensor& lt : op.outputs()) {
-        NG_ASSIGN_OR_RETURN(oracle::Buffer b, oracle::allocate(lt));
-        op_out.push_back(want.emplace(lt.id, std::move(b)).first->second.data());
-      }
-      NG_RETURN_IF_ERROR(reference_execute(op, op_in, op_out));
-    }
-    for (auto& [id, g] : got) {
-      NG_ASSIGN_OR_RETURN(oracle::OutputVerdict v,
-                          oracle::check_output(cg.lowered_graph(), known, id, g, want.at(id),
-                                               oracle::sum_order_of(p->kernel_name())));
-      if (!v.pass) {
-        std::ostringstream o;
-        o << "partition " << part.id << " (" << part.ops_string() << " on " << p->kernel_name()
-          << "), output " << id << " (" << dtype_name(g.desc.dtype) << " "
-          << dims_to_string(g.desc.dims) << "): rel_l2 " << v.error.rel_l2 << " > " << v.limit;
-        if (v.cond_error >= 0) o << ", against its terms " << v.cond_error << " > " << v.cond_limit;
-        o << ", max_abs " << v.error.max_abs << ", NaN mismatches " << v.error.nan_mismatch;
-        *failure = o.str();
-        return ok_status();
-      }
-    }
-    for (auto& [id, g] : got) known[id] = std::move(g);
   }
   return ok_status();
 }
@@ -139,11 +82,12 @@ Verdict check_graph(Graph g, uint64_t seed, bool verify_each) {
       return fail("compile: " + cg.status().to_string());
     }
     if (Status s = check_plan_order(*cg); !s.ok()) return fail(s.to_string());
+    // Each partition on its own inputs (testing/partition_check.hpp).
     std::map<int64_t, oracle::Buffer> values;
-    std::string failure;
-    if (Status s = check_partitions(*cg, *inputs, &values, &failure); !s.ok())
-      return fail("execute: " + s.to_string());
-    if (!failure.empty()) return fail(failure);
+    auto checks = oracle::check_partitions(*cg, *inputs, &values);
+    if (!checks.ok()) return fail("execute: " + checks.status().to_string());
+    for (const oracle::PartitionOutputCheck& c : *checks)
+      if (!c.verdict.pass) return fail(oracle::describe(c));
     // The whole graph through CompiledGraph::execute (its intermediates,
     // in-place pairs and port plumbing): the same kernels on the same
     // inputs, so the same bits as partition by partition.
