@@ -56,6 +56,8 @@ class CompiledGraph {
  public:
   // Finalizes a copy of `graph` if needed, lowers, partitions and compiles it.
   static StatusOr<CompiledGraph> compile(const Graph& graph, const CompileOptions& options);
+  // The same, taking the graph over: a large graph is not copied.
+  static StatusOr<CompiledGraph> compile(Graph&& graph, const CompileOptions& options);
 
   // The user's graph, finalized, and the graph after the pass pipeline.
   const Graph& graph() const { return graph_; }

@@ -4,6 +4,7 @@
 #include <normgrad/graph/limits.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -269,38 +270,6 @@ StatusOr<Op> parse_op(const Json& j, const std::string& where) {
   return op;
 }
 
-OrderedJson tensor_to_json(const LogicalTensor& lt) {
-  OrderedJson j;
-  j["id"] = lt.id;
-  j["dtype"] = dtype_name(lt.dtype);
-  if (lt.rank_unknown) {
-    j["shape"] = std::vector<int64_t>{kUnknownDim};
-  } else {
-    j["shape"] = lt.dims;
-  }
-  if (!lt.strides.empty()) {
-    j["stride"] = lt.strides;
-  } else if (lt.dims_known() && lt.layout != LayoutType::kOpaque) {
-    j["stride"] = dense_strides(lt.dims);
-  } else {
-    j["stride"] = std::vector<int64_t>{kUnknownDim};  // oneDNN's "not known"
-  }
-  j["layout_type"] = layout_type_name(lt.layout);
-  j["property_type"] = property_type_name(lt.property);
-  return j;
-}
-
-OrderedJson attr_to_json(const AttrValue& v) {
-  OrderedJson j;
-  j["type"] = attr_kind_name(attr_value_kind(v));
-  if (const bool* b = std::get_if<bool>(&v)) {
-    j["value"] = *b ? 1 : 0;  // oneDNN's reader and writer use 0/1 for bools
-  } else {
-    std::visit([&](const auto& x) { j["value"] = x; }, v);
-  }
-  return j;
-}
-
 }  // namespace
 
 StatusOr<std::string> read_text_file(const std::string& path, size_t max_bytes) {
@@ -437,7 +406,143 @@ StatusOr<Graph> load_graph(const std::string& path, const JsonLimits& limits) {
   return g;
 }
 
+namespace {
+
+// A pretty printer with nlohmann's dump(2) layout, written straight into one
+// string: the ops of a large graph need no document of their own. Strings
+// and floats go through nlohmann (its escaping, its shortest round-trip
+// form), integers through to_chars.
+class PrettyWriter {
+ public:
+  explicit PrettyWriter(std::string* out, int indent) : out_(*out), indent_(indent) {}
+  void begin(char bracket) {
+    out_ += bracket;
+    ++indent_;
+    first_ = true;
+  }
+  void end(char bracket) {
+    --indent_;
+    if (!first_) newline();
+    out_ += bracket;
+    first_ = false;
+  }
+  void key(const char* k) {
+    item();
+    out_ += '"';
+    out_ += k;
+    out_ += "\": ";
+  }
+  void key_json(const std::string& k) {  // a name that may need escaping
+    item();
+    string(k);
+    out_ += ": ";
+  }
+  void item() {
+    if (!first_) out_ += ',';
+    newline();
+    first_ = true;  // the value that follows opens no item of its own
+  }
+  void value(int64_t v) {
+    char buf[24];
+    auto r = std::to_chars(buf, buf + sizeof(buf), v);
+    out_.append(buf, r.ptr);
+    first_ = false;
+  }
+  void value_json(const OrderedJson& j) {
+    out_ += j.dump();
+    first_ = false;
+  }
+  void value(const std::string& v) {
+    string(v);
+    first_ = false;
+  }
+  void ints(const std::vector<int64_t>& v) {
+    begin('[');
+    for (int64_t x : v) {
+      item();
+      value(x);
+    }
+    end(']');
+  }
+
+ private:
+  // Plain printable ASCII as it is; anything to escape through nlohmann.
+  void string(const std::string& v) {
+    for (char c : v) {
+      if (c < 0x20 || c == '"' || c == '\\' || static_cast<unsigned char>(c) >= 0x7f) {
+        out_ += OrderedJson(v).dump();
+        return;
+      }
+    }
+    out_ += '"';
+    out_ += v;
+    out_ += '"';
+  }
+  void newline() {
+    out_ += '\n';
+    out_.append(static_cast<size_t>(2 * indent_), ' ');
+  }
+  std::string& out_;
+  int indent_;
+  bool first_ = true;
+};
+
+void write_tensor(PrettyWriter& w, const LogicalTensor& lt) {
+  w.begin('{');
+  w.key("id");
+  w.value(lt.id);
+  w.key("dtype");
+  w.value(std::string(dtype_name(lt.dtype)));
+  w.key("shape");
+  w.ints(lt.rank_unknown ? std::vector<int64_t>{kUnknownDim} : lt.dims);
+  w.key("stride");
+  if (!lt.strides.empty()) {
+    w.ints(lt.strides);
+  } else if (lt.dims_known() && lt.layout != LayoutType::kOpaque) {
+    w.ints(dense_strides(lt.dims));
+  } else {
+    w.ints({kUnknownDim});  // oneDNN's "not known"
+  }
+  w.key("layout_type");
+  w.value(std::string(layout_type_name(lt.layout)));
+  w.key("property_type");
+  w.value(std::string(property_type_name(lt.property)));
+  w.end('}');
+}
+
+void write_attr(PrettyWriter& w, const AttrValue& v) {
+  w.begin('{');
+  w.key("type");
+  w.value(std::string(attr_kind_name(attr_value_kind(v))));
+  w.key("value");
+  if (const bool* b = std::get_if<bool>(&v)) {
+    w.value(int64_t{*b ? 1 : 0});  // oneDNN's reader and writer use 0/1 for bools
+  } else if (const int64_t* i = std::get_if<int64_t>(&v)) {
+    w.value(*i);
+  } else if (const std::vector<int64_t>* is = std::get_if<std::vector<int64_t>>(&v)) {
+    w.ints(*is);
+  } else {
+    OrderedJson j;
+    std::visit([&](const auto& x) { j = x; }, v);
+    if (j.is_array() && !j.empty()) {
+      w.begin('[');
+      for (const OrderedJson& e : j) {
+        w.item();
+        w.value_json(e);
+      }
+      w.end(']');
+    } else {
+      w.value_json(j);
+    }
+  }
+  w.end('}');
+}
+
+}  // namespace
+
 std::string graph_to_json(const Graph& graph) {
+  // The file-level keys as one small document, then the ops written one by
+  // one: linear in the graph, the same text as dump(2) of a whole document.
   OrderedJson root;
   root["version"] = graph.version;
   root["engine_kind"] = graph.engine_kind;
@@ -446,24 +551,42 @@ std::string graph_to_json(const Graph& graph) {
     root["fpmath_mode_apply_to_int"] = *graph.fpmath_mode_apply_to_int;
   if (graph.input_ports()) root["input_ports"] = *graph.input_ports();
   if (graph.output_ports()) root["output_ports"] = *graph.output_ports();
-  OrderedJson ops = OrderedJson::array();
+  std::string out = root.dump(2);
+  out.resize(out.size() - 2);                           // the closing "\n}"
+  out.reserve(out.size() + 2048 * graph.ops().size());  // about what an op takes
+  out += ",\n  \"graph\": ";
+  PrettyWriter w(&out, 1);
+  w.begin('[');
   for (const Op& op : graph.ops()) {
-    OrderedJson j;
-    j["id"] = op.id();
-    j["name"] = op.name();
-    j["kind"] = op.kind_spelling();
-    OrderedJson attrs = OrderedJson::object();
-    for (const auto& [key, value] : op.attrs()) attrs[key] = attr_to_json(value);
-    j["attrs"] = attrs;
-    OrderedJson ins = OrderedJson::array(), outs = OrderedJson::array();
-    for (const LogicalTensor& lt : op.inputs()) ins.push_back(tensor_to_json(lt));
-    for (const LogicalTensor& lt : op.outputs()) outs.push_back(tensor_to_json(lt));
-    j["inputs"] = ins;
-    j["outputs"] = outs;
-    ops.push_back(std::move(j));
+    w.item();
+    w.begin('{');
+    w.key("id");
+    w.value(op.id());
+    w.key("name");
+    w.value(op.name());
+    w.key("kind");
+    w.value(std::string(op.kind_spelling()));
+    w.key("attrs");
+    w.begin('{');
+    for (const auto& [key, value] : op.attrs()) {
+      w.key_json(key);
+      write_attr(w, value);
+    }
+    w.end('}');
+    for (const char* side : {"inputs", "outputs"}) {
+      w.key(side);
+      w.begin('[');
+      for (const LogicalTensor& lt : side[0] == 'i' ? op.inputs() : op.outputs()) {
+        w.item();
+        write_tensor(w, lt);
+      }
+      w.end(']');
+    }
+    w.end('}');
   }
-  root["graph"] = ops;
-  return root.dump(2) + "\n";
+  w.end(']');
+  out += "\n}\n";
+  return out;
 }
 
 Status save_graph(const Graph& graph, const std::string& path) {

@@ -132,6 +132,7 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
   std::unordered_map<int64_t, size_t> owner;  // op id -> index into `found`
   owner.reserve(ops.size());
   std::vector<Partition> found;
+  found.reserve(ops.size());
   std::unordered_map<int64_t, std::string> answers;  // op id -> what each pattern there said
   UnitOrder units(graph);
   auto note = [&](const Op& op, const Pattern& pattern, const Status& s,
@@ -202,6 +203,7 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
     order.emplace_back(graph.order_of(found[k].ops.back().id()), k);
   std::sort(order.begin(), order.end());
   std::vector<Partition> parts;
+  parts.reserve(order.size());
   for (const auto& entry : order) {
     parts.push_back(std::move(found[entry.second]));
     parts.back().id = static_cast<int64_t>(parts.size() - 1);

@@ -11,6 +11,13 @@
 //   ladder    ReLU then an Add of the ReLU's output and its input (a residual
 //             block's fan-in), each Add's output the next block's input;
 //   fan-out   one tensor read by every op (ReLUs of the same input);
+//   resnet    a ResNet training step's basic blocks, 16 ops each, as
+//             scripts/resnet_graph.py writes them: Convolution ->
+//             BatchNormForwardTraining -> ReLU -> Convolution ->
+//             BatchNormForwardTraining -> Add(residual) -> ReLU, then the
+//             backward in reverse (ReLUBackward, BatchNormTrainingBackward,
+//             ConvolutionBackwardData and -Weights, twice, and the gradient
+//             Add); the convolutions are ops normgrad hands back;
 //   folds     a channels-last batch-norm backward between StaticTransposes
 //             from and to NCX, each block's diff_src the next block's
 //             gradient: fold-transpose erases three of every four ops, so
@@ -35,6 +42,89 @@
 namespace normgrad {
 namespace cli {
 namespace {
+
+// `blocks` ResNet basic blocks (f32 2x8x4x4, 3x3 convolutions), forward
+// then backward, in the text form.
+void resnet_blocks(std::ostringstream& os, int64_t blocks) {
+  const std::string t = ":f32[2,8,4,4]", c = ":f32[8]", w = ":f32[8,8,3,3]";
+  const std::string conv =
+      "strides=[1,1], pads_begin=[1,1], pads_end=[1,1], dilations=[1,1], auto_pad=\"None\", "
+      "groups=1, data_format=\"NCX\", weights_format=\"OIX\"";
+  const std::string bn = "data_format=\"NCX\", epsilon=1e-05f";
+  int64_t next_id = 1, next_op = 1;
+  auto id = [&] { return next_id++; };
+  auto T = [&](int64_t i, const std::string& type) { return "%" + std::to_string(i) + type; };
+  auto op = [&](const std::string& outs, const std::string& kind, const std::string& ins,
+                const std::string& attrs) {
+    os << outs << " = " << kind << "#" << next_op++ << " \"" << kind << "\"(" << ins << ")";
+    if (!attrs.empty()) os << " {" << attrs << "}";
+    os << "\n";
+  };
+  struct Saved {
+    int64_t x, c[2], w[2], gamma[2], mean[2], var[2], r1, out;
+  };
+  std::vector<Saved> saved;
+  int64_t x = 0;
+  for (int64_t k = 0; k < blocks; ++k) {
+    Saved b{};
+    b.x = x;
+    int64_t in = x;
+    for (int i = 0; i < 2; ++i) {
+      b.w[i] = id();
+      b.c[i] = id();
+      op(T(b.c[i], t), "Convolution", T(in, t) + ", " + T(b.w[i], w), conv);
+      const int64_t rm = id(), rv = id(), y = id(), rmo = id(), rvo = id();
+      b.gamma[i] = id();
+      const int64_t beta = id();
+      b.mean[i] = id();
+      b.var[i] = id();
+      op(T(y, t) + ", " + T(rmo, c) + ", " + T(rvo, c) + ", " + T(b.mean[i], c) + ", " +
+             T(b.var[i], c),
+         "BatchNormForwardTraining",
+         T(b.c[i], t) + ", " + T(rm, c) + ", " + T(rv, c) + ", " + T(b.gamma[i], c) + ", " +
+             T(beta, c),
+         bn + ", momentum=0.1f");
+      if (i == 0) {
+        b.r1 = id();
+        op(T(b.r1, t), "ReLU", T(y, t), "");
+        in = b.r1;
+      } else {
+        const int64_t sum = id();
+        op(T(sum, t), "Add", T(y, t) + ", " + T(x, t), "");
+        b.out = x = id();
+        op(T(x, t), "ReLU", T(sum, t), "");
+      }
+    }
+    saved.push_back(b);
+  }
+  int64_t dout = id();
+  for (int64_t k = blocks; k-- > 0;) {
+    const Saved& b = saved[static_cast<size_t>(k)];
+    const int64_t ds = id();
+    op(T(ds, t), "ReLUBackward", T(b.out, t) + ", " + T(dout, t), "use_dst=true");
+    int64_t grad = ds;
+    for (int i = 1; i >= 0; --i) {
+      if (i == 0) {
+        const int64_t g = id();
+        op(T(g, t), "ReLUBackward", T(b.r1, t) + ", " + T(grad, t), "use_dst=true");
+        grad = g;
+      }
+      const int64_t dsrc = id(), dg = id(), db = id();
+      op(T(dsrc, t) + ", " + T(dg, c) + ", " + T(db, c), "BatchNormTrainingBackward",
+         T(b.c[i], t) + ", " + T(grad, t) + ", " + T(b.mean[i], c) + ", " + T(b.var[i], c) + ", " +
+             T(b.gamma[i], c),
+         bn);
+      const int64_t dw = id(), dx = id();
+      op(T(dw, w), "ConvolutionBackwardWeights", T(i == 0 ? b.x : b.r1, t) + ", " + T(dsrc, t),
+         conv + ", weights_shape=[8,8,3,3]");
+      op(T(dx, t), "ConvolutionBackwardData", T(dsrc, t) + ", " + T(b.w[i], w),
+         conv + ", dst_shape=[2,8,4,4]");
+      grad = dx;
+    }
+    dout = id();
+    op(T(dout, t), "Add", T(grad, t) + ", " + T(ds, t), "");
+  }
+}
 
 // The text form of a graph of about `ops` ops of `shape`.
 std::string generate(const std::string& shape, int64_t ops) {
@@ -78,6 +168,8 @@ std::string generate(const std::string& shape, int64_t ops) {
          << ") {order=[0,2,1]}\n";
       prev = b + 9;
     }
+  } else if (shape == "resnet") {
+    resnet_blocks(os, std::max<int64_t>(1, ops / 16));
   } else {  // fan-out
     for (int64_t i = 0; i < ops; ++i)
       os << "%" << i + 1 << t << " = ReLU#" << i + 1 << " \"relu\"(%0" << t << ")\n";
@@ -136,11 +228,14 @@ Status time_one(const std::string& shape, int64_t ops, bool json, Row* row) {
   (void)changed;
   row->passes = now_ms() - t0;
   t0 = now_ms();
-  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(g, CompileOptions{}));
+  // A network's convolutions are handed back, as `normgrad partitions` does.
+  CompileOptions options;
+  options.allow_unsupported = true;
+  NG_ASSIGN_OR_RETURN(std::vector<Partition> parts, partition_graph(g, options));
   row->partition = now_ms() - t0;
   row->partitions = static_cast<int64_t>(parts.size());
   t0 = now_ms();
-  NG_ASSIGN_OR_RETURN(CompiledGraph cg, CompiledGraph::compile(unlowered, CompileOptions{}));
+  NG_ASSIGN_OR_RETURN(CompiledGraph cg, CompiledGraph::compile(unlowered, options));
   row->compile = now_ms() - t0;
   row->rss_mb = peak_rss_mb();
   return ok_status();
@@ -160,9 +255,10 @@ int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::stri
   nlohmann::json out = nlohmann::json::array();
   int rc = 0;
   for (const std::string& shape : shapes) {
-    if (shape != "chain" && shape != "ladder" && shape != "fan-out" && shape != "folds") {
+    if (shape != "chain" && shape != "ladder" && shape != "fan-out" && shape != "folds" &&
+        shape != "resnet") {
       std::cerr << "normgrad bench --compile: unknown graph shape '" << shape
-                << "' (chain, ladder, fan-out, folds)\n";
+                << "' (chain, ladder, fan-out, folds, resnet)\n";
       return 2;
     }
     for (int64_t n : sizes) {

@@ -301,14 +301,15 @@ int bench_command(const std::vector<std::string>& argv) {
   app.add_option("--json", opt.json_out, "write the results as JSON");
   app.add_option("--svg", opt.svg_out, "write a chart");
   bool compile_time = false;
-  std::string compile_ops = "1000,10000,100000", compile_shapes = "chain,ladder,fan-out,folds";
+  std::string compile_ops = "1000,10000,100000",
+              compile_shapes = "chain,ladder,fan-out,folds,resnet";
   app.add_flag("--compile", compile_time,
                "time the compiler instead (load, passes, partitioning, compile; us per op) on "
                "generated graphs");
   app.add_option("--compile-ops", compile_ops,
                  "with --compile: comma-separated graph sizes in ops (default 1000,10000,100000)");
   app.add_option("--compile-shapes", compile_shapes,
-                 "with --compile: comma-separated: chain, ladder, fan-out, folds");
+                 "with --compile: comma-separated: chain, ladder, fan-out, folds, resnet");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
   if (compile_time) {
     std::vector<int64_t> sizes;
