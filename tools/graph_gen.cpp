@@ -12,6 +12,13 @@ namespace {
 
 // The batch_mean and batch_variance a forward computed over `src`, read by a
 // later backward over the same tensor in the same layout.
+// A backward's diff_src, which a later backward over another src may take
+// as its gradient.
+struct Gradient {
+  int64_t src = -1;
+  LogicalTensor dx;
+};
+
 struct ForwardStats {
   int64_t src = -1;
   bool nxc = false;
@@ -202,9 +209,36 @@ class Gen {
     pool_.push_back(chance(0.5) ? activation(dst) : dst);
   }
 
-  // diff_dst for a backward over `src`: a fresh input, or a ReLUBackward of
-  // fresh inputs (a producer the JIT fuses). Never a function of src.
+  // diff_dst for a backward over `src`: a fresh input, a ReLUBackward of
+  // fresh inputs (a producer the JIT fuses), or, as in a training graph,
+  // another backward's diff_src: as it is, through a ReLUBackward, or added
+  // to a fresh gradient (a residual block's two paths). Never a function of
+  // src: a diff_src is one of its own backward's src, so only a backward
+  // over another src lends its diff_src.
   LogicalTensor gradient_for(const LogicalTensor& src) {
+    std::vector<const Gradient*> lent;
+    for (const Gradient& g : grads_) {
+      if (g.src != src.id && g.dx.dtype == src.dtype && g.dx.dims == src.dims) lent.push_back(&g);
+    }
+    if (!lent.empty() && chance(0.5)) {
+      const LogicalTensor dx = lent[static_cast<size_t>(pick(lent.size()))]->dx;
+      const int64_t how = pick(3);
+      if (how == 0) return dx;
+      const LogicalTensor g = out(src.dtype, src.dims);
+      if (how == 1) {
+        add(OpKind::kReLUBackward, "relu_bwd")
+            .set_attr("use_dst", chance(0.5))
+            .add_input(fresh(src.dtype, src.dims, true))
+            .add_input(dx)
+            .add_output(g);
+      } else {
+        add(OpKind::kAdd, "grad_add")
+            .add_input(dx)
+            .add_input(fresh(src.dtype, src.dims))
+            .add_output(g);
+      }
+      return g;
+    }
     if (chance(0.6)) return fresh(src.dtype, src.dims, true);
     const LogicalTensor g = out(src.dtype, src.dims);
     add(OpKind::kReLUBackward, "relu_bwd")
@@ -235,6 +269,7 @@ class Gen {
     op.add_output(dx);
     if (chance(0.7)) op.add_output(out(DataType::kF32, {c})).add_output(out(DataType::kF32, {c}));
     pool_gradient(dx, c);
+    grads_.push_back({src.id, dx});
   }
 
   void from_dst(const LogicalTensor& dst) {
@@ -417,6 +452,7 @@ class Gen {
   std::vector<Op> ops_;
   std::vector<LogicalTensor> pool_;
   std::vector<ForwardStats> stats_;
+  std::vector<Gradient> grads_;
 };
 
 }  // namespace

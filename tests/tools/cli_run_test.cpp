@@ -433,11 +433,18 @@ TEST(CliBench, CompileTimesEveryPhaseOnGeneratedGraphs) {
   const std::string json = ::testing::TempDir() + "/ng_compile.json";
   const Result r = run("bench --compile --compile-ops=200 --json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* shape : {"chain", "ladder", "fan-out", "folds"})
+  for (const char* shape : {"chain", "ladder", "fan-out", "folds", "resnet"})
     EXPECT_NE(r.output.find(std::string(shape) + " "), std::string::npos) << r.output;
   std::ifstream in(json);
   const auto j = nlohmann::json::parse(in);
-  ASSERT_EQ(j.size(), 4u);
+  ASSERT_EQ(j.size(), 5u);
+  // 12 ResNet blocks of 16 ops, 12 partitions each: 6 convolutions handed
+  // back, 2 forward and 2 backward batch-norm partitions (each with its
+  // epilogue or ReLUBackward, but the residual one), that residual
+  // ReLUBackward and the gradient Add.
+  EXPECT_EQ(j[4]["shape"], "resnet");
+  EXPECT_EQ(j[4]["ops"], 192);
+  EXPECT_EQ(j[4]["partitions"], 12 * 12);
   // fold-transpose leaves one batch norm of every four ops, chained block to block.
   EXPECT_EQ(j[3]["shape"], "folds");
   EXPECT_EQ(j[3]["ops"], 200);

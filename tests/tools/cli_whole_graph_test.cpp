@@ -1,4 +1,4 @@
-// `normgrad run` on a whole network's training graph (scripts/resnet_graph.py:
+// `normgrad run` on a whole network's training graph (scripts/resnet_graph.py,
 // two residual blocks with their convolutions): the ops normgrad cannot run
 // are refused with the way round them, and --cut-unsupported runs and checks
 // the rest, partition by partition, on every backend.
@@ -9,7 +9,8 @@
 namespace normgrad {
 namespace {
 
-const std::string kGraph = std::string(NORMGRAD_TEST_DATA) + "/resnet/resnet2_conv_f32_ncx.json";
+const std::string kGraph =
+    std::string(NORMGRAD_EXAMPLES) + "/../partitioning/resnet_training_2_blocks.json";
 
 TEST(CliWholeGraph, UnsupportedOpsAreRefusedWithTheWayRound) {
   const auto r = testing_util::run_cli("run " + kGraph + " --check");
