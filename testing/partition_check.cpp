@@ -11,7 +11,7 @@ namespace oracle {
 
 StatusOr<std::vector<PartitionOutputCheck>> check_partitions(
     const CompiledGraph& cg, const std::map<int64_t, Buffer>& inputs,
-    std::map<int64_t, Buffer>* values) {
+    std::map<int64_t, Buffer>* values, bool keep_reference) {
   std::map<int64_t, Buffer>& known = *values;
   known = inputs;
   std::vector<PartitionOutputCheck> checks;
@@ -56,6 +56,7 @@ StatusOr<std::vector<PartitionOutputCheck>> check_partitions(
       c.tensor = lt;
       NG_ASSIGN_OR_RETURN(c.verdict, check_output(cg.lowered_graph(), known, lt.id, got.at(lt.id),
                                                   want.at(lt.id), order));
+      if (keep_reference) c.want = std::move(want.at(lt.id));
       checks.push_back(std::move(c));
     }
     for (auto& [id, g] : got) known[id] = std::move(g);

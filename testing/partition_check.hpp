@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,8 @@ struct PartitionOutputCheck {
   std::string kernel;  // the kernel that computed it
   LogicalTensor tensor;
   OutputVerdict verdict;
+  // ref's value of the tensor on the partition's inputs, when asked for.
+  std::optional<Buffer> want;
 };
 
 // Runs every compiled partition of `cg` in plan order on this backend's own
@@ -38,9 +41,11 @@ struct PartitionOutputCheck {
 // the backend computed, graph inputs included: a caller compares
 // CompiledGraph::execute's outputs with them bit for bit. A partition whose
 // input no earlier partition wrote and `inputs` lacks is an error.
+// `keep_reference` keeps ref's value of each output in its check, for a
+// caller's own limits; off, a large graph's check holds no second copy.
 StatusOr<std::vector<PartitionOutputCheck>> check_partitions(
     const CompiledGraph& cg, const std::map<int64_t, Buffer>& inputs,
-    std::map<int64_t, Buffer>* values);
+    std::map<int64_t, Buffer>* values, bool keep_reference = false);
 
 // One line for a failing (or passing) output: partition, kernel, tensor, the
 // error and its limits.
