@@ -89,6 +89,28 @@ Dims dense_strides(const Dims& dims) {
   return s;
 }
 
+Dims channels_last_strides(const Dims& dims) {
+  if (dims.size() < 3) return dense_strides(dims);
+  Dims order(dims.size());  // the NXC dims, outermost first
+  order[0] = dims[0];
+  for (size_t k = 2; k < dims.size(); ++k) order[k - 1] = dims[k];
+  order.back() = dims[1];
+  const Dims nxc = dense_strides(order);
+  Dims s(dims.size());
+  s[0] = nxc[0];
+  s[1] = nxc.back();
+  for (size_t k = 2; k < dims.size(); ++k) s[k] = nxc[k - 1];
+  return s;
+}
+
+bool same_layout(const Dims& dims, const Dims& a, const Dims& b) {
+  if (a.size() != dims.size() || b.size() != dims.size()) return false;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    if (dims[k] > 1 && a[k] != b[k]) return false;
+  }
+  return true;
+}
+
 std::string dims_to_string(const Dims& dims) {
   if (dims.empty()) return "scalar";
   std::ostringstream os;

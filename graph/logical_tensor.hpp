@@ -40,6 +40,13 @@ StatusOr<int64_t> checked_add(int64_t a, int64_t b, const std::string& what);
 StatusOr<int64_t> checked_product(const Dims& dims, const std::string& what);
 // Row-major dense strides for dims (all known).
 Dims dense_strides(const Dims& dims);
+// The strides of NCX-ordered `dims` laid out channels last (N, spatial...,
+// C dense): a framework's channels_last tensor. Rank < 3: dense_strides.
+Dims channels_last_strides(const Dims& dims);
+// Whether strides `a` and `b` of `dims` address the same elements: they may
+// differ only on axes of extent 1 (torch's channels_last of an N x C x 1 x 1
+// tensor is dense too).
+bool same_layout(const Dims& dims, const Dims& a, const Dims& b);
 // "2x3x4"; unknown dims print as "?", rank 0 as "scalar".
 std::string dims_to_string(const Dims& dims);
 

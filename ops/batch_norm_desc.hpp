@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include <normgrad/graph/op.hpp>
 #include <normgrad/graph/status.hpp>
@@ -63,6 +64,13 @@ struct BatchNormDesc {
 
 // The op must have passed its schema and shape inference.
 StatusOr<BatchNormDesc> describe_batch_norm(const Op& op);
+
+// An NCX batch norm whose data tensors (the non-null ones) all carry
+// channels-last strides is NXC in memory: `d` becomes that NXC problem
+// (dims N, spatial..., C; channel_axis last) and the answer is true, so a
+// kernel walks a framework's channels_last tensors as dense NXC. Otherwise
+// `d` is unchanged and the answer is false.
+bool view_channels_last(BatchNormDesc* d, std::initializer_list<const LogicalTensor*> data);
 
 // BatchNormBackwardApply's `count` input (the elements per channel summed
 // over every process) against this process's M: a smaller count cannot be

@@ -388,6 +388,26 @@ void register_batch_norm_schemas(OpRegistry& registry) {
   }
 }
 
+bool view_channels_last(BatchNormDesc* d, std::initializer_list<const LogicalTensor*> data) {
+  if (d->format != DataFormat::kNCX || d->dims.size() < 3) return false;
+  bool any_strided = false;  // all dense: the NCX walk as it is
+  for (const LogicalTensor* lt : data) {
+    if (lt == nullptr) continue;
+    const Dims s = lt->effective_strides();
+    if (lt->dims != d->dims || !same_layout(lt->dims, s, channels_last_strides(lt->dims)))
+      return false;
+    any_strided = any_strided || !same_layout(lt->dims, s, dense_strides(lt->dims));
+  }
+  if (!any_strided) return false;
+  Dims nxc = {d->dims[0]};
+  nxc.insert(nxc.end(), d->dims.begin() + 2, d->dims.end());
+  nxc.push_back(d->dims[1]);
+  d->dims = nxc;
+  d->format = DataFormat::kNXC;
+  d->channel_axis = static_cast<int>(nxc.size()) - 1;
+  return true;
+}
+
 StatusOr<BatchNormDesc> describe_batch_norm(const Op& op) {
   BatchNormDesc d;
   d.kind = op.kind();

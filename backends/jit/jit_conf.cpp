@@ -102,6 +102,7 @@ std::string BnConf::kernel_name() const {
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
   if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+staged";
   if (walk.strided_native) n += "+strided";
+  if (channels_last_view) n += "+channels_last";
   if (d.phase == BackwardPhase::kReduce) n += ":reduce";
   if (d.phase == BackwardPhase::kApply) n += ":apply";
   if (!tuned.empty()) n += "+tuned(" + tuned + ")";
@@ -322,12 +323,14 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     return c;
   }
   // Strided data is packed into dense scratch by the driver (a copy costs less
-  // than a second kernel family, and ref would be ~100x slower).
-  auto strided = [](const LogicalTensor& lt) {
-    const Dims s = lt.effective_strides();
-    return s == dense_strides(lt.dims) ? Dims{} : s;
-  };
+  // than a second kernel family, and ref would be ~100x slower). NCX tensors
+  // with channels-last strides (torch's channels_last) are dense NXC.
   const DataPorts data = data_ports(op);
+  c.channels_last_view = view_channels_last(&d, {data.x, data.dy, data.dx});
+  auto strided = [&](const LogicalTensor& lt) {
+    const Dims s = lt.effective_strides();
+    return same_layout(lt.dims, s, data_strides(c, lt.dims)) ? Dims{} : s;
+  };
   c.x_strides = strided(*data.x);
   c.dy_strides = strided(*data.dy);
   // Reduce writes per-channel sums, not diff_src.

@@ -265,7 +265,9 @@ struct BnConf {
   // the driver writes zero sums (and count), diff_gamma and diff_beta.
   bool empty = false;
   bool single_thread = false;  // small problems skip the task overhead
-  float alpha = 1.f;           // the kLeaky* fuses' slope (BatchNormDesc::alpha)
+  // The op is NCX but its tensors are channels last: `d` is the NXC view.
+  bool channels_last_view = false;
+  float alpha = 1.f;  // the kLeaky* fuses' slope (BatchNormDesc::alpha)
   // The variant the host's tune cache chose (tune_cache.hpp), with its
   // measured speedup, for the kernel's name; empty under the JIT's own rules.
   std::string tuned;
@@ -313,6 +315,12 @@ struct StridedWalk {
 // `split_rows`: for the rows walk, describe even a dense spatial block as
 // padded rows (one call per image), to match another tensor that needs it.
 std::optional<StridedWalk> strided_walk(const BnConf& c, const Dims& strides, bool split_rows);
+
+// The strides a data tensor of `dims` (the op's NCX or NXC order) has when
+// the kernel reads it in place: dense, or channels last under the view.
+inline Dims data_strides(const BnConf& c, const Dims& dims) {
+  return c.channels_last_view ? channels_last_strides(dims) : dense_strides(dims);
+}
 
 // Decides the conf, or the reason the JIT declines (empty tensors, strided
 // fused inputs); strided src/diff_dst/diff_src are repacked by the driver.

@@ -68,7 +68,7 @@ StatusOr<BnConf> from_dst_ports(const Op& bn, const IndexOf& index_of, BnConf c)
     // The kernel reads dst twice (and the residual) where they are: all dense.
     const LogicalTensor* r = residual >= 0 ? &ports.residual() : nullptr;
     if (!c.x_strides.empty() || !c.dy_strides.empty() ||
-        (r && r->effective_strides() != dense_strides(r->dims)))
+        (r && !same_layout(r->dims, r->effective_strides(), data_strides(c, r->dims))))
       return unimplemented(
           "the JIT takes dense dst, diff_dst and residual through leaky_relu (ref runs it)");
     c.alpha = c.d.alpha;
@@ -150,7 +150,7 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
     if ((port == 0 && !c.x_strides.empty()) || (port == 1 && !c.dy_strides.empty()))
       return unimplemented("the JIT takes dense fused inputs");
     for (const LogicalTensor& lt : op.inputs()) {
-      if (lt.effective_strides() != dense_strides(lt.dims))
+      if (!same_layout(lt.dims, lt.effective_strides(), data_strides(c, lt.dims)))
         return unimplemented("the JIT takes dense fused inputs");
     }
     // ReLUBackward's (src/dst, diff_dst) or Add's (src_0, src_1).

@@ -116,7 +116,9 @@ struct FwdConf {
   // the whole chunk's pixels, its sums in registers. The same bits.
   int stats_pixel_group = 0;
   float epsilon = 0.f, momentum = 0.1f;
-  bool affine = false;    // gamma and beta given
+  bool affine = false;  // gamma and beta given
+  // The op is NCX but its tensors are channels last: walked as dense NXC.
+  bool channels_last_view = false;
   bool residual = false;  // an Add's other input joins before the ReLU
   bool relu = false;      // a ReLU, or with `leaky` a LeakyReLU, ends the partition
   bool leaky = false;     // relu is LeakyReLU: y < 0 ? alpha y : y

@@ -16,8 +16,11 @@ namespace normgrad {
 namespace jit {
 namespace {
 
-bool dense(const LogicalTensor& lt) {
-  return lt.effective_strides() == dense_strides(lt.dims);
+// Laid out as the kernel reads it: dense, or channels last under the view.
+bool in_layout(const LogicalTensor& lt, const FwdConf& c) {
+  return same_layout(
+      lt.dims, lt.effective_strides(),
+      c.channels_last_view ? channels_last_strides(lt.dims) : dense_strides(lt.dims));
 }
 
 bool dense_vector(const LogicalTensor& lt) {
@@ -44,6 +47,7 @@ std::string FwdConf::kernel_name() const {
   if (phase == FwdPhase::kApply) s += "+apply";
   if (residual) s += "+add";
   if (relu) s += leaky ? "+leaky_relu" : "+relu";
+  if (channels_last_view) s += "+channels_last";
   if (streaming && phase != FwdPhase::kReduce)
     s += bounce ? "+nt_bounce" : "+nt";  // Reduce: no dst
   if (!tuned.empty()) s += "+tuned(" + tuned + ")";
@@ -78,14 +82,15 @@ Status forward_ports(const Partition& partition, const Op& bn, const Op* add, co
   const LogicalTensor& dst = relu != nullptr  ? elementwise_dst(*relu)
                              : add != nullptr ? elementwise_dst(*add)
                                               : ports.dst();
-  if (!dense(dst)) return unimplemented("the JIT forward writes dense dst");
+  if (!in_layout(dst, c)) return unimplemented("the JIT forward writes dst laid out as src");
   c.out_dst = index_in(partition.outputs, dst.id);
   if (c.out_dst < 0) return internal_error("the partition does not output dst");
   if (add != nullptr) {
     const int64_t bn_dst = ports.dst().id;
     const AddPorts sum(*add);
     const LogicalTensor& other = sum.src_0().id == bn_dst ? sum.src_1() : sum.src_0();
-    if (!dense(other)) return unimplemented("the JIT forward takes a dense residual");
+    if (!in_layout(other, c))
+      return unimplemented("the JIT forward takes a residual laid out as src");
     NG_ASSIGN_OR_RETURN(c.in_residual, need_input(other, "the residual"));
     c.residual = true;
   }
@@ -156,10 +161,20 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     return internal_error(
         "the JIT forward compiles partitions anchored at BatchNormForwardTraining or its parts");
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(*bn));
+  // src is input 0 of all three kinds.
+  static_assert(
+      BatchNormForwardTrainingPorts::src_port() == BatchNormForwardReducePorts::src_port() &&
+          BatchNormForwardApplyPorts::src_port() == BatchNormForwardReducePorts::src_port(),
+      "the forward's parts read src first");
+  const LogicalTensor& src = bn->inputs()[BatchNormForwardReducePorts::src_port()];
+  // torch's channels_last tensors under an NCX op are dense NXC (dst and the
+  // residual are checked against the same layout).
+  const bool channels_last_view = view_channels_last(&d, {&src});
   if (d.stats_dt != DataType::kF32)
     return unimplemented("the JIT forward takes f32 statistics, not " +
                          std::string(dtype_name(d.stats_dt)));
   FwdConf c;
+  c.channels_last_view = channels_last_view;
   c.phase = bn->kind() == OpKind::kBatchNormForwardReduce  ? FwdPhase::kReduce
             : bn->kind() == OpKind::kBatchNormForwardApply ? FwdPhase::kApply
                                                            : FwdPhase::kWhole;
@@ -184,13 +199,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
       return unimplemented(std::string("the JIT forward needs ") + role + " as a partition input");
     return i;
   };
-  // src is input 0 of all three kinds.
-  static_assert(
-      BatchNormForwardTrainingPorts::src_port() == BatchNormForwardReducePorts::src_port() &&
-          BatchNormForwardApplyPorts::src_port() == BatchNormForwardReducePorts::src_port(),
-      "the forward's parts read src first");
-  const LogicalTensor& src = bn->inputs()[BatchNormForwardReducePorts::src_port()];
-  if (!dense(src)) return unimplemented("the JIT forward takes dense src (ref runs it)");
+  if (!in_layout(src, c)) return unimplemented("the JIT forward takes dense src (ref runs it)");
   NG_ASSIGN_OR_RETURN(c.in_src, need_input(src, "src"));
   const OpSchema& schema = *op_registry().find(bn->kind());
   for (size_t i = 0; i < bn->inputs().size(); ++i) {

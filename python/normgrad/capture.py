@@ -40,7 +40,9 @@ How the aten ops map:
   name, so the graph is complete.
 
 Tensors keep torch's shapes, dtypes and strides: a channels_last tensor is
-an NCX tensor with channels-last strides. ``Capture.names`` names the graph
+an NCX tensor with channels-last strides (the JIT walks it as NXC). A
+broadcast view (``expand``, stride 0) is written dense: oneDNN Graph has no
+overlapping strides. ``Capture.names`` names the graph
 inputs after the model's parameters, buffers and inputs, and the outputs
 after the gradients and the step's results.
 """
@@ -79,6 +81,12 @@ class Capture:
             f.write(self.json)
 
 
+def _pair(v):
+    """An int or a list of ints as a list of two."""
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(x) for x in (v * 2 if len(v) == 1 else v)]
+
+
 def _ints(v):
     return {"type": "s64[]", "value": [int(x) for x in v]}
 
@@ -96,9 +104,16 @@ class _Builder:
             raise CaptureError("a value without tensor metadata (shape propagation found none)")
         if meta.dtype not in _DTYPES:
             raise CaptureError("dtype %s has no oneDNN Graph name" % meta.dtype)
-        t = {"id": self.next_tensor, "dtype": _DTYPES[meta.dtype],
-             "shape": [int(d) for d in meta.shape], "stride": [int(s) for s in meta.stride],
-             "layout_type": "strided", "property_type": "undef"}
+        shape = [int(d) for d in meta.shape]
+        stride = [int(s) for s in meta.stride]
+        if any(s == 0 and d > 1 for s, d in zip(stride, shape)):
+            # A broadcast view (expand): oneDNN Graph has no overlapping
+            # strides, so it is a dense tensor of the same values.
+            stride = [1] * len(shape)
+            for k in range(len(shape) - 2, -1, -1):
+                stride[k] = stride[k + 1] * max(shape[k + 1], 1)
+        t = {"id": self.next_tensor, "dtype": _DTYPES[meta.dtype], "shape": shape,
+             "stride": stride, "layout_type": "strided", "property_type": "undef"}
         self.next_tensor += 1
         return t
 
@@ -164,11 +179,17 @@ class _Half:
         name = getattr(t, "__name__", str(t))
         packet = str(getattr(t, "overloadpacket", name))
         handler = getattr(self, "op_" + packet.replace("aten.", "").replace(".", "_"), None)
-        if handler is not None:
-            result = handler(node)
-            if result is not NotImplemented:
-                return result
-        return self.wildcard(node)
+        try:
+            if handler is not None:
+                result = handler(node)
+                if result is not NotImplemented:
+                    return result
+            return self.wildcard(node)
+        except CaptureError:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError) as e:
+            raise CaptureError("%s: cannot map %s (%s): %s: %s" %
+                               (self.tag, node.name, node.target, type(e).__name__, e)) from e
 
     # ---- the mapped ops
 
@@ -359,10 +380,14 @@ class _Half:
         return self.reduce(node, "ReduceSum") if len(node.args) > 1 else NotImplemented
 
     def pool_attrs(self, node):
-        kernel, stride, padding = node.args[1:4]
-        dilation = node.args[4] if len(node.args) > 4 else [1, 1]
-        ceil = node.args[5] if len(node.args) > 5 else False
-        stride = stride or kernel
+        # max_pool2d(x, kernel, stride=[], padding=0, dilation=1, ceil_mode=False);
+        # fx leaves out the trailing defaults.
+        args = list(node.args[1:]) + [None] * 5
+        kernel, stride, padding, dilation, ceil = args[:5]
+        kernel = _pair(kernel)
+        stride = _pair(stride) if stride else kernel
+        padding = _pair(padding if padding is not None else 0)
+        dilation = _pair(dilation if dilation is not None else 1)
         return {"kernel": _ints(kernel), "strides": _ints(stride), "pads_begin": _ints(padding),
                 "pads_end": _ints(padding), "dilations": _ints(dilation),
                 "rounding_type": {"type": "string", "value": "ceil" if ceil else "floor"},

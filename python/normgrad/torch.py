@@ -3,7 +3,8 @@
 The modules (``BatchNorm1d``, ``BatchNorm2d``, ``BatchNorm3d``,
 ``SyncBatchNorm``) are in _batch_norm.py, InPlace-ABN (``InPlaceABN``,
 ``InPlaceABNSync``) in _inplace_abn.py, and the model converters
-(``convert``, ``convert_sync_batchnorm``) in _torch_convert.py; this module
+(``convert``, ``convert_sync_batchnorm``) in _torch_convert.py, and
+``capture`` (a model's training step as one graph) in capture.py; this module
 is their public face. docs/python.md describes them, with a table of the
 torch features each supports.
 
@@ -16,6 +17,8 @@ from ._batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm
 from ._inplace_abn import InPlaceABN, InPlaceABNSync
 from ._torch_convert import convert, convert_sync_batchnorm
 from ._torch_graphs import RankError, recording
+from .capture import Capture, CaptureError, capture
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InPlaceABN",
-           "InPlaceABNSync", "RankError", "convert", "convert_sync_batchnorm", "recording"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Capture", "CaptureError", "SyncBatchNorm",
+           "InPlaceABN", "InPlaceABNSync", "RankError", "capture", "convert",
+           "convert_sync_batchnorm", "recording"]

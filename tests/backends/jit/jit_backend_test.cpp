@@ -333,6 +333,74 @@ TEST(JitBackend, StridedTensorsRunInPlaceOrStaged) {
   EXPECT_GE(ran, 18);
 }
 
+// torch's channels_last tensors under NCX ops (as normgrad.capture writes
+// them): the JIT walks them as dense NXC, in place, fused with a ReLU or a
+// ReLUBackward, with ref's numbers; one tensor of another layout stages.
+TEST(JitBackend, ChannelsLastTensorsRunAsNxc) {
+  const Dims shape = {3, 5, 6, 7}, cl = {210, 1, 35, 5};
+  ASSERT_EQ(channels_last_strides(shape), cl);
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      SCOPED_TRACE(isa + " " + dtype_name(dt));
+      Op bwd = bn_bwd(shape, "NCX", dt, DataType::kF32, true, 3);
+      bwd.mutable_inputs()[0].strides = cl;
+      bwd.mutable_inputs()[1].strides = cl;
+      bwd.mutable_outputs()[0].strides = cl;
+      auto r = compare_with_ref(one_op(bwd), "jit", static_cast<uint64_t>(ran++));
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_NE(r.kernel.find("+channels_last"), std::string::npos) << r.kernel;
+      EXPECT_EQ(r.kernel.find("+staged"), std::string::npos) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+
+      // The same with a fused ReLUBackward on diff_dst.
+      Graph fused;
+      Op relu(10, OpKind::kReLUBackward, "relu_bwd");
+      LogicalTensor y(20, dt, shape), g(21, dt, shape);
+      y.strides = cl;
+      g.strides = cl;
+      relu.set_attr("use_dst", true).add_input(y).add_input(g).add_output(bwd.inputs()[1]);
+      ASSERT_TRUE(fused.add_op(relu).ok());
+      ASSERT_TRUE(fused.add_op(bwd).ok());
+      r = compare_with_ref(fused, "jit", static_cast<uint64_t>(ran++));
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_NE(r.kernel.find("+diff_dst_relu_bwd"), std::string::npos) << r.kernel;
+      EXPECT_NE(r.kernel.find("+channels_last"), std::string::npos) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+
+      // diff_src dense while src is channels last: another layout, staged.
+      Op mixed = bwd;
+      mixed.mutable_outputs()[0].strides = {};
+      r = compare_with_ref(one_op(mixed), "jit", static_cast<uint64_t>(ran++));
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_EQ(r.kernel.find("+channels_last"), std::string::npos) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+
+      // The forward with its ReLU epilogue.
+      Graph fwd;
+      Op bn(30, OpKind::kBatchNormForwardTraining, "bn_fwd");
+      LogicalTensor x(40, dt, shape), dst(46, dt, shape), out(47, dt, shape);
+      x.strides = dst.strides = out.strides = cl;
+      bn.set_attr("epsilon", 1e-5f).set_attr("momentum", 0.1f).set_attr("data_format", "NCX");
+      bn.add_input(x);
+      for (int64_t id = 41; id <= 44; ++id) bn.add_input(LogicalTensor(id, DataType::kF32, {5}));
+      bn.add_output(dst);
+      for (int64_t id = 50; id <= 53; ++id) bn.add_output(LogicalTensor(id, DataType::kF32, {5}));
+      Op act(31, OpKind::kReLU, "relu");
+      act.add_input(dst).add_output(out);
+      ASSERT_TRUE(fwd.add_op(bn).ok());
+      ASSERT_TRUE(fwd.add_op(act).ok());
+      r = compare_with_ref(fwd, "jit", static_cast<uint64_t>(ran++));
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_NE(r.kernel.find(":fwd:"), std::string::npos) << r.kernel;
+      EXPECT_NE(r.kernel.find("+relu+channels_last"), std::string::npos) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    }
+  }
+  EXPECT_GE(ran, 12);
+}
+
 TEST(JitBackend, KernelsAreGeneratedOnce) {
   if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "no generated code on this CPU";
   // A shape no other test uses, so the first compile must generate.
