@@ -23,8 +23,10 @@ How the aten ops map:
   one: nothing in the step reads it.
 - ``native_batch_norm`` in eval is BatchNormInference (affine only; a
   non-affine one stays a Wildcard).
-- ``native_batch_norm_backward`` in training is BatchNormTrainingBackward
-  (diff_src, diff_gamma, diff_beta; gamma absent when not affine).
+- ``native_batch_norm_backward`` is BatchNormTrainingBackward (diff_src,
+  diff_gamma, diff_beta; gamma absent when not affine); in eval it reads the
+  running statistics with ``is_training = false`` (frozen statistics:
+  diff_src = gamma · dy / sqrt(running_var + eps)).
 - ``relu`` and ``threshold_backward`` (threshold 0, reading the ReLU's
   output) are ReLU and ReLUBackward with ``use_dst``; ``leaky_relu`` is
   LeakyReLU; ``add.Tensor`` of two same-shaped tensors with alpha 1 is Add;
@@ -233,9 +235,13 @@ class _Half:
 
     def op_native_batch_norm_backward(self, node):
         dy, x, w, rm, rv, save_mean, save_invstd, train, eps = node.args[:9]
-        if not train:
+        if train:
+            ins = [self.arg(x), self.arg(dy), self.arg(save_mean), self.arg(save_invstd)]
+        elif rm is not None and rv is not None:
+            # Eval: frozen running statistics (TensorFlow's is_training = false).
+            ins = [self.arg(x), self.arg(dy), self.arg(rm), self.arg(rv)]
+        else:
             return NotImplemented
-        ins = [self.arg(x), self.arg(dy), self.arg(save_mean), self.arg(save_invstd)]
         if w is not None:
             ins.append(self.arg(w))
         outs = self.outputs_for(node, 3)
@@ -246,7 +252,7 @@ class _Half:
         self.b.op("BatchNormTrainingBackward", node.name, ins, kept,
                   {"epsilon": {"type": "f32", "value": float(eps)},
                    "data_format": {"type": "string", "value": "NCX"},
-                   "is_training": {"type": "bool", "value": 1}})
+                   "is_training": {"type": "bool", "value": 1 if train else 0}})
         return outs
 
     def op_detach(self, node):

@@ -98,10 +98,30 @@ def test_batch_norm_step_gives_torchs_gradients():
     np.testing.assert_allclose(out[by_name["grad:input0"]], x.grad.numpy(), atol=1e-5)
 
 
-def test_eval_batch_norm_is_inference():
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)).eval()
-    k = kinds(capture(m, torch.randn(2, 3, 4, 4)))
-    assert k["BatchNormInference"] == 1 and "BatchNormForwardTraining" not in k, k
+def test_eval_step_gives_torchs_gradients():
+    """Eval: BatchNormInference, and a frozen-statistics backward."""
+    torch.manual_seed(2)
+    m = torch.nn.BatchNorm2d(5).eval()
+    with torch.no_grad():
+        m.running_mean.uniform_(-1, 1)
+        m.running_var.uniform_(0.5, 2)
+        m.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 4, 4, requires_grad=True)
+    c = capture(m, x.detach().requires_grad_())
+    k = kinds(c)
+    assert k == {"BatchNormInference": 1, "BatchNormTrainingBackward": 1}, k
+    by_name = {v: k for k, v in c.names.items()}
+    inputs = {by_name[n]: getattr(m, n).detach().numpy()
+              for n in ("weight", "bias", "running_mean", "running_var")}
+    inputs[by_name["input0"]] = x.detach().numpy()
+    inputs[by_name["grad:output0"]] = np.ones((3, 5, 4, 4), np.float32)
+    out = normgrad.compile(c.graph).execute(inputs)
+    m.zero_grad()
+    m(x).sum().backward()
+    np.testing.assert_allclose(out[by_name["grad:input0"]], x.grad.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(out[by_name["grad:weight"]], m.weight.grad.numpy(), rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_allclose(out[by_name["grad:bias"]], m.bias.grad.numpy(), rtol=1e-5)
 
 
 def test_untraceable_model_is_a_clear_error():
