@@ -102,6 +102,33 @@ Verdict check_graph(Graph g, uint64_t seed, bool verify_each) {
                     ": CompiledGraph::execute differs from its partitions run one by one");
     }
   }
+  // One graph in four of f32 data only runs on the JIT again with its
+  // batch-norm src 1e4 from zero, where statistics that cancel show. Not on
+  // oneDNN, whose f32 statistics lose that much by design (its reference
+  // kernel's batch variance is 2e-5 off there), and not in 16 bits, where
+  // such data rounds to a few values.
+  bool all_f32 = true;
+  for (const Op& op : g.ops()) {
+    for (const LogicalTensor& lt : op.inputs()) all_f32 = all_f32 && lt.dtype == DataType::kF32;
+  }
+  if (all_f32 && seed % 4 == 0 && find_backend("jit") != nullptr) {
+    auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
+    if (cg.ok()) {
+      auto far = oracle::make_inputs(cg->graph(), cg->lowered_graph(), "", seed, nullptr, 1e4);
+      if (!far.ok()) return {Verdict::kInvalid, "inputs: " + far.status().message()};
+      std::map<int64_t, oracle::Buffer> values;
+      auto checks = oracle::check_partitions(*cg, *far, &values);
+      if (!checks.ok())
+        return {Verdict::kFailed, "jit, data 1e4 from zero: " + checks.status().to_string(), v.runs,
+                v.declines};
+      for (const oracle::PartitionOutputCheck& c : *checks) {
+        if (!c.verdict.pass)
+          return {Verdict::kFailed, "jit, data 1e4 from zero: " + oracle::describe(c), v.runs,
+                  v.declines};
+      }
+      ++v.runs;
+    }
+  }
   return v;
 }
 
