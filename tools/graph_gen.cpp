@@ -79,6 +79,18 @@ class Gen {
   }
 
   Dims data_shape() {
+    // One shape in forty is large enough for the walks the JIT chooses by
+    // size: wide pixel rows (strips, per-pixel 16-bit statistics), tensors
+    // past a quarter of the cache model's L3 (streaming stores), short rows
+    // of many channels (grouped rows).
+    if (chance(0.025)) {
+      return one_of<Dims>({{16, 2048, 7, 7},
+                           {8, 1024, 14, 14},
+                           {4, 512, 28, 28},
+                           {2, 64, 112, 112},
+                           {16, 7, 7, 2048},
+                           {8, 14, 14, 1024}});
+    }
     const int rank = static_cast<int>(one_of<int64_t>({2, 3, 4, 4, 4, 5}));
     Dims d;
     d.push_back(chance(options_.empty_chance) ? 0 : one_of<int64_t>({1, 2, 3, 4}));

@@ -1,4 +1,4 @@
-// The fuzzer's graphs reach the training-graph case: a batch norm's backward
+// The fuzzer's graphs reach the training-graph case and the large shapes: a batch norm's backward
 // whose gradient is another backward's diff_src, as it is, through a
 // ReLUBackward or added to another gradient, never one over the same src.
 #include <gtest/gtest.h>
@@ -34,6 +34,29 @@ TEST(GraphGen, BackwardsFeedEachOtherAsInATrainingGraph) {
   }
   EXPECT_GT(chained, 20);
   EXPECT_GT(through, 10);
+}
+
+// Some graphs are large enough for the walks the JIT chooses by size: a
+// batch norm over more than a quarter of the cache model's 32 MiB L3 in
+// f32, or over pixel rows of 4 KiB.
+TEST(GraphGen, SomeShapesReachTheWalksChosenBySize) {
+  cli::GraphGenOptions options;
+  options.max_ops = 16;
+  int large = 0;
+  for (uint64_t seed = 1; seed <= 500; ++seed) {
+    auto g = cli::random_graph(seed, options);
+    ASSERT_TRUE(g.ok()) << seed;
+    for (const Op& op : g->ops()) {
+      if (op.kind() != OpKind::kBatchNormTrainingBackward &&
+          op.kind() != OpKind::kBatchNormForwardTraining)
+        continue;
+      const Dims& d = op.inputs()[0].dims;
+      int64_t n = 1;
+      for (int64_t x : d) n *= x;
+      if (n * 4 > (8 << 20) || (d.size() == 4 && d.back() >= 1024)) ++large;
+    }
+  }
+  EXPECT_GE(large, 3);
 }
 
 }  // namespace
