@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -199,6 +200,8 @@ struct Row {
   std::string json_note;  // why the JSON form was not loaded
 };
 
+Status time_phases(Graph g, Row* row);
+
 // Times one graph; `what` names the failing phase.
 Status time_one(const std::string& shape, int64_t ops, bool json, Row* row) {
   row->shape = shape;
@@ -218,7 +221,27 @@ Status time_one(const std::string& shape, int64_t ops, bool json, Row* row) {
       row->json_note = from_json.status().message();
     }
   }
-  t0 = now_ms();
+  return time_phases(std::move(g), row);
+}
+
+// Times a graph file: loading it (the JSON column, or the text column for
+// the text form), then the phases.
+Status time_file(const std::string& path, Row* row) {
+  row->shape = std::filesystem::path(path).filename().string();
+  NG_ASSIGN_OR_RETURN(std::string text, read_text_file(path, JsonLimits{}.max_bytes));
+  const bool json = text.find_first_not_of(" \t\r\n") != std::string::npos &&
+                    text[text.find_first_not_of(" \t\r\n")] == '{';
+  const double t0 = now_ms();
+  auto g = json ? graph_from_json(text) : graph_from_text(text);
+  if (!g.ok()) return g.status().with_context(path);
+  (json ? row->json : row->text) = now_ms() - t0;
+  (json ? row->text : row->json) = -1;
+  row->ops = static_cast<int64_t>(g->ops().size());
+  return time_phases(std::move(g).value(), row);
+}
+
+Status time_phases(Graph g, Row* row) {
+  double t0 = now_ms();
   NG_RETURN_IF_ERROR(g.finalize());
   row->finalize = now_ms() - t0;
   const Graph unlowered = g;
@@ -244,7 +267,7 @@ Status time_one(const std::string& shape, int64_t ops, bool json, Row* row) {
 }  // namespace
 
 int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::string>& shapes,
-                  const std::string& json_out) {
+                  const std::string& graph_path, const std::string& json_out) {
   std::cout << "compile time per op (us/op), one run each, 1 thread of work (the compiler is "
                "serial); peak RSS is the process's so far\n";
   std::cout << std::left << std::setw(8) << "shape" << std::right << std::setw(8) << "ops"
@@ -253,8 +276,47 @@ int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::stri
             << "compile" << std::setw(12) << "peak MB"
             << "\n";
   nlohmann::json out = nlohmann::json::array();
+  auto report = [&](const Row& r) {
+    const double per = 1000.0 / static_cast<double>(std::max<int64_t>(r.ops, 1));
+    auto cell = [&](double ms, const char* missing) {
+      if (ms < 0) {
+        std::cout << std::setw(10) << missing;
+      } else {
+        std::cout << std::setw(10) << ms * per;
+      }
+    };
+    std::cout << std::left << std::setw(8) << r.shape << std::right << std::setw(8) << r.ops
+              << std::fixed << std::setprecision(1);
+    cell(r.text, "-");
+    cell(r.json, r.json_note.empty() ? "-" : "limit");
+    std::cout << std::setw(10) << r.finalize * per << std::setw(10) << r.passes * per
+              << std::setw(10) << r.partition * per << std::setw(10) << r.compile * per
+              << std::setw(12) << r.rss_mb << "\n";
+    if (!r.json_note.empty()) std::cout << "  json: " << r.json_note << "\n";
+    std::cout.flush();
+    auto ms_or_null = [](double ms) { return ms < 0 ? nlohmann::json() : nlohmann::json(ms); };
+    out.push_back({{"shape", r.shape},
+                   {"ops", r.ops},
+                   {"partitions", r.partitions},
+                   {"ms",
+                    {{"text", ms_or_null(r.text)},
+                     {"json", ms_or_null(r.json)},
+                     {"finalize", r.finalize},
+                     {"passes", r.passes},
+                     {"partition", r.partition},
+                     {"compile", r.compile}}},
+                   {"peak_rss_mb", r.rss_mb}});
+  };
   int rc = 0;
-  for (const std::string& shape : shapes) {
+  if (!graph_path.empty()) {
+    Row r;
+    if (Status s = time_file(graph_path, &r); !s.ok()) {
+      std::cerr << "normgrad bench --compile: " << s.to_string() << "\n";
+      return 1;
+    }
+    report(r);
+  }
+  for (const std::string& shape : graph_path.empty() ? shapes : std::vector<std::string>{}) {
     if (shape != "chain" && shape != "ladder" && shape != "fan-out" && shape != "folds" &&
         shape != "resnet") {
       std::cerr << "normgrad bench --compile: unknown graph shape '" << shape
@@ -271,30 +333,7 @@ int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::stri
         rc = 1;
         continue;
       }
-      const double per = 1000.0 / static_cast<double>(std::max<int64_t>(r.ops, 1));
-      std::cout << std::left << std::setw(8) << r.shape << std::right << std::setw(8) << r.ops
-                << std::fixed << std::setprecision(1) << std::setw(10) << r.text * per;
-      if (r.json < 0) {
-        std::cout << std::setw(10) << "limit";
-      } else {
-        std::cout << std::setw(10) << r.json * per;
-      }
-      std::cout << std::setw(10) << r.finalize * per << std::setw(10) << r.passes * per
-                << std::setw(10) << r.partition * per << std::setw(10) << r.compile * per
-                << std::setw(12) << r.rss_mb << "\n";
-      if (!r.json_note.empty()) std::cout << "  json: " << r.json_note << "\n";
-      std::cout.flush();
-      out.push_back({{"shape", r.shape},
-                     {"ops", r.ops},
-                     {"partitions", r.partitions},
-                     {"ms",
-                      {{"text", r.text},
-                       {"json", r.json < 0 ? nlohmann::json() : nlohmann::json(r.json)},
-                       {"finalize", r.finalize},
-                       {"passes", r.passes},
-                       {"partition", r.partition},
-                       {"compile", r.compile}}},
-                     {"peak_rss_mb", r.rss_mb}});
+      report(r);
     }
   }
   if (!json_out.empty()) {

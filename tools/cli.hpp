@@ -21,9 +21,10 @@ int run_command(const std::vector<std::string>& argv);
 // `normgrad bench`: backends side by side (docs/performance.md).
 int bench_command(const std::vector<std::string>& argv);
 // `normgrad bench --compile`: the compiler's cost per op on generated graphs
-// of each size in `sizes` and each shape (chain, ladder, fan-out).
+// of each size in `sizes` and each shape (chain, ladder, fan-out, folds,
+// resnet), or on the graph file `graph_path` when it is not empty.
 int bench_compile(const std::vector<int64_t>& sizes, const std::vector<std::string>& shapes,
-                  const std::string& json_out);
+                  const std::string& graph_path, const std::string& json_out);
 // `normgrad opt`, `partitions`, `dot` (docs/cli.md).
 int opt_command(const std::vector<std::string>& argv);
 int partitions_command(const std::vector<std::string>& argv);

@@ -323,7 +323,7 @@ int bench_command(const std::vector<std::string>& argv) {
       }
       sizes.push_back(v);
     }
-    return bench_compile(sizes, split_list(compile_shapes), opt.json_out);
+    return bench_compile(sizes, split_list(compile_shapes), opt.graph_path, opt.json_out);
   }
   if (opt.shard_batch) {
     // What the sharded run does not do is refused, not ignored.

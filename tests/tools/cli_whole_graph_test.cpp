@@ -2,7 +2,10 @@
 // two residual blocks with their convolutions): the ops normgrad cannot run
 // are refused with the way round them, and --cut-unsupported runs and checks
 // the rest, partition by partition, on every backend.
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/cli_test_util.hpp"
 
@@ -36,6 +39,21 @@ TEST(CliWholeGraph, CutUnsupportedRunsAndChecksTheRest) {
     EXPECT_NE(r.output.find("\nPASSED"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("FAIL "), std::string::npos) << r.output;
   }
+}
+
+// `bench --compile GRAPH.json` times a network's graph phase by phase.
+TEST(CliWholeGraph, BenchCompileTimesAGraphFile) {
+  const std::string json = ::testing::TempDir() + "/ng_compile_file.json";
+  const auto r = testing_util::run_cli("bench --compile " + kGraph + " --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resnet_training_2_blocks.json"), std::string::npos) << r.output;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(j[0]["ops"], 32);
+  EXPECT_EQ(j[0]["partitions"], 24);  // 12 batch-norm and elementwise, 12 convolutions
+  EXPECT_TRUE(j[0]["ms"]["text"].is_null());
+  EXPECT_GE(j[0]["ms"]["json"].get<double>(), 0.0);
 }
 
 }  // namespace
