@@ -83,11 +83,42 @@ CaseResult error_result(const Status& s) {
 // becomes graph inputs (random data unless --inputs gives it), and ports
 // that name only cut ops' tensors go. `cut` receives "Kind xN" per kind.
 Graph cut_unsupported(const Graph& graph, std::string* cut) {
+  // An op goes when normgrad cannot run it, or when it reads only graph
+  // inputs and everything it writes is read, and read only by ops that go (a
+  // transpose of a weight feeding only a MatMul): nothing is left to use it.
+  const std::vector<Op> ops = graph.ops().to_vector();
+  std::map<int64_t, std::vector<size_t>> readers;
+  std::set<int64_t> produced;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    for (const LogicalTensor& lt : ops[k].inputs()) readers[lt.id].push_back(k);
+    for (const LogicalTensor& lt : ops[k].outputs()) produced.insert(lt.id);
+  }
+  std::vector<bool> gone(ops.size(), false);
+  for (size_t k = 0; k < ops.size(); ++k) gone[k] = op_kind_is_opaque(ops[k].kind());
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t k = ops.size(); k-- > 0;) {
+      if (gone[k]) continue;
+      bool feeds_only_gone = !ops[k].outputs().empty();
+      for (const LogicalTensor& lt : ops[k].inputs())
+        feeds_only_gone = feeds_only_gone && !produced.count(lt.id);
+      for (const LogicalTensor& lt : ops[k].outputs()) {
+        auto r = readers.find(lt.id);
+        if (r == readers.end()) {
+          feeds_only_gone = false;  // a graph output
+          break;
+        }
+        for (size_t reader : r->second) feeds_only_gone = feeds_only_gone && gone[reader];
+      }
+      if (feeds_only_gone) gone[k] = changed = true;
+    }
+  }
   std::vector<Op> kept;
   std::map<std::string, int> counts;
   std::set<int64_t> ids;
-  for (const Op& op : graph.ops()) {
-    if (op_kind_is_opaque(op.kind())) {
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const Op& op = ops[k];
+    if (gone[k]) {
       ++counts[op_kind_name(op.kind())];
       continue;
     }
