@@ -67,10 +67,12 @@ def run_one(a, out_dir, model, variant, failures):
                          capture_output=True, text=True)
     if cap.returncode != 0:
         why = (cap.stderr.strip().splitlines() or ["?"])[-1]
-        # torch 1.13 has no bf16 backward for some activations (hardtanh:
-        # mobilenet_v2's ReLU6): a limit of torch, said as such.
-        if "not implemented for 'BFloat16'" in why:
-            return ["torch cannot run it: " + why.split("RuntimeError: ")[-1]] + [""] * 6
+        # What torch itself cannot run on this host (torch 1.13 has no bf16
+        # backward for ReLU6, and no bf16 convolution without AVX-512) is a
+        # limit of torch, said as such; anything else is capture's failure.
+        eager = torch_step(model, variant, a)
+        if eager:
+            return ["torch cannot run it: " + eager] + [""] * 6
         failures.append("%s %s: capture: %s" % (model, variant, why))
         return ["capture failed"] + [""] * 6
     with open(path) as f:
@@ -107,6 +109,23 @@ def run_one(a, out_dir, model, variant, failures):
                                                    (lines or ["?"])[0][:300]))
     return [len(ops), len(listed), "%d / %d" % (bn_fused, bn_all), handed_back,
             "%.2f" % seconds, "%d / %d" % (passed, a.seeds)]
+
+
+def torch_step(model, variant, a):
+    """torch's own eager step of the variant: None when it runs, else the error."""
+    code = ("import torch, torchvision\n"
+            "m = torchvision.models.%s(num_classes=10)\n"
+            "x = torch.randn(%d, 3, %d, %d)\n"
+            "if %r:\n"
+            "    m = m.to(memory_format=torch.channels_last)\n"
+            "    x = x.to(memory_format=torch.channels_last)\n"
+            "with torch.autocast('cpu', dtype=torch.bfloat16, enabled=%r):\n"
+            "    m(x).float().sum().backward()\n" %
+            (model, a.batch, a.size, a.size, "channels_last" in variant, "bf16" in variant))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if r.returncode == 0:
+        return None
+    return ((r.stderr.strip().splitlines() or ["?"])[-1]).split("RuntimeError: ")[-1]
 
 
 if __name__ == "__main__":

@@ -30,6 +30,18 @@ class Block(torch.nn.Module):
         return torch.nn.functional.leaky_relu(self.bn2(self.conv2(y)) + x, 0.1)
 
 
+def skip_unless_torch_runs(model, x, autocast):
+    """torch's own step on this host (bf16 convolutions need oneDNN's AVX-512
+    kernels: on an AVX2 host torch 1.13 cannot run them)."""
+    import copy
+    m = copy.deepcopy(model)
+    try:
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            m(x.clone()).float().sum().backward()
+    except RuntimeError as e:
+        pytest.skip("torch itself cannot run this step on this host: %s" % e)
+
+
 def kinds(c):
     out = {}
     for op in json.loads(c.json)["graph"]:
@@ -44,6 +56,7 @@ def test_block_maps_every_batch_norm(channels_last, autocast):
     m, x = Block(), torch.randn(2, 8, 5, 5)
     if channels_last:
         m, x = m.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    skip_unless_torch_runs(m, x, autocast)
     c = capture(m, x, autocast=autocast)
     k = kinds(c)
     assert k["BatchNormForwardTraining"] == 2 and k["BatchNormTrainingBackward"] == 2, k
