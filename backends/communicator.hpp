@@ -26,11 +26,14 @@ class Communicator {
   virtual std::string name() const = 0;
   // Sums data[0:count] element-wise over every process, in place; every
   // process gets the same bits, and the same bits on every run for a fixed
-  // process count. First agrees on `count` with one small collective: a
-  // process whose count differs, or that passes `failed`, makes the call fail
-  // on every process. Fails with kDeadlineExceeded when some process does not
-  // join within the timeout, instead of hanging.
-  virtual Status all_reduce_sum(double* data, int64_t count, bool failed = false) const = 0;
+  // process count. First agrees on `count` and `signature` (a hash of what
+  // the processes must run alike: the synchronized op, its dtype, layout and
+  // epsilon) with one small collective: a process whose count or signature
+  // differs, or that passes `failed`, makes the call fail on every process,
+  // and the error names the failing rank. Fails with kDeadlineExceeded when
+  // some process does not join within the timeout, instead of hanging.
+  virtual Status all_reduce_sum(double* data, int64_t count, bool failed = false,
+                                uint64_t signature = 0) const = 0;
 };
 
 // Communicators by AllReduce group name, given by the user at compile time.

@@ -260,8 +260,11 @@ StatusOr<CompiledGraph> CompiledGraph::compile(Graph&& graph, const CompileOptio
     unsupported += "; and " + std::to_string(n_unsupported - kNamed) + " more";
   // Ops we cannot run outrank shapes we do not know: the first is the answer.
   if (!unsupported.empty() && !options.allow_unsupported) {
-    return unimplemented("the graph has unsupported partitions (" + unsupported +
-                         "); partition it and run those ops yourself");
+    return unimplemented(
+        "the graph has unsupported partitions (" + unsupported +
+        "); partition it and run those ops yourself: plan_graph and compile_partition in C++, "
+        "normgrad.partition(graph) in Python, `normgrad partitions` and "
+        "`normgrad run --cut-unsupported` from the command line");
   }
   for (Partition& p : parts) {
     if (!p.is_supported() || !p.reason.empty()) {

@@ -79,7 +79,11 @@ StatusOr<DataType> parse_dtype(const std::string& name) {
   for (const DtypeInfo& d : kDtypes) {
     if (name == d.name) return d.dt;
   }
-  return invalid_argument("unknown dtype '" + name + "'");
+  std::string names;
+  for (const DtypeInfo& d : kDtypes) {
+    if (d.dt != DataType::kUndef) names += std::string(names.empty() ? "" : ", ") + d.name;
+  }
+  return invalid_argument("unknown dtype '" + name + "' (expected one of " + names + ")");
 }
 
 int64_t dtype_size(DataType dt) {

@@ -214,7 +214,7 @@ class Reader {
     NG_RETURN_IF_ERROR(expect(":"));
     const std::string dt = word();
     auto parsed = parse_dtype(dt);
-    if (!parsed.ok()) return error("unknown dtype '" + dt + "'");
+    if (!parsed.ok()) return error(parsed.status().message());
     lt.dtype = *parsed;
     if (accept("[*]")) {
       lt.rank_unknown = true;

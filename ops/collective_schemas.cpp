@@ -18,6 +18,10 @@ void register_collective_schemas(OpRegistry& registry) {
   s.input_counts(counts).output_counts(counts);
   s.attr("group", AttrKind::kString, false, std::string("world"));
   s.attr("reduction", AttrKind::kString, false, std::string("sum"), {"sum"});
+  // What every process must run alike (the split pass writes the synchronized
+  // op's kind, dtype, layout, channels and epsilon): a backend agrees on it
+  // before the data moves.
+  s.attr("signature", AttrKind::kString, false, std::string(""));
   s.dtypes({DataType::kF32, DataType::kBF16, DataType::kF16, DataType::kF64, DataType::kS64});
   s.rule([](const Op& op) -> Status {
     if (op.inputs().size() != op.outputs().size())

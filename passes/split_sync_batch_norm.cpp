@@ -2,6 +2,8 @@
 #include <normgrad/passes/split_sync_batch_norm.hpp>
 
 #include <algorithm>
+#include <charconv>
+#include <sstream>
 
 #include <normgrad/ops/op_ports.hpp>
 #include <normgrad/passes/pattern.hpp>
@@ -16,6 +18,23 @@ bool is_synchronized(const Op& bn) {
   if (bn.kind() != OpKind::kBatchNormTrainingBackward || !bn.has_attr("sync_group")) return false;
   const auto training = bn.attr_bool("is_training");  // set by canonicalize
   return (training.ok() && *training) || bn.outputs().size() == 3;
+}
+
+// What every process must run alike for the AllReduce `role` of `bn`: its
+// kind, src dtype, layout, channels, epsilon and momentum (not the batch:
+// each process holds its own slice). AllReduce's `signature` attribute.
+std::string signature(const Op& bn, const char* role, int64_t channels, const std::string& format) {
+  std::ostringstream s;
+  s << op_kind_name(bn.kind()) << "/" << role << " " << dtype_name(bn.inputs()[0].dtype) << " "
+    << format << " C=" << channels;
+  for (const char* attr : {"epsilon", "momentum"}) {
+    auto v = bn.attr_f32(attr);
+    if (!v.ok()) continue;
+    char text[32];
+    const auto end = std::to_chars(text, text + sizeof(text), *v).ptr;  // shortest, exact
+    s << " " << attr << "=" << std::string(text, end);
+  }
+  return s.str();
 }
 
 // The forward: Reduce (this process's sum, M2 about its mean and count, in
@@ -39,13 +58,13 @@ Status split_forward(Graph& graph, const Op& bn) {
   reduce.set_attr("data_format", format);
   reduce.add_input(ports.src()).add_output(lsum).add_output(lm2).add_output(lcount);
   Op sums(graph.new_op_id(), OpKind::kAllReduce, base + "/allreduce_sum");
-  sums.set_attr("group", group);
+  sums.set_attr("group", group).set_attr("signature", signature(bn, "sum", c, format));
   sums.add_input(lsum).add_input(lcount).add_output(gsum).add_output(gcount);
   Op merge(graph.new_op_id(), OpKind::kBatchNormForwardMerge, base + "/merge");
   merge.add_input(lsum).add_input(lm2).add_input(lcount).add_input(gsum).add_input(gcount);
   merge.add_output(m2_part);
   Op m2s(graph.new_op_id(), OpKind::kAllReduce, base + "/allreduce_m2");
-  m2s.set_attr("group", group);
+  m2s.set_attr("group", group).set_attr("signature", signature(bn, "m2", c, format));
   m2s.add_input(m2_part).add_output(gm2);
   Op apply(bn.id(), OpKind::kBatchNormForwardApply, base + "/apply");
   for (const char* attr : {"epsilon", "momentum"}) {
@@ -108,7 +127,7 @@ StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
     for (const LogicalTensor& lt : local) reduce.add_output(lt);
 
     Op all_reduce(graph.new_op_id(), OpKind::kAllReduce, base + "/allreduce");
-    all_reduce.set_attr("group", group);
+    all_reduce.set_attr("group", group).set_attr("signature", signature(bn, "sums", c, format));
     Op apply(bn.id(), OpKind::kBatchNormBackwardApply, base + "/apply");
     apply.set_attr("epsilon", bn.attrs().at("epsilon"));
     apply.set_attr("data_format", format);

@@ -86,6 +86,35 @@ inline std::string synopsis(const CLI::App& app) {
   return wrap_items("  " + name, items, 6) + wrap_items("     ", words, 6);
 }
 
+// ", "-joined, for messages.
+inline std::string joined(const std::vector<std::string>& items) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i == 0 ? "" : ", ") + items[i];
+  return s;
+}
+
+// A validator for a comma-separated list whose every item is one of `valid`:
+// a bad item fails the parse (exit 2, before any work), naming it and the
+// valid values, as CLI11's IsMember does for a single value.
+inline CLI::Validator list_of(std::vector<std::string> valid) {
+  const std::string names = joined(valid);
+  return CLI::Validator(
+      [valid, names](std::string& value) -> std::string {
+        size_t start = 0, items = 0;
+        while (start <= value.size()) {
+          const size_t end = std::min(value.find(',', start), value.size());
+          const std::string item = value.substr(start, end - start);
+          start = end + 1;
+          if (item.empty()) continue;
+          ++items;
+          if (std::find(valid.begin(), valid.end(), item) == valid.end())
+            return "'" + item + "' is not one of " + names;
+        }
+        return items == 0 ? "expected one or more of " + names : std::string();
+      },
+      "LIST");
+}
+
 // -1: parsed, go on; otherwise the exit code (0 after --help, 2 on a bad command line).
 inline int parse_args(CLI::App& app, std::vector<std::string> args) {
   if (describing()) {

@@ -271,10 +271,13 @@ int bench_command(const std::vector<std::string>& argv) {
   app.add_option("graph", opt.graph_path, "a graph to time instead of the built-in shapes");
   app.add_option("--shapes", opt.shapes, "resnet50, small or cached")
       ->check(CLI::IsMember({"resnet50", "small", "cached"}));
-  app.add_option("--backends", backends, "comma-separated: jit, dnnl, ref");
-  app.add_option("--dt", dts, "comma-separated: f32, bf16, f16");
-  app.add_option("--layouts", layouts, "comma-separated: NCX, NXC");
-  app.add_option("--fused", fused, "comma-separated: none, relu, add");
+  app.add_option("--backends", backends, "comma-separated: " + joined(known_backend_names()))
+      ->check(list_of(known_backend_names()));
+  app.add_option("--dt", dts, "comma-separated: f32, bf16, f16")
+      ->check(list_of({"f32", "bf16", "f16"}));
+  app.add_option("--layouts", layouts, "comma-separated: NCX, NXC")->check(list_of({"NCX", "NXC"}));
+  app.add_option("--fused", fused, "comma-separated: none, relu, add")
+      ->check(list_of({"none", "relu", "add"}));
   app.add_option("--dir", opt.dir,
                  "bwd (BatchNormTrainingBackward) or fwd (BatchNormForwardTraining; relu and add "
                  "fuse ReLU and Add+ReLU after it)")
@@ -309,7 +312,8 @@ int bench_command(const std::vector<std::string>& argv) {
   app.add_option("--compile-ops", compile_ops,
                  "with --compile: comma-separated graph sizes in ops (default 1000,10000,100000)");
   app.add_option("--compile-shapes", compile_shapes,
-                 "with --compile: comma-separated: chain, ladder, fan-out, folds, resnet");
+                 "with --compile: comma-separated: chain, ladder, fan-out, folds, resnet")
+      ->check(list_of({"chain", "ladder", "fan-out", "folds", "resnet"}));
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
   if (compile_time) {
     std::vector<int64_t> sizes;

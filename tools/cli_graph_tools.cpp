@@ -343,7 +343,8 @@ int partitions_command(const std::vector<std::string>& argv) {
   app.add_flag("--verify-each", verify_each,
                "check the whole graph against a fresh finalize after every pass");
   app.add_flag("--explain", explain, "per op, every pattern tried there and why it did not match");
-  app.add_option("--backend", backend, backend_names_help());
+  app.add_option("--backend", backend, backend_names_help())
+      ->check(CLI::IsMember(known_backend_names()));
   app.add_flag("--split-input-file", split,
                "the file holds cases separated by '// -----'; each is partitioned on its own");
   if (int rc = parse_args(app, argv); rc >= 0) return rc;

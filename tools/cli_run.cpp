@@ -330,7 +330,8 @@ int run_command(const std::vector<std::string>& argv) {
       ->check(CLI::Range(-1e30, 1e30));
   app.add_option("--inputs", defaults.inputs_dir, "read input <id> from DIR/<id>.npy");
   app.add_option("--outputs", defaults.outputs_dir, "write output <id> to DIR/<id>.npy");
-  app.add_option("--backend", defaults.knobs.backend, backend_names_help());
+  app.add_option("--backend", defaults.knobs.backend, backend_names_help())
+      ->check(CLI::IsMember(known_backend_names()));
   if (int rc = parse_args(app, argv); rc >= 0) return rc;
   std::vector<std::string> knob_tokens, positional;
   bool mode_given = false;

@@ -118,11 +118,13 @@ int tune_command(const std::vector<std::string>& argv) {
   bool dry_run = false;
   app.add_option("--shapes", shapes,
                  "comma-separated NxCxHxW (default: ResNet-50's batch-32 layers)");
-  app.add_option("--dt", dts, "comma-separated: f32, bf16, f16");
-  app.add_option("--layouts", layouts, "comma-separated: NCX, NXC");
+  app.add_option("--dt", dts, "comma-separated: f32, bf16, f16")
+      ->check(list_of({"f32", "bf16", "f16"}));
+  app.add_option("--layouts", layouts, "comma-separated: NCX, NXC")->check(list_of({"NCX", "NXC"}));
   app.add_option("--ops", ops,
                  "comma-separated: fwd (BatchNormForwardTraining), bwd "
-                 "(BatchNormTrainingBackward), from-dst");
+                 "(BatchNormTrainingBackward), from-dst")
+      ->check(list_of({"fwd", "bwd", "from-dst"}));
   app.add_option("--iters", iters, "timed runs per candidate, interleaved (default 7)")
       ->check(CLI::Range(1, 1000));
   app.add_option("--margin", margin,

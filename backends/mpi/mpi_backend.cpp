@@ -21,6 +21,10 @@ class AllReduceKernel final : public Kernel {
   AllReduceKernel(Op op, std::shared_ptr<const Communicator> comm, std::vector<int64_t> sizes)
       : op_(std::move(op)), comm_(std::move(comm)), sizes_(std::move(sizes)) {
     for (int64_t n : sizes_) total_ += n;
+    // FNV-1a of the op's signature attribute: what every process must run alike.
+    const std::string sig = op_.has_attr("signature") ? *op_.attr_string("signature") : "";
+    for (char ch : sig)
+      signature_ = (signature_ ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
   }
   std::string name() const override { return "mpi:allreduce"; }
   std::string info() const override { return comm_->name(); }
@@ -33,7 +37,8 @@ class AllReduceKernel final : public Kernel {
       for (int64_t e = 0; e < sizes_[i]; ++e)
         buffer[static_cast<size_t>(k++)] = load_as_double(in[i], e, lt.dtype);
     }
-    NG_RETURN_IF_ERROR(comm_->all_reduce_sum(buffer.data(), total_).with_context(op_.label()));
+    NG_RETURN_IF_ERROR(
+        comm_->all_reduce_sum(buffer.data(), total_, false, signature_).with_context(op_.label()));
     k = 0;
     for (size_t i = 0; i < op_.outputs().size(); ++i) {
       const LogicalTensor& lt = op_.outputs()[i];
@@ -48,6 +53,7 @@ class AllReduceKernel final : public Kernel {
   std::shared_ptr<const Communicator> comm_;
   std::vector<int64_t> sizes_;  // elements per tensor
   int64_t total_ = 0;
+  uint64_t signature_ = 1469598103934665603ull;
 };
 
 class MpiBackend final : public Backend {

@@ -1,8 +1,10 @@
 // Communicator on MPI: agreement and sums with MPI_Iallreduce under a deadline.
 //
 // Each all_reduce_sum is two collectives on the same communicator: a small
-// one (MPI_MAX over {count, -count, failed}) so that every process learns
-// whether all agree before any data moves, then the sum itself, in place, on
+// one (MPI_MAX over {count, -count, signature halves and their negations,
+// failed rank + 1}) so that every process learns whether all agree, and
+// which rank failed, before any data moves (the rule normgrad.torch's
+// synchronized layers follow too), then the sum itself, in place, on
 // doubles. Both are non-blocking and polled against collective_timeout_seconds(),
 // so a process that never arrives turns into an error on the others rather
 // than a hang. A request given up on that way cannot be cancelled (MPI has no
@@ -62,7 +64,8 @@ class MpiCommunicator final : public Communicator {
     return label_ + " (" + std::to_string(size_) + (size_ == 1 ? " process)" : " processes)");
   }
 
-  Status all_reduce_sum(double* data, int64_t count, bool failed) const override {
+  Status all_reduce_sum(double* data, int64_t count, bool failed,
+                        uint64_t signature) const override {
     // Collectives must be issued in one order on every process; serialize this
     // process's callers so two threads never interleave theirs.
     std::lock_guard<std::mutex> lock(mu_);
@@ -70,10 +73,13 @@ class MpiCommunicator final : public Communicator {
     const std::string who = "AllReduce on " + name() + ", rank " + std::to_string(rank_);
     const bool too_big = count > INT_MAX;  // MPI counts are int
     failed = failed || too_big;
-    long long mine[3] = {count, -count, failed ? 1 : 0};
-    long long all[3] = {0, 0, 0};
+    // The signature in two 32-bit halves, so each and its negation fit a long long.
+    const long long hi = static_cast<long long>(signature >> 32);
+    const long long lo = static_cast<long long>(signature & 0xffffffffull);
+    long long mine[7] = {count, -count, hi, -hi, lo, -lo, failed ? rank_ + 1 : 0};
+    long long all[7] = {0, 0, 0, 0, 0, 0, 0};
     MPI_Request req;
-    int rc = MPI_Iallreduce(mine, all, 3, MPI_LONG_LONG, MPI_MAX, comm_, &req);
+    int rc = MPI_Iallreduce(mine, all, 7, MPI_LONG_LONG, MPI_MAX, comm_, &req);
     if (rc != MPI_SUCCESS) return internal_error(who + ": " + mpi_error(rc));
     NG_RETURN_IF_ERROR(wait(&req, who + ", agreeing on the sizes"));
     if (failed) {
@@ -81,12 +87,22 @@ class MpiCommunicator final : public Communicator {
         return out_of_range(who + ": " + std::to_string(count) + " values exceed MPI's int count");
       return aborted(who + ": this process failed before the collective");
     }
-    if (all[2] != 0) return aborted(who + ": another process of the group failed");
+    if (all[6] != 0) {
+      return aborted(who + ": rank " + std::to_string(all[6] - 1) +
+                     " of the group failed before the collective, so no rank ran it");
+    }
     if (all[0] != count || -all[1] != count) {
       return invalid_argument(who + ": this process sums " + std::to_string(count) +
                               " values, but the group's counts range from " +
                               std::to_string(-all[1]) + " to " + std::to_string(all[0]) +
                               " (every process must hold the same per-channel shapes)");
+    }
+    if (all[2] != -all[3] || all[4] != -all[5]) {
+      return invalid_argument(
+          who +
+          ": the processes run different synchronized ops (their "
+          "signatures differ: op, dtype, layout, channels or epsilon) (rule: every "
+          "process of the group runs the same graph on its slice)");
     }
     if (count == 0) return ok_status();
     rc = MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_DOUBLE, MPI_SUM, comm_,

@@ -2,14 +2,28 @@
 
 Build graphs (``Graph``, ``Op``, ``LogicalTensor``) or load oneDNN-format JSON
 (``load_graph``), ``compile`` them and ``execute`` on NumPy arrays or PyTorch
-CPU tensors, borrowed without copies. ``normgrad.torch`` has drop-in
-BatchNorm modules that run here. Outputs normgrad.torch allocates come from a
-caching pool: ``memory_stats()`` reports it and ``empty_cache()`` releases it.
+CPU tensors, borrowed without copies; or ``partition`` a graph normgrad runs
+only in part and compile and execute its supported partitions one by one.
+``normgrad.torch`` has drop-in BatchNorm modules that run here. Outputs
+normgrad.torch allocates come from a caching pool: ``memory_stats()`` reports
+it and ``empty_cache()`` releases it.
 """
-from ._normgrad import (  # noqa: F401
+import ctypes as _ctypes
+import glob as _glob
+import os as _os
+
+# A pip-installed package carries the C++ library beside the extension
+# (setup.py): load it first, so the extension finds it by its soname without
+# LD_LIBRARY_PATH. A CMake build or install finds it through its RPATH.
+for _lib in _glob.glob(_os.path.join(_os.path.dirname(__file__), "libnormgrad.so.*")):
+    _ctypes.CDLL(_lib, mode=_ctypes.RTLD_GLOBAL)
+
+from ._normgrad import (  # noqa: E402  # noqa: F401
     CompiledGraph,
+    CompiledPartition,
     Error,
     Graph,
+    GraphPartition,
     LogicalTensor,
     Op,
     Partition,
@@ -23,6 +37,7 @@ from ._normgrad import (  # noqa: F401
     load_graph,
     memory_stats,
     num_threads,
+    partition,
     set_cache_limit,
     set_num_threads,
     set_thread_runtime,
@@ -30,8 +45,8 @@ from ._normgrad import (  # noqa: F401
 )
 
 __all__ = [
-    "CompiledGraph", "Error", "Graph", "LogicalTensor", "Op", "Partition", "__version__",
-    "backends", "compile", "empty_cache", "graph_from_json", "has_openmp_runtime", "load_graph",
-    "memory_stats", "num_threads", "set_cache_limit", "set_num_threads", "set_thread_runtime",
-    "thread_runtime",
+    "CompiledGraph", "CompiledPartition", "Error", "Graph", "GraphPartition", "LogicalTensor", "Op",
+    "Partition", "__version__", "backends", "compile", "empty_cache", "graph_from_json",
+    "has_openmp_runtime", "load_graph", "memory_stats", "num_threads", "partition",
+    "set_cache_limit", "set_num_threads", "set_thread_runtime", "thread_runtime",
 ]

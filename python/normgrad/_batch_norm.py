@@ -31,6 +31,7 @@ import torch.nn.functional as _F
 
 import normgrad as _ng
 
+from . import _sync
 from . import _torch_graphs as _g
 
 
@@ -223,9 +224,10 @@ def forward_state(m, training):
             m.running_var if keep else None)
 
 
-def check_module(m, name, x, local_batch=True):
+def check_module(m, name, x, local_batch=True, empty_ok=False):
     """Every rule the module's input and its own tensors must meet."""
-    _g.check_input(name, x, m.num_features, m.training, m._check_input_dim, local_batch)
+    _g.check_input(name, x, m.num_features, m.training, m._check_input_dim, local_batch,
+                   empty_ok)
     _g.check_vectors(name, m.num_features, weight=m.weight, bias=m.bias,
                      running_mean=m.running_mean, running_var=m.running_var)
     if (m.weight is None) != (m.bias is None):
@@ -239,8 +241,15 @@ def check_module(m, name, x, local_batch=True):
 def batch_norm_module_forward(m, x, residual=None):
     """The forward of normgrad's BatchNorm1d/2d/3d (torch.fx records it as one call)."""
     name = type(m).__name__
-    check_module(m, name, x)
+    check_module(m, name, x, empty_ok=True)
     relu = m.fuse_relu
+    if x.numel() == 0:  # as torch: an empty output, the batch counted, statistics kept
+        forward_state(m, m.training)
+        y = _EmptyBatchNormFunction.apply(x, m.weight, m.bias)
+        if residual is not None:
+            _g.check_residual(name, residual)
+            y = y + residual
+        return _torch.relu(y) if relu else y
     if residual is not None:
         _g.check_residual(name, residual)
         if residual.shape != x.shape or residual.dtype != x.dtype:
@@ -251,6 +260,24 @@ def batch_norm_module_forward(m, x, residual=None):
 
 
 _fx.wrap("batch_norm_module_forward")
+
+
+class _EmptyBatchNormFunction(_torch.autograd.Function):
+    """Batch norm of an empty input, as torch's: an empty output, and zero
+    parameter gradients."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.has_weight = weight is not None
+        ctx.save_for_backward(weight)
+        return _torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (weight,) = ctx.saved_tensors
+        if not ctx.has_weight:
+            return _torch.empty_like(grad), None, None
+        return _torch.empty_like(grad), _torch.zeros_like(weight), _torch.zeros_like(weight)
 
 
 def _bn_apply(m, x, residual, relu):
@@ -320,26 +347,34 @@ def _local_moments(x):
     return n, sums[:c] / n, sums[c:]
 
 
-def group_moments(x, group, name):
+def group_moments(x, layer):
     """The group's count N and per-channel mean and biased variance (f64),
     merged exactly from every process's (count, mean, M2) by Chan's parallel
-    formula in two all_reduce sums: first the counts and count-weighted means
-    (the global mean), then each process's M2 + n (its mean - the global
-    mean)^2. Every process gets the same bits."""
-    n, mean_r, m2_r = _local_moments(x)
-    c = x.shape[1]
+    formula in two all_reduce sums over `layer`'s group (a _sync.Layer, whose
+    agreement ran): first the counts and count-weighted means (the global
+    mean), then each process's M2 + n (its mean - the global mean)^2. Every
+    process gets the same bits."""
+    c = layer.channels
+    error = None
+    try:
+        n, mean_r, m2_r = _local_moments(x)
+    except Exception as e:  # still joins the sums, with its error
+        error, n = e, 0
+        mean_r = m2_r = _torch.zeros(c, dtype=_torch.float64)
     first = _torch.cat([_torch.tensor([float(n)], dtype=_torch.float64), n * mean_r])
-    _dist.all_reduce(first, group=group)
+    layer.checked_sum(first, error, "forward", "the counts and means (%d doubles)" % (c + 1))
     total = first[0].item()
+    name = layer.kind
     if total == 0:
         raise _ng.Error("normgrad.torch.%s: every process's batch is empty; batch statistics "
                         "need at least one value per channel (rule: group count > 0)" % name)
     if total == 1:
-        raise _ng.Error("normgrad.torch.%s: expected more than 1 value per channel when "
-                        "training, got 1 over the whole group (rule: group count > 1)" % name)
+        raise _g.BatchError("normgrad.torch.%s: expected more than 1 value per channel when "
+                            "training, got 1 over the whole group (rule: group count > 1)"
+                            % name)
     mean = first[1:1 + c] / total
     second = m2_r + n * (mean_r - mean) ** 2
-    _dist.all_reduce(second, group=group)
+    layer.checked_sum(second, None, "forward", "the M2 sums (%d doubles)" % c)
     return total, mean, second / total
 
 
@@ -349,7 +384,7 @@ def split_mean(mean64):
     return hi, (mean64 - hi.double()).float()
 
 
-def group_sums_backward(x, grad, mean, invstd, gamma, group, mean_lo=None):
+def group_sums_backward(x, grad, mean, invstd, gamma, layer, mean_lo=None):
     """The synchronized backward's data path: this process's sums (Reduce), one
     all_reduce of the two sums and the count (f64), the input gradient
     (Apply). `mean` is the f32 mean the kernels subtract; `mean_lo` the rest
@@ -357,27 +392,39 @@ def group_sums_backward(x, grad, mean, invstd, gamma, group, mean_lo=None):
     uses the mean at full precision:
       sum dy (x - mean) = sum dy (x - hi) - lo sum dy, and Apply's
       (x - hi) s^2 S / M term is corrected through sum_dy' = sum_dy - lo s^2 S.
-    Returns (dx, this process's [sum dy, sum dy (x - mean)], f64). With
-    `group` None the sums are this process's alone (the single-process module
-    on data far from zero)."""
+    Returns (dx, this process's [sum dy, sum dy (x - mean)], f64). `layer` is
+    the _sync.Layer whose group sums them (its backward agreement first), or
+    None: the sums are this process's alone (the single-process module on
+    data far from zero)."""
+    if layer is not None:
+        layer.agree("backward", None)
     fmt, xv = _g.layout(x)
     dt = _g.DTYPES[x.dtype]
     c = x.shape[1]
     shape = tuple(xv.shape)
-    gv = _g.view_as_fmt(_g.like(grad.to(x.dtype), x), fmt)
     sums = _torch.zeros(2 * c, dtype=_torch.float32)
     count = _torch.zeros(1, dtype=_torch.int64)
     mean = mean.contiguous()
     empty = x.numel() == 0  # this process's batch is empty: it still joins the all_reduce
-    if not empty:
-        _g.run(_g.reduce_graph(shape, fmt, dt, c), {_g.X: xv, _g.DY: gv, _g.MEAN: mean},
-               {_g.SUM_DY: sums[:c], _g.SUM_DY_XMU: sums[c:], _g.COUNT: count})
+    error = None
+    try:
+        gv = _g.view_as_fmt(_g.like(grad.to(x.dtype), x), fmt)
+        if not empty:
+            _g.run(_g.reduce_graph(shape, fmt, dt, c), {_g.X: xv, _g.DY: gv, _g.MEAN: mean},
+                   {_g.SUM_DY: sums[:c], _g.SUM_DY_XMU: sums[c:], _g.COUNT: count})
+    except Exception as e:  # still joins the sums, with its error
+        if layer is None:
+            raise
+        error = e
+        sums.zero_()
+        count.zero_()
     local = sums.double()
     if mean_lo is not None:
         local[c:] -= mean_lo.double() * local[:c]
     packed = _torch.cat([local, count.double()])
-    if group is not None:  # None: one process, its own sums are the batch's
-        _dist.all_reduce(packed, group=group)
+    if layer is not None:  # None: one process, its own sums are the batch's
+        layer.checked_sum(packed, error, "backward",
+                          "the gradient sums (%d doubles)" % packed.numel())
     g_sum_dy, g_sum_dyxm = packed[:c], packed[c:2 * c]
     if mean_lo is not None:
         s = invstd.double()
@@ -433,14 +480,14 @@ def no_double_backward(name):
 
 class _SyncBatchNormFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, factor, eps, group):
-        total, mean64, var64 = group_moments(x, group, "SyncBatchNorm")
+    def forward(ctx, x, weight, bias, running_mean, running_var, factor, eps, layer):
+        total, mean64, var64 = group_moments(x, layer)
         invstd64 = 1.0 / _torch.sqrt(var64 + eps)
         hi, lo = split_mean(mean64)
         _g.update_running(running_mean, running_var, mean64.float(), var64.float(), factor,
                           total)
         y = normalize_group(x, total, mean64, var64, weight, bias, eps)
-        ctx.group = group
+        ctx.layer = layer
         invstd = invstd64.float()
         ctx.save_for_backward(x, weight, hi, lo, invstd)
         return y
@@ -450,7 +497,7 @@ class _SyncBatchNormFunction(_torch.autograd.Function):
         no_double_backward("SyncBatchNorm")
         x, weight, hi, lo, invstd = ctx.saved_tensors
         gamma = None if weight is None else weight.detach().float()
-        dx, sums = group_sums_backward(x.detach(), grad.detach(), hi, invstd, gamma, ctx.group,
+        dx, sums = group_sums_backward(x.detach(), grad.detach(), hi, invstd, gamma, ctx.layer,
                                        mean_lo=lo)
         if weight is None:
             return dx, None, None, None, None, None, None, None
@@ -470,15 +517,25 @@ def sync_group(group):
 
 
 def sync_batch_norm_module_forward(m, x):
-    """The forward of normgrad's SyncBatchNorm (torch.fx records it as one call)."""
+    """The forward of normgrad's SyncBatchNorm (torch.fx records it as one call).
+    Synchronized, its input checks run before the group's agreement, and a
+    failed one is every rank's error (_sync.Layer.agree)."""
     group = sync_group(m.process_group)
     synced = group is not None and (m.training or m.running_mean is None)
-    check_module(m, "SyncBatchNorm", x, local_batch=not synced)
-    factor, use_batch_stats, rm, rv = forward_state(m, m.training)
-    if use_batch_stats and synced:
-        return _SyncBatchNormFunction.apply(x, m.weight, m.bias, rm, rv, factor, m.eps, group)
-    return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor, m.eps,
-                                    False, None)
+    if not synced:
+        check_module(m, "SyncBatchNorm", x)
+        factor, use_batch_stats, rm, rv = forward_state(m, m.training)
+        return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor,
+                                        m.eps, False, None)
+    layer = _sync.Layer(m, "SyncBatchNorm", group, x, m.eps, m.momentum, m.weight is not None)
+    error = None
+    try:
+        check_module(m, "SyncBatchNorm", x, local_batch=False)
+    except Exception as e:  # every rule: this rank still joins the agreement
+        error = e
+    layer.agree("forward", error)
+    factor, _, rm, rv = forward_state(m, m.training)
+    return _SyncBatchNormFunction.apply(x, m.weight, m.bias, rm, rv, factor, m.eps, layer)
 
 
 _fx.wrap("sync_batch_norm_module_forward")

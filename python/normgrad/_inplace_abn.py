@@ -28,6 +28,7 @@ import torch.nn.functional as _F
 import normgrad as _ng
 
 from . import _batch_norm as _bn
+from . import _sync
 from . import _torch_graphs as _g
 
 _ACTIVATIONS = ("leaky_relu", "identity")
@@ -137,9 +138,9 @@ class _InPlaceABNFunction(_torch.autograd.Function):
 
 class _InPlaceABNSyncFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope, group):
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope, layer):
         xd = x.detach()
-        total, mean64, var64 = _bn.group_moments(xd, group, "InPlaceABNSync")
+        total, mean64, var64 = _bn.group_moments(xd, layer)
         _g.update_running(running_mean, running_var, mean64.float(), var64.float(), momentum,
                           total)
         c = x.shape[1]
@@ -147,7 +148,7 @@ class _InPlaceABNSyncFunction(_torch.autograd.Function):
         y = _bn.normalize_group(xd, total, mean64, var64, gamma, beta, eps, leaky=slope)
         xd.copy_(y)  # written over x, in x's dtype and memory format
         var = var64.float()
-        ctx.eps, ctx.slope, ctx.group = eps, slope, group
+        ctx.eps, ctx.slope, ctx.layer = eps, slope, layer
         ctx.mark_dirty(x)
         ctx.save_for_backward(x, var, weight, bias)
         return x
@@ -168,7 +169,7 @@ class _InPlaceABNSyncFunction(_torch.autograd.Function):
         # mean = beta, "inverse std" = 1/gamma and gamma' = gamma^2 s gives
         # x̂ = (y - beta)/gamma and gamma s (dy - sum_dy/M - x̂ diff_gamma/M).
         s = _torch.rsqrt(var + ctx.eps)
-        dx, sums = _bn.group_sums_backward(y, g, beta, 1.0 / gamma, gamma * gamma * s, ctx.group)
+        dx, sums = _bn.group_sums_backward(y, g, beta, 1.0 / gamma, gamma * gamma * s, ctx.layer)
         # This process's parameter gradients (DDP reduces them), as SyncBatchNorm.
         dw, db = _param_grads(weight, sums[c:] / gamma, sums[:c])
         return dx, dw, db, None, None, None, None, None, None
@@ -180,11 +181,8 @@ def _momentum(m):
     return 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
 
 
-def inplace_abn_module_forward(m, x, residual=None):
-    """act(bn(x)) written over x; act(bn(x) + residual) when a residual is given
-    (convert's BN -> Add -> LeakyReLU), whose gradient is then returned too.
-    torch.fx records it as one call."""
-    name = type(m).__name__
+def _check_call(m, name, x, residual):
+    """Every rule the call's input, residual and the module's tensors must meet."""
     _g.check_input(name, x, m.num_features, m.training, local_batch=m._local_batch())
     _g.check_vectors(name, m.num_features, weight=m.weight, bias=m.bias,
                      running_mean=m.running_mean, running_var=m.running_var)
@@ -195,13 +193,37 @@ def inplace_abn_module_forward(m, x, residual=None):
                             "input (rule: residual shape and dtype == input's)"
                             % (name, tuple(residual.shape), residual.dtype, tuple(x.shape),
                                x.dtype))
+    if m.training:
+        _check_in_place(name, x)
+
+
+def inplace_abn_module_forward(m, x, residual=None):
+    """act(bn(x)) written over x; act(bn(x) + residual) when a residual is given
+    (convert's BN -> Add -> LeakyReLU), whose gradient is then returned too.
+    Synchronized, the checks run before the group's agreement, and a failed
+    one is every rank's error. torch.fx records it as one call."""
+    name = type(m).__name__
+    layer = m._sync_layer(x)
+    error = None
+    try:
+        _check_call(m, name, x, residual)
+        if layer is not None and residual is not None:
+            raise _ng.Error("normgrad.torch.InPlaceABNSync: a residual is not supported over "
+                            "processes (convert fuses BN -> Add -> LeakyReLU into InPlaceABN "
+                            "only)")
+    except Exception as e:  # every rule: a synchronized rank still joins the agreement
+        if layer is None:
+            raise
+        error = e
+    if layer is not None:
+        layer.agree("forward", error)
+        return m._train_group(x, layer)
     if not m.training:
         y = m._frozen(x, residual is not None)
         if residual is None:
             return y
         y = y + residual
         return _F.leaky_relu(y, m._slope()) if m._slope() is not None else y
-    _check_in_place(name, x)
     return m._train(x, residual)
 
 
@@ -260,6 +282,10 @@ class InPlaceABN(_nn.Module):
         """Whether this process's batch alone must meet the batch rules."""
         return True
 
+    def _sync_layer(self, x):
+        """The synchronized call's _sync.Layer, or None (InPlaceABN never syncs)."""
+        return None
+
     def forward(self, x, residual=None):
         return inplace_abn_module_forward(self, x, residual)
 
@@ -315,16 +341,17 @@ class InPlaceABNSync(InPlaceABN):
     def _local_batch(self):
         return not (self.training and _bn.sync_group(self.group) is not None)
 
-    def _train(self, x, residual=None):
-        group = _bn.sync_group(self.group)
+    def _sync_layer(self, x):
+        group = _bn.sync_group(self.group) if self.training else None
         if group is None:
-            return super()._train(x, residual)
-        if residual is not None:
-            raise _ng.Error("normgrad.torch.InPlaceABNSync: a residual is not supported over "
-                            "processes (convert fuses BN -> Add -> LeakyReLU into InPlaceABN only)")
+            return None
+        return _sync.Layer(self, "InPlaceABNSync", group, x, self.eps, self.momentum,
+                           self.affine, self._slope())
+
+    def _train_group(self, x, layer):
         return _InPlaceABNSyncFunction.apply(x, self.weight, self.bias, self.running_mean,
                                              self.running_var, _momentum(self), self.eps,
-                                             self._slope(), group)
+                                             self._slope(), layer)
 
 
 for _cls in (InPlaceABN, InPlaceABNSync):

@@ -23,6 +23,7 @@ import torch.nn as _nn
 
 from . import _batch_norm as _bn
 from . import _inplace_abn as _abn
+from . import _sync
 from . import _torch_fx as _tfx
 
 _BatchNormBase = _nn.modules.batchnorm._BatchNorm
@@ -224,15 +225,16 @@ def convert(model, fuse_relu=False, fuse=False, inplace_abn=False):
     _warn_left(_convert_in_place(model), "convert")
     if fuse_relu:
         _fuse_following_relus(model)
-    return model
+    return _sync.name_layers(model)
 
 
 def convert_sync_batchnorm(model, process_group=None):
     """Makes every torch BatchNorm1d/2d/3d, torch.nn.SyncBatchNorm and
     normgrad BatchNorm in `model` normgrad's SyncBatchNorm over
     `process_group`, in place (each module stays the same object, with its
-    Parameters, buffers and mode); returns `model`. A BatchNorm that fuses a
-    ReLU, and kinds normgrad has no module for, are left and named in a
-    warning."""
+    Parameters, buffers and mode); returns `model`. Each is named after its
+    place in `model` (``layer_name``), as synchronization errors call it. A
+    BatchNorm that fuses a ReLU, and kinds normgrad has no module for, are
+    left and named in a warning."""
     _warn_left(_convert_in_place(model, True, process_group), "convert_sync_batchnorm")
-    return model
+    return _sync.name_layers(model)

@@ -70,15 +70,28 @@ class RankError(_ng.Error, ValueError):
     and a normgrad.Error."""
 
 
-def check_input(name, x, num_features, training, rank_check=None, local_batch=True):
+class InputTypeError(_ng.Error, TypeError, AttributeError):
+    """An input that is not a tensor: a TypeError, and the AttributeError
+    torch's batch norm raises ("'list' object has no attribute 'dim'")."""
+
+
+class BatchError(_ng.Error, ValueError):
+    """One value per channel in training (this process's, or the whole
+    group's): a ValueError, as torch's batch norm raises, and a normgrad.Error."""
+
+
+def check_input(name, x, num_features, training, rank_check=None, local_batch=True,
+                empty_ok=False):
     """The rules a batch-norm input must meet before any kernel runs, as errors
     naming the module `name` and the rule. `rank_check` is the module's
     _check_input_dim (torch's ValueError becomes a RankError). Without
     `local_batch` (a synchronized batch norm) this process's batch may be
-    empty or hold one value per channel: the group's count is checked instead."""
+    empty or hold one value per channel: the group's count is checked instead.
+    With `empty_ok` an empty input passes (torch's BatchNorm returns it empty)."""
     if not isinstance(x, _torch.Tensor):
-        raise TypeError("normgrad.torch.%s: expected a torch.Tensor input, got %s"
-                        % (name, type(x).__name__))
+        raise InputTypeError("normgrad.torch.%s: expected a torch.Tensor input, got %s (rule: "
+                             "input is a tensor)"
+                             % (name, type(x).__name__))
     if x.device.type != "cpu":
         raise _ng.Error("normgrad.torch.%s: input is on %s; normgrad runs on the CPU (rule: "
                         "device == cpu)" % (name, x.device))
@@ -100,11 +113,13 @@ def check_input(name, x, num_features, training, rank_check=None, local_batch=Tr
                         % (name, tuple(x.shape), x.shape[1], num_features))
     if not local_batch:
         return
-    if x.shape[0] == 0 or x.numel() == 0:
+    if x.numel() == 0:
+        if empty_ok:
+            return
         raise _ng.Error("normgrad.torch.%s: input %s is empty; batch statistics need at least one "
                         "element per channel (rule: N * spatial > 0)" % (name, tuple(x.shape)))
     if training and x.numel() // x.shape[1] == 1:
-        raise _ng.Error("normgrad.torch.%s: expected more than 1 value per channel when training, "
+        raise BatchError("normgrad.torch.%s: expected more than 1 value per channel when training, "
                         "got input %s (rule: N * spatial > 1)" % (name, tuple(x.shape)))
 
 

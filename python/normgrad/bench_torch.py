@@ -4,7 +4,7 @@
     /usr/bin/python3 -m normgrad.bench_torch --model resnet50 # a training step
     /usr/bin/python3 -m normgrad.bench_torch --json out.json --threads 2
     /usr/bin/python3 -m normgrad.bench_torch --memory        # peak memory of a step
-    /usr/bin/python3 -m normgrad.bench_torch --sync          # SyncBatchNorm, 2 processes
+    /usr/bin/python3 -m normgrad.bench_torch --sync          # SyncBatchNorm's cost, 2 and 4 processes
 
 Per layer: the five batch-32 BatchNorm shapes of ResNet-50, NCHW and
 channels_last, f32 and bf16: the forward, the backward and the whole
@@ -32,11 +32,12 @@ percent from process to process). It reports the process's peak RSS over
 own), and the bytes autograd saves for the backward (activations,
 parameters excluded).
 
---sync: a SyncBatchNorm training step (``convert_sync_batchnorm``,
-DistributedDataParallel over gloo) on 2 processes with half the batch each
-against the same model on 1 process with the whole batch, and against
-torch's BatchNorm on 1 process; the same cores in each (2 processes of
---threads/2 threads, or 1 of --threads), the slowest rank's step, medians.
+--sync: what synchronizing costs: a DistributedDataParallel step over gloo
+on --procs processes (default 2,4), with normgrad's SyncBatchNorm against
+normgrad's BatchNorm, interleaved in the same processes; the collectives and
+bytes per step, gloo's measured latency, and the scaling model's prediction
+(docs/scale-out.md). Processes share --threads cores (4 on 2 cores are
+oversubscribed, and the output says so).
 
 Runs alternate torch and normgrad case by case (host state drifts); every
 figure is a median over --runs repetitions.
@@ -344,8 +345,10 @@ def main(argv=None):
     p.add_argument("--leaky-inplace", action="store_true",
                    help="the swapped LeakyReLUs keep torchvision's inplace=True")
     p.add_argument("--sync", action="store_true",
-                   help="time a SyncBatchNorm step (DDP, gloo) on 2 processes against 1 process "
-                        "and against torch's BatchNorm (model: --model, default resnet50)")
+                   help="time a SyncBatchNorm step (DDP, gloo) against a BatchNorm one on "
+                        "--procs processes (model: --model, default resnet50)")
+    p.add_argument("--procs", default="2,4",
+                   help="with --sync: process counts, comma-separated (default 2,4)")
     p.add_argument("--memory", action="store_true",
                    help="peak RSS of a training step of --model (default resnet50) with "
                         "LeakyReLU: torch, normgrad BatchNorm, InPlaceABN, each in a fresh process")
@@ -372,6 +375,12 @@ def main(argv=None):
     for dt in args.dtypes:
         if dt not in DTYPES:
             p.error("dtypes are f32 and bf16")
+    try:
+        args.procs = [int(v) for v in args.procs.split(",")]
+    except ValueError:
+        p.error("--procs takes process counts, e.g. 2,4")
+    if any(v < 2 for v in args.procs):
+        p.error("--procs: every process count must be at least 2 (got %s)" % args.procs)
     try:
         args.shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
     except ValueError:

@@ -13,12 +13,41 @@ copies; f32, bf16 and f16 data, with f32 statistics. Every input is
 checked (device, dtype, rank, channels, and the parameters' and buffers'
 shapes) before a kernel runs.
 """
+import re as _re
+import warnings as _warnings
+
+import torch as _torch
+
+
+def _check_torch_version(version):
+    """torch 1.13 is what normgrad.torch is built and tested against (Debian
+    12's python3-torch); older ones lack what it uses (functorch's AOT
+    autograd for capture, torch.fx.wrap, DLPack bf16): refused with the reason.
+    2.x is not tested: it imports, with a warning."""
+    m = _re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        raise ImportError("normgrad.torch: cannot read torch's version %r" % version)
+    major, minor = int(m.group(1)), int(m.group(2))
+    if (major, minor) < (1, 13):
+        raise ImportError("normgrad.torch needs torch 1.13 or newer (tested: 1.13); this is torch "
+                          "%s. Install Debian 12's python3-torch, or torch>=1.13 in your venv"
+                          % version)
+    if major >= 2:
+        _warnings.warn("normgrad.torch is tested with torch 1.13; torch %s is not tested here"
+                       % version, stacklevel=3)
+
+
+_check_torch_version(_torch.__version__)
+
 from ._batch_norm import BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm
 from ._inplace_abn import InPlaceABN, InPlaceABNSync
 from ._torch_convert import convert, convert_sync_batchnorm
-from ._torch_graphs import RankError, recording
+from ._sync import (SyncError, collective_timeout, name_layers, set_collective_timeout,
+                    sync_stats)
+from ._torch_graphs import BatchError, InputTypeError, RankError, recording
 from .capture import Capture, CaptureError, capture
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Capture", "CaptureError", "SyncBatchNorm",
-           "InPlaceABN", "InPlaceABNSync", "RankError", "capture", "convert",
-           "convert_sync_batchnorm", "recording"]
+__all__ = ["BatchError", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Capture", "CaptureError",
+           "InputTypeError", "SyncBatchNorm", "SyncError", "InPlaceABN", "InPlaceABNSync", "RankError", "capture",
+           "collective_timeout", "convert", "convert_sync_batchnorm", "name_layers", "recording",
+           "set_collective_timeout", "sync_stats"]

@@ -12,12 +12,18 @@ DataType from_dlpack(const DLDataType& t, bool* bits16) {
   if (t.lanes != 1) return DataType::kUndef;
   switch (t.code) {
     case kDLFloat:
-      return t.bits == 32 ? DataType::kF32 : t.bits == 16 ? DataType::kF16 : t.bits == 64 ? DataType::kF64 : DataType::kUndef;
+      return t.bits == 32   ? DataType::kF32
+             : t.bits == 16 ? DataType::kF16
+             : t.bits == 64 ? DataType::kF64
+                            : DataType::kUndef;
     case kDLBfloat:
       return t.bits == 16 ? DataType::kBF16 : DataType::kUndef;
     case kDLInt:
       if (t.bits == 16) *bits16 = true;
-      return t.bits == 8 ? DataType::kS8 : t.bits == 32 ? DataType::kS32 : t.bits == 64 ? DataType::kS64 : DataType::kUndef;
+      return t.bits == 8    ? DataType::kS8
+             : t.bits == 32 ? DataType::kS32
+             : t.bits == 64 ? DataType::kS64
+                            : DataType::kUndef;
     case kDLUInt:
       if (t.bits == 16) *bits16 = true;
       return t.bits == 8 ? DataType::kU8 : DataType::kUndef;
@@ -55,7 +61,9 @@ DataType from_format(const std::string& f, size_t itemsize, bool* bits16) {
 
 }  // namespace
 
-ArrayView::ArrayView(ArrayView&& o) noexcept { *this = std::move(o); }
+ArrayView::ArrayView(ArrayView&& o) noexcept {
+  *this = std::move(o);
+}
 
 ArrayView& ArrayView::operator=(ArrayView&& o) noexcept {
   if (this != &o) {
@@ -80,7 +88,8 @@ ArrayView ArrayView::of(py::handle obj, const std::string& what) {
     if (py::hasattr(obj, "__dlpack_device__")) {
       auto dev = obj.attr("__dlpack_device__")().cast<py::tuple>();
       if (dev[0].cast<int>() != kDLCPU)
-        raise(invalid_argument(what + ": the tensor is not on the CPU (normgrad runs on host memory)"));
+        raise(invalid_argument(what +
+                               ": the tensor is not on the CPU (normgrad runs on host memory)"));
     }
     py::object capsule = obj.attr("__dlpack__")();
     auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
@@ -110,8 +119,9 @@ ArrayView ArrayView::of(py::handle obj, const std::string& what) {
     return v;
   }
   if (!py::isinstance<py::buffer>(obj))
-    raise(invalid_argument(what + ": expected a NumPy array, a PyTorch CPU tensor or another "
-                                  "object with the buffer protocol or __dlpack__, got " +
+    raise(invalid_argument(what +
+                           ": expected a NumPy array, a PyTorch CPU tensor or another "
+                           "object with the buffer protocol or __dlpack__, got " +
                            std::string(py::str(py::type::of(obj)))));
   py::buffer buf = py::reinterpret_borrow<py::buffer>(obj);
   py::buffer_info info = buf.request();
@@ -135,10 +145,11 @@ void check_matches(const ArrayView& view, const LogicalTensor& want, const std::
   const bool bits_ok =
       view.bits16 && (want.dtype == DataType::kBF16 || want.dtype == DataType::kF16);
   if (view.dtype != want.dtype && !bits_ok) {
-    raise(invalid_argument(what + " (tensor " + std::to_string(want.id) + "): dtype " +
-                           (view.bits16 ? std::string("int16/uint16") : dtype_name(view.dtype)) +
-                           ", expected " + dtype_name(want.dtype) +
-                           (want.dtype == DataType::kBF16 ? " (torch.bfloat16, or uint16 bit patterns)" : "")));
+    raise(invalid_argument(
+        what + " (tensor " + std::to_string(want.id) + "): dtype " +
+        (view.bits16 ? std::string("int16/uint16") : dtype_name(view.dtype)) + ", expected " +
+        dtype_name(want.dtype) +
+        (want.dtype == DataType::kBF16 ? " (torch.bfloat16, or uint16 bit patterns)" : "")));
   }
   if (view.dims != want.dims)
     raise(invalid_argument(what + " (tensor " + std::to_string(want.id) + "): shape " +

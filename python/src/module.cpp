@@ -17,18 +17,55 @@
 
 namespace normgrad {
 namespace python {
+
+void register_partitions(py::module_& m);  // partitions.cpp
+
 namespace {
 
 DataType dtype_arg(const std::string& name) {
   return unwrap(parse_dtype(name));
 }
 
-LogicalTensor make_tensor(int64_t id, const std::string& dtype, const std::vector<int64_t>& shape,
+// shape: a sequence whose None (or -1, oneDNN Graph's DNNL_GRAPH_UNKNOWN_DIM)
+// entries are unknown dims, or None for an unknown rank: finalize infers them.
+LogicalTensor make_tensor(int64_t id, const std::string& dtype, const py::object& shape,
                           const std::optional<std::vector<int64_t>>& strides) {
-  LogicalTensor lt(id, dtype_arg(dtype), shape);
+  LogicalTensor lt(id, dtype_arg(dtype), {});
+  const std::string what = "LogicalTensor " + std::to_string(id);
+  if (shape.is_none()) {
+    lt.rank_unknown = true;
+  } else {
+    if (!py::isinstance<py::sequence>(shape) || py::isinstance<py::str>(shape))
+      raise(invalid_argument(what + ": shape must be a sequence of ints (None or -1 for an "
+                                    "unknown dim), or None for an unknown rank"));
+    for (py::handle d : shape.cast<py::sequence>()) {
+      if (d.is_none()) {
+        lt.dims.push_back(kUnknownDim);
+        continue;
+      }
+      if (!py::isinstance<py::int_>(d))
+        raise(invalid_argument(what + ": dim " + std::string(py::repr(d)) +
+                               " is not an int or None"));
+      const auto v = d.cast<int64_t>();
+      lt.dims.push_back(v == -1 ? kUnknownDim : v);
+    }
+  }
   if (strides) lt.strides = *strides;
-  check(lt.validate("LogicalTensor " + std::to_string(id)));
+  check(lt.validate(what));
   return lt;
+}
+
+py::object shape_of(const LogicalTensor& t) {
+  if (t.rank_unknown) return py::none();
+  py::list dims;
+  for (int64_t d : t.dims) {
+    if (d == kUnknownDim) {
+      dims.append(py::none());
+    } else {
+      dims.append(py::int_(d));
+    }
+  }
+  return std::move(dims);
 }
 
 // Python values to attributes: bool, int, float, str and lists of int or float.
@@ -312,7 +349,7 @@ PYBIND11_MODULE(_normgrad, m) {
            py::arg("strides") = py::none())
       .def_readonly("id", &LogicalTensor::id)
       .def_property_readonly("dtype", [](const LogicalTensor& t) { return dtype_name(t.dtype); })
-      .def_property_readonly("shape", [](const LogicalTensor& t) { return t.dims; })
+      .def_property_readonly("shape", &shape_of)
       .def_property_readonly("strides",
                              [](const LogicalTensor& t) { return t.effective_strides(); })
       .def("__repr__",
@@ -382,11 +419,23 @@ PYBIND11_MODULE(_normgrad, m) {
       });
 
   m.def(
-      "load_graph", [](const std::string& path) { return unwrap(load_graph(path)); },
-      py::arg("path"), "Load a oneDNN-format JSON graph file");
+      "load_graph",
+      [](const std::string& path) {
+        Graph g = unwrap(load_graph(path));
+        check(g.finalize());
+        return g;
+      },
+      py::arg("path"),
+      "Load a oneDNN-format JSON graph file, finalized (shapes inferred, inputs and outputs "
+      "known): ready for compile, partition, .inputs and .outputs");
   m.def(
-      "graph_from_json", [](const std::string& text) { return unwrap(graph_from_json(text)); },
-      py::arg("text"));
+      "graph_from_json",
+      [](const std::string& text) {
+        Graph g = unwrap(graph_from_json(text));
+        check(g.finalize());
+        return g;
+      },
+      py::arg("text"), "A oneDNN-format JSON graph from a string, finalized as load_graph's");
 
   py::class_<PartitionInfo>(m, "Partition")
       .def_readonly("id", &PartitionInfo::id)
@@ -464,6 +513,7 @@ PYBIND11_MODULE(_normgrad, m) {
         return d;
       },
       "The caching pool's counters");
+  register_partitions(m);
   m.def("backends", [] {
     std::vector<std::string> v;
     for (const Backend* b : available_backends()) v.emplace_back(b->name());

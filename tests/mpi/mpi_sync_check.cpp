@@ -1,13 +1,20 @@
 // Failure modes of the synchronized backward across processes, run by
-// tests/mpi/run_mpi.sh under `mpirun -np 2`. Each mode prints one line per
-// rank that the script checks, and exits 0 when this rank saw what it should.
-//   mismatch    rank r has C = 8 (r + 1): a clean error on every rank
-//   fail-early  rank 1 fails before the collective: the others are told
-//   timeout     rank 1 never joins: rank 0 gives up after the timeout, and its
-//               abort at exit ends rank 1
-//   bits        prints a hash of the outputs (the script runs it twice)
+// tests/mpi/run_mpi.sh under `mpirun -np 2` and `-np 3`. Each mode prints one
+// line per rank that the script checks, and exits 0 when this rank saw what
+// it should. "The last rank" is rank size - 1.
+//   mismatch        rank r has C = 8 (r + 1): a clean error on every rank
+//   fail-early      the last rank fails before the collective: every other
+//                   is told which rank failed
+//   eps-mismatch    the last rank's graph has epsilon 1e-3, the others' 1e-5
+//   dtype-mismatch  the last rank's graph is bf16, the others' f32
+//   exit-before     the last rank exits before its first collective
+//   exit-between    the last rank exits after one graph, before the next
+//   timeout         rank 1 never joins: rank 0 gives up after the timeout, and its
+//                   abort at exit ends rank 1
+//   bits            prints a hash of the outputs (the script runs it twice)
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -21,14 +28,13 @@ using namespace normgrad;
 
 namespace {
 
-Graph sync_graph(int64_t c) {
+Graph sync_graph(int64_t c, double eps = 1e-5, DataType dt = DataType::kF32) {
   const Dims shape = {3, c, 5, 5};
   Op bn(0, OpKind::kBatchNormTrainingBackward, "bn");
-  bn.set_attr("epsilon", 1e-5).set_attr("data_format", "NCX").set_attr("sync_group", "world");
-  bn.add_input(LogicalTensor(0, DataType::kF32, shape))
-      .add_input(LogicalTensor(1, DataType::kF32, shape));
+  bn.set_attr("epsilon", eps).set_attr("data_format", "NCX").set_attr("sync_group", "world");
+  bn.add_input(LogicalTensor(0, dt, shape)).add_input(LogicalTensor(1, dt, shape));
   for (int64_t id : {2, 3, 4}) bn.add_input(LogicalTensor(id, DataType::kF32, {c}));
-  bn.add_output(LogicalTensor(5, DataType::kF32, shape))
+  bn.add_output(LogicalTensor(5, dt, shape))
       .add_output(LogicalTensor(6, DataType::kF32, {c}))
       .add_output(LogicalTensor(7, DataType::kF32, {c}));
   Graph g;
@@ -63,7 +69,8 @@ StatusOr<uint64_t> run(const Graph& g, uint64_t seed) {
 
 int main(int argc, char** argv) {
   if (Status s = mpi_init_if_launched(&argc, &argv); !s.ok() || argc != 2) {
-    std::cerr << "usage: mpirun -np 2 mpi_sync_check mismatch|fail-early|timeout|bits\n";
+    std::cerr << "usage: mpirun -np 2 mpi_sync_check mismatch|fail-early|eps-mismatch|"
+                 "dtype-mismatch|exit-before|exit-between|timeout|bits\n";
     return 2;
   }
   const auto world = mpi_world();
@@ -83,12 +90,29 @@ int main(int argc, char** argv) {
     auto r = run(sync_graph(8 * (rank + 1)), 3);
     return report(r.status(), "counts range from");
   }
+  const bool last = rank == world->size() - 1;
   if (mode == "fail-early") {
-    if (rank == 1) {
+    if (last) {
       double unused = 0.0;
       return report(world->all_reduce_sum(&unused, 1, true), "this process failed");
     }
-    return report(run(sync_graph(8), 3).status(), "another process of the group failed");
+    const std::string want = "rank " + std::to_string(world->size() - 1) + " of the group failed";
+    return report(run(sync_graph(8), 3).status(), want.c_str());
+  }
+  if (mode == "eps-mismatch" || mode == "dtype-mismatch") {
+    const bool eps = mode == "eps-mismatch";
+    const Graph g =
+        sync_graph(8, eps && last ? 1e-3 : 1e-5, !eps && last ? DataType::kBF16 : DataType::kF32);
+    return report(run(g, 3).status(), "signatures differ");
+  }
+  if (mode == "exit-before" || mode == "exit-between") {
+    // The last rank leaves without MPI_Finalize; mpirun then ends the job.
+    // The others must not hang: the script bounds the job's wall time.
+    if (mode == "exit-between" && !run(sync_graph(8), 3).ok()) return 1;
+    if (last) std::_Exit(3);
+    auto r = run(sync_graph(8), 4);
+    std::cout << "rank " << rank << ": ended: " << r.status().to_string() << std::endl;
+    return r.ok() ? 1 : 0;
   }
   if (mode == "timeout") {
     if (rank == 1) {

@@ -61,13 +61,28 @@ else
   echo "FAIL np=6 forward with an empty slice"; echo "$out"; fail=1
 fi
 
-for mode in mismatch fail-early; do
-  out="$(run 2 "$check" "$mode")"
-  if [ "$(grep -c ': expected: ' <<<"$out")" -eq 2 ] && ! grep -q UNEXPECTED <<<"$out"; then
-    echo "ok   $mode: a clean error on both ranks"
-  else
-    echo "FAIL $mode"; echo "$out"; fail=1
-  fi
+for np in 2 3; do
+  for mode in mismatch fail-early eps-mismatch dtype-mismatch; do
+    out="$(run "$np" "$check" "$mode")"
+    if [ "$(grep -c ': expected: ' <<<"$out")" -eq "$np" ] && ! grep -q UNEXPECTED <<<"$out"; then
+      echo "ok   np=$np $mode: a clean error on every rank"
+    else
+      echo "FAIL np=$np $mode"; echo "$out"; fail=1
+    fi
+  done
+  # A rank that exits without MPI_Finalize: mpirun ends the job; no rank may
+  # hang or report success.
+  for mode in exit-before exit-between; do
+    start=$(date +%s)
+    out="$(BOUND=120 run "$np" "$check" "$mode")"
+    rc=$?
+    took=$(( $(date +%s) - start ))
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -lt 100 ] && ! grep -q UNEXPECTED <<<"$out"; then
+      echo "ok   np=$np $mode: the job ended in ${took}s (exit $rc)"
+    else
+      echo "FAIL np=$np $mode (exit $rc, ${took}s)"; echo "$out"; fail=1
+    fi
+  done
 done
 start=$(date +%s)
 out="$(BOUND=90 NORMGRAD_COLLECTIVE_TIMEOUT=3 run 2 -x NORMGRAD_COLLECTIVE_TIMEOUT "$check" timeout)"

@@ -10,15 +10,15 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="python3-torch is not installed: SyncBatchNorm is not tested")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+
+import ranks  # noqa: E402
 
 SPLIT = (3, 4)  # the batch of 7, unevenly
 
 
 def init(rank, out_dir):
     """gloo over two processes, meeting through a file (no TCP port to pick and lose)."""
-    dist.init_process_group("gloo", init_method="file://" + os.path.join(out_dir, "rendezvous"),
-                            rank=rank, world_size=2)
+    ranks.init(rank, 2, out_dir)
 
 
 def finish():
@@ -69,7 +69,7 @@ def rel(a, b):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_two_processes_equal_the_full_batch(channels_last):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(worker, args=(d, channels_last), nprocs=2, join=True)
+        ranks.run_ranks(worker, 2, d, (channels_last,))
         r = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
     x, g, w, b = full_problem(channels_last)
     ref = torch.nn.BatchNorm2d(6).double()
@@ -114,7 +114,7 @@ def abn_worker(rank, out_dir, channels_last):
 def test_inplace_abn_sync_two_processes_equal_the_full_batch(channels_last):
     import torch.nn.functional as F
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(abn_worker, args=(d, channels_last), nprocs=2, join=True)
+        ranks.run_ranks(abn_worker, 2, d, (channels_last,))
         r = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
     x, g, w, b = full_problem(channels_last)
     w64 = (w - 1.0).double().requires_grad_()
@@ -172,7 +172,7 @@ def offset_worker(rank, out_dir, split, channels_last):
                                                  ((3, 6), True)])
 def test_offset_data_any_split_equals_the_full_batch(split, channels_last):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(offset_worker, args=(d, split, channels_last), nprocs=2, join=True)
+        ranks.run_ranks(offset_worker, 2, d, (split, channels_last,))
         r = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
     x, g, w, b = offset_problem(sum(split), channels_last)
     ref = torch.nn.BatchNorm2d(5).double()
@@ -216,7 +216,7 @@ def empty_worker(rank, out_dir):
 
 def test_every_rank_empty_is_a_clear_error_on_every_rank():
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(empty_worker, args=(d,), nprocs=2, join=True)
+        ranks.run_ranks(empty_worker, 2, d)
         msgs = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
     for msg in msgs:
         assert "every process's batch is empty" in msg, msg
@@ -245,7 +245,7 @@ def abn_offset_worker(rank, out_dir):
 def test_inplace_abn_sync_offset_data_equals_the_full_batch():
     import torch.nn.functional as F
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(abn_offset_worker, args=(d,), nprocs=2, join=True)
+        ranks.run_ranks(abn_offset_worker, 2, d)
         r = [torch.load(os.path.join(d, "rank%d.pt" % k)) for k in range(2)]
     x, g, w, b = offset_problem(8)
     xr = x.double().requires_grad_()
@@ -260,9 +260,11 @@ def test_inplace_abn_sync_offset_data_equals_the_full_batch():
 
 
 def test_sync_bench_runs_every_configuration(tmp_path):
-    """bench_torch --sync on a small ResNet-18: the 2-process SyncBatchNorm
-    step, the 1-process one and torch's all run and are reported (times are
-    not judged here: the host is shared)."""
+    """bench_torch --sync on a small ResNet-18 at 2 processes: the
+    SyncBatchNorm and BatchNorm steps run and are reported with the
+    collectives counted (times are not judged here: the host is shared).
+    ResNet-18 has 20 batch norms: 3 collectives in each forward (the
+    agreement and two sums) and 2 in each backward."""
     pytest.importorskip("torchvision")
     import json
     import subprocess
@@ -270,8 +272,62 @@ def test_sync_bench_runs_every_configuration(tmp_path):
     out = tmp_path / "sync.json"
     subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--sync", "--model", "resnet18",
                     "--batch", "4", "--size", "32", "--steps", "1", "--layouts", "channels_last",
-                    "--json", str(out)], check=True, capture_output=True, timeout=600)
+                    "--procs", "2", "--json", str(out)], check=True, capture_output=True,
+                   timeout=600)
     rows = json.loads(out.read_text())["sync"]
-    assert len(rows) == 1 and rows[0]["layout"] == "channels_last"
-    for key in ("sync_2proc_ms", "sync_1proc_ms", "torch_1proc_ms"):
+    assert len(rows) == 1 and rows[0]["layout"] == "channels_last" and rows[0]["processes"] == 2
+    for key in ("sync_ms", "bn_ms", "alpha_us", "model_ms"):
         assert rows[0][key] > 0
+    assert rows[0]["collectives_per_step"] == 20 * 5
+    # Per layer of C channels: agreement 19 doubles twice, C + 2 and C + 1
+    # in the forward's sums, 2C + 2 in the backward's.
+    widths = [64] * 5 + [128] * 5 + [256] * 5 + [512] * 5
+    assert rows[0]["bytes_per_step"] == 8 * sum(2 * 19 + 4 * c + 5 for c in widths)
+
+
+def subgroup_worker(rank, out_dir):
+    """4 processes in 2 groups of 2 ({0, 1} and {2, 3}); each group's data
+    differs, and each normalises over its own group only."""
+    import normgrad.torch as ngt
+    ranks.init(rank, 4, out_dir)
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes both
+    mine = groups[rank // 2]
+    x, g, w, b = full_problem(False)
+    x = x + 3.0 * (rank // 2)  # the second group's data is shifted
+    lo = sum(SPLIT[:rank % 2])
+    xs = x[lo:lo + SPLIT[rank % 2]].clone().requires_grad_()
+    model = ngt.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm2d(6)),
+                                       process_group=mine)
+    abn = ngt.InPlaceABNSync(6, activation="identity", group=mine)
+    with torch.no_grad():
+        model[0].weight.copy_(w)
+        model[0].bias.copy_(b)
+    y = model(xs)
+    y.backward(g[lo:lo + SPLIT[rank % 2]])
+    y2 = abn(xs.detach().clone())
+    torch.save({"y": y.detach(), "dx": xs.grad, "rm": model[0].running_mean, "y_abn": y2.detach()},
+               os.path.join(out_dir, "rank%d.pt" % rank))
+    dist.barrier()
+
+
+def test_subgroups_each_normalise_over_their_own_group(tmp_path):
+    ranks.run_ranks(subgroup_worker, 4, str(tmp_path), bound=120)
+    r = [torch.load(os.path.join(tmp_path, "rank%d.pt" % k)) for k in range(4)]
+    x, g, w, b = full_problem(False)
+    for grp in range(2):
+        xr = (x + 3.0 * grp).double().requires_grad_()
+        ref = torch.nn.BatchNorm2d(6).double()
+        with torch.no_grad():
+            ref.weight.copy_(w)
+            ref.bias.copy_(b)
+        y = ref(xr)
+        y.backward(g.double())
+        mine = r[2 * grp:2 * grp + 2]
+        assert rel(torch.cat([mine[0]["y"], mine[1]["y"]]), y) < 1e-5
+        assert rel(torch.cat([mine[0]["dx"], mine[1]["dx"]]), xr.grad) < 1e-5
+        assert rel(mine[0]["rm"], ref.running_mean) < 1e-6
+        plain = torch.nn.functional.batch_norm(x.double() + 3.0 * grp, None, None, training=True)
+        # InPlaceABN scales by |weight| + eps = 1 + 1e-5.
+        assert rel(torch.cat([mine[0]["y_abn"], mine[1]["y_abn"]]), plain * (1 + 1e-5)) < 1e-6
+    # The groups' statistics differ (the shift), so neither saw the other's data.
+    assert not torch.allclose(r[0]["rm"], r[2]["rm"])

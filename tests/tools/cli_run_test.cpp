@@ -564,7 +564,7 @@ TEST(CliRun, BadInputsGiveAMessageAndExitTwo) {
       {"run " + cve, "input 1 'diff_dst': shape 1x1x3x3 differs from src's 1x1x1x2"},
       {"run /nonexistent.json", "cannot open file"},
       {"run " + kExamples + "/bn_training_backward_f32_nxc.json --backend cuda",
-       "unknown backend 'cuda'"},
+       "--backend: cuda not in {auto,jit,dnnl"},
       {"run " + kExamples + "/bn_training_backward_f32_nxc.json --iters 0",
        "--iters: Value 0 not in range"},
       {"run " + kExamples + "/bn_training_backward_f32_nxc.json --frobnicate", "--frobnicate"},

@@ -222,7 +222,8 @@ class TwinCommunicator final : public Communicator {
   int size() const override { return 2; }
   int rank() const override { return 0; }
   std::string name() const override { return "twin (2 processes)"; }
-  Status all_reduce_sum(double* data, int64_t count, bool failed) const override {
+  Status all_reduce_sum(double* data, int64_t count, bool failed,
+                        uint64_t /*signature*/) const override {
     if (failed) return aborted("twin: this process failed");
     for (int64_t i = 0; i < count; ++i) data[i] *= 2.0;
     ++calls;

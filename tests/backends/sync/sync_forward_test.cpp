@@ -98,7 +98,8 @@ class ThreadGroup {
     int size() const override { return g_->n_; }
     int rank() const override { return r_; }
     std::string name() const override { return "threads (" + std::to_string(g_->n_) + ")"; }
-    Status all_reduce_sum(double* data, int64_t count, bool failed) const override {
+    Status all_reduce_sum(double* data, int64_t count, bool failed,
+                          uint64_t /*signature*/) const override {
       if (failed) return aborted("a rank failed");
       g_->slots_[static_cast<size_t>(r_)].assign(data, data + count);
       g_->sync_.arrive_and_wait();
