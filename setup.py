@@ -60,5 +60,7 @@ setup(
     package_dir={"normgrad": "python/normgrad"},
     ext_modules=[CMakeExtension("normgrad._normgrad")],
     cmdclass={"build_ext": CMakeBuild},
+    # setuptools' own scratch under build/pip, beside (not inside) CMake's files.
+    options={"build": {"build_base": os.path.join("build", "pip")}},
     zip_safe=False,
 )
