@@ -422,13 +422,25 @@ int bench_command(const std::vector<std::string>& argv) {
       }
       std::cout << "  " << std::left << std::setw(13) << r.backend << std::right << std::setw(9)
                 << r.median << " ms  [" << r.min << ", " << r.max << "]  " << std::setw(7) << r.gbps
-                << " GB/s  " << std::setw(5) << r.pct << "% of roofline  "
+                << " GB/s  " << std::setw(5) << r.pct << (r.pct > 100 ? "%*" : "% ")
+                << "of roofline  "
                 << (r.ratio > 0 ? "x" + format_ratio(r.ratio) + " vs dnnl  " : std::string())
                 << (r.bound_pct > 0
                         ? std::to_string(static_cast<int>(r.bound_pct + 0.5)) + "% of its bound  "
                         : std::string())
                 << "compile " << r.compile_ms << "/" << r.cached_compile_ms << " ms  " << r.kernel
                 << "\n";
+    }
+    // A share of the DRAM roofline above 100% is not an error; say why where it shows.
+    const bool above = std::any_of(cr.results.begin(), cr.results.end(),
+                                   [](const BenchResult& r) { return r.pct > 100; });
+    if (above && cr.bytes <= 2.0 * static_cast<double>(host.l3_bytes)) {
+      std::cout << "  * above 100%: this case's " << cr.bytes / 1e6 << " MB largely stay in the "
+                << "caches (L3 " << host.l3_bytes / 1e6 << " MB), which the DRAM probe does not "
+                << "bound; \"% of its bound\" is the DRAM-sized cases' figure\n";
+    } else if (above) {
+      std::cout << "  * above 100%: the host gave this case more bandwidth than the probe "
+                << "measured before and after it (shared memory bandwidth varies)\n";
     }
   };
   // Probes on both sides of every case: its shares divide by the higher of

@@ -120,8 +120,8 @@ def run_layers(args, out):
                        "torch_ms": r["torch"], "normgrad_ms": r["normgrad"],
                        "speedup": r["torch"]["step"] / r["normgrad"]["step"]}
                 rows.append(row)
-                print("%-14s %-13s %-4s  torch fwd %8.3f bwd %8.3f  normgrad fwd %8.3f bwd %8.3f  "
-                      "fwd+bwd %6.2fx" % (row["shape"], layout, dt, r["torch"]["fwd"],
+                print("%-14s %-13s %-4s  torch fwd %8.3f ms bwd %8.3f ms  normgrad fwd %8.3f ms "
+                      "bwd %8.3f ms  fwd+bwd %6.2fx torch's speed" % (row["shape"], layout, dt, r["torch"]["fwd"],
                                           r["torch"]["bwd"], r["normgrad"]["fwd"],
                                           r["normgrad"]["bwd"], row["speedup"]), flush=True)
     out["layers"] = rows

@@ -11,15 +11,16 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 cmake -S "$src/examples/integrator" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/cmake-build" >/dev/null
 libdir="$(dirname "$(find "$work/prefix" -name 'libnormgrad.so' | head -n 1)")"
-LD_LIBRARY_PATH="$libdir" "$work/cmake-build/consumer"
+# Both run without LD_LIBRARY_PATH: CMake's build RPATH, and the .pc's -rpath.
+"$work/cmake-build/consumer"
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 c++ -std=c++17 "$src/examples/integrator/main.cpp" -o "$work/consumer-pc" \
   $(pkg-config --cflags --libs normgrad)
-LD_LIBRARY_PATH="$libdir" "$work/consumer-pc"
+"$work/consumer-pc"
 c++ -std=c++17 -I"$src/tests/consumer/app_with_own_graph" \
   "$src/tests/consumer/app_with_own_graph/main.cpp" -o "$work/app" \
   $(pkg-config --cflags --libs normgrad)
-LD_LIBRARY_PATH="$libdir" "$work/app"
+"$work/app"
 # An out-of-tree pass plugin with its own test, built against the install,
 # then loaded by the installed CLI.
 cmake -S "$src/examples/pass_plugin" -B "$work/plugin-build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
