@@ -131,14 +131,15 @@ def exit_worker(rank, out_dir, world, when, kind):
 
 
 @pytest.mark.parametrize("when", ["before_forward", "between_forward_and_backward"])
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_rank_that_exits_is_an_error_on_the_others(tmp_path, world, when):
-    reps = ranks.run_ranks(exit_worker, world, str(tmp_path), (world, when, "sync"), bound=90)
+@pytest.mark.parametrize("world,kind", [(2, "sync"), (3, "sync"), (2, "abn")])
+def test_a_rank_that_exits_is_an_error_on_the_others(tmp_path, world, kind, when):
+    reps = ranks.run_ranks(exit_worker, world, str(tmp_path), (world, when, kind), bound=90)
     phase = "forward" if when == "before_forward" else "backward"
+    name = "SyncBatchNorm" if kind == "sync" else "InPlaceABNSync"
     for r, rep in enumerate(reps[:-1]):
         assert rep is not None and rep["class"] == "SyncError", (r, rep)
         assert "Error" in rep["mro"]
-        assert "SyncBatchNorm '1' (%s, rank %d of %d)" % (phase, r, world) in rep["msg"], rep
+        assert "%s '1' (%s, rank %d of %d)" % (name, phase, r, world) in rep["msg"], rep
         assert "did not complete" in rep["msg"] or "failed its checks" in rep["msg"], rep
         assert rep["seconds"] < 30, rep  # gloo sees the connection close
     assert reps[-1] is None
