@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Runs the code blocks of README.md and docs/*.md against a build, as a
-reader would paste them.
+"""Runs the code blocks of README.md, examples/README.md and docs/*.md
+against a build, as a reader would paste them.
 
 Blocks fenced as sh, cpp and python run; others (output, JSON, CMake lines)
 are shown, not run. An HTML comment on the line before a fence says how:
@@ -31,7 +31,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 RUN_LANGS = ("sh", "cpp", "python")
@@ -76,7 +75,11 @@ def blocks_of(path, rel):
 
 
 def scratch_dir(source, build):
-    d = tempfile.mkdtemp(prefix="ng-snippet-")
+    # One path run after run (under the build), so a snippet's own CMake build
+    # directory (/tmp/consumer, ...) sees the same source path again.
+    d = os.path.join(build, "doc-snippets")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
     for name in ("examples", "tests", "python", "scripts", "docs"):
         os.symlink(os.path.join(source, name), os.path.join(d, name))
     os.symlink(build, os.path.join(d, "build"))
@@ -152,7 +155,7 @@ def main(argv=None):
               "host's own path" % os.environ["NORMGRAD_JIT"])
         return 77
     source, build = os.path.abspath(args.source), os.path.abspath(args.build)
-    pages = ["README.md"] + sorted("docs/" + f for f in os.listdir(os.path.join(source, "docs"))
+    pages = ["README.md", "examples/README.md"] + sorted("docs/" + f for f in os.listdir(os.path.join(source, "docs"))
                                    if f.endswith(".md"))
     if args.only:
         pages = [args.only]
