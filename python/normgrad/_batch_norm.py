@@ -31,8 +31,11 @@ import torch.nn.functional as _F
 
 import normgrad as _ng
 
+from . import _checkpoint as _ckpt
 from . import _sync
 from . import _torch_graphs as _g
+from ._group_stats import (_local_moments, _local_stats, group_moments,  # noqa: F401
+                           group_sums_backward, normalize_group, split_mean)
 
 
 def _grad_view(grad, x, fmt):
@@ -78,7 +81,7 @@ def _differentiable_backward(x, weight, bias, mean, var, y, grad, use_batch_stat
 class _BatchNormFunction(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, use_batch_stats, factor, eps,
-                fuse_relu, residual):
+                fuse_relu, residual, step=None):
         xd = x.detach()  # DLPack exports no autograd-tracked tensors
         fmt, xv = _g.layout(xd)
         dt = _g.DTYPES[x.dtype]
@@ -104,7 +107,16 @@ class _BatchNormFunction(_torch.autograd.Function):
             scratch = _torch.empty(2 * c, dtype=_torch.float32)  # oneDNN's running outputs, unused
             _g.run(cg, inputs, {_g.forward_output_id(residual is not None, fuse_relu): yv,
                                 _g.ORM: scratch[:c], _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
-            _g.update_running(running_mean, running_var, mean, var, factor, x.numel() // c)
+            if step is None:
+                _g.update_running(running_mean, running_var, mean, var, factor, x.numel() // c)
+            else:  # training: the batch counts once per step, also under checkpointing
+                state, count, grad_enabled = step
+                key = _ckpt.input_key(xd)
+                if not state.is_recompute(key, (mean, var), grad_enabled):
+                    _g.update_running(running_mean, running_var, mean, var, count(),
+                                      x.numel() // c)
+                state.remember(key, (mean, var))
+                ctx.step_state = state
             ctx.mean_lo = _mean_lo(xd, mean, var, eps)
         else:
             mean = running_mean.detach().float().contiguous()
@@ -127,11 +139,13 @@ class _BatchNormFunction(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight, bias, mean, var, y = ctx.saved_tensors
+        if getattr(ctx, "step_state", None) is not None:
+            ctx.step_state.done()
         if _torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated
             dx, dw, db, dres = _differentiable_backward(
                 x, weight, bias, mean, var, y, grad, ctx.use_batch_stats, ctx.eps, ctx.fuse_relu,
                 ctx.has_residual)
-            return dx, dw, db, None, None, None, None, None, None, dres
+            return dx, dw, db, None, None, None, None, None, None, dres, None
         x, grad = x.detach(), grad.detach()  # DLPack exports no autograd-tracked tensors
         if grad.dtype != x.dtype:
             grad = grad.to(x.dtype)
@@ -170,9 +184,9 @@ class _BatchNormFunction(_torch.autograd.Function):
             outputs[_g.DGAMMA], outputs[_g.DBETA] = dgamma, dbeta
         _g.run(cg, inputs, outputs)
         if not affine:
-            return (dx, None, None, None, None, None, None, None, None, d_residual)
+            return (dx, None, None, None, None, None, None, None, None, d_residual, None)
         return (dx, dgamma.to(weight.dtype), dbeta.to(bias.dtype), None, None, None, None, None,
-                None, d_residual)
+                None, d_residual, None)
 
 
 # Above this many standard deviations of offset (|mean| / std on some
@@ -204,24 +218,36 @@ def _exact_mean_backward(ctx, x, weight, mean, var, y, grad):
     c = x.shape[1]
     d_residual = grad if ctx.has_residual else None
     if weight is None:
-        return (dx, None, None, None, None, None, None, None, None, d_residual)
+        return (dx, None, None, None, None, None, None, None, None, d_residual, None)
     dgamma = (invstd.double() * sums[c:]).to(weight.dtype)
     dbeta = sums[:c].to(weight.dtype)
-    return (dx, dgamma, dbeta, None, None, None, None, None, None, d_residual)
+    return (dx, dgamma, dbeta, None, None, None, None, None, None, d_residual, None)
+
+
+def count_batch(m):
+    """torch's per-batch bookkeeping in training: num_batches_tracked + 1, and
+    the momentum factor of this batch."""
+    factor = 0.0 if m.momentum is None else m.momentum
+    if m.track_running_stats and m.num_batches_tracked is not None:
+        m.num_batches_tracked.add_(1)
+        factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+    return factor
+
+
+def batch_state(m, training):
+    """(whether batch statistics are used, the running buffers to update or
+    read, or None), as torch's _BatchNorm.forward decides them."""
+    use_batch_stats = training or (m.running_mean is None and m.running_var is None)
+    keep = not training or m.track_running_stats
+    return use_batch_stats, m.running_mean if keep else None, m.running_var if keep else None
 
 
 def forward_state(m, training):
     """torch's _BatchNorm.forward bookkeeping for module `m`: counts the batch,
     and returns (momentum factor, whether batch statistics are used, the
     running buffers to update or read, or None)."""
-    factor = 0.0 if m.momentum is None else m.momentum
-    if training and m.track_running_stats and m.num_batches_tracked is not None:
-        m.num_batches_tracked.add_(1)
-        factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
-    use_batch_stats = training or (m.running_mean is None and m.running_var is None)
-    keep = not training or m.track_running_stats
-    return (factor, use_batch_stats, m.running_mean if keep else None,
-            m.running_var if keep else None)
+    factor = count_batch(m) if training else (0.0 if m.momentum is None else m.momentum)
+    return (factor,) + batch_state(m, training)
 
 
 def check_module(m, name, x, local_batch=True, empty_ok=False):
@@ -281,9 +307,15 @@ class _EmptyBatchNormFunction(_torch.autograd.Function):
 
 
 def _bn_apply(m, x, residual, relu):
-    factor, use_batch_stats, rm, rv = forward_state(m, m.training)
-    return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor, m.eps,
-                                    relu, residual)
+    if not m.training:
+        factor, use_batch_stats, rm, rv = forward_state(m, False)
+        return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor,
+                                        m.eps, relu, residual)
+    # Training: the Function counts the batch, once per step under checkpointing.
+    _, rm, rv = batch_state(m, True)
+    step = (_ckpt.state_of(m), lambda: count_batch(m), _torch.is_grad_enabled())
+    return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, True, 0.0, m.eps, relu,
+                                    residual, step)
 
 
 class _NormgradBatchNorm:
@@ -328,149 +360,6 @@ class BatchNorm3d(_NormgradBatchNorm, _nn.BatchNorm3d):
 # --- SyncBatchNorm -------------------------------------------------------------
 
 
-def _local_moments(x):
-    """This process's count and per-channel mean and M2 = sum (x - mean)^2, in
-    f64: BatchNormForwardReduce on the JIT, from sums shifted by each
-    channel's first values (so data far from zero does not cancel: a constant
-    channel has M2 = 0 exactly), accumulated in f32 per fixed chunk and in f64
-    across chunks."""
-    c = x.shape[1]
-    n = x.numel() // c if c else 0
-    if n == 0:
-        z = _torch.zeros(c, dtype=_torch.float64)
-        return 0, z, z.clone()
-    fmt, xv = _g.layout(x.detach())
-    sums = _torch.empty(2 * c, dtype=_torch.float64)
-    count = _torch.zeros(1, dtype=_torch.int64)
-    _g.run(_g.forward_reduce_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c), {_g.X: xv},
-           {_g.F_SUM: sums[:c], _g.F_M2: sums[c:], _g.F_COUNT: count})
-    return n, sums[:c] / n, sums[c:]
-
-
-def group_moments(x, layer):
-    """The group's count N and per-channel mean and biased variance (f64),
-    merged exactly from every process's (count, mean, M2) by Chan's parallel
-    formula in two all_reduce sums over `layer`'s group (a _sync.Layer, whose
-    agreement ran): first the counts and count-weighted means (the global
-    mean), then each process's M2 + n (its mean - the global mean)^2. Every
-    process gets the same bits."""
-    c = layer.channels
-    error = None
-    try:
-        n, mean_r, m2_r = _local_moments(x)
-    except Exception as e:  # still joins the sums, with its error
-        error, n = e, 0
-        mean_r = m2_r = _torch.zeros(c, dtype=_torch.float64)
-    first = _torch.cat([_torch.tensor([float(n)], dtype=_torch.float64), n * mean_r])
-    layer.checked_sum(first, error, "forward", "the counts and means (%d doubles)" % (c + 1))
-    total = first[0].item()
-    name = layer.kind
-    if total == 0:
-        raise _ng.Error("normgrad.torch.%s: every process's batch is empty; batch statistics "
-                        "need at least one value per channel (rule: group count > 0)" % name)
-    if total == 1:
-        raise _g.BatchError("normgrad.torch.%s: expected more than 1 value per channel when "
-                            "training, got 1 over the whole group (rule: group count > 1)"
-                            % name)
-    mean = first[1:1 + c] / total
-    second = m2_r + n * (mean_r - mean) ** 2
-    layer.checked_sum(second, None, "forward", "the M2 sums (%d doubles)" % c)
-    return total, mean, second / total
-
-
-def split_mean(mean64):
-    """The f64 mean as hi + lo, two f32 (x - hi is exact for x near the mean)."""
-    hi = mean64.float()
-    return hi, (mean64 - hi.double()).float()
-
-
-def group_sums_backward(x, grad, mean, invstd, gamma, layer, mean_lo=None):
-    """The synchronized backward's data path: this process's sums (Reduce), one
-    all_reduce of the two sums and the count (f64), the input gradient
-    (Apply). `mean` is the f32 mean the kernels subtract; `mean_lo` the rest
-    of the forward's mean (hi + lo), folded into the sums so the gradient
-    uses the mean at full precision:
-      sum dy (x - mean) = sum dy (x - hi) - lo sum dy, and Apply's
-      (x - hi) s^2 S / M term is corrected through sum_dy' = sum_dy - lo s^2 S.
-    Returns (dx, this process's [sum dy, sum dy (x - mean)], f64). `layer` is
-    the _sync.Layer whose group sums them (its backward agreement first), or
-    None: the sums are this process's alone (the single-process module on
-    data far from zero)."""
-    if layer is not None:
-        layer.agree("backward", None)
-    fmt, xv = _g.layout(x)
-    dt = _g.DTYPES[x.dtype]
-    c = x.shape[1]
-    shape = tuple(xv.shape)
-    sums = _torch.zeros(2 * c, dtype=_torch.float32)
-    count = _torch.zeros(1, dtype=_torch.int64)
-    mean = mean.contiguous()
-    empty = x.numel() == 0  # this process's batch is empty: it still joins the all_reduce
-    error = None
-    try:
-        gv = _g.view_as_fmt(_g.like(grad.to(x.dtype), x), fmt)
-        if not empty:
-            _g.run(_g.reduce_graph(shape, fmt, dt, c), {_g.X: xv, _g.DY: gv, _g.MEAN: mean},
-                   {_g.SUM_DY: sums[:c], _g.SUM_DY_XMU: sums[c:], _g.COUNT: count})
-    except Exception as e:  # still joins the sums, with its error
-        if layer is None:
-            raise
-        error = e
-        sums.zero_()
-        count.zero_()
-    local = sums.double()
-    if mean_lo is not None:
-        local[c:] -= mean_lo.double() * local[:c]
-    packed = _torch.cat([local, count.double()])
-    if layer is not None:  # None: one process, its own sums are the batch's
-        layer.checked_sum(packed, error, "backward",
-                          "the gradient sums (%d doubles)" % packed.numel())
-    g_sum_dy, g_sum_dyxm = packed[:c], packed[c:2 * c]
-    if mean_lo is not None:
-        s = invstd.double()
-        g_sum_dy = g_sum_dy - mean_lo.double() * s * s * g_sum_dyxm
-    g_count = packed[2 * c:].round().to(_torch.int64)
-    dx = _g.pooled_like(x, fmt)
-    if empty:
-        return dx, local
-    inputs = {_g.X: xv, _g.DY: gv, _g.MEAN: mean, _g.VAR: invstd.float().contiguous(),
-              _g.GROUP_SUM_DY: g_sum_dy.float().contiguous(),
-              _g.GROUP_SUM_DY_XMU: g_sum_dyxm.float().contiguous(), _g.GROUP_COUNT: g_count}
-    if gamma is not None:
-        inputs[_g.GAMMA] = gamma.contiguous()
-    _g.run(_g.apply_graph(shape, fmt, dt, c, gamma is not None), inputs,
-           {_g.DX: _g.view_as_fmt(dx, fmt)})
-    return dx, local
-
-
-def normalize_group(x, total, mean64, var64, gamma, beta, eps, leaky=None):
-    """y = gamma (x - mean) / sqrt(var + eps) + beta [then leaky_relu(leaky)] on
-    the JIT (BatchNormForwardApply), from the group's count and f64 mean and
-    variance, in x's dtype and memory format. The kernel subtracts the mean as
-    hi + lo, so data far from zero keeps its low bits."""
-    xd = x.detach()
-    fmt, xv = _g.layout(xd)
-    c = x.shape[1]
-    y = _g.pooled_like(xd, fmt)
-    if x.numel() == 0:  # this process's slice is empty: nothing to normalise
-        return y
-    inputs = {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0),
-              _g.G_SUM: (mean64 * total).contiguous(), _g.G_M2: (var64 * total).contiguous(),
-              _g.G_COUNT: _torch.tensor([int(round(total))], dtype=_torch.int64)}
-    affine = gamma is not None
-    if affine:
-        inputs[_g.GAMMA] = gamma.detach().float().contiguous()
-        inputs[_g.BETA] = (beta.detach().float().contiguous() if beta is not None
-                           else _g.constant(c, 0.0))
-    scratch = _torch.empty(4 * c, dtype=_torch.float32)  # the op's statistics outputs, unused
-    out = _g.RELU_OUT if leaky is not None else _g.Y0
-    _g.run(_g.forward_apply_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, affine, eps,
-                                  leaky),
-           inputs, {out: _g.view_as_fmt(y, fmt), _g.ORM: scratch[:c], _g.ORV: scratch[c:2 * c],
-                    _g.BM: scratch[2 * c:3 * c], _g.BV: scratch[3 * c:]})
-    return y
-
-
 def no_double_backward(name):
     if _torch.is_grad_enabled():
         raise _ng.Error("normgrad.torch.%s: double backward (create_graph=True) is not supported; "
@@ -480,33 +369,32 @@ def no_double_backward(name):
 
 class _SyncBatchNormFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, factor, eps, layer):
-        total, mean64, var64 = group_moments(x, layer)
+    def forward(ctx, x, weight, bias, eps, layer, state, total, mean64, var64):
+        """Normalises with the group's statistics (computed by the caller)."""
         invstd64 = 1.0 / _torch.sqrt(var64 + eps)
         hi, lo = split_mean(mean64)
-        _g.update_running(running_mean, running_var, mean64.float(), var64.float(), factor,
-                          total)
         y = normalize_group(x, total, mean64, var64, weight, bias, eps)
-        ctx.layer = layer
-        invstd = invstd64.float()
-        ctx.save_for_backward(x, weight, hi, lo, invstd)
+        ctx.layer, ctx.state = layer, state
+        ctx.save_for_backward(x, weight, hi, lo, invstd64.float())
         return y
 
     @staticmethod
     def backward(ctx, grad):
         no_double_backward("SyncBatchNorm")
         x, weight, hi, lo, invstd = ctx.saved_tensors
+        if ctx.state is not None:
+            ctx.state.done()
         gamma = None if weight is None else weight.detach().float()
         dx, sums = group_sums_backward(x.detach(), grad.detach(), hi, invstd, gamma, ctx.layer,
                                        mean_lo=lo)
         if weight is None:
-            return dx, None, None, None, None, None, None, None
+            return dx, None, None, None, None, None, None, None, None
         # Parameter gradients from this process's sums, as torch.nn.SyncBatchNorm
         # gives them: data parallelism (DDP) then reduces them like every other.
         c = x.shape[1]
         dgamma = (invstd.double() * sums[c:]).to(weight.dtype)
         dbeta = sums[:c].to(weight.dtype)
-        return dx, dgamma, dbeta, None, None, None, None, None
+        return dx, dgamma, dbeta, None, None, None, None, None, None
 
 
 def sync_group(group):
@@ -528,14 +416,26 @@ def sync_batch_norm_module_forward(m, x):
         return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor,
                                         m.eps, False, None)
     layer = _sync.Layer(m, "SyncBatchNorm", group, x, m.eps, m.momentum, m.weight is not None)
-    error = None
+    error = local = None
     try:
         check_module(m, "SyncBatchNorm", x, local_batch=False)
+        local = _local_moments(x)  # first: a recompute needs no collective
     except Exception as e:  # every rule: this rank still joins the agreement
         error = e
+    state = _ckpt.state_of(m) if m.training else None
+    if state is not None and error is None:
+        key, stats = _ckpt.input_key(x), _local_stats(local)
+        if state.is_recompute(key, stats, _torch.is_grad_enabled()):  # checkpoint's recompute
+            return _SyncBatchNormFunction.apply(x, m.weight, m.bias, m.eps, layer, state,
+                                                *state.extra)
     layer.agree("forward", error)
-    factor, _, rm, rv = forward_state(m, m.training)
-    return _SyncBatchNormFunction.apply(x, m.weight, m.bias, rm, rv, factor, m.eps, layer)
+    total, mean64, var64 = group_moments(x, layer, local)
+    if state is not None:
+        _, rm, rv = batch_state(m, True)
+        _g.update_running(rm, rv, mean64.float(), var64.float(), count_batch(m), total)
+        state.remember(key, stats, extra=(total, mean64, var64))
+    return _SyncBatchNormFunction.apply(x, m.weight, m.bias, m.eps, layer, state, total, mean64,
+                                        var64)
 
 
 _fx.wrap("sync_batch_norm_module_forward")

@@ -70,7 +70,7 @@ def _sibling(m, cls):
     module's flags or registrations leaves the other alone)."""
     new = cls.__new__(cls)
     new.__dict__.update({k: copy.copy(v) if isinstance(v, (dict, set)) else v
-                         for k, v in m.__dict__.items()})
+                         for k, v in m.__dict__.items() if k != "_ng_step"})
     return _retype(new, cls)
 
 
