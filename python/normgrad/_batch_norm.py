@@ -138,7 +138,7 @@ class _BatchNormFunction(_torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, bias, mean, var, y = ctx.saved_tensors
+        x, weight, bias, mean, var, y = ctx.saved_tensors  # first: may run checkpoint's recompute
         if getattr(ctx, "step_state", None) is not None:
             ctx.step_state.done()
         if _torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated

@@ -52,7 +52,9 @@ class StepState:
         self.extra, self.pending = extra, True
 
     def done(self):
-        """The remembered forward's backward ran."""
+        """The remembered forward's backward ran. Call it after reading
+        ctx.saved_tensors: under non-reentrant checkpointing that read is what
+        runs the recompute, which must still find the forward pending."""
         self.pending = False
 
 

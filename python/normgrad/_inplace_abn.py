@@ -28,6 +28,7 @@ import torch.nn.functional as _F
 import normgrad as _ng
 
 from . import _batch_norm as _bn
+from . import _checkpoint as _ckpt
 from . import _sync
 from . import _torch_graphs as _g
 
@@ -83,8 +84,11 @@ def _param_grads(weight, dgamma, dbeta):
 
 class _InPlaceABNFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope,
+    def forward(ctx, x, weight, bias, running_mean, running_var, step, eps, slope,
                 residual=None):
+        """`step`: (the module's _checkpoint.StepState, the call that counts the
+        batch and gives its momentum factor, the caller's grad mode)."""
+        key = _ckpt.input_key(x)
         fmt, xv = _g.layout(x.detach())  # a view: x is dense in one of the two orders
         dt = _g.DTYPES[x.dtype]
         c = x.shape[1]
@@ -102,8 +106,11 @@ class _InPlaceABNFunction(_torch.autograd.Function):
         scratch = _torch.empty(2 * c, dtype=_torch.float32)
         _g.run(cg, inputs, {_g.forward_output_id(has_res, leaky): xv, _g.ORM: scratch[:c],
                             _g.ORV: scratch[c:], _g.BM: mean, _g.BV: var})
-        _g.update_running(running_mean, running_var, mean, var, momentum, x.numel() // c)
-        ctx.eps, ctx.slope, ctx.has_res = eps, slope, has_res
+        state, count, grad_enabled = step
+        if not state.is_recompute(key, (mean, var), grad_enabled):  # once per step
+            _g.update_running(running_mean, running_var, mean, var, count(), x.numel() // c)
+        state.remember(key, (mean, var))
+        ctx.eps, ctx.slope, ctx.has_res, ctx.state = eps, slope, has_res, state
         ctx.mark_dirty(x)
         ctx.save_for_backward(x, var, weight, bias, residual)
         return x
@@ -111,7 +118,8 @@ class _InPlaceABNFunction(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         _bn.no_double_backward("InPlaceABN")
-        y, var, weight, bias, residual = ctx.saved_tensors
+        y, var, weight, bias, residual = ctx.saved_tensors  # first: may run checkpoint's recompute
+        ctx.state.done()
         y = y.detach()
         fmt, yv = _g.layout(y)
         dt = _g.DTYPES[y.dtype]
@@ -138,17 +146,15 @@ class _InPlaceABNFunction(_torch.autograd.Function):
 
 class _InPlaceABNSyncFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, slope, layer):
+    def forward(ctx, x, weight, bias, eps, slope, layer, state, total, mean64, var64):
+        """Normalises over x with the group's statistics (computed by the caller)."""
         xd = x.detach()
-        total, mean64, var64 = _bn.group_moments(xd, layer)
-        _g.update_running(running_mean, running_var, mean64.float(), var64.float(), momentum,
-                          total)
         c = x.shape[1]
         gamma, beta = _scale_shift(weight, bias, eps, c)
         y = _bn.normalize_group(xd, total, mean64, var64, gamma, beta, eps, leaky=slope)
         xd.copy_(y)  # written over x, in x's dtype and memory format
         var = var64.float()
-        ctx.eps, ctx.slope, ctx.layer = eps, slope, layer
+        ctx.eps, ctx.slope, ctx.layer, ctx.state = eps, slope, layer, state
         ctx.mark_dirty(x)
         ctx.save_for_backward(x, var, weight, bias)
         return x
@@ -156,7 +162,8 @@ class _InPlaceABNSyncFunction(_torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         _bn.no_double_backward("InPlaceABNSync")
-        y, var, weight, bias = ctx.saved_tensors
+        y, var, weight, bias = ctx.saved_tensors  # first: may run checkpoint's recompute
+        ctx.state.done()
         y = y.detach()
         g = _g.like(grad.detach().to(y.dtype), y)
         if ctx.slope is not None:  # back through the activation: y and dy before it
@@ -172,7 +179,7 @@ class _InPlaceABNSyncFunction(_torch.autograd.Function):
         dx, sums = _bn.group_sums_backward(y, g, beta, 1.0 / gamma, gamma * gamma * s, ctx.layer)
         # This process's parameter gradients (DDP reduces them), as SyncBatchNorm.
         dw, db = _param_grads(weight, sums[c:] / gamma, sums[:c])
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None
 
 
 def _momentum(m):
@@ -204,20 +211,21 @@ def inplace_abn_module_forward(m, x, residual=None):
     one is every rank's error. torch.fx records it as one call."""
     name = type(m).__name__
     layer = m._sync_layer(x)
-    error = None
+    error = local = None
     try:
         _check_call(m, name, x, residual)
         if layer is not None and residual is not None:
             raise _ng.Error("normgrad.torch.InPlaceABNSync: a residual is not supported over "
                             "processes (convert fuses BN -> Add -> LeakyReLU into InPlaceABN "
                             "only)")
+        if layer is not None:
+            local = _bn._local_moments(x.detach())  # first: a recompute needs no collective
     except Exception as e:  # every rule: a synchronized rank still joins the agreement
         if layer is None:
             raise
         error = e
     if layer is not None:
-        layer.agree("forward", error)
-        return m._train_group(x, layer)
+        return m._train_group(x, layer, error, local)
     if not m.training:
         y = m._frozen(x, residual is not None)
         if residual is None:
@@ -296,9 +304,10 @@ class InPlaceABN(_nn.Module):
                         "torch.fx.symbolic_trace" % type(self).__name__)
 
     def _train(self, x, residual=None):
+        step = (_ckpt.state_of(self), lambda: _momentum(self), _torch.is_grad_enabled())
         return _InPlaceABNFunction.apply(x, self.weight, self.bias, self.running_mean,
-                                         self.running_var, _momentum(self), self.eps,
-                                         self._slope(), residual)
+                                         self.running_var, step, self.eps, self._slope(),
+                                         residual)
 
     def _frozen(self, x, no_act=False):
         """bn(x) with the running statistics, then the activation unless no_act."""
@@ -348,10 +357,24 @@ class InPlaceABNSync(InPlaceABN):
         return _sync.Layer(self, "InPlaceABNSync", group, x, self.eps, self.momentum,
                            self.affine, self._slope())
 
-    def _train_group(self, x, layer):
-        return _InPlaceABNSyncFunction.apply(x, self.weight, self.bias, self.running_mean,
-                                             self.running_var, _momentum(self), self.eps,
-                                             self._slope(), layer)
+    def _train_group(self, x, layer, error, local):
+        """The synchronized training forward: checkpoint's recompute reuses the
+        first pass's group statistics; otherwise the agreement (with this
+        rank's `error`), the group's statistics from this rank's `local`
+        moments, and the running statistics moved once."""
+        state = _ckpt.state_of(self)
+        if error is None:
+            key, stats = _ckpt.input_key(x), _bn._local_stats(local)
+            if state.is_recompute(key, stats, _torch.is_grad_enabled()):
+                return _InPlaceABNSyncFunction.apply(x, self.weight, self.bias, self.eps,
+                                                     self._slope(), layer, state, *state.extra)
+        layer.agree("forward", error)
+        total, mean64, var64 = _bn.group_moments(x.detach(), layer, local)
+        _g.update_running(self.running_mean, self.running_var, mean64.float(), var64.float(),
+                          _momentum(self), total)
+        state.remember(key, stats, extra=(total, mean64, var64))
+        return _InPlaceABNSyncFunction.apply(x, self.weight, self.bias, self.eps, self._slope(),
+                                             layer, state, total, mean64, var64)
 
 
 for _cls in (InPlaceABN, InPlaceABNSync):

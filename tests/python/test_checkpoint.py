@@ -1,4 +1,5 @@
-"""normgrad's batch norms under activation checkpointing
+"""normgrad's batch norms (BatchNorm1d/2d/3d, SyncBatchNorm, InPlaceABN and
+InPlaceABNSync) under activation checkpointing
 (torch.utils.checkpoint, reentrant and not, and checkpoint_sequential):
 running statistics move once per step, and outputs, gradients and
 statistics are the same bits as the same step without checkpointing;
@@ -15,6 +16,13 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential  # noqa: E4
 
 import normgrad.torch as ngt  # noqa: E402
 import ranks  # noqa: E402
+
+
+def make_abn_model(sync=False):
+    torch.manual_seed(3)
+    abn = ngt.InPlaceABNSync if sync else ngt.InPlaceABN
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), abn(8, activation_param=0.1),
+                               torch.nn.Conv2d(8, 8, 3, padding=1), abn(8, momentum=None))
 
 
 def make_model(dim):
@@ -64,6 +72,25 @@ def test_a_checkpointed_step_is_the_unchecked_step_bit_for_bit(dim, how):
         assert int(s1["4.num_batches_tracked"]) == k + 1
 
 
+@pytest.mark.parametrize("how", ["reentrant", "non_reentrant", "sequential"])
+def test_inplace_abn_checkpointed_is_the_unchecked_step_bit_for_bit(how):
+    base = make_abn_model()
+    plain, ckpt = copy.deepcopy(base), copy.deepcopy(base)
+    for k in range(2):
+        torch.manual_seed(30 + k)
+        x = torch.randn(4, 3, 6, 5) * 2 - 1
+        g = torch.randn(4, 8, 6, 5)
+        y0, dx0 = step(plain, x, g, "plain")
+        y1, dx1 = step(ckpt, x, g, how)
+        assert torch.equal(y0, y1) and torch.equal(dx0, dx1)
+        for p0, p1 in zip(plain.parameters(), ckpt.parameters()):
+            assert torch.equal(p0.grad, p1.grad)
+        s0, s1 = state(plain), state(ckpt)
+        for key in s0:
+            assert torch.equal(s0[key], s1[key]), key
+        assert int(s1["1.num_batches_tracked"]) == k + 1
+
+
 def test_values_against_float64_and_torch_counting_twice():
     """The checkpointed step's running statistics against float64 torch
     without checkpointing (one update); torch's own BatchNorm, checkpointed,
@@ -98,9 +125,10 @@ def test_two_different_batches_before_a_backward_both_count():
     assert torch.allclose(m.running_mean, t.running_mean, atol=1e-6)
 
 
-def sync_worker(rank, out_dir, how):
+def sync_worker(rank, out_dir, how, kind="sync"):
     ranks.init(rank, 2, out_dir)
-    model = ngt.convert_sync_batchnorm(make_model(2))
+    model = (ngt.convert_sync_batchnorm(make_model(2)) if kind == "sync"
+             else ngt.name_layers(make_abn_model(sync=True)))
     torch.manual_seed(20 + rank)
     x = torch.randn(3, 3, 6, 5) * 2 + 1
     g = torch.randn(3, 8, 6, 5)
@@ -112,15 +140,16 @@ def sync_worker(rank, out_dir, how):
                os.path.join(out_dir, "%s%d.pt" % (how, rank)))
 
 
-@pytest.mark.parametrize("how", ["reentrant", "non_reentrant"])
-def test_sync_batch_norm_does_not_synchronize_again_in_the_recompute(tmp_path, how):
+@pytest.mark.parametrize("how,kind", [("reentrant", "sync"), ("non_reentrant", "sync"),
+                                      ("non_reentrant", "abn")])
+def test_sync_batch_norm_does_not_synchronize_again_in_the_recompute(tmp_path, how, kind):
     if os.environ.get("NORMGRAD_JIT"):
         pytest.skip("the recompute's detection does not depend on the JIT's instruction set")
     plain, ckpt = tmp_path / "plain", tmp_path / "ckpt"
     plain.mkdir()
     ckpt.mkdir()
-    ranks.run_ranks(sync_worker, 2, str(plain), ("plain",), bound=90)
-    ranks.run_ranks(sync_worker, 2, str(ckpt), (how,), bound=90)
+    ranks.run_ranks(sync_worker, 2, str(plain), ("plain", kind), bound=90)
+    ranks.run_ranks(sync_worker, 2, str(ckpt), (how, kind), bound=90)
     for r in range(2):
         a = torch.load(os.path.join(plain, "plain%d.pt" % r))
         b = torch.load(os.path.join(ckpt, "%s%d.pt" % (how, r)))
