@@ -22,7 +22,13 @@ same bits as without checkpointing.
 What this cannot tell apart: one module applied twice to the very same
 batch with gradients before a backward (the second call then does not move
 the running statistics, where torch's would).
+
+``convert(model, checkpoint="blocks")`` uses it: every block of the model's
+stages runs under torch.utils.checkpoint (checkpoint_blocks).
 """
+import functools as _functools
+import types as _types
+
 import torch as _torch
 
 
@@ -68,3 +74,49 @@ def state_of(m):
 
 def input_key(x):
     return (tuple(x.shape), x.dtype, tuple(x.stride()))
+
+
+# --- convert(model, checkpoint="blocks") ----------------------------------------
+
+
+def _checkpointed_forward(self, *args, **kwargs):
+    """A block's own forward, run under torch.utils.checkpoint (non-reentrant:
+    it needs no input that requires grad) when training with gradients; as
+    it is otherwise (eval, no_grad)."""
+    inner = type(self).forward
+    if self.training and _torch.is_grad_enabled():
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(_functools.partial(inner, self), *args, use_reentrant=False, **kwargs)
+    return inner(self, *args, **kwargs)
+
+
+def blocks_of(model):
+    """The blocks checkpoint="blocks" checkpoints: the children of every
+    nn.Sequential that is a direct child of `model` (torchvision's ResNet
+    layer1..layer4, MobileNet's and EfficientNet's `features`), as
+    (stage, name, block)."""
+    out = []
+    for stage in model.children():
+        if isinstance(stage, _torch.nn.Sequential):
+            out += [(stage, name, block) for name, block in stage.named_children()]
+    return out
+
+
+def checkpoint_blocks(model, convert_block=None):
+    """Makes every block of `model` (blocks_of) run under checkpointing, in
+    place: each block's forward is wrapped on the instance, so the module
+    tree, its Parameters, buffers and state_dict keys stay as they were.
+    `convert_block(block)`, when given, returns the module that takes the
+    block's place first (a traced, fused copy sharing its tensors)."""
+    blocks = blocks_of(model)
+    if not blocks:
+        raise ValueError("normgrad.torch.convert(checkpoint='blocks'): %s has no nn.Sequential "
+                         "stage among its children, so no blocks to checkpoint (torchvision's "
+                         "ResNet, MobileNet, EfficientNet, RegNet and VGG have them)"
+                         % type(model).__name__)
+    for stage, name, block in blocks:
+        if convert_block is not None:
+            block = convert_block(block)
+            setattr(stage, name, block)
+        block.forward = _types.MethodType(_checkpointed_forward, block)
+    return model

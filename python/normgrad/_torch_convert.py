@@ -22,6 +22,7 @@ import warnings
 import torch.nn as _nn
 
 from . import _batch_norm as _bn
+from . import _checkpoint as _ckpt
 from . import _inplace_abn as _abn
 from . import _sync
 from . import _torch_fx as _tfx
@@ -194,7 +195,18 @@ def _convert_traced(model, fuse, inplace_abn):
     return gm
 
 
-def convert(model, fuse_relu=False, fuse=False, inplace_abn=False):
+def _convert_checkpointed(model, fuse, inplace_abn):
+    """checkpoint="blocks" with fuse=True or inplace_abn=True: a structural copy
+    of `model` sharing its tensors, each block traced and converted on its
+    own (fusion within blocks, where torchvision's are) and run under
+    checkpointing; the rest converted in place in the copy."""
+    out = _copy_sharing_tensors(model, "checkpoint='blocks'")
+    _ckpt.checkpoint_blocks(out, lambda block: _convert_traced(block, fuse, inplace_abn))
+    _warn_left(_convert_in_place(out), "convert(checkpoint='blocks')")
+    return _sync.name_layers(out)
+
+
+def convert(model, fuse_relu=False, fuse=False, inplace_abn=False, checkpoint=None):
     """Swaps every torch BatchNorm1d/2d/3d in `model` for normgrad's, and
     torch.nn.SyncBatchNorm for normgrad's SyncBatchNorm.
 
@@ -218,13 +230,28 @@ def convert(model, fuse_relu=False, fuse=False, inplace_abn=False):
     kept and why. A model fx cannot trace gives, with a warning, a converted
     copy that shares the Parameters and buffers.
 
+    checkpoint="blocks" runs every block of the model's stages (the children
+    of each nn.Sequential child: torchvision's ResNet layer1..layer4) under
+    torch.utils.checkpoint, so the backward recomputes a block's forward
+    instead of keeping its activations; normgrad's batch norms count the
+    batch once even so. In place with plain convert (the module tree and
+    state_dict keys unchanged); with fuse or inplace_abn, on a copy sharing
+    the Parameters and buffers, each block traced and fused on its own.
+
     Batch norms normgrad cannot convert (subclasses, lazy modules) are named
     in a warning."""
+    if checkpoint not in (None, "blocks"):
+        raise ValueError("normgrad.torch.convert: checkpoint=%r is not supported (expected None "
+                         "or 'blocks')" % (checkpoint,))
+    if checkpoint == "blocks" and (fuse or inplace_abn):
+        return _convert_checkpointed(model, fuse, inplace_abn)
     if fuse or inplace_abn:
         return _convert_traced(model, fuse, inplace_abn)
     _warn_left(_convert_in_place(model), "convert")
     if fuse_relu:
         _fuse_following_relus(model)
+    if checkpoint == "blocks":
+        _ckpt.checkpoint_blocks(model)
     return _sync.name_layers(model)
 
 

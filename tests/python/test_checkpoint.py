@@ -160,3 +160,58 @@ def test_sync_batch_norm_does_not_synchronize_again_in_the_recompute(tmp_path, h
             assert torch.equal(a["state"][key], b["state"][key]), key
         # 2 layers: forward 3 collectives each (agreement, two sums), backward 2.
         assert a["collectives"] == b["collectives"] == 10
+
+
+def saved_bytes(model, x):
+    """Bytes autograd keeps for the backward of model(x) (outside checkpointed blocks)."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = model(x)
+    return y, total[0]
+
+
+@pytest.mark.parametrize("mode", ["plain", "fuse", "inplace_abn"])
+def test_convert_checkpoint_blocks(mode):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(5)
+    model = torchvision.models.resnet18(num_classes=10)
+    kw = {"plain": {}, "fuse": {"fuse": True}, "inplace_abn": {"inplace_abn": True}}[mode]
+    reference = ngt.convert(copy.deepcopy(model), **kw)
+    source = copy.deepcopy(model)
+    params = {id(p) for p in source.parameters()}
+    keys = list(source.state_dict())
+    ckpt = ngt.convert(source, checkpoint="blocks", **kw)
+    assert {id(p) for p in ckpt.parameters()} == params  # the same Parameters
+    if mode == "plain":
+        assert ckpt is source and list(ckpt.state_dict()) == keys
+    else:  # the input is left as it was
+        assert ckpt is not source and type(source.layer1[0].bn1) is torch.nn.BatchNorm2d
+        assert "forward" not in source.layer1[0].__dict__
+    x = torch.randn(4, 3, 32, 32)
+    g = torch.randn(4, 10)
+    xr, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    yr, kept_ref = saved_bytes(reference, xr)
+    yc, kept = saved_bytes(ckpt, xc)
+    assert kept < kept_ref / 2, (kept, kept_ref)  # the blocks' activations are not kept
+    yr.backward(g)
+    yc.backward(g)
+    tol = 0 if mode == "plain" else 1e-5  # fused modes: the stem is fused only in the reference
+    assert (yc - yr).abs().max().item() <= tol * yr.abs().max().item()
+    assert (xc.grad - xr.grad).abs().max().item() <= tol * 10 * xr.grad.abs().max().item()
+    for (n, a), b in zip(reference.state_dict().items(), ckpt.state_dict().values()):
+        if "num_batches_tracked" in n:
+            assert int(b) == 1, n  # counted once, though each block ran twice
+        elif mode == "plain":
+            assert torch.equal(a, b), n
+
+
+def test_convert_checkpoint_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="expected None or 'blocks'"):
+        ngt.convert(torch.nn.Sequential(torch.nn.BatchNorm2d(3)), checkpoint="layers")
+    with pytest.raises(ValueError, match="no nn.Sequential stage"):
+        ngt.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.BatchNorm2d(3)),
+                    checkpoint="blocks")
