@@ -25,7 +25,8 @@ interleaving.
 
 --memory: the peak resident memory of a training step of that LeakyReLU
 ResNet-50, each configuration (torch, normgrad's BatchNorm, normgrad's
-InPlaceABN) in a fresh subprocess, so no configuration inherits another's
+InPlaceABN, and each of the two with checkpoint="blocks") in a fresh
+subprocess, so no configuration inherits another's
 heap, --repeats times (medians: glibc's heap makes the peak vary by a few
 percent from process to process). It reports the process's peak RSS over
 --steps steps, that peak minus the RSS before the first step (the step's
@@ -186,13 +187,18 @@ def make_model(name, config, leaky_inplace=False):
         return ngt.convert(model, fuse=True)
     if config == "normgrad-abn":
         return ngt.convert(model, inplace_abn=True)
+    if config == "normgrad-ckpt":
+        return ngt.convert(model, fuse=True, checkpoint="blocks")
+    if config == "normgrad-abn-ckpt":
+        return ngt.convert(model, inplace_abn=True, checkpoint="blocks")
     return model
 
 
 def run_model(args, out):
     results = []
     prefix = "leaky-" if args.leaky else ""
-    names = ["torch", "normgrad"] + (["normgrad-abn"] if args.leaky else []) + ["no-bn"]
+    names = (["torch", "normgrad"] + (["normgrad-abn"] if args.leaky else []) +
+             (["normgrad-ckpt"] if args.checkpoint else []) + ["no-bn"])
     for layout in args.layouts:
         mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         models = {k: make_model(args.model, prefix + k if k != "no-bn" else k,
@@ -247,6 +253,10 @@ def run_model(args, out):
                   "normgrad's BatchNorm" % (med["normgrad-abn"], row["abn_swapped"],
                                             med["torch"] / med["normgrad-abn"],
                                             med["normgrad"] / med["normgrad-abn"]), flush=True)
+        if args.checkpoint:
+            row["normgrad_ckpt_ms"] = med["normgrad-ckpt"]
+            print("  checkpoint='blocks' (fused): %8.1f ms, %.2fx torch's speed"
+                  % (med["normgrad-ckpt"], med["torch"] / med["normgrad-ckpt"]), flush=True)
     out["model"] = results
 
 
@@ -276,7 +286,11 @@ def memory_child(args):
     the activation bytes saved for the backward."""
     layout = args.layouts[0]
     mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-    model = make_model(args.model, args.memory_child, args.leaky_inplace)
+    config = args.memory_child
+    if config.endswith("-nopool"):  # normgrad's caching pool off: its blocks not held
+        normgrad.set_cache_limit(0)
+        config = config[:-len("-nopool")]
+    model = make_model(args.model, config, args.leaky_inplace)
     model = model.to(memory_format=mf).train()
     x = torch.randn(args.batch, 3, args.size, args.size).contiguous(memory_format=mf)
     labels = torch.randint(0, 1000, (args.batch,))
@@ -298,7 +312,7 @@ def memory_child(args):
 def run_memory(args, out):
     rows = []
     for layout in args.layouts:
-        configs = ("leaky-torch", "leaky-normgrad", "leaky-normgrad-abn")
+        configs = ["leaky-" + c for c in args.configs]
         runs = {c: [] for c in configs}
         for _ in range(args.repeats):  # configurations alternate, as elsewhere
             for config in configs:
@@ -355,6 +369,14 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3,
                    help="with --memory: fresh processes per configuration (median)")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
+    p.add_argument("--configs", default="torch,normgrad,normgrad-abn,normgrad-ckpt,"
+                   "normgrad-abn-ckpt,normgrad-ckpt-nopool",
+                   help="with --memory: configurations, comma-separated: torch, normgrad "
+                        "(fuse=True), normgrad-abn (inplace_abn=True), normgrad-ckpt and "
+                        "normgrad-abn-ckpt (the same with checkpoint='blocks'); a -nopool "
+                        "suffix runs one with normgrad's caching pool off (set_cache_limit(0))")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="with --model: also time convert(fuse=True, checkpoint='blocks')")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--size", type=int, default=160)
     p.add_argument("--steps", type=int, default=5, help="training steps per model (median)")
@@ -368,6 +390,14 @@ def main(argv=None):
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     args.layouts = args.layouts.split(",")
+    args.configs = args.configs.split(",")
+    known = ("torch", "normgrad", "normgrad-abn", "normgrad-ckpt", "normgrad-abn-ckpt")
+    for c in args.configs:
+        if c.replace("-nopool", "") not in known or (c == "torch-nopool"):
+            p.error("--configs: '%s' is not one of %s (each but torch may end in -nopool)"
+                    % (c, ", ".join(known)))
+    if "torch" not in args.configs:
+        p.error("--configs: torch is the baseline every other configuration is compared with")
     args.dtypes = args.dtypes.split(",")
     for layout in args.layouts:
         if layout not in ("NCHW", "channels_last"):
