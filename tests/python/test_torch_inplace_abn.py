@@ -229,9 +229,13 @@ def test_memory_bench_shows_fewer_saved_bytes(tmp_path):
     out = tmp_path / "mem.json"
     subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--memory", "--model",
                     "resnet18", "--batch", "2", "--size", "64", "--steps", "2", "--repeats", "1",
-                    "--layouts", "NCHW", "--json", str(out)], check=True, capture_output=True)
+                    "--layouts", "NCHW", "--configs", "torch,normgrad,normgrad-abn,normgrad-ckpt",
+                    "--json", str(out)], check=True, capture_output=True)
     rows = {r["config"]: r for r in json.loads(out.read_text())["memory"]}
-    assert set(rows) == {"leaky-torch", "leaky-normgrad", "leaky-normgrad-abn"}
+    assert set(rows) == {"leaky-torch", "leaky-normgrad", "leaky-normgrad-abn",
+                         "leaky-normgrad-ckpt"}
+    # checkpoint="blocks" keeps only the stem's and the blocks' inputs.
+    assert rows["leaky-normgrad-ckpt"]["saved_bytes"] < rows["leaky-normgrad-abn"]["saved_bytes"]
     # normgrad's BatchNorm saves what torch's does, up to its small statistics tensors.
     assert abs(rows["leaky-normgrad"]["saved_bytes"] / rows["leaky-torch"]["saved_bytes"] - 1) < 0.02
     assert rows["leaky-normgrad-abn"]["saved_bytes"] < 0.7 * rows["leaky-torch"]["saved_bytes"]
