@@ -4,9 +4,12 @@ The modules (``BatchNorm1d``, ``BatchNorm2d``, ``BatchNorm3d``,
 ``SyncBatchNorm``) are in _batch_norm.py, InPlace-ABN (``InPlaceABN``,
 ``InPlaceABNSync``) in _inplace_abn.py, and the model converters
 (``convert``, ``convert_sync_batchnorm``) in _torch_convert.py, and
-``capture`` (a model's training step as one graph) in capture.py; this module
-is their public face. docs/python.md describes them, with a table of the
-torch features each supports.
+``capture`` (a model's training step as one graph) in capture.py; the
+synchronized layers' collectives (agreement before data, bounded waits,
+``SyncError``) in _sync.py and their statistics in _group_stats.py;
+checkpointing (the recompute recognised, ``convert(checkpoint="blocks")``)
+in _checkpoint.py. This module is their public face. docs/python.md
+describes them, with a table of the torch features each supports.
 
 NCHW (NCX) and channels_last (NXC) tensors are passed to normgrad without
 copies; f32, bf16 and f16 data, with f32 statistics. Every input is
@@ -48,6 +51,6 @@ from ._torch_graphs import BatchError, InputTypeError, RankError, recording
 from .capture import Capture, CaptureError, capture
 
 __all__ = ["BatchError", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Capture", "CaptureError",
-           "InputTypeError", "SyncBatchNorm", "SyncError", "InPlaceABN", "InPlaceABNSync", "RankError", "capture",
-           "collective_timeout", "convert", "convert_sync_batchnorm", "name_layers", "recording",
-           "set_collective_timeout", "sync_stats"]
+           "InputTypeError", "SyncBatchNorm", "SyncError", "InPlaceABN", "InPlaceABNSync",
+           "RankError", "capture", "collective_timeout", "convert", "convert_sync_batchnorm",
+           "name_layers", "recording", "set_collective_timeout", "sync_stats"]
