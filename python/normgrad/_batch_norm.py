@@ -412,9 +412,7 @@ def sync_batch_norm_module_forward(m, x):
     synced = group is not None and (m.training or m.running_mean is None)
     if not synced:
         check_module(m, "SyncBatchNorm", x)
-        factor, use_batch_stats, rm, rv = forward_state(m, m.training)
-        return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor,
-                                        m.eps, False, None)
+        return _bn_apply(m, x, None, False)  # as BatchNorm, checkpoint-aware too
     layer = _sync.Layer(m, "SyncBatchNorm", group, x, m.eps, m.momentum, m.weight is not None)
     error = local = None
     try:

@@ -166,6 +166,14 @@ void check_matches(const ArrayView& view, const LogicalTensor& want, const std::
   }
 }
 
+ArrayView view_for(py::handle obj, const LogicalTensor& want, const std::string& what,
+                   bool output) {
+  ArrayView v = ArrayView::of(obj, what);
+  check_matches(v, want, what);
+  if (output && !v.writable) raise(invalid_argument(what + ": the array is read-only"));
+  return v;
+}
+
 py::array new_array(const LogicalTensor& lt) {
   std::vector<py::ssize_t> shape(lt.dims.begin(), lt.dims.end());
   switch (lt.dtype) {

@@ -66,6 +66,10 @@ class ArrayView {
 // of size 1 may have any stride. Raises normgrad.Error naming `what`.
 void check_matches(const ArrayView& view, const LogicalTensor& want, const std::string& what);
 
+// ArrayView::of(obj) checked against `want` (check_matches); an `output` must
+// also be writable. Raises normgrad.Error naming `what`.
+ArrayView view_for(py::handle obj, const LogicalTensor& want, const std::string& what, bool output);
+
 // A new NumPy array for `lt` (dense; bf16 as uint16 bit patterns).
 py::array new_array(const LogicalTensor& lt);
 

@@ -150,8 +150,7 @@ class Compiled {
       const auto id = item.first.cast<int64_t>();
       const std::string what = "input " + std::to_string(id);
       const LogicalTensor want = unwrap(cg_->query_logical_tensor(id));
-      ArrayView v = ArrayView::of(item.second, what);
-      check_matches(v, want, what);
+      ArrayView v = view_for(item.second, want, what, false);
       in[id] = v.data;
       views.push_back(std::move(v));
     }
@@ -160,9 +159,7 @@ class Compiled {
         const auto id = item.first.cast<int64_t>();
         const std::string what = "output " + std::to_string(id);
         const LogicalTensor want = unwrap(cg_->query_logical_tensor(id));
-        ArrayView v = ArrayView::of(item.second, what);
-        check_matches(v, want, what);
-        if (!v.writable) raise(invalid_argument(what + ": the array is read-only"));
+        ArrayView v = view_for(item.second, want, what, true);
         out[id] = v.data;
         result[item.first] = item.second;
         views.push_back(std::move(v));

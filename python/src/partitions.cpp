@@ -29,31 +29,34 @@ class PyCompiledPartition {
   py::dict execute(const py::dict& inputs, const std::optional<py::dict>& outputs) const {
     const Partition& p = cp_->partition();
     const std::string who = "partition " + std::to_string(p.id) + " (" + p.ops_string() + ")";
-    std::set<int64_t> wanted;
-    for (const LogicalTensor& lt : p.inputs) wanted.insert(lt.id);
-    for (auto item : inputs) {
-      const auto id = item.first.cast<int64_t>();
-      if (!wanted.count(id))
-        raise(invalid_argument(who + ": tensor " + std::to_string(id) +
-                               " is not one of its inputs (Partition.inputs lists them)"));
-    }
+    // Ids that are not the partition's are refused, not ignored.
+    auto only = [&](const py::dict& given, const std::vector<LogicalTensor>& ports,
+                    const char* role) {
+      std::set<int64_t> ids;
+      for (const LogicalTensor& lt : ports) ids.insert(lt.id);
+      for (auto item : given) {
+        const auto id = item.first.cast<int64_t>();
+        if (!ids.count(id))
+          raise(invalid_argument(who + ": tensor " + std::to_string(id) + " is not one of its " +
+                                 role + " (Partition." + role + " lists them)"));
+      }
+    };
+    only(inputs, p.inputs, "inputs");
+    if (outputs) only(*outputs, p.outputs, "outputs");
     std::vector<ArrayView> views;
     std::vector<Tensor> in, out;
     py::dict result;
     for (const LogicalTensor& lt : p.inputs) {
       const std::string what = who + ": input " + std::to_string(lt.id);
       if (!inputs.contains(py::int_(lt.id))) raise(invalid_argument(what + " is not given"));
-      ArrayView v = ArrayView::of(inputs[py::int_(lt.id)], what);
-      check_matches(v, lt, what);
+      ArrayView v = view_for(inputs[py::int_(lt.id)], lt, what, false);
       in.push_back(Tensor{lt, v.data});
       views.push_back(std::move(v));
     }
     for (const LogicalTensor& lt : p.outputs) {
       const std::string what = who + ": output " + std::to_string(lt.id);
       if (outputs && outputs->contains(py::int_(lt.id))) {
-        ArrayView v = ArrayView::of((*outputs)[py::int_(lt.id)], what);
-        check_matches(v, lt, what);
-        if (!v.writable) raise(invalid_argument(what + ": the array is read-only"));
+        ArrayView v = view_for((*outputs)[py::int_(lt.id)], lt, what, true);
         out.push_back(Tensor{lt, v.data});
         result[py::int_(lt.id)] = (*outputs)[py::int_(lt.id)];
         views.push_back(std::move(v));

@@ -215,3 +215,13 @@ def test_convert_checkpoint_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="no nn.Sequential stage"):
         ngt.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1), torch.nn.BatchNorm2d(3)),
                     checkpoint="blocks")
+
+
+def test_sync_batch_norm_without_a_group_counts_once_too():
+    """Without a process group SyncBatchNorm is BatchNorm, checkpoint-aware as it."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), ngt.SyncBatchNorm(8))
+    x = torch.randn(4, 3, 5, 5)
+    for k in range(2):
+        step(model, x + k, torch.randn(4, 8, 5, 5), "non_reentrant")
+    assert int(model[1].num_batches_tracked) == 2

@@ -61,6 +61,13 @@ def test_a_supported_partition_executes_alone_against_float64():
         cp.execute({3: relu_dst, 2: grad, 6: mean, 7: var, 8: gamma})
     with pytest.raises(normgrad.Error, match="not one of its inputs"):
         cp.execute({3: relu_dst, 2: grad, 5: x, 6: mean, 7: var, 8: gamma, 0: x})
+    with pytest.raises(normgrad.Error, match="not one of its outputs"):
+        cp.execute({3: relu_dst, 2: grad, 5: x, 6: mean, 7: var, 8: gamma},
+                   {4: np.empty(shape, np.float32)})
+    given = np.empty(shape, np.float32)  # written in place, and returned as it is
+    assert cp.execute({3: relu_dst, 2: grad, 5: x, 6: mean, 7: var, 8: gamma}, {9: given})[9] \
+        is given
+    assert np.array_equal(given, out[9])
 
 
 @pytest.mark.parametrize("dst_shape", [[None, None, None, None], [-1, 16, None, 5], None])

@@ -140,7 +140,7 @@ def test_a_rank_that_exits_is_an_error_on_the_others(tmp_path, world, kind, when
         assert rep is not None and rep["class"] == "SyncError", (r, rep)
         assert "Error" in rep["mro"]
         assert "%s '1' (%s, rank %d of %d)" % (name, phase, r, world) in rep["msg"], rep
-        assert "did not complete" in rep["msg"] or "failed its checks" in rep["msg"], rep
+        assert "did not complete" in rep["msg"], rep
         assert rep["seconds"] < 30, rep  # gloo sees the connection close
     assert reps[-1] is None
 
