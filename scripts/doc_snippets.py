@@ -75,8 +75,9 @@ def blocks_of(path, rel):
 
 
 def scratch_dir(source, build):
-    # One path run after run (under the build), so a snippet's own CMake build
-    # directory (/tmp/consumer, ...) sees the same source path again.
+    # The pages write to /tmp/ng, /tmp/consumer, ...; each run gets its own
+    # copy of /tmp (see private_tmp), so another clone's CMake cache there, or
+    # a concurrent run, cannot meet this one.
     d = os.path.join(build, "doc-snippets")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -93,6 +94,14 @@ def environment(build):
     env["PYTHONPATH"] = os.path.join(build, "python")
     env.setdefault("OMP_NUM_THREADS", "2")
     return env
+
+
+def private_tmp(text, work):
+    """A shell snippet with its /tmp/ paths moved under this run's scratch
+    directory."""
+    tmp = os.path.join(work, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    return re.sub(r"(?<![\w/])/tmp/", tmp + "/", text)
 
 
 def run(cmd, cwd, env, bound, stdin=None):
@@ -178,8 +187,8 @@ def main(argv=None):
                     continue
                 t0 = time.monotonic()
                 if b.lang == "sh":
-                    rc, out = run(["bash", "-euo", "pipefail", "-c", b.text], work, env,
-                                  args.bound)
+                    rc, out = run(["bash", "-euo", "pipefail", "-c", private_tmp(b.text, work)],
+                                  work, env, args.bound)
                 elif b.lang == "python":
                     rc, out = run(["/usr/bin/python3", "-"], work, env, args.bound, stdin=b.text)
                 else:
