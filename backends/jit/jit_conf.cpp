@@ -203,10 +203,9 @@ int64_t bounce_block_bytes(const BnConf& c) {
   // stores: a vector, or on AVX2 with bf16 pairs 16 elements (32 bytes).
   const int64_t step = c.isa == Isa::kAvx512 ? kAvx512Lanes : apply_in_pairs(c) ? 16 : 8;
   if (c.walk.cols % step == 0) return 0;
-  // On AVX2, against ordinary stores (ncx-no-nt), the bounce block paid off
-  // at 14x14 f32 (784-byte rows, 1.08-1.19x) and not on shorter rows: level
-  // at 14x14 bf16 (392 bytes, 0.96-1.07x), 0.88-1.04x at 7x7 f32 (196) and
-  // 0.79-0.86x at 7x7 bf16 (98), whose tensors are near L3-sized.
+  // On AVX2 the bounce block pays off against ordinary stores only on long
+  // rows: shorter ones belong to tensors near the L3's size, which streaming
+  // stores give up (figures in docs/jit-rules.md).
   const int64_t row_bytes = c.walk.cols * dtype_size(c.d.data_dt);
   if (c.isa == Isa::kAvx2 && row_bytes < kAvx2BounceRowBytes) return 0;
   return c.walk.channel_group * row_bytes;
@@ -258,9 +257,9 @@ void set_apply_prefetch(BnConf* c) {
                              c->walk.cols * es >= kNextChannelPrefetchRowBytes &&
                              c->d.channels > 1 && c->x_strides.empty() && c->dy_strides.empty() &&
                              (c->walk.channel_stride + c->walk.cols) * es <= INT32_MAX;
-  // Measured against ncx-no-next-group (docs/performance.md): AVX-512 7x7
-  // 1.07-1.23x, 14x14 1.01-1.13x; AVX2 7x7 1.03-1.20x, but 14x14 (392- and
-  // 784-byte rows) 0.94-1.01x.
+  // The next group's prefetch pays on AVX-512, and on AVX2 only for short
+  // rows, whose groups are too small for the hardware prefetchers to catch
+  // (docs/jit-rules.md).
   c->prefetch.next_group =
       c->walk.channel_group > 0 && (c->isa == Isa::kAvx512 || c->walk.cols * es < 256);
   // The reversed apply starts on the rows the reduce left in a large L2; it

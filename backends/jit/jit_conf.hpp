@@ -84,9 +84,8 @@ constexpr int kPixelGroup = 8;
 // NXC from DRAM on AVX-512: rows of up to this many channels take the
 // per-pixel kernels. Their sums (reduce) and coefficients (apply) are rows of
 // C floats read from the L1 as memory operands: at 2048 channels the apply's
-// four rows take 32 KiB of a 48 KiB L1, and the blocked walk measured faster
-// (7x7 f32); at 256 to 1024 channels per-pixel was 1.05-1.20x the swept and
-// blocked walks (docs/performance.md, "The three NXC walks").
+// four rows take 32 KiB of a 48 KiB L1 and the blocked walk is faster; below
+// that the per-pixel walk beats the swept and blocked ones (docs/jit-rules.md).
 constexpr int64_t kPerPixelMaxChannels = 1024;
 
 // Bytes of src + diff_dst per call of the channel-swept pixel kernels
@@ -114,9 +113,9 @@ constexpr int64_t kShortRowBytes = 1024;
 constexpr int64_t kReducePrefetchRows = 2;
 // kRows: rows at least this long prefetch the next channel in the apply
 // (PrefetchConf::next_channel): every row too long for the grouped kernels.
-// Rows of 1.5 KiB (28x28 bf16) are a new stream each, 800 KB apart, and gained
-// the most; 3 KiB rows (28x28 f32), which once measured slower with it, are
-// level (docs/performance.md).
+// Rows of 1.5 KiB (28x28 bf16) are a new stream each, 800 KB apart, and gain
+// the most; longer rows give the hardware prefetchers time of their own
+// (docs/jit-rules.md).
 constexpr int64_t kNextChannelPrefetchRowBytes = kShortRowBytes;
 // kRows, channels whose inputs exceed a quarter of the L2: the apply walks a
 // channel's rows last first in calls of about this many bytes per tensor
@@ -184,9 +183,8 @@ struct WalkConf {
   // twice (the NCX walks' channels and groups do the same). The chunks are
   // the pixels walk's (fixed by the shape), so the bits do not depend on the
   // thread count. Only through the `nxc-strips` variant (and so `normgrad
-  // tune`): against the default walks they gained 1.07-1.18x on AVX-512 at
-  // 7x7 and lost 3-6% at 14x14 f32, and on AVX2 lost up to 1.7x
-  // (docs/performance.md).
+  // tune`): they win on some AVX-512 layers and lose on others and on AVX2,
+  // so a host's own measurement decides (docs/jit-rules.md).
   bool strips = false;
   // Strided data walked in place (row_stride/channel_stride set from it).
   bool strided_native = false;
@@ -232,9 +230,9 @@ struct PrefetchConf {
   // the reduce prefetches, line by line, the row kReducePrefetchRows ahead.
   // Every row is a new stream for the hardware prefetchers, and a 16-bit row
   // (6 KiB at 56x56) ends before they run far enough ahead; an f32 row is
-  // twice as long and gave the prefetchers the time it needs on AVX-512
-  // (the prefetches cost it 3-10% at 56x56 and 28x28), but not on AVX2,
-  // where f32 rows gained 2-10% from 112x112 to 28x28 with them.
+  // twice as long and gives the prefetchers the time they need on AVX-512,
+  // where the extra prefetches cost time, but not on AVX2, where f32 rows
+  // gain from them (docs/jit-rules.md).
   bool reduce_rows = false;
   // kRows, long rows, one call per channel: while the apply computes channel
   // c it prefetches, line by line, channel c + 1's inputs into the L2, so that

@@ -40,7 +40,7 @@ namespace jit {
 // summed in pieces of this many elements (each piece's f32 sums then go into
 // the f64 totals). The kernel's 64 f32 chains then take at most 64 terms
 // each, and the NXC chunks at most 64 pixels: an f32 chain's rounding grows
-// with its length, and 256-term chains measured 3e-8 sigma off in the mean.
+// with its length (docs/jit-rules.md).
 constexpr int64_t kFwdRowPiece = 4096;
 // Pixels per statistics chunk of the NXC walk (fixed, so the chunks depend
 // on the shape alone); a short row's NCX chunk takes as many whole rows as
@@ -49,10 +49,9 @@ constexpr int64_t kFwdChunkPixels = 64;
 // Bytes of src per apply call of the NXC walk (the call walks its pixels once
 // per block of channels, so they should stay in the L1/L2 between blocks).
 constexpr int64_t kFwdApplyBytes = 64 * 1024;
-// Channels per grouped NCX call (FwdConf::channel_group), as the backward's
-// grouped rows: each channel's two sums take a register for the whole call.
-constexpr int kFwdGroupAvx512 = 8;
-constexpr int kFwdGroupAvx2 = 4;
+// Channels per grouped NCX call (FwdConf::channel_group): the backward's
+// kRowGroupAvx512 and kRowGroupAvx2, for the same reason (each channel's two
+// sums take a register for the whole call).
 // Channels per strip of the NXC forward (FwdConf::strip_channels): 512 bytes
 // of each f32 pixel, 128 of a 16-bit one. Measured on ResNet-50's 14x14 and
 // 7x7 layers (docs/performance.md): 32 and 64 f32 channels, and 128 or more
@@ -70,7 +69,7 @@ constexpr int64_t kFwdStripRowBytes = 4096;
 constexpr int64_t kFwdChainTerms = 64;
 // The bounce buffer: a group's block at any offset within a line, and a
 // vector's overrun past its end.
-constexpr int64_t kFwdBounceBytes = kFwdGroupAvx512 * kShortRowBytes + 128;
+constexpr int64_t kFwdBounceBytes = kRowGroupAvx512 * kShortRowBytes + 128;
 // The shortest rows (bytes) AVX2 streams through the bounce buffer by default.
 constexpr int64_t kFwdAvx2BounceRowBytes = 256;
 
@@ -154,9 +153,8 @@ struct FwdConf {
   // other walk hold their coefficients in registers, which on AVX2 fit two
   // vectors: 32 bytes of 16-bit data, half a line per pixel, so the
   // streaming stores left every line half written until the call's next
-  // block (the line walk is 1.1-1.6x faster there). On AVX-512 a block is
-  // two whole lines, and the line walk still measured 1.02-1.14x from 56x56
-  // to 14x14 and level at 112x112 and 7x7. With pair_vectors the driver lays
+  // block. On AVX-512 a block is two whole lines, and the line walk is
+  // still faster or level (docs/jit-rules.md). With pair_vectors the driver lays
   // each coefficient row out as the pairs read it (per 16 channels the even
   // ones, then the odd ones). The same arithmetic in the same order: the
   // same bits.

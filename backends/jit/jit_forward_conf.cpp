@@ -128,8 +128,8 @@ int64_t fwd_strip_rule(const FwdConf& c, int threads) {
   const int64_t w = c.dt == DataType::kF32 ? kFwdStripF32 : kFwdStrip16;
   // A pixel's row of a page or more: each page then holds one strip's run,
   // and the hardware prefetchers, which stay within a page, fetch nothing of
-  // the other strips (rows of 1 and 2 KiB, 28x28 and 14x14 16-bit, ran
-  // 0.65-0.83x and 0.93-1.15x).
+  // the other strips. Shorter rows share pages between strips and ran slower
+  // (docs/jit-rules.md).
   if (!fwd_strips_possible(c, w) || !fwd_past_cache(c) || c.c / w < threads ||
       c.c * dtype_size(c.dt) < kFwdStripRowBytes)
     return 0;
@@ -145,7 +145,7 @@ bool fwd_line_walk(const FwdConf& c) {
 
 bool fwd_bounce_possible(const FwdConf& c) {
   const int64_t row_bytes = c.spatial * dtype_size(c.dt);
-  // The AVX2 copy takes blocks of 128 bytes or more (emit_stream_copy).
+  // The AVX2 copy takes blocks of 128 bytes or more (stream_copy).
   return c.channel_group > 0 && row_bytes % 64 != 0 && fwd_past_cache(c) &&
          (c.isa == Isa::kAvx512 || row_bytes >= 128);
 }
@@ -233,11 +233,12 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.chunk_pixels = kFwdChunkPixels;
   c.apply_pixels = std::clamp<int64_t>(kFwdApplyBytes / pixel_bytes, 1, 256);
   c.chunk_rows = c.spatial >= kFwdRowPiece || c.spatial == 0 ? 1 : kFwdRowPiece / c.spatial;
-  // Rows past kShortRowBytes stay one channel a call: grouped, 20x20 and
-  // 28x28 f32 rows (1.6 and 3.1 KB) ran 5-7% slower.
+  // Rows past kShortRowBytes stay one channel a call: long rows are streams
+  // the prefetchers follow alone, and grouping them ran slower
+  // (docs/jit-rules.md).
   if (c.ncx_rows && c.isa != Isa::kPortable && c.spatial * es <= kShortRowBytes) {
     const int64_t lanes = c.isa == Isa::kAvx512 ? 16 : 8;
-    c.channel_group = c.isa == Isa::kAvx512 ? kFwdGroupAvx512 : kFwdGroupAvx2;
+    c.channel_group = c.isa == Isa::kAvx512 ? kRowGroupAvx512 : kRowGroupAvx2;
     c.chunk_rows = std::max<int64_t>(1, kFwdChainTerms / ((c.spatial + lanes - 1) / lanes));
   }
   c.prefetch_next_channel =
@@ -248,10 +249,9 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   // a full aligned line (or half of one, for 16-bit data).
   const int64_t line_elems = (c.ncx_rows ? c.spatial : c.c) * es;
   c.streaming = c.isa != Isa::kPortable && line_elems % 64 == 0 && fwd_past_cache(c);
-  // Measured against ordinary stores (docs/performance.md): on AVX2 14x14
-  // rows gained 1.07-1.32x, 7x7 were level; on AVX-512 14x14 f32 was level
-  // and the 16-bit rows and 7x7 lost up to 1.5x, as streaming gives up the
-  // L3 that holds much of those tensors.
+  // Streaming stores pay on AVX2 and lose on AVX-512's smaller layers, as
+  // streaming gives up the L3 that holds much of those tensors; hence the
+  // AVX2-only bounce (docs/jit-rules.md).
   c.bounce =
       fwd_bounce_possible(c) && c.isa == Isa::kAvx2 && c.spatial * es >= kFwdAvx2BounceRowBytes;
   c.streaming = c.streaming || c.bounce;
@@ -261,14 +261,14 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.line_walk = fwd_line_walk(c);
   // 16-bit NXC statistics pixel by pixel, the chunk's sums in memory: each
   // channel block swept over a chunk's 64 pixels read 16-bit data at half
-  // f32's bytes a second, slower the wider the pixel (56x56 to 14x14 gained
-  // 1.05-1.43x). Narrow pixels (112x112's 128 bytes: 0.97-0.99x) keep the
-  // sweeps, and so do AVX-512 strips (docs/performance.md).
+  // f32's bytes a second, slower the wider the pixel. Narrow pixels keep the
+  // sweeps, and so do AVX-512 strips (docs/jit-rules.md).
   if (!c.ncx_rows && c.isa != Isa::kPortable && c.dt != DataType::kF32 && c.strip_channels == 0 &&
       c.c * es >= kFwdStatsGroupRowBytes)
     c.stats_pixel_group = 1;
-  // AVX2 strips: groups of 4 pixels beat the sweeps (7x7 1.03-1.16x, 14x14
-  // f32 0.99-1.07x); on AVX-512 the sweeps were level with groups or faster.
+  // AVX2 strips: groups of 4 pixels beat the sweeps, whose strips hold too
+  // few vectors for AVX2's 16 registers; on AVX-512 the sweeps are level or
+  // faster (docs/jit-rules.md).
   if (c.strip_channels > 0 && c.isa == Isa::kAvx2) c.stats_pixel_group = kFwdStripStatsGroupAvx2;
   return c;
 }

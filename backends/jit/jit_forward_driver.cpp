@@ -299,21 +299,21 @@ Status run_rows_grouped(const FwdConf& c, const FwdKernels& k, const std::vector
   const auto apply = apply_fn(c, y);
   const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
   const int64_t es = dtype_size(c.dt), group = c.channel_group;
-  assert(group > 0 && group <= kFwdGroupAvx512 && "a grouped walk takes 1 to 8 channels a call");
+  assert(group > 0 && group <= kRowGroupAvx512 && "a grouped walk takes 1 to 8 channels a call");
   const Finish fin{c, in, out, static_cast<double>(c.n * c.spatial)};
   parallel_range(c.single_thread, (c.c + group - 1) / group, [&](int64_t task) {
     const int64_t ch0 = task * group, count = std::min(group, c.c - ch0);
-    float shift[kFwdGroupAvx512] = {}, coef[4 * kFwdGroupAvx512] = {};
+    float shift[kRowGroupAvx512] = {}, coef[4 * kRowGroupAvx512] = {};
     // Bytes to the group's first row in `image`.
     auto at = [&](int64_t image) { return ((image * c.c + ch0) * c.spatial) * es; };
     if (c.phase == FwdPhase::kApply) {
       for (int64_t g = 0; g < count; ++g)
         fin.global(ch0 + g, &coef[4 * g], &coef[4 * g + 1], &coef[4 * g + 2], &coef[4 * g + 3]);
     } else {
-      double s1[kFwdGroupAvx512] = {}, s2[kFwdGroupAvx512] = {};
+      double s1[kRowGroupAvx512] = {}, s2[kRowGroupAvx512] = {};
       for (int64_t g = 0; g < count; ++g) shift[g] = ncx_shift(c, x, ch0 + g);
       for (int64_t n = 0; n < c.n; n += c.chunk_rows) {
-        float f1[kFwdGroupAvx512], f2[kFwdGroupAvx512];
+        float f1[kRowGroupAvx512], f2[kRowGroupAvx512];
         FwdArgs a;
         a.x = static_cast<const char*>(x) + at(n);
         a.coef = shift;

@@ -5,12 +5,11 @@
 // conversion and tails, the epilogue, the rows loop) are inline here; the
 // four walks are in jit_forward_walks.cpp, the grouped rows walk in
 // jit_forward_groups.cpp; generate_fwd_kernels is in jit_forward_generator.cpp.
+// Loads, stores, conversions and sums come from VecEmitter (jit_emitter.hpp).
 //
 // AVX2 has no mask registers: a constant tail is a vmaskmovps mask (f32) or
 // word inserts and extracts (16-bit), and the rows walk's run-time tail goes
-// through a zeroed stack buffer. bf16 is rounded to nearest even by integer
-// arithmetic (a NaN stays a NaN: see bf16_dwords) wherever vcvtneps2bf16 is
-// missing: on AVX2, and on AVX-512 without avx512_bf16.
+// through a zeroed stack buffer.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +18,7 @@
 
 #include <xbyak/xbyak.h>
 
+#include <normgrad/backends/jit/jit_emitter.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
 
 namespace normgrad {
@@ -28,26 +28,14 @@ constexpr size_t kFwdCodeBytes = 64 * 1024;
 // The AVX2 rows walk's stack buffers for a run-time tail: src, residual, dst.
 constexpr int kBounceX = 0, kBounceR = 32, kBounceY = 64, kBounceBytes = 96;
 
-class FwdGenerator : public Xbyak::CodeGenerator {
-  using Xmm = Xbyak::Xmm;
-  using Ymm = Xbyak::Ymm;
-  using Zmm = Xbyak::Zmm;
-  using Reg64 = Xbyak::Reg64;
-  using RegExp = Xbyak::RegExp;
-  using Address = Xbyak::Address;
-  using Label = Xbyak::Label;
-
+class FwdGenerator : public VecEmitter {
  public:
   enum class Kind { kStats, kApply, kApplyStreaming };
   using Fn = void (*)(const FwdArgs*);
 
   FwdGenerator(const FwdConf& c, Kind kind)
-      : CodeGenerator(kFwdCodeBytes, Xbyak::DontSetProtectRWE),
+      : VecEmitter(kFwdCodeBytes, c.isa, c.avx512_bf16, c.dt, constant_tail(c)),
         c_(c),
-        avx512_(c.isa == Isa::kAvx512),
-        native_bf16_(avx512_ && c.avx512_bf16),
-        lanes_(avx512_ ? 16 : 8),
-        es_(static_cast<int>(dtype_size(c.dt))),
         cp_(padded_channels(c.c)),
         nt_(kind == Kind::kApplyStreaming) {
     if (c.ncx_rows && c.channel_group > 0) {
@@ -64,15 +52,18 @@ class FwdGenerator : public Xbyak::CodeGenerator {
       }
     }
     emit_constants();
-    readyRE();
-    setProtectModeRE();
+    finish();
   }
   Fn fn() const { return getCode<Fn>(); }
 
  private:
-  Xmm vmm(int i) const { return avx512_ ? Xmm(Zmm(i)) : Xmm(Ymm(i)); }
-  // The half-width register holding 16-bit data of a full vector.
-  Xmm half(int i) const { return avx512_ ? Xmm(Ymm(i)) : Xmm(i); }
+  // The channels of a pixel one call takes: all, or a strip's (whole lines).
+  static int64_t width(const FwdConf& c) { return c.strip_channels > 0 ? c.strip_channels : c.c; }
+  // The constant tail: of a pixel's channels, or of a grouped walk's rows.
+  static int constant_tail(const FwdConf& c) {
+    const int lanes = c.isa == Isa::kAvx512 ? 16 : 8;
+    return static_cast<int>((c.ncx_rows ? c.spatial : width(c)) % lanes);
+  }
 
   // Arguments: rdi points at FwdArgs.
   void load_args() {
@@ -83,125 +74,25 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     mov(rdx, ptr[rdi + offsetof(FwdArgs, len)]);
   }
 
-  // f32 vector `v` from data at `a`. Masked (a tail): AVX-512 lanes outside
-  // k1 read nothing and are zero; on AVX2 the pixels walk's constant tail
-  // (f32 by the mask in vmm(mask_), 16-bit word by word) reads only its lanes.
-  void load(int v, const RegExp& e, bool masked) {
-    const Address a = ptr[e];
-    const Xmm x = vmm(v);
-    if (c_.dt == DataType::kF32) {
-      if (!masked) {
-        vmovups(x, a);
-      } else if (avx512_) {
-        vmovups(Zmm(v) | k1 | T_z, a);
-      } else {
-        vmaskmovps(x, vmm(mask_), a);
-      }
-      return;
-    }
-    const bool words = masked && !avx512_;
-    if (words) {  // AVX2, 16-bit tail: the words one by one
-      vpxor(Xmm(v), Xmm(v), Xmm(v));
-      for (int i = 0; i < tail(); ++i) vpinsrw(Xmm(v), Xmm(v), ptr[e + i * 2], i);
-    }
-    if (c_.dt == DataType::kBF16) {
-      if (masked && avx512_) {
-        vpmovzxwd(Zmm(v) | k1 | T_z, a);
-      } else if (words) {
-        vpmovzxwd(x, Xmm(v));
-      } else {
-        vpmovzxwd(x, a);
-      }
-      vpslld(x, x, 16);
-    } else if (masked && avx512_) {
-      vcvtph2ps(Zmm(v) | k1 | T_z, a);
-    } else if (words) {
-      vcvtph2ps(x, Xmm(v));
-    } else {
-      vcvtph2ps(x, a);
-    }
-  }
-
-  // vmm(t) = the bf16 bits of vmm(v) rounded to nearest even, in each
-  // dword's low word (`down`) or left in its high word: x + 0x7fff + (bit 16
-  // of x). A NaN stays a NaN: its low 16 bits are zero, so nothing carries
-  // into its top bits (the kernels only meet NaNs loaded from bf16, made by
-  // arithmetic, or from the driver's kernel_float).
-  void bf16_dwords(int t, int v, bool down = true) {
-    const Xmm tv = vmm(t), vv = vmm(v);
-    vpsrld(tv, vv, 16);
-    if (avx512_) {
-      vpandd(tv, tv, ptr[rip + c_one_]);
-    } else {
-      vpand(tv, tv, ptr[rip + c_one_]);
-    }
-    vpaddd(tv, tv, ptr[rip + c_7fff_]);
-    vpaddd(tv, tv, vv);
-    if (down) vpsrld(tv, tv, 16);
-  }
-
-  // Rounds v to the data type and back (the unfused graph stores dst before
-  // the Add or the LeakyReLU reads it); clobbers t.
-  void round_to_dt(int v, int t) {
-    if (c_.dt == DataType::kF16) {
-      vcvtps2ph(half(t), vmm(v), 0);
-      vcvtph2ps(vmm(v), half(t));
-    } else if (c_.dt == DataType::kBF16 && native_bf16_) {
-      vcvtneps2bf16(Ymm(t), Zmm(v));
-      vpmovzxwd(Zmm(v), Ymm(t));
-      vpslld(Zmm(v), Zmm(v), 16);
-    } else if (c_.dt == DataType::kBF16) {
-      bf16_dwords(t, v);
-      vpslld(vmm(v), vmm(t), 16);
-    }
-  }
-
   // Stores vector v at `a`, converted to the data type; clobbers t, n, m.
   // Unmasked stores stream (non-temporal) in the streaming apply variant,
-  // unless `a` is a stack buffer (may_stream false).
+  // unless `a` is a stack buffer (may_stream false). The AVX2 rows walks
+  // store a constant tail's bytes (store_bytes): a vmaskmovps store is slow
+  // on AMD cores.
   void store(const RegExp& e, int v, int t, int n, int m, bool masked, bool may_stream = true) {
-    const Address a = ptr[e];
-    const Xmm x = vmm(v);
-    const bool nt = nt_ && may_stream;
-    if (c_.dt == DataType::kF32) {
-      if (masked && avx512_) {
-        vmovups(a | k1, Zmm(v));
-      } else if (masked && c_.ncx_rows) {
+    if (masked && !avx512_ && c_.ncx_rows) {
+      if (c_.dt == DataType::kF32) {
         store_bytes(e, v, tail() * 4, t);
-      } else if (masked) {
-        vmaskmovps(a, vmm(mask_), x);
-      } else if (nt) {
-        vmovntps(a, x);
       } else {
-        vmovups(a, x);
+        to_words(t, v, n, m);
+        store_bytes(e, t, tail() * 2, m);
       }
       return;
     }
-    if (c_.dt == DataType::kF16) {
-      vcvtps2ph(half(t), x, 0);  // round to nearest even
-    } else if (native_bf16_) {
-      vcvtneps2bf16(Ymm(t), Zmm(v));
-    } else {
-      bf16_dwords(n, v);  // dwords in vmm(n), then packed into half(t)
-      if (avx512_) {
-        vpmovdw(Ymm(t), Zmm(n));
-      } else {
-        vextracti128(Xmm(m), Ymm(n), 1);
-        vpackusdw(Xmm(t), Xmm(n), Xmm(m));
-      }
-    }
-    if (masked && avx512_) {
-      vmovdqu16(a | k1, Ymm(t));
-    } else if (masked && c_.ncx_rows) {
-      store_bytes(e, t, tail() * 2, m);
-    } else if (masked) {
-      for (int i = 0; i < tail(); ++i) vpextrw(ptr[e + i * 2], Xmm(t), i);
-    } else if (nt) {
-      vmovntdq(a, half(t));
-    } else {
-      vmovdqu(a, half(t));
-    }
+    store_vec(e, v, masked, nt_ && may_stream, t, n, m);
   }
+
+  void load(int v, const RegExp& e, bool masked) { load_vec(v, e, masked); }
 
   // The epilogue on v = the normalised value: [+ r] [relu]; clobbers t and m.
   void epilogue(int v, int t, int m, const RegExp* r_addr, bool masked) {
@@ -230,24 +121,8 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     if (c_.leaky) vbroadcastss(vmm(alpha_), ptr[rip + c_alpha_]);
   }
 
-  // The channels of a pixel one call takes: all, or a strip's (whole lines).
-  int64_t width() const { return c_.strip_channels > 0 ? c_.strip_channels : c_.c; }
-  // The constant tail: of a pixel's channels, or of a grouped walk's rows.
-  int tail() const { return static_cast<int>((c_.ncx_rows ? c_.spatial : width()) % lanes_); }
-
-  void hsum(int v, int t) {
-    const Xmm xv(v), xt(t);
-    if (avx512_) {
-      vextractf64x4(Ymm(t), Zmm(v), 1);
-      vaddps(Ymm(v), Ymm(v), Ymm(t));
-    }
-    vextractf128(xt, Ymm(v), 1);
-    vaddps(xv, xv, xt);
-    vpermilps(xt, xv, 0x4e);
-    vaddps(xv, xv, xt);
-    vpermilps(xt, xv, 0xb1);
-    vaddps(xv, xv, xt);
-  }
+  int64_t width() const { return width(c_); }
+  int tail() const { return tail_; }
 
   RegExp elem(const Reg64& base, int64_t off) {
     return base + rsi * es_ + static_cast<int>(off * es_);
@@ -352,14 +227,6 @@ class FwdGenerator : public Xbyak::CodeGenerator {
     pop(r12);
   }
 
-  void zero(int i) {
-    if (avx512_) {
-      vpxord(Zmm(i), Zmm(i), Zmm(i));
-    } else {
-      vpxor(Ymm(i), Ymm(i), Ymm(i));
-    }
-  }
-
   // The rows walk: `rows` rows of `len` elements, conf.c * conf.spatial apart.
   int64_t row_stride_bytes() const { return c_.c * c_.spatial * es_; }
 
@@ -372,8 +239,6 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   void grouped_tail_mask();
   void store_bytes(const RegExp& e, int v, int bytes, int scratch);
   void pair_step(const std::function<void(int)>& normalise, int64_t off = 0);
-  void load_pair(const RegExp& e);
-  void store_pair(const RegExp& e);
   void stats_prologue();
   void pixels_stats();
   void pixels_stats_grouped();
@@ -384,12 +249,10 @@ class FwdGenerator : public Xbyak::CodeGenerator {
   void emit_constants();
 
   FwdConf c_;
-  bool avx512_, native_bf16_;
-  int lanes_, es_;
   int64_t cp_;
   bool nt_;
-  int zero_ = 31, alpha_ = 26, mask_ = 15;
-  Label c_one_, c_7fff_, c_hi16_, c_alpha_, c_masks_;
+  int zero_ = 31, alpha_ = 26;
+  Label c_alpha_, c_masks_;
 };
 
 }  // namespace jit

@@ -21,7 +21,7 @@
 //           It prefetches the next group's row of the image (its block
 //           follows this one) into the L2 for the next task's statistics,
 //           and with FwdConf::bounce computes each image's block into an L1
-//           buffer that emit_stream_copy streams out.
+//           buffer that stream_copy streams out.
 #include <algorithm>
 
 #include <normgrad/backends/jit/jit_forward_generator.hpp>
@@ -226,7 +226,7 @@ void FwdGenerator::rows_apply_grouped() {
   if (bounce) {
     nt_ = true;
     mov(rcx, r13);
-    emit_stream_copy(*this, avx512_, r14, r12, rcx, r11, r9, avx512_ ? 4 : 2);
+    stream_copy(r14, r12, rcx, r11, r9, avx512_ ? 4 : 2);
     lea(r9, ptr[r12 + r13]);
   }
   add(r8, rdx);

@@ -61,14 +61,8 @@ void FwdGenerator::rows_stats() {
   add(r8, rcx);
   dec(rbx);
   jnz(row, T_NEAR);
-  vaddps(vmm(0), vmm(0), vmm(1));
-  vaddps(vmm(2), vmm(2), vmm(3));
-  vaddps(vmm(0), vmm(0), vmm(2));
-  vaddps(vmm(4), vmm(4), vmm(5));
-  vaddps(vmm(6), vmm(6), vmm(7));
-  vaddps(vmm(4), vmm(4), vmm(6));
-  hsum(0, 8);
-  hsum(4, 9);
+  fold_chains(0, 8);
+  fold_chains(4, 9);
   mov(rcx, ptr[rdi + offsetof(FwdArgs, s1)]);
   vmovss(ptr[rcx], xmm0);
   mov(rcx, ptr[rdi + offsetof(FwdArgs, s2)]);
@@ -84,35 +78,12 @@ void FwdGenerator::rows_stats() {
 // normalised and through the epilogue (no residual) as the vector at a time
 // is, and stored as 16 bf16 words in one 32-byte store. Scratch v2..7.
 void FwdGenerator::pair_step(const std::function<void(int)>& normalise, int64_t off) {
-  load_pair(elem(r8, off));
+  load_pair(0, 1, elem(r8, off));
   for (int h = 0; h < 2; ++h) {
     normalise(h);
     epilogue(h, 2 + 3 * h, 4 + 3 * h, nullptr, false);
   }
-  store_pair(elem(r9, off));
-}
-
-// 16 bf16 elements at `e` as f32: the even ones (each dword's low word,
-// shifted up) in v0, the odd ones (its high word, masked) in v1.
-void FwdGenerator::load_pair(const RegExp& e) {
-  vmovdqu(Ymm(1), ptr[e]);
-  vpslld(Ymm(0), Ymm(1), 16);
-  vpand(Ymm(1), Ymm(1), ptr[rip + c_hi16_]);
-}
-
-// The inverse of load_pair: v0 and v1 rounded to bf16 words (bf16_dwords),
-// the even ones down in each dword's low word and the odd ones blended in
-// above them, one 32-byte store (streaming in the streaming apply).
-// Clobbers v2 and v5.
-void FwdGenerator::store_pair(const RegExp& e) {
-  bf16_dwords(2, 0);
-  bf16_dwords(5, 1, false);
-  vpblendw(Ymm(2), Ymm(2), Ymm(5), 0xaa);
-  if (nt_) {
-    vmovntdq(ptr[e], Ymm(2));
-  } else {
-    vmovdqu(ptr[e], Ymm(2));
-  }
+  store_pair(elem(r9, off), 0, 1, 2, nt_);
 }
 
 void FwdGenerator::rows_apply() {
@@ -203,9 +174,8 @@ void FwdGenerator::pixels_stats() {
   // Channel vectors per sweep over the chunk's pixels: as many as the sums
   // fit in registers, so a pixel's row is cut into few slices. On AVX2, 6
   // (three lines of f32): their two sums, one data temporary (renaming makes
-  // one enough) and the tail mask take 14 of the 16 registers; 6 ran the
-  // 56x56 and 28x28 layers 3-13% faster than 4, and 7, whose slices end
-  // inside lines, lost a little at 14x14 and 7x7 (docs/performance.md).
+  // one enough) and the tail mask take 14 of the 16 registers. 6 beats 4
+  // (fewer slices), and 7's slices end inside lines (docs/jit-rules.md).
   // Each channel's sums run over the pixels in order whatever the block: the
   // same bits for any block.
   const int block = avx512_ ? 8 : 6;
@@ -359,14 +329,14 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
   const int d = static_cast<int>(first * lanes_ * es_);
   Label pix;
   L(pix);
-  load_pair(rsi + d);
+  load_pair(0, 1, rsi + d);
   for (int h = 0; h < 2; ++h) {
     vsubps(Ymm(h), Ymm(h), Ymm(8 + h));
     vsubps(Ymm(h), Ymm(h), Ymm(10 + h));
     vfmadd213ps(Ymm(h), Ymm(12 + h), Ymm(14 + h));
     epilogue(h, 2, 4, nullptr, false);
   }
-  store_pair(rcx + d);
+  store_pair(rcx + d, 0, 1, 2, nt_);
   add(rsi, static_cast<int>(c_.c * es_));
   add(rcx, static_cast<int>(c_.c * es_));
   dec(rbx);
@@ -402,12 +372,12 @@ void FwdGenerator::pixels_apply_lines(int row) {
   L(step);
   if (c_.pair_vectors) {
     for (int p = 0; p < 2; ++p) {  // 16 channels each: 32 bytes of data, 64 of coefficients
-      load_pair(rsi + rdi + 32 * p);
+      load_pair(0, 1, rsi + rdi + 32 * p);
       for (int h = 0; h < 2; ++h) {
         normalise(h, 64 * p + 32 * h);
         epilogue(h, 2, 4, nullptr, false);
       }
-      store_pair(rcx + rdi + 32 * p);
+      store_pair(rcx + rdi + 32 * p, 0, 1, 2, nt_);
     }
   } else {
     // 8 channels a vector on AVX2, 16 on AVX-512: es bytes of data and 4
@@ -511,17 +481,11 @@ void FwdGenerator::pixels_apply() {
 }
 
 void FwdGenerator::emit_constants() {
-  align(64);
-  auto splat = [&](Label& l, uint32_t v) {
-    L(l);
-    for (int i = 0; i < 16; ++i) dd(v);
-  };
-  splat(c_one_, 1);
-  splat(c_7fff_, 0x7fff);
-  splat(c_hi16_, 0xffff0000u);
+  emit_shared_constants();
   uint32_t alpha_bits;
   std::memcpy(&alpha_bits, &c_.alpha, sizeof alpha_bits);
-  splat(c_alpha_, alpha_bits);
+  L(c_alpha_);
+  for (int i = 0; i < 16; ++i) dd(alpha_bits);
   // AVX2 tail masks: the 8 dwords from entry 8 - n have their low n lanes set.
   L(c_masks_);
   for (int i = 0; i < 16; ++i) dd(i < 8 ? 0xffffffffu : 0u);

@@ -1,8 +1,9 @@
 // The Xbyak code generator of the JIT batch-norm backward kernels (private).
 //
 // One BnGenerator emits one kernel (reduce or apply) for one conf. The shared
-// pieces (prologue, loads and stores with dtype conversion, fused producers)
-// are in jit_generator.cpp; the rows walk, including the grouped kernels for
+// pieces (prologue, fused producers, the column loops) are in
+// jit_generator.cpp, on top of VecEmitter's loads, stores and conversions
+// (jit_emitter.hpp); the rows walk, including the grouped kernels for
 // short rows, in jit_generator_rows.cpp; the pixels walk, including the
 // channel-blocked kernels for rows wider than the registers, in
 // jit_generator_pixels.cpp. Everything the loops depend on is a
@@ -17,6 +18,7 @@
 
 #include <xbyak/xbyak.h>
 
+#include <normgrad/backends/jit/jit_emitter.hpp>
 #include <normgrad/backends/jit/jit_kernels.hpp>
 
 namespace normgrad {
@@ -45,19 +47,7 @@ StatusOr<std::shared_ptr<const Set>> generate_guarded(const std::string& what, M
   }
 }
 
-// Copies a bounce block of `bytes` bytes (a register) from `from` (an L1
-// buffer at the same offset within a line as `to`) to `to`: the lines wholly
-// inside the block with streaming stores, the partial lines at its two ends
-// with ordinary stores that write only the block's bytes (AVX-512: byte
-// masks; AVX2: 32-byte stores over the block's first and last 64 bytes, so
-// an AVX2 block must be 128 bytes or more). Clobbers bytes, head, tmp
-// (AVX-512), k4 (AVX-512) and vector register `vec`. Shared by the
-// backward's and the forward's grouped rows applies.
-void emit_stream_copy(Xbyak::CodeGenerator& g, bool avx512, const Xbyak::Reg64& from,
-                      const Xbyak::Reg64& to, const Xbyak::Reg64& bytes, const Xbyak::Reg64& head,
-                      const Xbyak::Reg64& tmp, int vec);
-
-class BnGenerator : public Xbyak::CodeGenerator {
+class BnGenerator : public VecEmitter {
  public:
   enum class Kind { kReduce, kApply };
 
@@ -69,15 +59,11 @@ class BnGenerator : public Xbyak::CodeGenerator {
   KernelFn fn() const { return getCode<KernelFn>(); }
 
  private:
-  using Xmm = Xbyak::Xmm;
-  using Reg64 = Xbyak::Reg64;
-  using Address = Xbyak::Address;
-
-  Xmm vmm(int i) const { return avx512_ ? Xmm(Xbyak::Zmm(i)) : Xmm(Xbyak::Ymm(i)); }
-  // The half-width register holding 16-bit data of a full vector.
-  Xmm half(int i) const { return avx512_ ? Xmm(Xbyak::Ymm(i)) : Xmm(i); }
-
-  Address data(const Reg64& base, int64_t off) { return ptr[base + r11 * es_ + off * es_]; }
+  // Element `off` of the row at `base`, r11 elements in.
+  RegExp at(const Reg64& base, int64_t off) const {
+    return base + r11 * es_ + static_cast<int>(off * es_);
+  }
+  Address data(const Reg64& base, int64_t off) { return ptr[at(base, off)]; }
   Address f32_at(const Reg64& base, int64_t off) { return ptr[base + r11 * 4 + off * 4]; }
 
   bool fused() const { return c_.x_fuse != Fuse::kNone || c_.dy_fuse != Fuse::kNone; }
@@ -89,7 +75,6 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void prologue();
   void next_row(bool with_dx);
   void epilogue();
-  void round_to_data_dtype(int v, int tmp);
   void load_port(int port, int dst, int tmp, int64_t off, bool tail);
   void load_fused(int port, int dst, int tmp, int64_t off, bool tail, Fuse f);
   void load(int dst, const Reg64& base, int64_t off, bool tail);
@@ -97,14 +82,10 @@ class BnGenerator : public Xbyak::CodeGenerator {
   void cols_loop(const std::function<void(int, int64_t, bool)>& step);
   bool pair_vectors() const;
   int nt_align_mask() const;
-  void round_bf16_avx2(int v);
-  void load_pair(int even, int odd, const Reg64& base, int64_t off);
-  void store_pair(const Reg64& base, int64_t off, int even, int odd, bool nt);
   void cols_loop_pairs(const std::function<void(int, int64_t)>& pair,
                        const std::function<void(int, int64_t, bool)>& single);
   void cols_loop_dx_aligned(const std::function<void(int, int64_t, bool, bool)>& step);
   bool realigned_row_stores() const;
-  void hsum(int v, int s);
   void emit_constants();
 
   // jit_generator_rows.cpp: the rows walk.
@@ -156,12 +137,8 @@ class BnGenerator : public Xbyak::CodeGenerator {
 
   BnConf c_;
   Kind kind_;
-  bool avx512_;
-  int lanes_;
-  int es_;
   int64_t cp_;
-  int tail_;
-  Xbyak::Label c_zero_, c_hi16_, c_one_, c_7fff_, tail_mask_;
+  Xbyak::Label c_zero_, tail_mask_;
   // leaky_relu's alpha and 1/alpha (the kLeaky* fuses), 1.0f, and the bits
   // 1.0f ^ alpha and 1.0f ^ (1/alpha) that AVX2 selects a factor with.
   Xbyak::Label c_alpha_, c_inv_alpha_, c_onef_, c_sel_alpha_, c_sel_inv_alpha_;

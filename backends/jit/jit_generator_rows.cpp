@@ -85,14 +85,8 @@ void BnGenerator::rows_reduce() {
       vxorps(Xmm(j), Xmm(j), Xmm(j));  // VEX zeroing clears the full register
   };
   auto fold_sums = [&] {
-    vaddps(vmm(0), vmm(0), vmm(1));
-    vaddps(vmm(2), vmm(2), vmm(3));
-    vaddps(vmm(0), vmm(0), vmm(2));
-    vaddps(vmm(4), vmm(4), vmm(5));
-    vaddps(vmm(6), vmm(6), vmm(7));
-    vaddps(vmm(4), vmm(4), vmm(6));
-    hsum(0, 10);
-    hsum(4, 10);
+    fold_chains(0, 10);
+    fold_chains(4, 10);
     vcvtss2sd(Xmm(15), Xmm(15), Xmm(0));
     vaddsd(Xmm(13), Xmm(13), Xmm(15));
     vcvtss2sd(Xmm(15), Xmm(15), Xmm(4));
@@ -250,14 +244,14 @@ void BnGenerator::rows_apply_vector(int x, int cf, int64_t off, const Reg64& out
 void BnGenerator::rows_apply_pair(int p, int cf, int64_t off, const Reg64& out, int64_t dx_off,
                                   bool nt) {
   const int x = 2 * p, dy = 2 * p + 4;
-  load_pair(x, x + 1, rsi, off);
-  load_pair(dy, dy + 1, rdx, off);
+  load_pair(x, x + 1, at(rsi, off));
+  load_pair(dy, dy + 1, at(rdx, off));
   for (int h = 0; h < 2; ++h) {
     vsubps(vmm(x + h), vmm(x + h), vmm(cf + 3));
     vfmadd213ps(vmm(dy + h), vmm(cf), vmm(cf + 2));     // dy a + c
     vfmadd231ps(vmm(dy + h), vmm(x + h), vmm(cf + 1));  // + (x - mean) b
   }
-  store_pair(out, dx_off, dy, dy + 1, nt);
+  store_pair(at(out, dx_off), dy, dy + 1, kScratch0, nt);
 }
 
 // One row of the apply, inputs at element `off` and diff_src at `dx_off`
