@@ -19,19 +19,19 @@ namespace normgrad {
 const std::vector<BackendEntry>& backend_registry() {
   static const std::vector<BackendEntry> entries = {
 #ifdef NORMGRAD_WITH_JIT
-      {"jit", jit_backend(), false},
+      {"jit", jit_backend()},
 #else
-      {"jit", nullptr, false},
+      {"jit", nullptr},
 #endif
 #ifdef NORMGRAD_WITH_DNNL
-      {"dnnl", dnnl_backend(), false},
+      {"dnnl", dnnl_backend(), false, false, true},
 #else
-      {"dnnl", nullptr, false},
+      {"dnnl", nullptr, false, false, true},
 #endif
 #ifdef NORMGRAD_WITH_MPI
-      {"mpi", mpi_backend(), false},
+      {"mpi", mpi_backend(), false, true},
 #else
-      {"mpi", nullptr, false},
+      {"mpi", nullptr, false, true},
 #endif
       {"ref", ref_backend(), true},
   };

@@ -154,11 +154,16 @@ class Backend {
 
 // The registry: one entry per backend normgrad knows, in auto-selection
 // order. `backend` is nullptr when this build leaves it out; `reference`
-// marks the float64 oracle, the slow fallback a compile never takes silently.
+// marks the float64 oracle, the slow fallback a compile never takes silently;
+// `collective` a backend of synchronized partitions only, which runs across
+// processes; `baseline` the vendor library that benchmarks and `normgrad
+// tune` state ratios against.
 struct BackendEntry {
   const char* name;
   const Backend* backend;
-  bool reference;
+  bool reference = false;
+  bool collective = false;
+  bool baseline = false;
 };
 const std::vector<BackendEntry>& backend_registry();
 // nullptr when no backend has that name.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -80,8 +81,8 @@ class Graph {
   // after every edit (op_list.hpp: a range; at(k) walks, to_vector() copies).
   const OpList& ops() const { return ops_; }
   // A new, un-finalized graph with these ops and this graph's ports and file
-  // metadata: how tools derive a variant of a graph (new shapes, attributes).
-  // Passes edit in place with the rewriter below instead.
+  // metadata (check_against_rebuild's fresh copy). Passes and tools edit in
+  // place with the rewriter below instead.
   Graph with_ops(std::vector<Op> ops) const;
 
   // The rewriter API (graph_rewrite.cpp): edits by op id that keep the ops,
@@ -102,6 +103,10 @@ class Graph {
   int64_t order_of(int64_t op_id) const { return ops_.order(op_id); }
   // Removes an op whose outputs nothing reads.
   Status erase_op(int64_t op_id);
+  // Removes an op whose outputs other ops may still read: those outputs
+  // become graph inputs (how `run --cut-unsupported` feeds random data in
+  // place of ops normgrad cannot run).
+  Status cut_op(int64_t op_id);
   // Inserts `op` before op `before_op_id` (-1: at the end).
   Status insert_op(Op op, int64_t before_op_id = -1);
   // Puts `replacement` where op `op_id` is (its outputs' readers read the
@@ -109,6 +114,11 @@ class Graph {
   Status replace_op(int64_t op_id, Op replacement);
   // Every reader of tensor `from` reads `to` instead (produced earlier, or a graph input).
   Status replace_all_uses_with(int64_t from, const LogicalTensor& to);
+  // Re-describes tensors: `edit` sees every port of every op (inputs, then
+  // outputs) and may change its dtype, dims, strides or property, never its
+  // id (benchdnn's --dt and --in-shapes, a process's slice of the batch). A
+  // finalized graph is finalized again, as new shapes must be re-inferred.
+  Status update_tensors(const std::function<void(LogicalTensor&)>& edit);
 
   // The listener told of every edit above from now on (nullptr: none);
   // returns the one it replaces. Not copied with the graph.

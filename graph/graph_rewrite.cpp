@@ -74,6 +74,11 @@ Status Graph::erase_op(int64_t op_id) {
                              std::to_string(lt.id) + " of " + op.label());
     }
   }
+  return cut_op(op_id);
+}
+
+Status Graph::cut_op(int64_t op_id) {
+  if (ops_.find(op_id) == nullptr) return not_found("cut_op: no op " + std::to_string(op_id));
   Op gone = ops_.erase(op_id);
   if (finalized_) {
     unlink(gone);
@@ -138,6 +143,29 @@ Status Graph::replace_op(int64_t op_id, Op replacement) {
     assert(back.ok() && "the graph before an edit must reindex");
     (void)back;
   });
+}
+
+Status Graph::update_tensors(const std::function<void(LogicalTensor&)>& edit) {
+  for (Op& op : ops_) {
+    const Op before = listener_ ? op : Op();
+    bool changed = false;
+    for (auto* ports : {&op.mutable_inputs(), &op.mutable_outputs()}) {
+      for (LogicalTensor& lt : *ports) {
+        const LogicalTensor was = lt;
+        edit(lt);
+        if (lt.id != was.id)
+          return invalid_argument("update_tensors: tensor " + std::to_string(was.id) +
+                                  " may change its description, not its id");
+        changed = changed || lt.dtype != was.dtype || lt.dims != was.dims ||
+                  lt.strides != was.strides || lt.rank_unknown != was.rank_unknown ||
+                  lt.layout != was.layout || lt.property != was.property;
+      }
+    }
+    if (changed && listener_) listener_->op_replaced(before, op);
+  }
+  if (!finalized_) return ok_status();
+  finalized_ = false;
+  return finalize();
 }
 
 Status Graph::replace_all_uses_with(int64_t from, const LogicalTensor& to) {

@@ -19,6 +19,7 @@
 
 #include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/json_io.hpp>
+#include <normgrad/ops/op_ports.hpp>
 #include <normgrad/testing/oracle.hpp>
 #include "tools/bench_graphs.hpp"
 #include "tools/bench_probe.hpp"
@@ -167,9 +168,13 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
     }
     runners.push_back(std::move(r));
   }
-  const bool want_blocked =
-      std::find(opt.backends.begin(), opt.backends.end(), "dnnl") != opt.backends.end() &&
-      opt.dir == "bwd" && cr.fused == "none" && cr.shape.size() == 4 && cr.dtype != "f16";
+  const bool want_blocked = std::any_of(opt.backends.begin(), opt.backends.end(),
+                                        [](const std::string& b) {
+                                          const BackendEntry* e = find_backend_entry(b);
+                                          return e != nullptr && e->baseline;
+                                        }) &&
+                            opt.dir == "bwd" && cr.fused == "none" && cr.shape.size() == 4 &&
+                            cr.dtype != "f16";
   // dnnl-blocked: the kernel alone on pre-blocked tensors; dnnl-reorder: the
   // same with the reorders from and to the case's plain layout timed.
   for (const bool reorders : want_blocked ? std::vector<bool>{false, true} : std::vector<bool>{}) {
@@ -249,7 +254,8 @@ Status run_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph) {
       b.min = *std::min_element(b.ms.begin(), b.ms.end());
       b.max = *std::max_element(b.ms.begin(), b.ms.end());
       b.gbps = cr.bytes / (b.median * 1e-3) / 1e9;
-      if (b.backend == "dnnl") dnnl_median = b.median;
+      const BackendEntry* e = find_backend_entry(b.backend);
+      if (e != nullptr && e->baseline) dnnl_median = b.median;
     }
   }
   for (Runner& r : runners) {
@@ -480,8 +486,9 @@ int bench_command(const std::vector<std::string>& argv) {
     cr.fused = g.ops().size() == 1 ? "none" : "graph";
     for (const Op& op : g.ops()) {
       if (op.kind() == OpKind::kBatchNormTrainingBackward && cr.shape.empty()) {
-        cr.shape = op.inputs()[0].dims;
-        cr.dtype = dtype_name(op.inputs()[0].dtype);
+        const LogicalTensor& src = BatchNormTrainingBackwardPorts(op).src();
+        cr.shape = src.dims;
+        cr.dtype = dtype_name(src.dtype);
         auto fmt = op.attr_string("data_format");
         cr.layout = fmt.ok() ? *fmt : "NXC";
       }

@@ -54,8 +54,7 @@ Status check_plan_order(const CompiledGraph& cg) {
 std::vector<std::string> compute_backends() {
   std::vector<std::string> names = {"auto"};
   for (const BackendEntry& e : backend_registry()) {
-    if (e.backend != nullptr && !e.reference && std::string(e.name) != "mpi")
-      names.emplace_back(e.name);
+    if (e.backend != nullptr && !e.reference && !e.collective) names.emplace_back(e.name);
   }
   return names;
 }

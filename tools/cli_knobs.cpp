@@ -233,36 +233,33 @@ Status parse_id_map(const std::string& text, const std::string& knob,
 // --op-kind=ID:undef: the op goes, and its consumers read the input that
 // carries the data through (a unary op's only input; a binary op's produced one).
 Status remove_op(Graph* graph, int64_t op_id) {
-  std::vector<Op> ops = graph->ops().to_vector();
-  auto it = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id() == op_id; });
   std::set<int64_t> produced;
-  for (const Op& o : ops) {
+  for (const Op& o : graph->ops()) {
     for (const LogicalTensor& lt : o.outputs()) produced.insert(lt.id);
   }
-  const Op& op = *it;
+  const Op op = *graph->op(op_id);
   if (op.outputs().size() != 1 || op.inputs().empty() || op.inputs().size() > 2)
     return invalid_argument("--op-kind: " + op.label() + " is not a unary or binary op");
-  LogicalTensor through = op.inputs()[0];
-  if (op.inputs().size() == 2) {
-    const bool a = produced.count(op.inputs()[0].id) != 0;
-    const bool b = produced.count(op.inputs()[1].id) != 0;
-    if (a == b)
-      return invalid_argument("--op-kind: " + op.label() +
-                              ": cannot tell which input passes through (both or neither have "
-                              "producers)");
-    through = b ? op.inputs()[1] : op.inputs()[0];
+  // The input that passes through: a unary op's only one; of a binary op's,
+  // the one with a producer.
+  const LogicalTensor* through = nullptr;
+  int with_producer = 0;
+  for (const LogicalTensor& in : op.inputs()) {
+    const bool has = produced.count(in.id) != 0;
+    with_producer += has ? 1 : 0;
+    if (through == nullptr || (has && op.inputs().size() == 2)) through = &in;
   }
-  const int64_t out_id = op.outputs()[0].id;
-  ops.erase(it);
-  for (Op& o : ops) {
-    for (LogicalTensor& lt : o.mutable_inputs()) {
-      if (lt.id == out_id) lt = through;
-    }
-  }
-  *graph = graph->with_ops(std::move(ops));
+  if (op.inputs().size() == 2 && with_producer != 1)
+    return invalid_argument("--op-kind: " + op.label() +
+                            ": cannot tell which input passes through (both or neither have "
+                            "producers)");
+  const LogicalTensor& out = op.outputs().front();
+  const int64_t out_id = out.id;
+  NG_RETURN_IF_ERROR(graph->replace_all_uses_with(out_id, *through));
+  NG_RETURN_IF_ERROR(graph->erase_op(op_id));
   if (graph->output_ports()) {
     std::vector<int64_t> ports = *graph->output_ports();
-    for (int64_t& p : ports) p = p == out_id ? through.id : p;
+    for (int64_t& p : ports) p = p == out_id ? through->id : p;
     graph->set_output_ports(ports);
   }
   return ok_status();
@@ -351,9 +348,8 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
   for (const auto& entry : knobs.op_kinds) {
     const int64_t id = entry.first;  // lambdas below capture it (not a binding: C++17)
     const std::string& kind_name = entry.second;
-    std::vector<Op> ops = graph->ops().to_vector();
-    auto it = std::find_if(ops.begin(), ops.end(), [&](const Op& o) { return o.id() == id; });
-    if (it == ops.end())
+    const Op* found = graph->op(id);
+    if (found == nullptr)
       return invalid_argument("--op-kind: the graph has no op " + std::to_string(id));
     if (kind_name == "undef") {
       NG_RETURN_IF_ERROR(remove_op(graph, id));
@@ -361,12 +357,11 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
     }
     auto kind = parse_op_kind(kind_name);
     if (!kind.ok()) return kind.status().with_context("--op-kind");
-    Op replaced(it->id(), *kind, it->name());
-    for (const auto& [k, v] : it->attrs()) replaced.set_attr(k, v);
-    for (const LogicalTensor& lt : it->inputs()) replaced.add_input(lt);
-    for (const LogicalTensor& lt : it->outputs()) replaced.add_output(lt);
-    *it = std::move(replaced);
-    *graph = graph->with_ops(std::move(ops));
+    Op replaced(found->id(), *kind, found->name());
+    for (const auto& [k, v] : found->attrs()) replaced.set_attr(k, v);
+    for (const LogicalTensor& lt : found->inputs()) replaced.add_input(lt);
+    for (const LogicalTensor& lt : found->outputs()) replaced.add_output(lt);
+    NG_RETURN_IF_ERROR(graph->replace_op(id, std::move(replaced)).with_context("--op-kind"));
   }
   const std::set<int64_t> stats = statistics_tensors(*graph);
   std::set<int64_t> all_ids;
@@ -400,70 +395,66 @@ Status apply_knobs(const Knobs& knobs, Graph* graph) {
     for (const LogicalTensor& lt : op.outputs()) graph_produced.insert(lt.id);
   }
   const bool reshape = !knobs.in_shapes.empty() || knobs.mb > 0;
-  std::vector<Op> ops = graph->ops().to_vector();
-  for (Op& op : ops) {
-    for (auto* ports : {&op.mutable_inputs(), &op.mutable_outputs()}) {
-      for (LogicalTensor& lt : *ports) {
-        // Floating-point data only: integer and quantized tensors keep their dtype.
-        if (all_dt && !stats.count(lt.id) && is_float_compute_dtype(lt.dtype)) lt.dtype = *all_dt;
-        if (auto d = knobs.tensor_dts.find(lt.id); d != knobs.tensor_dts.end())
-          lt.dtype = d->second;
-        if (auto p = knobs.tensor_properties.find(lt.id); p != knobs.tensor_properties.end())
-          lt.property = *parse_property_type(p->second);
-        if (!reshape) continue;
-        if (produced.count(lt.id)) {  // re-inferred by finalize
-          lt.dims.clear();
-          lt.rank_unknown = true;
-          lt.strides.clear();
-          continue;
-        }
-        if (auto it = knobs.in_shapes.find(lt.id); it != knobs.in_shapes.end()) {
-          const InShape& in = it->second;
-          if (in.dims) {
-            lt.dims = *in.dims;
-            lt.rank_unknown = false;
-          }
-          lt.strides.clear();
-          if (in.strides) lt.strides = *in.strides;
-          if (!in.tag.empty()) {
-            NG_ASSIGN_OR_RETURN(lt.strides, tag_strides(in.tag, lt.dims, "--in-shapes"));
-          }
-          seen.insert(lt.id);
-        }
-        // --mb wins over --in-shapes (benchdnn's rule), on data inputs only.
-        if (knobs.mb > 0 && !stats.count(lt.id) && !graph_produced.count(lt.id) && lt.rank() >= 2) {
-          lt.dims[0] = knobs.mb;
-          if (!lt.strides.empty()) {
-            std::string tag;
-            std::vector<size_t> axes(lt.dims.size());
-            for (size_t k = 0; k < axes.size(); ++k) axes[k] = k;
-            std::stable_sort(axes.begin(), axes.end(),
-                             [&](size_t a, size_t b) { return lt.strides[a] > lt.strides[b]; });
-            for (size_t a : axes) tag += static_cast<char>('a' + a);
-            NG_ASSIGN_OR_RETURN(lt.strides, tag_strides(tag, lt.dims, "--mb"));
-          }
-        }
+  // One tensor's new description; the first failure is kept.
+  auto describe = [&](LogicalTensor& lt) -> Status {
+    // Floating-point data only: integer and quantized tensors keep their dtype.
+    if (all_dt && !stats.count(lt.id) && is_float_compute_dtype(lt.dtype)) lt.dtype = *all_dt;
+    if (auto d = knobs.tensor_dts.find(lt.id); d != knobs.tensor_dts.end()) lt.dtype = d->second;
+    if (auto p = knobs.tensor_properties.find(lt.id); p != knobs.tensor_properties.end())
+      lt.property = *parse_property_type(p->second);
+    if (!reshape) return ok_status();
+    if (produced.count(lt.id)) {  // re-inferred by finalize
+      lt.dims.clear();
+      lt.rank_unknown = true;
+      lt.strides.clear();
+      return ok_status();
+    }
+    if (auto it = knobs.in_shapes.find(lt.id); it != knobs.in_shapes.end()) {
+      const InShape& in = it->second;
+      if (in.dims) {
+        lt.dims = *in.dims;
+        lt.rank_unknown = false;
+      }
+      lt.strides.clear();
+      if (in.strides) lt.strides = *in.strides;
+      if (!in.tag.empty()) {
+        NG_ASSIGN_OR_RETURN(lt.strides, tag_strides(in.tag, lt.dims, "--in-shapes"));
+      }
+      seen.insert(lt.id);
+    }
+    // --mb wins over --in-shapes (benchdnn's rule), on data inputs only.
+    if (knobs.mb > 0 && !stats.count(lt.id) && !graph_produced.count(lt.id) && lt.rank() >= 2) {
+      lt.dims[0] = knobs.mb;
+      if (!lt.strides.empty()) {
+        std::string tag;
+        std::vector<size_t> axes(lt.dims.size());
+        for (size_t k = 0; k < axes.size(); ++k) axes[k] = k;
+        std::stable_sort(axes.begin(), axes.end(),
+                         [&](size_t a, size_t b) { return lt.strides[a] > lt.strides[b]; });
+        for (size_t a : axes) tag += static_cast<char>('a' + a);
+        NG_ASSIGN_OR_RETURN(lt.strides, tag_strides(tag, lt.dims, "--mb"));
       }
     }
-  }
-  *graph = graph->with_ops(std::move(ops));
+    return ok_status();
+  };
+  Status described = ok_status();
+  NG_RETURN_IF_ERROR(graph->update_tensors([&](LogicalTensor& lt) {
+    if (described.ok()) described = describe(lt);
+  }));
+  NG_RETURN_IF_ERROR(described);
   for (const auto& [id, in] : knobs.in_shapes) {
     if (!seen.count(id))
       return invalid_argument("--in-shapes: tensor " + std::to_string(id) +
                               " is not a graph input");
   }
   for (const OpAttrRewrite& r : knobs.op_attrs) {
-    bool found = false;
-    std::vector<Op> edited = graph->ops().to_vector();
-    for (Op& op : edited) {
-      if (op.id() != r.op_id) continue;
-      found = true;
-      NG_ASSIGN_OR_RETURN(AttrValue v, typed_value(op, r.name, r.value));
-      op.set_attr(r.name, std::move(v));
-    }
-    *graph = graph->with_ops(std::move(edited));
-    if (!found)
+    const Op* found = graph->op(r.op_id);
+    if (found == nullptr)
       return invalid_argument("--op-attrs: the graph has no op " + std::to_string(r.op_id));
+    Op edited = *found;
+    NG_ASSIGN_OR_RETURN(AttrValue v, typed_value(edited, r.name, r.value));
+    edited.set_attr(r.name, std::move(v));
+    NG_RETURN_IF_ERROR(graph->replace_op(r.op_id, std::move(edited)).with_context("--op-attrs"));
   }
   if (!knobs.fpmath.empty()) {
     const size_t colon = knobs.fpmath.find(':');

@@ -3,6 +3,7 @@
 // --mode, --reset) it runs cases the way benchdnn's graph driver does and ends
 // with benchdnn's summary line.
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -113,22 +114,23 @@ Graph cut_unsupported(const Graph& graph, std::string* cut) {
       if (feeds_only_gone) gone[k] = changed = true;
     }
   }
-  std::vector<Op> kept;
+  Graph g = graph;
   std::map<std::string, int> counts;
   std::set<int64_t> ids;
   for (size_t k = 0; k < ops.size(); ++k) {
     const Op& op = ops[k];
     if (gone[k]) {
       ++counts[op_kind_name(op.kind())];
+      const Status erased = g.cut_op(op.id());
+      assert(erased.ok() && "the op is in the graph");
+      (void)erased;
       continue;
     }
     for (const LogicalTensor& lt : op.inputs()) ids.insert(lt.id);
     for (const LogicalTensor& lt : op.outputs()) ids.insert(lt.id);
-    kept.push_back(op);
   }
   for (const auto& [kind, n] : counts)
     *cut += (cut->empty() ? "" : ", ") + kind + " x" + std::to_string(n);
-  Graph g = graph.with_ops(std::move(kept));
   auto still_used = [&](std::vector<int64_t> ports) {
     ports.erase(
         std::remove_if(ports.begin(), ports.end(), [&](int64_t id) { return !ids.count(id); }),

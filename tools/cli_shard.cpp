@@ -23,6 +23,24 @@ namespace normgrad {
 namespace cli {
 namespace {
 
+// Every op of `graph` with a sync_group attribute set to `group` (empty: the
+// attribute removed, which makes every batch norm local to its process).
+Status set_sync_group(Graph* graph, const std::string& group) {
+  std::vector<int64_t> ids;
+  for (const Op& op : graph->ops()) ids.push_back(op.id());
+  for (int64_t id : ids) {
+    Op op = *graph->op(id);
+    if (group.empty() && !op.has_attr("sync_group")) continue;
+    if (group.empty()) {
+      op.erase_attr("sync_group");
+    } else {
+      op.set_attr("sync_group", group);
+    }
+    NG_RETURN_IF_ERROR(graph->replace_op(id, std::move(op)));
+  }
+  return ok_status();
+}
+
 using oracle::Buffer;
 
 double median_of(std::vector<double> v) {
@@ -61,10 +79,9 @@ StatusOr<int64_t> row_offset(const LogicalTensor& lt, int64_t begin) {
 // Everything before the first collective; each process may fail on its own.
 Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
   // The oracle: the same graph, every batch norm over this process's data alone.
-  std::vector<Op> ops = full.ops().to_vector();
-  for (Op& op : ops) op.erase_attr("sync_group");
-  Graph unsynced = full.with_ops(std::move(ops));
-  NG_RETURN_IF_ERROR(unsynced.finalize());
+  Graph unsynced = full;
+  NG_RETURN_IF_ERROR(set_sync_group(&unsynced, ""));
+  if (!unsynced.finalized()) NG_RETURN_IF_ERROR(unsynced.finalize());
   CompileOptions ref_options;
   ref_options.backend = "ref";
   NG_ASSIGN_OR_RETURN(s->whole, CompiledGraph::compile(unsynced, ref_options));
@@ -89,19 +106,14 @@ Status set_up(const Graph& full, const ShardOptions& opt, ShardState* s) {
       s->inputs, oracle::make_inputs(s->whole.graph(), s->whole.lowered_graph(), "",
                                      static_cast<uint64_t>(opt.seed), &sources, opt.data_offset));
   // The slice's graph: dim 0 of every batched tensor becomes this process's rows.
-  std::vector<Op> sliced = full.ops().to_vector();
-  for (Op& op : sliced) {
-    for (auto* ports : {&op.mutable_inputs(), &op.mutable_outputs()}) {
-      for (LogicalTensor& lt : *ports) {
-        if (lt.rank() >= 2 && lt.dims[0] == s->batch) {
-          s->sharded.insert(lt.id);
-          lt.dims[0] = s->rows;
-        }
-      }
+  Graph slice = full;
+  NG_RETURN_IF_ERROR(slice.update_tensors([&](LogicalTensor& lt) {
+    if (lt.rank() >= 2 && lt.dims[0] == s->batch) {
+      s->sharded.insert(lt.id);
+      lt.dims[0] = s->rows;
     }
-  }
-  Graph slice = full.with_ops(std::move(sliced));
-  NG_RETURN_IF_ERROR(slice.finalize());
+  }));
+  if (!slice.finalized()) NG_RETURN_IF_ERROR(slice.finalize());
   CompileOptions options;
   options.backend = opt.backend;
   // Every group the graph names is the processes mpirun started: they share the batch.
@@ -299,14 +311,12 @@ int bench_sharded(const std::vector<std::pair<std::string, Dims>>& shapes,
       auto dt = parse_dtype(dt_name);
       if (!dt.ok()) return std::cerr << "normgrad bench: " << dt.status().message() << "\n", 2;
       for (const std::string& layout : layouts) {
-        const Graph plain = make_graph(nchw, layout, *dt, "none");
-        std::vector<Op> ops = plain.ops().to_vector();
-        for (Op& op : ops) op.set_attr("sync_group", "world");
-        Graph g = plain.with_ops(std::move(ops));
+        Graph g = make_graph(nchw, layout, *dt, "none");
         ShardOptions so;
         so.iters = iters;
         so.backend = backend;
-        Status st = g.finalize();
+        Status st = set_sync_group(&g, "world");
+        if (st.ok() && !g.finalized()) st = g.finalize();
         auto r = st.ok() ? run_sharded(g, so) : StatusOr<ShardResult>(st);
         if (!r.ok()) {
           std::cerr << "normgrad bench: rank " << rank << ": " << name << ": "

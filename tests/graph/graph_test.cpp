@@ -280,6 +280,40 @@ TEST(GraphRewriter, EditsKeepQueriesCurrentAndRefuseBrokenOrders) {
   EXPECT_TRUE(g.finalize().ok());  // and the full check agrees
 }
 
+// cut_op removes an op that others still read: its output becomes a graph
+// input, on a finalized graph as after a fresh finalize.
+TEST(GraphRewriter, CutOpTurnsWhatItWroteIntoAGraphInput) {
+  Graph g = relu_chain();
+  ASSERT_TRUE(g.cut_op(1).ok());
+  EXPECT_TRUE(g.finalized());
+  EXPECT_EQ(g.producer(1), nullptr);
+  ASSERT_EQ(g.graph_inputs().size(), 1u);
+  EXPECT_EQ(g.graph_inputs()[0].id, 1);
+  EXPECT_EQ(g.find_tensor(0), nullptr);  // read by nothing now
+  EXPECT_TRUE(g.check_against_rebuild().ok());
+  EXPECT_STATUS_HAS(g.cut_op(1), "no op 1");
+}
+
+// update_tensors re-describes tensors everywhere they appear; a finalized
+// graph is finalized again (shapes re-inferred), an id change is refused.
+TEST(GraphRewriter, UpdateTensorsRedescribesAndReinfers) {
+  Graph g = relu_chain();
+  ASSERT_TRUE(g.update_tensors([](LogicalTensor& lt) {
+                 lt.dims = {6};
+                 lt.dtype = DataType::kBF16;
+               }).ok());
+  EXPECT_TRUE(g.finalized());
+  EXPECT_EQ(g.value(2)->desc.dims, (Dims{6}));
+  EXPECT_EQ(g.value(1)->desc.dtype, DataType::kBF16);
+  EXPECT_TRUE(g.check_against_rebuild().ok());
+  // Inconsistent descriptions are refused by the finalize that follows.
+  EXPECT_FALSE(g.update_tensors([](LogicalTensor& lt) {
+                  if (lt.id == 1) lt.dims = {5};
+                }).ok());
+  Graph h = relu_chain();
+  EXPECT_STATUS_HAS(h.update_tensors([](LogicalTensor& lt) { lt.id += 10; }), "not its id");
+}
+
 // The edits keep the maps by updating only what they touch. After every
 // edit of a long random sequence, accepted or refused, every query answers
 // as the same ops finalized from scratch answer.

@@ -85,7 +85,7 @@ TEST(JitForwardGroups, UngroupedVariantWalksChannelByChannel) {
   // The variant's conf: one channel a call, chunks of whole rows to kFwdRowPiece.
   jit::FwdConf c;
   c.spatial = 49;
-  c.channel_group = jit::kFwdGroupAvx512;
+  c.channel_group = jit::kRowGroupAvx512;
   c.chunk_rows = 16;
   ASSERT_TRUE(jit::apply_forward_variant("fwd-ungrouped", &c).ok());
   EXPECT_EQ(c.channel_group, 0);
