@@ -103,131 +103,124 @@ Status describe(Problem* p, const CompiledGraph& cg) {
   return ok_status();
 }
 
-}  // namespace
-
-int tune_command(const std::vector<std::string>& argv) {
-  CLI::App app(
-      "Times the JIT's kernel variants for each shape class on this host (interleaved, median "
-      "of --iters) and writes the winners to the per-host tune cache that compile reads "
-      "(NORMGRAD_TUNE=0 ignores it).",
-      "normgrad tune");
+// The command line's choices.
+struct TuneArgs {
   std::string shapes = "32x64x112x112,32x256x56x56,32x512x28x28,32x1024x14x14,32x2048x7x7";
   std::string dts = "f32,bf16", layouts = "NCX,NXC", ops = "fwd,bwd,from-dst";
   int64_t iters = 7;
   double margin = 1.05;
   bool dry_run = false;
-  app.add_option("--shapes", shapes,
+};
+
+// Returns an exit code when the command is done (help, a usage error), -1 to go on.
+int parse_tune_args(const std::vector<std::string>& argv, TuneArgs& a) {
+  CLI::App app(
+      "Times the JIT's kernel variants for each shape class on this host (interleaved, median "
+      "of --iters) and writes the winners to the per-host tune cache that compile reads "
+      "(NORMGRAD_TUNE=0 ignores it).",
+      "normgrad tune");
+  app.add_option("--shapes", a.shapes,
                  "comma-separated NxCxHxW (default: ResNet-50's batch-32 layers)");
-  app.add_option("--dt", dts, "comma-separated: f32, bf16, f16")
+  app.add_option("--dt", a.dts, "comma-separated: f32, bf16, f16")
       ->check(list_of({"f32", "bf16", "f16"}));
-  app.add_option("--layouts", layouts, "comma-separated: NCX, NXC")->check(list_of({"NCX", "NXC"}));
-  app.add_option("--ops", ops,
+  app.add_option("--layouts", a.layouts, "comma-separated: NCX, NXC")
+      ->check(list_of({"NCX", "NXC"}));
+  app.add_option("--ops", a.ops,
                  "comma-separated: fwd (BatchNormForwardTraining), bwd "
                  "(BatchNormTrainingBackward), from-dst")
       ->check(list_of({"fwd", "bwd", "from-dst"}));
-  app.add_option("--iters", iters, "timed runs per candidate, interleaved (default 7)")
+  app.add_option("--iters", a.iters, "timed runs per candidate, interleaved (default 7)")
       ->check(CLI::Range(1, 1000));
-  app.add_option("--margin", margin,
+  app.add_option("--margin", a.margin,
                  "a variant replaces the JIT's own choice only when at least this much faster "
                  "(default 1.05)")
       ->check(CLI::Range(1.0, 10.0));
-  app.add_flag("--dry-run", dry_run, "measure and print, write nothing");
-  if (int rc = parse_args(app, argv); rc >= 0) return rc;
+  app.add_flag("--dry-run", a.dry_run, "measure and print, write nothing");
+  return parse_args(app, argv);
+}
 
+// Every (op, layout, dtype, shape) asked for.
+StatusOr<std::vector<Problem>> plan_problems(const TuneArgs& a) {
   std::vector<Problem> problems;
-  for (const std::string& op : split_list(ops)) {
-    if (op != "fwd" && op != "bwd" && op != "from-dst")
-      return usage_error("--ops: unknown '" + op + "'");
-    for (const std::string& layout : split_list(layouts)) {
-      if (layout != "NCX" && layout != "NXC")
-        return usage_error("--layouts: unknown '" + layout + "'");
-      for (const std::string& dt_name : split_list(dts)) {
-        auto dt = parse_dtype(dt_name);
-        if (!dt.ok() || (*dt != DataType::kF32 && *dt != DataType::kBF16 && *dt != DataType::kF16))
-          return usage_error("--dt: unknown '" + dt_name + "'");
-        for (const std::string& shape : split_list(shapes)) {
-          auto nchw = parse_shape(shape);
-          if (!nchw.ok()) return usage_error(nchw.status().message());
-          Problem p{op, layout, *dt, *nchw, "", "", "", {}, {}};
+  for (const std::string& op : split_list(a.ops)) {
+    for (const std::string& layout : split_list(a.layouts)) {
+      for (const std::string& dt_name : split_list(a.dts)) {
+        NG_ASSIGN_OR_RETURN(const DataType dt, parse_dtype(dt_name));
+        for (const std::string& shape : split_list(a.shapes)) {
+          NG_ASSIGN_OR_RETURN(Dims nchw, parse_shape(shape));
+          Problem p{op, layout, dt, nchw, "", "", "", {}, {}};
           p.label = shape + " " + layout + " " + dt_name + " " + op;
           problems.push_back(std::move(p));
         }
       }
     }
   }
-  // Compile every candidate; a variant the conf cannot take is left out.
-  for (Problem& p : problems) {
-    const Graph g = p.op == "fwd"   ? make_forward_graph(p.nchw, p.layout, p.dt, "none")
-                    : p.op == "bwd" ? make_graph(p.nchw, p.layout, p.dt, "none")
-                                    : make_from_dst_graph(p.nchw, p.layout, p.dt, 0.01f);
-    for (const std::string& v : candidates(p.op, p.layout == "NXC")) {
-      CompileOptions options{"jit"};
-      options.jit_variant = v;
-      auto cg = CompiledGraph::compile(g, options);
-      // A forward variant that leaves the kernel as it was is not a candidate.
-      const bool same = cg.ok() && v != "default" && p.op == "fwd" &&
-                        cg->partitions().front()->kernel_config() ==
-                            p.compiled.front()->partitions().front()->kernel_config();
-      if (!cg.ok() || same) {
-        if (v == "default") {
-          std::cerr << "normgrad tune: " << p.label << ": " << cg.status().to_string() << "\n";
-          return 1;
-        }
-        p.compiled.emplace_back();
-      } else {
-        p.compiled.push_back(std::make_unique<CompiledGraph>(std::move(cg).value()));
-      }
-      p.ms.emplace_back();
+  return problems;
+}
+
+// Compiles every candidate of `p`; a variant the conf cannot take is left
+// out (nullptr), and so is a forward variant that leaves the kernel as it was.
+Status compile_candidates(Problem& p) {
+  const Graph g = p.op == "fwd"   ? make_forward_graph(p.nchw, p.layout, p.dt, "none")
+                  : p.op == "bwd" ? make_graph(p.nchw, p.layout, p.dt, "none")
+                                  : make_from_dst_graph(p.nchw, p.layout, p.dt, 0.01f);
+  for (const std::string& v : candidates(p.op, p.layout == "NXC")) {
+    CompileOptions options{"jit"};
+    options.jit_variant = v;
+    auto cg = CompiledGraph::compile(g, options);
+    if (!cg.ok() && v == "default") return cg.status().with_context(p.label);
+    const bool same = cg.ok() && v != "default" && p.op == "fwd" &&
+                      cg->partitions().front()->kernel_config() ==
+                          p.compiled.front()->partitions().front()->kernel_config();
+    if (!cg.ok() || same) {
+      p.compiled.emplace_back();
+    } else {
+      p.compiled.push_back(std::make_unique<CompiledGraph>(std::move(cg).value()));
     }
-    if (Status s = describe(&p, *p.compiled.front()); !s.ok()) {
-      std::cerr << "normgrad tune: " << s.to_string() << "\n";
-      return 1;
-    }
+    p.ms.emplace_back();
   }
-  // Interleaved timing: every candidate of a problem once per round, so they
-  // share the host's drift.
-  for (Problem& p : problems) {
-    auto inputs = oracle::make_inputs(p.compiled.front()->graph(),
-                                      p.compiled.front()->lowered_graph(), "", 1, nullptr);
-    if (!inputs.ok()) {
-      std::cerr << "normgrad tune: " << inputs.status().to_string() << "\n";
-      return 1;
-    }
-    // Each candidate's outputs are allocated once, by a first run, and reused:
-    // the kernels are timed, not the page faults of fresh output buffers
-    // (100 MB of them took 40 ms, eight times the kernel).
-    std::vector<std::map<int64_t, oracle::Buffer>> outs(p.compiled.size());
-    std::map<int64_t, const void*> in_ptrs;
-    for (const auto& [id, b] : *inputs) in_ptrs[id] = b.data();
+  return describe(&p, *p.compiled.front());
+}
+
+// Interleaved timing: every candidate of `p` once per round, so they share
+// the host's drift. Each candidate's outputs are allocated once, by a first
+// run, and reused: the kernels are timed, not the page faults of fresh
+// output buffers (which cost several times the kernel).
+Status time_candidates(Problem& p, int64_t iters) {
+  NG_ASSIGN_OR_RETURN(auto inputs, oracle::make_inputs(p.compiled.front()->graph(),
+                                                       p.compiled.front()->lowered_graph(), "",
+                                                       1, nullptr));
+  std::vector<std::map<int64_t, oracle::Buffer>> outs(p.compiled.size());
+  std::map<int64_t, const void*> in_ptrs;
+  for (const auto& [id, b] : inputs) in_ptrs[id] = b.data();
+  for (size_t k = 0; k < p.compiled.size(); ++k) {
+    if (!p.compiled[k]) continue;
+    auto out = oracle::run_outputs(*p.compiled[k], inputs);
+    if (!out.ok()) return out.status().with_context(p.label);
+    outs[k] = std::move(out).value();
+  }
+  for (int64_t r = -1; r < iters; ++r) {  // round -1 warms up
     for (size_t k = 0; k < p.compiled.size(); ++k) {
       if (!p.compiled[k]) continue;
-      auto out = oracle::run_outputs(*p.compiled[k], *inputs);
-      if (!out.ok()) {
-        std::cerr << "normgrad tune: " << p.label << ": " << out.status().to_string() << "\n";
-        return 1;
-      }
-      outs[k] = std::move(out).value();
-    }
-    for (int64_t r = -1; r < iters; ++r) {  // round -1 warms up
-      for (size_t k = 0; k < p.compiled.size(); ++k) {
-        if (!p.compiled[k]) continue;
-        std::map<int64_t, void*> out_ptrs;
-        for (auto& [id, b] : outs[k]) out_ptrs[id] = b.data();
-        const auto t0 = std::chrono::steady_clock::now();
-        const Status s = p.compiled[k]->execute(in_ptrs, out_ptrs);
-        const double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count();
-        if (!s.ok()) {
-          std::cerr << "normgrad tune: " << p.label << ": " << s.to_string() << "\n";
-          return 1;
-        }
-        if (r >= 0) p.ms[k].push_back(ms);
-      }
+      std::map<int64_t, void*> out_ptrs;
+      for (auto& [id, b] : outs[k]) out_ptrs[id] = b.data();
+      const auto t0 = std::chrono::steady_clock::now();
+      const Status s = p.compiled[k]->execute(in_ptrs, out_ptrs);
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!s.ok()) return s.with_context(p.label);
+      if (r >= 0) p.ms[k].push_back(ms);
     }
   }
-  // Per class (over its shapes): the candidate with the best geometric mean
-  // of time against the JIT's own choice.
+  return ok_status();
+}
+
+using Choices = std::map<std::string, std::map<std::string, TunedChoice>>;  // isa -> class -> choice
+
+// Per class (over its shapes): the candidate with the best geometric mean of
+// time against the JIT's own choice, if it wins by `margin`. Prints each
+// problem's ratios and the choices.
+Choices choose(const std::vector<Problem>& problems, int64_t iters, double margin) {
   struct ClassScore {
     std::string isa;
     std::map<std::string, std::vector<double>> ratio;  // variant -> default/variant per shape
@@ -251,7 +244,7 @@ int tune_command(const std::vector<std::string>& argv) {
     }
     std::cout << "\n";
   }
-  std::map<std::string, std::map<std::string, TunedChoice>> by_isa;
+  Choices by_isa;
   std::cout << "choices:\n";
   for (const auto& [cls, cs] : classes) {
     TunedChoice best{"default", 1.0};
@@ -269,7 +262,26 @@ int tune_command(const std::vector<std::string>& argv) {
     std::cout << "\n";
     by_isa[cs.isa][cls] = best;
   }
-  if (dry_run) {
+  return by_isa;
+}
+
+}  // namespace
+
+int tune_command(const std::vector<std::string>& argv) {
+  TuneArgs args;
+  if (int rc = parse_tune_args(argv, args); rc >= 0) return rc;
+  auto problems = plan_problems(args);
+  if (!problems.ok()) return usage_error(problems.status().message());
+  for (Problem& p : *problems) {
+    Status s = compile_candidates(p);
+    if (s.ok()) s = time_candidates(p, args.iters);
+    if (!s.ok()) {
+      std::cerr << "normgrad tune: " << s.to_string() << "\n";
+      return 1;
+    }
+  }
+  const Choices by_isa = choose(*problems, args.iters, args.margin);
+  if (args.dry_run) {
     std::cout << "dry run: nothing written\n";
     return 0;
   }
