@@ -11,9 +11,12 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <variant>
 
 #include <tbb/global_control.h>
 
@@ -144,14 +147,18 @@ Graph cut_unsupported(const Graph& graph, std::string* cut) {
 
 }  // namespace
 
-// Runs one graph file. `detailed` prints the graph, partitions and checks.
-CaseResult run_case(const std::string& path, const RunOptions& opt, bool detailed) {
+namespace {
+
+// The graph of `path` as it will run: loaded, benchdnn's knobs applied, the
+// unsupported ops cut when asked, and finalized. A result instead when the
+// case ends here (an error, or ops normgrad carries but cannot run).
+std::variant<Graph, CaseResult> prepare_graph(const std::string& path, const RunOptions& opt,
+                                              std::string* cut) {
   auto loaded = load_graph_file(path);
   if (!loaded.ok()) return error_result(loaded.status());
   Graph graph = std::move(loaded).value();
   Status knobs_applied = apply_knobs(opt.knobs, &graph);
-  std::string cut;
-  if (opt.cut_unsupported) graph = cut_unsupported(graph, &cut);
+  if (opt.cut_unsupported) graph = cut_unsupported(graph, cut);
   // A graph with ops we carry but cannot run is UNIMPLEMENTED whatever else
   // is true of it: shapes through those ops are theirs to infer, not ours.
   std::string opaque;
@@ -159,10 +166,10 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
     if (op_kind_is_opaque(op.kind())) opaque += (opaque.empty() ? "" : ", ") + op.label();
   }
   if (!opaque.empty()) {
-    return {Outcome::kUnimplemented,
-            "unsupported partitions: normgrad has no kernel for " + opaque +
-                " (--cut-unsupported runs the rest on random inputs in their place)",
-            0.0};
+    return CaseResult{Outcome::kUnimplemented,
+                      "unsupported partitions: normgrad has no kernel for " + opaque +
+                          " (--cut-unsupported runs the rest on random inputs in their place)",
+                      0.0};
   }
   if (!knobs_applied.ok()) return error_result(knobs_applied);
   if (Status s = graph.finalize(); !s.ok()) return error_result(s.with_context(path));
@@ -176,34 +183,133 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
   for (const std::string& note : graph.notes()) {
     std::cerr << "normgrad run: note: " << path << ": " << note << "\n";
   }
-  const bool check = opt.check || opt.knobs.mode.find('C') != std::string::npos;
-  const bool perf = opt.knobs.mode.find('P') != std::string::npos;
+  return graph;
+}
+
+void print_graph(const std::string& path, const Graph& graph, const std::string& cut) {
+  if (!cut.empty()) std::cout << "cut (unsupported; their outputs are inputs now): " << cut << "\n";
+  std::cout << "graph " << path << ": " << graph.ops().size() << " ops\n";
+  for (const Op& op : graph.ops()) {
+    std::cout << "  op " << op.id() << " " << op.label() << " {" << attrs_string(op) << "}\n"
+              << "      in  [" << tensors_string(op.inputs()) << "]\n"
+              << "      out [" << tensors_string(op.outputs()) << "]\n";
+  }
+}
+
+// benchdnn's --expected-n-partitions: a failure naming the partitions, or none.
+std::optional<CaseResult> partition_count_failure(const CompiledGraph& cg, const RunOptions& opt) {
+  const auto n_partitions = static_cast<int64_t>(cg.partitions().size());
+  if (opt.knobs.mode == "R" || opt.knobs.expected_n_partitions == 0 ||
+      n_partitions == opt.knobs.expected_n_partitions)
+    return std::nullopt;
+  std::string parts;
+  for (const auto& p : cg.partitions())
+    parts += (parts.empty() ? "" : ", ") + p->partition().ops_string();
+  return CaseResult{Outcome::kFailed,
+                    "expected " + std::to_string(opt.knobs.expected_n_partitions) +
+                        " partitions, got " + std::to_string(n_partitions) + " (" + parts + ")",
+                    0.0};
+}
+
+// The graph executed `iters` times: the median total, and each partition's
+// times printed when `detailed`.
+StatusOr<double> execute_timed(const CompiledGraph& cg, const std::map<int64_t, const void*>& in,
+                               const std::map<int64_t, void*>& out, int64_t iters,
+                               const RunOptions& opt, bool detailed) {
+  std::vector<std::vector<double>> times(cg.partitions().size());
+  std::vector<double> totals;
+  for (int64_t it = 0; it < iters; ++it) {
+    std::vector<double> part_ms;
+    const auto t0 = std::chrono::steady_clock::now();
+    NG_RETURN_IF_ERROR(cg.execute(in, out, &part_ms));
+    totals.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    for (size_t k = 0; k < part_ms.size(); ++k) times[k].push_back(part_ms[k]);
+  }
+  const double total = median(totals);
   if (detailed) {
-    if (!cut.empty())
-      std::cout << "cut (unsupported; their outputs are inputs now): " << cut << "\n";
-    std::cout << "graph " << path << ": " << graph.ops().size() << " ops\n";
-    for (const Op& op : graph.ops()) {
-      std::cout << "  op " << op.id() << " " << op.label() << " {" << attrs_string(op) << "}\n"
-                << "      in  [" << tensors_string(op.inputs()) << "]\n"
-                << "      out [" << tensors_string(op.outputs()) << "]\n";
+    std::cout << std::fixed << std::setprecision(3);
+    for (size_t k = 0; k < cg.partitions().size(); ++k) {
+      const CompiledPartition& cp = *cg.partitions()[k];
+      std::cout << "partition " << cp.partition().id << ": " << cp.partition().ops_string()
+                << "  backend=" << cp.backend_name() << "  kernel=" << cp.kernel_name()
+                << "  compile=" << cp.compile_ms() << " ms  time=" << median(times[k])
+                << " ms (median of " << iters << ")\n";
+    }
+    std::cout << "total: " << total << " ms (median of " << iters << ", threads "
+              << (opt.threads > 0 ? std::to_string(opt.threads) : "default") << ")\n";
+  }
+  return total;
+}
+
+// --outputs: each output as DIR/<id>.npy (dense tensors only).
+Status write_outputs(const std::string& dir, const std::map<int64_t, Buffer>& outputs) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return not_found(dir + ": cannot create directory: " + ec.message());
+  for (const auto& [id, buf] : outputs) {
+    if (buf.desc.effective_strides() != dense_strides(buf.desc.dims)) {
+      return unimplemented("output tensor " + std::to_string(id) +
+                           " is strided; .npy output needs dense tensors");
+    }
+    NG_RETURN_IF_ERROR(write_npy(dir + "/" + std::to_string(id) + ".npy", buf.desc, buf.data()));
+  }
+  return ok_status();
+}
+
+// --check: each partition is judged on its own inputs, the values this
+// backend computed upstream of it (testing/partition_check.hpp); the outputs
+// of the whole run must be those values, bit for bit.
+Status check_outputs(const CompiledGraph& cg, const std::map<int64_t, Buffer>& inputs,
+                     const std::map<int64_t, Buffer>& outputs, bool detailed, CaseResult& result) {
+  std::map<int64_t, Buffer> values;
+  NG_ASSIGN_OR_RETURN(auto checks, oracle::check_partitions(cg, inputs, &values));
+  std::ostringstream report;
+  for (const auto& [id, buf] : outputs) {
+    auto each = values.find(id);
+    if (each == values.end() || inputs.count(id)) continue;  // no kernel writes it
+    if (buf.bytes != each->second.bytes) {
+      result.outcome = Outcome::kFailed;
+      result.reason += (result.reason.empty() ? "" : "; ") + std::string("tensor ") +
+                       std::to_string(id) + " differs from its partition run alone";
+      report << "check tensor " << id << ": the graph's run differs from its partition's FAIL\n";
     }
   }
+  for (const oracle::PartitionOutputCheck& c : checks) {
+    const oracle::OutputVerdict& v = c.verdict;
+    if (!v.pass) {
+      result.outcome = Outcome::kFailed;
+      result.reason += (result.reason.empty() ? "" : "; ") + std::string("tensor ") +
+                       std::to_string(c.tensor.id) + " rel_l2 " + std::to_string(v.error.rel_l2) +
+                       " > " + std::to_string(v.limit);
+      if (v.cond_error >= 0.0)
+        result.reason += " and sum-relative " + std::to_string(v.cond_error) + " > " +
+                         std::to_string(v.cond_limit);
+    }
+    report << "check " << oracle::describe(c) << "\n";
+  }
+  if (detailed)
+    std::cout << report.str() << (result.outcome == Outcome::kPassed ? "PASSED" : "FAILED") << "\n";
+  return ok_status();
+}
+
+}  // namespace
+
+// Runs one graph file. `detailed` prints the graph, partitions and checks.
+CaseResult run_case(const std::string& path, const RunOptions& opt, bool detailed) {
+  std::string cut;
+  auto prepared = prepare_graph(path, opt, &cut);
+  if (auto* ended = std::get_if<CaseResult>(&prepared)) return *ended;
+  const Graph& graph = std::get<Graph>(prepared);
+  const bool check = opt.check || opt.knobs.mode.find('C') != std::string::npos;
+  const bool perf = opt.knobs.mode.find('P') != std::string::npos;
+  if (detailed) print_graph(path, graph, cut);
   CompileOptions options;
   options.backend = opt.knobs.backend;
   auto compiled = CompiledGraph::compile(graph, options);
   if (!compiled.ok()) return error_result(compiled.status());
   const CompiledGraph& cg = *compiled;
-  const auto n_partitions = static_cast<int64_t>(cg.partitions().size());
-  if (opt.knobs.mode != "R" && opt.knobs.expected_n_partitions != 0 &&
-      n_partitions != opt.knobs.expected_n_partitions) {
-    std::string parts;
-    for (const auto& p : cg.partitions())
-      parts += (parts.empty() ? "" : ", ") + p->partition().ops_string();
-    return {Outcome::kFailed,
-            "expected " + std::to_string(opt.knobs.expected_n_partitions) + " partitions, got " +
-                std::to_string(n_partitions) + " (" + parts + ")",
-            0.0};
-  }
+  if (auto failed = partition_count_failure(cg, opt)) return *failed;
 
   std::map<int64_t, std::string> sources;
   auto inputs = make_inputs(cg.graph(), cg.lowered_graph(), opt.inputs_dir,
@@ -224,83 +330,17 @@ CaseResult run_case(const std::string& path, const RunOptions& opt, bool detaile
     out_ptrs[lt.id] = outputs.emplace(lt.id, std::move(b).value()).first->second.data();
   }
   const int64_t iters = perf ? std::max<int64_t>(opt.iters, 10) : opt.iters;
-  std::vector<std::vector<double>> times(cg.partitions().size());
-  std::vector<double> totals;
-  for (int64_t it = 0; it < iters; ++it) {
-    std::vector<double> part_ms;
-    const auto t0 = std::chrono::steady_clock::now();
-    if (Status s = cg.execute(in_ptrs, out_ptrs, &part_ms); !s.ok()) return error_result(s);
-    totals.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    for (size_t k = 0; k < part_ms.size(); ++k) times[k].push_back(part_ms[k]);
-  }
-  CaseResult result{check ? Outcome::kPassed : Outcome::kExecuted, "", median(totals)};
-  if (detailed) {
-    std::cout << std::fixed << std::setprecision(3);
-    for (size_t k = 0; k < cg.partitions().size(); ++k) {
-      const CompiledPartition& cp = *cg.partitions()[k];
-      std::cout << "partition " << cp.partition().id << ": " << cp.partition().ops_string()
-                << "  backend=" << cp.backend_name() << "  kernel=" << cp.kernel_name()
-                << "  compile=" << cp.compile_ms() << " ms  time=" << median(times[k])
-                << " ms (median of " << iters << ")\n";
-    }
-    std::cout << "total: " << result.ms << " ms (median of " << iters << ", threads "
-              << (opt.threads > 0 ? std::to_string(opt.threads) : "default") << ")\n";
-  }
+  auto ms = execute_timed(cg, in_ptrs, out_ptrs, iters, opt, detailed);
+  if (!ms.ok()) return error_result(ms.status());
+  CaseResult result{check ? Outcome::kPassed : Outcome::kExecuted, "", *ms};
   if (!opt.outputs_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(opt.outputs_dir, ec);
-    if (ec)
-      return error_result(
-          not_found(opt.outputs_dir + ": cannot create directory: " + ec.message()));
-    for (const auto& [id, buf] : outputs) {
-      if (buf.desc.effective_strides() != dense_strides(buf.desc.dims)) {
-        return error_result(unimplemented("output tensor " + std::to_string(id) +
-                                          " is strided; .npy output needs dense tensors"));
-      }
-      if (Status s =
-              write_npy(opt.outputs_dir + "/" + std::to_string(id) + ".npy", buf.desc, buf.data());
-          !s.ok()) {
-        return error_result(s);
-      }
-    }
+    if (Status s = write_outputs(opt.outputs_dir, outputs); !s.ok()) return error_result(s);
     if (detailed)
       std::cout << "wrote " << outputs.size() << " outputs to " << opt.outputs_dir << "\n";
   }
   if (!check) return result;
-
-  // Each partition is judged on its own inputs, the values this backend
-  // computed upstream of it (testing/partition_check.hpp); the outputs of the
-  // run above must be those values, bit for bit.
-  std::map<int64_t, Buffer> values;
-  auto checks = oracle::check_partitions(cg, *inputs, &values);
-  if (!checks.ok()) return error_result(checks.status());
-  std::ostringstream report;
-  for (const auto& [id, buf] : outputs) {
-    auto each = values.find(id);
-    if (each == values.end() || inputs->count(id)) continue;  // no kernel writes it
-    if (buf.bytes != each->second.bytes) {
-      result.outcome = Outcome::kFailed;
-      result.reason += (result.reason.empty() ? "" : "; ") + std::string("tensor ") +
-                       std::to_string(id) + " differs from its partition run alone";
-      report << "check tensor " << id << ": the graph's run differs from its partition's FAIL\n";
-    }
-  }
-  for (const oracle::PartitionOutputCheck& c : *checks) {
-    const oracle::OutputVerdict& v = c.verdict;
-    if (!v.pass) {
-      result.outcome = Outcome::kFailed;
-      result.reason += (result.reason.empty() ? "" : "; ") + std::string("tensor ") +
-                       std::to_string(c.tensor.id) + " rel_l2 " + std::to_string(v.error.rel_l2) +
-                       " > " + std::to_string(v.limit);
-      if (v.cond_error >= 0.0)
-        result.reason += " and sum-relative " + std::to_string(v.cond_error) + " > " +
-                         std::to_string(v.cond_limit);
-    }
-    report << "check " << oracle::describe(c) << "\n";
-  }
-  if (detailed)
-    std::cout << report.str() << (result.outcome == Outcome::kPassed ? "PASSED" : "FAILED") << "\n";
+  if (Status s = check_outputs(cg, *inputs, outputs, detailed, result); !s.ok())
+    return error_result(s);
   return result;
 }
 
