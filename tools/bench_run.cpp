@@ -121,11 +121,11 @@ Status compile_runner(const std::string& b, const Graph& graph, Runner& r) {
 // with the reorders from and to the case's plain layout timed.
 void add_blocked_runners(const BenchOptions& opt, const BenchCase& cr,
                          std::vector<Runner>& runners) {
-  const bool baseline = std::any_of(opt.backends.begin(), opt.backends.end(),
-                                    [](const std::string& b) {
-                                      const BackendEntry* e = find_backend_entry(b);
-                                      return e != nullptr && e->baseline;
-                                    });
+  const bool baseline =
+      std::any_of(opt.backends.begin(), opt.backends.end(), [](const std::string& b) {
+        const BackendEntry* e = find_backend_entry(b);
+        return e != nullptr && e->baseline;
+      });
   if (!baseline || opt.dir != "bwd" || cr.fused != "none" || cr.shape.size() != 4 ||
       cr.dtype == "f16")
     return;
@@ -148,8 +148,12 @@ void add_blocked_runners(const BenchOptions& opt, const BenchCase& cr,
   }
 }
 
-bool shares_inputs(const Runner& r) { return r.graph && r.result.backend != "jit-from-dst"; }
-bool active(const Runner& r) { return (r.graph || r.blocked) && r.result.reason.empty(); }
+bool shares_inputs(const Runner& r) {
+  return r.graph && r.result.backend != "jit-from-dst";
+}
+bool active(const Runner& r) {
+  return (r.graph || r.blocked) && r.result.reason.empty();
+}
 
 // The case's inputs, made once from the first compiled column's graph, a copy
 // per runner (see Runner); false when no column compiled.
@@ -159,8 +163,8 @@ StatusOr<bool> give_inputs(std::vector<Runner>& runners) {
     if (shares_inputs(r) && !any) any = &r;
   }
   if (!any) return false;
-  NG_ASSIGN_OR_RETURN(auto inputs,
-                      make_inputs(any->graph->graph(), any->graph->lowered_graph(), "", 1, nullptr));
+  NG_ASSIGN_OR_RETURN(
+      auto inputs, make_inputs(any->graph->graph(), any->graph->lowered_graph(), "", 1, nullptr));
   Runner* last = nullptr;  // the last one takes the originals
   for (Runner& r : runners) {
     if (!shares_inputs(r)) continue;

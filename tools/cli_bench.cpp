@@ -167,11 +167,10 @@ class BenchSession {
       : opt_(opt), threads_(threads), probe_(kProbeFloats), host_(host_info()) {
     roof_start_ = last_probe_ = probe_.measure(4);
     read_start_ = probe_.measure_read_only(4);
-    std::cout << "host: " << host_.cpu_model << ", " << host_.logical_cpus
-              << " logical CPUs, L1d " << host_.l1d_bytes / 1024 << " KiB, L2 "
-              << host_.l2_bytes / 1024 << " KiB, L3 " << host_.l3_bytes / 1024
-              << " KiB (cache model " << host_.model_l3_bytes / 1024 << " KiB), " << host_.isa
-              << "\n";
+    std::cout << "host: " << host_.cpu_model << ", " << host_.logical_cpus << " logical CPUs, L1d "
+              << host_.l1d_bytes / 1024 << " KiB, L2 " << host_.l2_bytes / 1024 << " KiB, L3 "
+              << host_.l3_bytes / 1024 << " KiB (cache model " << host_.model_l3_bytes / 1024
+              << " KiB), " << host_.isa << "\n";
     std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
               << threads_ << " threads): " << roof_start_ << " GB/s at start; 2 reads alone "
               << read_start_ << " GB/s (a reduction pass's pattern)\n";
@@ -197,19 +196,19 @@ class BenchSession {
 };
 
 void BenchSession::report(const BenchCase& cr) const {
-// No ratio where oneDNN was not timed or declined (it would read x0.00).
-auto format_ratio = [](double ratio) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(2) << ratio;
-  return os.str();
-};
+  // No ratio where oneDNN was not timed or declined (it would read x0.00).
+  auto format_ratio = [](double ratio) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(2) << ratio;
+    return os.str();
+  };
   std::cout << "\n"
             << cr.name << "  (" << cr.bytes / 1e6 << " MB minimal traffic; roofline "
             << cr.probe_before << " GB/s before, " << cr.probe_after << " after)\n";
   if (cr.plain_bound_ms > 0) {
-    std::cout << "  bound at the probe's rate: " << cr.layout << " " << cr.plain_bound_ms
-              << " ms (" << cr.plain_traffic.passes << " tensor passes), nChw16c "
-              << cr.blocked_bound_ms << " ms (" << cr.blocked_traffic.passes << ")\n";
+    std::cout << "  bound at the probe's rate: " << cr.layout << " " << cr.plain_bound_ms << " ms ("
+              << cr.plain_traffic.passes << " tensor passes), nChw16c " << cr.blocked_bound_ms
+              << " ms (" << cr.blocked_traffic.passes << ")\n";
   }
   for (const BenchResult& r : cr.results) {
     if (r.median <= 0) {
@@ -320,12 +319,13 @@ Status BenchSession::layer_cases(const std::string& name, const Dims& nchw) {
           cr.blocked_traffic =
               two_pass_traffic("nChw16c", nchw[0], nchw[1], spatial, esize, host_.model_l3_bytes);
         }
-        Graph g = fwd ? make_forward_graph(nchw, layout, dt, fused)
-                      : make_graph(nchw, layout, dt, fused);
+        Graph g =
+            fwd ? make_forward_graph(nchw, layout, dt, fused) : make_graph(nchw, layout, dt, fused);
         NG_RETURN_IF_ERROR(run_and_report(cr, g, opt_).with_context(cr.name));
         const BenchCase whole = cr;
         cases_.push_back(std::move(cr));
-        if (opt_.phases && !fwd && fused == "none") NG_RETURN_IF_ERROR(phase_cases(whole, nchw, dt));
+        if (opt_.phases && !fwd && fused == "none")
+          NG_RETURN_IF_ERROR(phase_cases(whole, nchw, dt));
       }
     }
   }
@@ -365,8 +365,8 @@ void BenchSession::finish() {
   // share was taken against its own probes (run_and_report).
   double roofline = std::max(roof_start_, roof_end);
   for (const BenchCase& c : cases_) roofline = std::max({roofline, c.probe_before, c.probe_after});
-  std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start_
-            << ", highest " << roofline
+  std::cout << "\nroofline at end: " << roof_end << " GB/s (start " << roof_start_ << ", highest "
+            << roofline
             << "); each case's share divides by the higher of its two probes; 2 reads alone "
             << read_end << " GB/s at end\n";
   if (!opt_.json_out.empty()) {

@@ -187,9 +187,9 @@ Status compile_candidates(Problem& p) {
 // run, and reused: the kernels are timed, not the page faults of fresh
 // output buffers (which cost several times the kernel).
 Status time_candidates(Problem& p, int64_t iters) {
-  NG_ASSIGN_OR_RETURN(auto inputs, oracle::make_inputs(p.compiled.front()->graph(),
-                                                       p.compiled.front()->lowered_graph(), "",
-                                                       1, nullptr));
+  NG_ASSIGN_OR_RETURN(auto inputs,
+                      oracle::make_inputs(p.compiled.front()->graph(),
+                                          p.compiled.front()->lowered_graph(), "", 1, nullptr));
   std::vector<std::map<int64_t, oracle::Buffer>> outs(p.compiled.size());
   std::map<int64_t, const void*> in_ptrs;
   for (const auto& [id, b] : inputs) in_ptrs[id] = b.data();
@@ -215,7 +215,8 @@ Status time_candidates(Problem& p, int64_t iters) {
   return ok_status();
 }
 
-using Choices = std::map<std::string, std::map<std::string, TunedChoice>>;  // isa -> class -> choice
+using Choices =
+    std::map<std::string, std::map<std::string, TunedChoice>>;  // isa -> class -> choice
 
 // Per class (over its shapes): the candidate with the best geometric mean of
 // time against the JIT's own choice, if it wins by `margin`. Prints each

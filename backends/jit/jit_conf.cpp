@@ -309,23 +309,15 @@ DataPorts data_ports(const Op& op) {
   }
 }
 
-}  // namespace
-
-StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
-  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
-  BnConf c;
-  if (d.reduce_size == 0 || d.channels == 0) {
-    // Nothing to walk: the driver writes the per-channel results alone.
-    c.d = d;
-    c.isa = Isa::kPortable;
-    c.empty = true;
-    return c;
-  }
-  // Strided data is packed into dense scratch by the driver (a copy costs less
-  // than a second kernel family, and ref would be ~100x slower). NCX tensors
-  // with channels-last strides (torch's channels_last) are dense NXC.
+// The data tensors' strides (empty: the layout's own), through a channels-
+// last view where the tensors are NCX with channels-last strides, and the
+// statistics and sums checked dense. Strided data is packed into dense
+// scratch by the driver (a copy costs less than a second kernel family, and
+// ref would be far slower), unless set_inplace_walk finds a walk over it.
+Status set_data_strides(const Op& op, BatchNormDesc* d, BnConf* cp) {
+  BnConf& c = *cp;
   const DataPorts data = data_ports(op);
-  c.channels_last_view = view_channels_last(&d, {data.x, data.dy, data.dx});
+  c.channels_last_view = view_channels_last(d, {data.x, data.dy, data.dx});
   auto strided = [&](const LogicalTensor& lt) {
     const Dims s = lt.effective_strides();
     return same_layout(lt.dims, s, data_strides(c, lt.dims)) ? Dims{} : s;
@@ -350,10 +342,13 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
       return unimplemented("the JIT writes dense sums; " + schema.output_name(i) +
                            " is strided (ref runs it)");
   }
-  c.d = d;
-  c.isa = isa;
-  c.avx512_bf16 = isa == Isa::kAvx512 && cpu_has_avx512_bf16();
-  NG_ASSIGN_OR_RETURN(c.total_elements, checked_product(d.dims, op.label()));
+  return ok_status();
+}
+
+// The walk of dense data: NCX rows of a channel's pixels, or NXC pixels.
+void set_dense_walk(BnConf* cp) {
+  BnConf& c = *cp;
+  const BatchNormDesc& d = c.d;
   const int64_t n = d.dims[0];
   const int64_t spatial = d.reduce_size / n;
   if (d.format == DataFormat::kNCX && spatial > 1) {
@@ -369,13 +364,18 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     c.walk.row_stride = d.channels;
     c.walk.channel_stride = 1;
   }
-  // Strided data the kernels walk in place: src and diff_dst share one stride
-  // set, diff_src may have its own, and each is regular enough for the walk:
-  //  - NCX, spatial block dense within a channel: any channel and batch stride;
-  //  - NCX, last spatial dim contiguous and the others uniform above it
-  //    (padded rows): one kernel call per (channel, image) over the rows;
-  //  - NXC (or NCX with spatial 1): channels contiguous, pixels uniform.
-  // Anything else is staged through per-thread buffers by the driver.
+}
+
+// Strided data the kernels walk in place: src and diff_dst share one stride
+// set, diff_src may have its own, and each is regular enough for the walk:
+//  - NCX, spatial block dense within a channel: any channel and batch stride;
+//  - NCX, last spatial dim contiguous and the others uniform above it
+//    (padded rows): one kernel call per (channel, image) over the rows;
+//  - NXC (or NCX with spatial 1): channels contiguous, pixels uniform.
+// Anything else is staged through per-thread buffers by the driver.
+void set_inplace_walk(BnConf* cp) {
+  BnConf& c = *cp;
+  const BatchNormDesc& d = c.d;
   if (!c.x_strides.empty() || !c.dy_strides.empty() || !c.dx_strides.empty()) {
     const Dims dense = dense_strides(d.dims);
     const Dims xs = c.x_strides.empty() ? dense : c.x_strides;
@@ -408,9 +408,13 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
     c.walk.dx_row_stride = c.walk.row_stride;
     c.walk.dx_channel_stride = c.walk.channel_stride;
   }
-  c.needs_reduction = d.phase == BackwardPhase::kReduce ||
-                      (d.phase == BackwardPhase::kWhole &&
-                       (d.mode == BackwardMode::kTraining || d.diff_scale_shift));
+}
+
+// The walk's variants, prefetches and stores, by shape, dtype, ISA and cache.
+void set_walk_rules(BnConf* cp) {
+  BnConf& c = *cp;
+  const BatchNormDesc& d = c.d;
+  const Isa isa = c.isa;
   c.walk.chunk_rows = pixel_chunk_rows(c.walk.rows, 2 * c.walk.cols * dtype_size(d.data_dt));
   // Rows wider than the registers (C > 64 on AVX-512). From DRAM, 16-bit
   // data and f32 rows of up to kPerPixelMaxChannels take the per-pixel walk:
@@ -450,6 +454,31 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
   // realigned rows and the grouped rows' linear blocks stay AVX-512's.
   c.stream.nt_stores = isa != Isa::kPortable && 3 * data_bytes > cache_sizes().l3_bytes / 4;
   c.stream.pair_vectors = isa == Isa::kAvx2 && d.data_dt == DataType::kBF16;
+}
+
+}  // namespace
+
+StatusOr<BnConf> make_conf(const Op& op, Isa isa) {
+  NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(op));
+  BnConf c;
+  if (d.reduce_size == 0 || d.channels == 0) {
+    // Nothing to walk: the driver writes the per-channel results alone.
+    c.d = d;
+    c.isa = Isa::kPortable;
+    c.empty = true;
+    return c;
+  }
+  NG_RETURN_IF_ERROR(set_data_strides(op, &d, &c));
+  c.d = d;
+  c.isa = isa;
+  c.avx512_bf16 = isa == Isa::kAvx512 && cpu_has_avx512_bf16();
+  NG_ASSIGN_OR_RETURN(c.total_elements, checked_product(d.dims, op.label()));
+  set_dense_walk(&c);
+  set_inplace_walk(&c);
+  c.needs_reduction = d.phase == BackwardPhase::kReduce ||
+                      (d.phase == BackwardPhase::kWhole &&
+                       (d.mode == BackwardMode::kTraining || d.diff_scale_shift));
+  set_walk_rules(&c);
   return c;
 }
 
