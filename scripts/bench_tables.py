@@ -7,7 +7,7 @@ computed (bound_ms), and how near each kernel came to its own layout's bound.
 Then the geomeans over the five batch-32 ResNet-50 layers.
 Ratios are speed-ups: above 1 means the JIT is faster.
 
-    scripts/bench_tables.py docs/bench-resnet50.json
+    scripts/bench_tables.py docs/bench/bench-resnet50.json
 """
 import json
 import math
