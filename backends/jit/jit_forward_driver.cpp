@@ -20,84 +20,6 @@ namespace normgrad {
 namespace jit {
 namespace {
 
-// Scalar loops with the kernels' contracts (FwdArgs in jit_forward.hpp).
-class PortableFwd final : public FwdKernels {
- public:
-  explicit PortableFwd(const FwdConf& c) : c_(c) {}
-
-  void stats(const FwdArgs& a) const override {
-    if (c_.ncx_rows) {
-      // 64 chains, as the generated code keeps (4 vectors of 16): one chain's
-      // rounding grows with its length.
-      const float k = a.coef[0];
-      float s1[64] = {}, s2[64] = {};
-      const int64_t stride = c_.c * c_.spatial;
-      for (int64_t r = 0; r < a.rows; ++r) {
-        for (int64_t i = 0; i < a.len; ++i) {
-          const float t = load_element(a.x, r * stride + i, c_.dt) - k;
-          s1[i % 64] += t;
-          s2[i % 64] += t * t;
-        }
-      }
-      for (int w = 32; w >= 1; w /= 2) {
-        for (int i = 0; i < w; ++i) {
-          s1[i] += s1[i + w];
-          s2[i] += s2[i + w];
-        }
-      }
-      a.s1[0] = s1[0];
-      a.s2[0] = s2[0];
-      return;
-    }
-    for (int64_t ch = 0; ch < c_.c; ++ch) a.s1[ch] = a.s2[ch] = 0.f;
-    for (int64_t p = 0; p < a.len; ++p) {
-      for (int64_t ch = 0; ch < c_.c; ++ch) {
-        const float t = load_element(a.x, p * c_.c + ch, c_.dt) - a.coef[ch];
-        a.s1[ch] += t;
-        a.s2[ch] += t * t;
-      }
-    }
-  }
-
-  void apply(const FwdArgs& a) const override {
-    const int64_t cp = padded_channels(c_.c);
-    auto one = [&](int64_t i, float hi, float lo, float scale, float shift) {
-      float v = std::fma((load_element(a.x, i, c_.dt) - hi) - lo, scale, shift);
-      if (c_.residual) {
-        // The Add's output is rounded to the data type before the ReLU reads it,
-        // as the unfused graph does (the generated code matches).
-        v = load_element(a.residual, i, c_.dt) + round_to_dt(v);
-      }
-      if (c_.relu && c_.leaky) {
-        v = round_to_dt(v);  // the unfused LeakyReLU reads dst in its dtype
-        if (v < 0.f) v *= c_.alpha;
-      } else if (c_.relu) {
-        v = std::max(round_to_dt(v), 0.f);
-      }
-      store_element(a.y, i, c_.dt, v);
-    };
-    if (c_.ncx_rows) {
-      for (int64_t r = 0; r < a.rows; ++r) {
-        for (int64_t i = 0; i < a.len; ++i)
-          one(r * c_.c * c_.spatial + i, a.coef[0], a.coef[1], a.coef[2], a.coef[3]);
-      }
-      return;
-    }
-    for (int64_t p = 0; p < a.len; ++p) {
-      for (int64_t ch = 0; ch < c_.c; ++ch)
-        one(p * c_.c + ch, a.coef[ch], a.coef[cp + ch], a.coef[2 * cp + ch], a.coef[3 * cp + ch]);
-    }
-  }
-
- private:
-  float round_to_dt(float v) const {
-    if (c_.dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(v));
-    if (c_.dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(v));
-    return v;
-  }
-  FwdConf c_;
-};
-
 const float* f32_in(const std::vector<const void*>& in, int i) {
   return i < 0 ? nullptr : static_cast<const float*>(in[static_cast<size_t>(i)]);
 }
@@ -217,16 +139,60 @@ void (FwdKernels::*apply_fn(const FwdConf& c, const void* y))(const FwdArgs&) co
   return c.streaming && aligned ? &FwdKernels::apply_streaming : &FwdKernels::apply;
 }
 
-Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
-                const std::vector<void*>& out) {
-  const void* x = in[static_cast<size_t>(c.in_src)];
-  void* y = c.out_dst < 0 ? nullptr : out[static_cast<size_t>(c.out_dst)];  // Reduce: none
-  const auto apply = apply_fn(c, y);
-  const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
-  const int64_t es = dtype_size(c.dt);
-  const int64_t pieces = (c.spatial + kFwdRowPiece - 1) / kFwdRowPiece;
-  const Finish fin{c, in, out, static_cast<double>(c.n * c.spatial)};
-  auto row_offset = [&](int64_t ch, int64_t n) { return (n * c.c + ch) * c.spatial; };
+// One forward call: the conf, the kernels and the call's buffers, unpacked
+// once; run() takes the walk the conf chose (the backward's DenseRun is the
+// same shape). The members c_, k_, x_, y_, r_ and es_ keep the walks' arithmetic
+// readable; `apply_` is the apply_ kernel to call (the streaming one when dst
+// starts on a line).
+class FwdRun {
+ public:
+  FwdRun(const FwdConf& conf, const FwdKernels& kernels, const std::vector<const void*>& in,
+         const std::vector<void*>& out)
+      : c_(conf),
+        k_(kernels),
+        in_(in),
+        out_(out),
+        x_(static_cast<const char*>(in[static_cast<size_t>(conf.in_src)])),
+        y_(conf.out_dst < 0 ? nullptr  // Reduce: no dst
+                            : static_cast<char*>(out[static_cast<size_t>(conf.out_dst)])),
+        r_(conf.residual ? static_cast<const char*>(in[static_cast<size_t>(conf.in_residual)])
+                         : nullptr),
+        es_(dtype_size(conf.dt)),
+        apply_(apply_fn(conf, y_)) {}
+
+  void run() {
+    if (c_.ncx_rows && c_.channel_group > 0) {
+      rows_grouped();
+    } else if (c_.strip_channels > 0) {
+      pixel_strips();
+    } else if (c_.ncx_rows) {
+      rows();
+    } else {
+      pixels();
+    }
+  }
+
+ private:
+  void rows();
+  void rows_grouped();
+  void pixels();
+  void pixel_strips();
+
+  const FwdConf& c_;
+  const FwdKernels& k_;
+  const std::vector<const void*>& in_;
+  const std::vector<void*>& out_;
+  const char* const x_;
+  char* const y_;
+  const char* const r_;
+  const int64_t es_;
+  void (FwdKernels::*const apply_)(const FwdArgs&) const;
+};
+
+void FwdRun::rows() {
+  const int64_t pieces = (c_.spatial + kFwdRowPiece - 1) / kFwdRowPiece;
+  const Finish fin{c_, in_, out_, static_cast<double>(c_.n * c_.spatial)};
+  auto row_offset = [&](int64_t ch, int64_t n) { return (n * c_.c + ch) * c_.spatial; };
   // A channel's chunks: runs of whole rows up to kFwdRowPiece elements, or
   // pieces of one row when a row is longer.
   auto channel_sums = [&](int64_t ch, float shift, double* s1, double* s2) {
@@ -234,135 +200,122 @@ Status run_rows(const FwdConf& c, const FwdKernels& k, const std::vector<const v
     auto chunk = [&](int64_t off, int64_t len, int64_t rows) {
       FwdArgs a;
       float f1 = 0.f, f2 = 0.f;
-      a.x = static_cast<const char*>(x) + off * es;
+      a.x = x_ + off * es_;
       a.coef = &shift;
       a.s1 = &f1;
       a.s2 = &f2;
       a.len = len;
       a.rows = rows;
-      k.stats(a);
+      k_.stats(a);
       *s1 += f1;
       *s2 += f2;
     };
-    if (c.chunk_rows > 1) {
-      for (int64_t n = 0; n < c.n; n += c.chunk_rows)
-        chunk(row_offset(ch, n), c.spatial, std::min(c.chunk_rows, c.n - n));
+    if (c_.chunk_rows > 1) {
+      for (int64_t n = 0; n < c_.n; n += c_.chunk_rows)
+        chunk(row_offset(ch, n), c_.spatial, std::min(c_.chunk_rows, c_.n - n));
       return;
     }
-    for (int64_t n = 0; n < c.n; ++n) {
+    for (int64_t n = 0; n < c_.n; ++n) {
       for (int64_t p = 0; p < pieces; ++p)
         chunk(row_offset(ch, n) + p * kFwdRowPiece,
-              std::min(kFwdRowPiece, c.spatial - p * kFwdRowPiece), 1);
+              std::min(kFwdRowPiece, c_.spatial - p * kFwdRowPiece), 1);
     }
   };
   auto apply_rows = [&](int64_t ch, const float* coef) {
     const int64_t off = row_offset(ch, 0);
     FwdArgs a;
-    a.x = static_cast<const char*>(x) + off * es;
-    a.y = static_cast<char*>(y) + off * es;
-    a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + off * es;
+    a.x = x_ + off * es_;
+    a.y = y_ + off * es_;
+    a.residual = r_ == nullptr ? nullptr : r_ + off * es_;
     a.coef = coef;
-    a.len = c.spatial;
-    a.rows = c.n;
-    (k.*apply)(a);
+    a.len = c_.spatial;
+    a.rows = c_.n;
+    (k_.*apply_)(a);
   };
   // Each channel on one task: its rows are summed and then normalised while
   // they are still in the cache.
-  parallel_range(c.single_thread, c.c, [&](int64_t ch) {
+  parallel_range(c_.single_thread, c_.c, [&](int64_t ch) {
     float coef[4];
-    if (c.phase == FwdPhase::kApply) {
+    if (c_.phase == FwdPhase::kApply) {
       fin.global(ch, &coef[0], &coef[1], &coef[2], &coef[3]);
       apply_rows(ch, coef);
       return;
     }
-    const float shift = ncx_shift(c, x, ch);
+    const float shift = ncx_shift(c_, x_, ch);
     double s1, s2;
     channel_sums(ch, shift, &s1, &s2);
-    if (c.phase == FwdPhase::kReduce) {
+    if (c_.phase == FwdPhase::kReduce) {
       fin.reduce(ch, shift, s1, s2);
       return;
     }
     fin.channel(ch, shift, s1, s2, &coef[0], &coef[1], &coef[2], &coef[3]);
     apply_rows(ch, coef);
   });
-  return ok_status();
 }
 
 // FwdConf::channel_group: a task per group of adjacent channels, its
 // statistics in chunks of chunk_rows images (each chunk's f32 sums into the
-// f64 totals in image order), then its apply over every image while the
+// f64 totals in image order), then its apply_ over every image while the
 // group's rows are still in the cache.
-Status run_rows_grouped(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
-                        const std::vector<void*>& out) {
-  const void* x = in[static_cast<size_t>(c.in_src)];
-  void* y = c.out_dst < 0 ? nullptr : out[static_cast<size_t>(c.out_dst)];  // Reduce: none
-  const auto apply = apply_fn(c, y);
-  const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
-  const int64_t es = dtype_size(c.dt), group = c.channel_group;
+void FwdRun::rows_grouped() {
+  const int64_t group = c_.channel_group;
   assert(group > 0 && group <= kRowGroupAvx512 && "a grouped walk takes 1 to 8 channels a call");
-  const Finish fin{c, in, out, static_cast<double>(c.n * c.spatial)};
-  parallel_range(c.single_thread, (c.c + group - 1) / group, [&](int64_t task) {
-    const int64_t ch0 = task * group, count = std::min(group, c.c - ch0);
+  const Finish fin{c_, in_, out_, static_cast<double>(c_.n * c_.spatial)};
+  parallel_range(c_.single_thread, (c_.c + group - 1) / group, [&](int64_t task) {
+    const int64_t ch0 = task * group, count = std::min(group, c_.c - ch0);
     float shift[kRowGroupAvx512] = {}, coef[4 * kRowGroupAvx512] = {};
     // Bytes to the group's first row in `image`.
-    auto at = [&](int64_t image) { return ((image * c.c + ch0) * c.spatial) * es; };
-    if (c.phase == FwdPhase::kApply) {
+    auto at = [&](int64_t image) { return ((image * c_.c + ch0) * c_.spatial) * es_; };
+    if (c_.phase == FwdPhase::kApply) {
       for (int64_t g = 0; g < count; ++g)
         fin.global(ch0 + g, &coef[4 * g], &coef[4 * g + 1], &coef[4 * g + 2], &coef[4 * g + 3]);
     } else {
       double s1[kRowGroupAvx512] = {}, s2[kRowGroupAvx512] = {};
-      for (int64_t g = 0; g < count; ++g) shift[g] = ncx_shift(c, x, ch0 + g);
-      for (int64_t n = 0; n < c.n; n += c.chunk_rows) {
+      for (int64_t g = 0; g < count; ++g) shift[g] = ncx_shift(c_, x_, ch0 + g);
+      for (int64_t n = 0; n < c_.n; n += c_.chunk_rows) {
         float f1[kRowGroupAvx512], f2[kRowGroupAvx512];
         FwdArgs a;
-        a.x = static_cast<const char*>(x) + at(n);
+        a.x = x_ + at(n);
         a.coef = shift;
         a.s1 = f1;
         a.s2 = f2;
-        a.len = c.spatial;
-        a.rows = std::min(c.chunk_rows, c.n - n);
+        a.len = c_.spatial;
+        a.rows = std::min(c_.chunk_rows, c_.n - n);
         a.channels = count;
-        k.stats(a);
+        k_.stats(a);
         for (int64_t g = 0; g < count; ++g) {
           s1[g] += f1[g];
           s2[g] += f2[g];
         }
       }
       for (int64_t g = 0; g < count; ++g) {
-        if (c.phase == FwdPhase::kReduce) {
+        if (c_.phase == FwdPhase::kReduce) {
           fin.reduce(ch0 + g, shift[g], s1[g], s2[g]);
         } else {
           fin.channel(ch0 + g, shift[g], s1[g], s2[g], &coef[4 * g], &coef[4 * g + 1],
                       &coef[4 * g + 2], &coef[4 * g + 3]);
         }
       }
-      if (c.phase == FwdPhase::kReduce) return;
+      if (c_.phase == FwdPhase::kReduce) return;
     }
     // The bounce buffer: this thread's, as the call is (no call inside waits).
     alignas(64) thread_local unsigned char bounce[kFwdBounceBytes];
     FwdArgs a;
     a.bounce = bounce;
-    a.x = static_cast<const char*>(x) + at(0);
-    a.y = static_cast<char*>(y) + at(0);
-    a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + at(0);
+    a.x = x_ + at(0);
+    a.y = y_ + at(0);
+    a.residual = r_ == nullptr ? nullptr : r_ + at(0);
     a.coef = coef;
-    a.len = c.spatial;
-    a.rows = c.n;
+    a.len = c_.spatial;
+    a.rows = c_.n;
     a.channels = count;
-    (k.*apply)(a);
+    (k_.*apply_)(a);
   });
-  return ok_status();
 }
 
-Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
-                  const std::vector<void*>& out) {
-  const void* x = in[static_cast<size_t>(c.in_src)];
-  void* y = c.out_dst < 0 ? nullptr : out[static_cast<size_t>(c.out_dst)];  // Reduce: none
-  const auto apply = apply_fn(c, y);
-  const void* r = c.residual ? in[static_cast<size_t>(c.in_residual)] : nullptr;
-  const int64_t es = dtype_size(c.dt);
-  const int64_t cp = padded_channels(c.c);
-  const int64_t chunks = (c.pixels + c.chunk_pixels - 1) / c.chunk_pixels;
+void FwdRun::pixels() {
+  const int64_t cp = padded_channels(c_.c);
+  const int64_t chunks = (c_.pixels + c_.chunk_pixels - 1) / c_.chunk_pixels;
   // Chunks are added in groups fixed by the shape (about 64 groups), each into
   // its own f64 partials; the groups are then added in order.
   const int64_t per_group = (chunks + 63) / 64;
@@ -372,11 +325,11 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   ScratchLeaseOf<FwdScratch> lease;
   FwdScratch& scratch = lease.get();
   LineVector<float>& shift = scratch.shift;
-  if (c.phase != FwdPhase::kApply) pixel_shifts(c, x, &shift);
+  if (c_.phase != FwdPhase::kApply) pixel_shifts(c_, x_, &shift);
   std::vector<double>& partial = scratch.partial;
   partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
-  const bool stats = c.phase != FwdPhase::kApply;  // Apply is given the global statistics
-  parallel_range(c.single_thread || !stats, stats ? groups : 0, [&](int64_t g) {
+  const bool stats = c_.phase != FwdPhase::kApply;  // Apply is given the global statistics
+  parallel_range(c_.single_thread || !stats, stats ? groups : 0, [&](int64_t g) {
     // The chunk's f32 sums: the task's thread keeps them (no call inside waits).
     thread_local LineVector<float> f;
     f.resize(static_cast<size_t>(2 * cp));
@@ -384,15 +337,15 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
     double* d2 = d1 + cp;
     const int64_t last = std::min(chunks, (g + 1) * per_group);
     for (int64_t ck = g * per_group; ck < last; ++ck) {
-      const int64_t p0 = ck * c.chunk_pixels;
+      const int64_t p0 = ck * c_.chunk_pixels;
       FwdArgs a;
-      a.x = static_cast<const char*>(x) + p0 * c.c * es;
+      a.x = x_ + p0 * c_.c * es_;
       a.coef = shift.data();
       a.s1 = f.data();
       a.s2 = f.data() + cp;
-      a.len = std::min(c.chunk_pixels, c.pixels - p0);
-      k.stats(a);
-      for (int64_t ch = 0; ch < c.c; ++ch) {
+      a.len = std::min(c_.chunk_pixels, c_.pixels - p0);
+      k_.stats(a);
+      for (int64_t ch = 0; ch < c_.c; ++ch) {
         d1[ch] += a.s1[ch];
         d2[ch] += a.s2[ch];
       }
@@ -400,8 +353,8 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
   });
   LineVector<float>& coef = scratch.coef;
   coef.assign(static_cast<size_t>(4 * cp), 0.f);
-  const Finish fin{c, in, out, static_cast<double>(c.pixels)};
-  for (int64_t ch = 0; ch < c.c; ++ch) {
+  const Finish fin{c_, in_, out_, static_cast<double>(c_.pixels)};
+  for (int64_t ch = 0; ch < c_.c; ++ch) {
     float* hi = &coef[static_cast<size_t>(ch)];
     float* lo = hi + cp;
     float* a = hi + 2 * cp;
@@ -415,54 +368,46 @@ Status run_pixels(const FwdConf& c, const FwdKernels& k, const std::vector<const
       s1 += partial[static_cast<size_t>(g * 2 * cp + ch)];
       s2 += partial[static_cast<size_t>(g * 2 * cp + cp + ch)];
     }
-    if (c.phase == FwdPhase::kReduce) {
+    if (c_.phase == FwdPhase::kReduce) {
       fin.reduce(ch, shift[static_cast<size_t>(ch)], s1, s2);
     } else {
       fin.channel(ch, shift[static_cast<size_t>(ch)], s1, s2, hi, lo, a, b);
     }
   }
-  if (c.phase == FwdPhase::kReduce) return ok_status();
-  if (c.line_walk && c.pair_vectors) pair_order(cp, coef.data(), 0, cp);
-  const int64_t block = c.apply_pixels;
-  parallel_range(c.single_thread, (c.pixels + block - 1) / block, [&](int64_t b) {
+  if (c_.phase == FwdPhase::kReduce) return;
+  if (c_.line_walk && c_.pair_vectors) pair_order(cp, coef.data(), 0, cp);
+  const int64_t block = c_.apply_pixels;
+  parallel_range(c_.single_thread, (c_.pixels + block - 1) / block, [&](int64_t b) {
     const int64_t p0 = b * block;
-    const int64_t off = p0 * c.c;
+    const int64_t off = p0 * c_.c;
     FwdArgs a;
-    a.x = static_cast<const char*>(x) + off * es;
-    a.y = static_cast<char*>(y) + off * es;
-    a.residual = r == nullptr ? nullptr : static_cast<const char*>(r) + off * es;
+    a.x = x_ + off * es_;
+    a.y = y_ + off * es_;
+    a.residual = r_ == nullptr ? nullptr : r_ + off * es_;
     a.coef = coef.data();
-    a.len = std::min(block, c.pixels - p0);
-    (k.*apply)(a);
+    a.len = std::min(block, c_.pixels - p0);
+    (k_.*apply_)(a);
   });
-  return ok_status();
 }
 
 // FwdConf::strip_channels: one task per strip of adjacent channels, its
-// statistics over every pixel, then its apply over every pixel while the
+// statistics over every pixel, then its apply_ over every pixel while the
 // strip's src is still in the cache. The chunks, their groups and the order of
 // every f64 addition are run_pixels': the same bits.
-Status run_pixel_strips(const FwdConf& c, const FwdKernels& k, const std::vector<const void*>& in,
-                        const std::vector<void*>& out) {
-  const char* x = static_cast<const char*>(in[static_cast<size_t>(c.in_src)]);
-  char* y = static_cast<char*>(out[static_cast<size_t>(c.out_dst)]);
-  const auto apply = apply_fn(c, y);
-  const char* r =
-      c.residual ? static_cast<const char*>(in[static_cast<size_t>(c.in_residual)]) : nullptr;
-  const int64_t es = dtype_size(c.dt);
-  const int64_t cp = padded_channels(c.c);
-  const int64_t w = c.strip_channels;
-  assert(w > 0 && c.c % w == 0 && "strips are whole and divide C");
-  const int64_t chunks = (c.pixels + c.chunk_pixels - 1) / c.chunk_pixels;
+void FwdRun::pixel_strips() {
+  const int64_t cp = padded_channels(c_.c);
+  const int64_t w = c_.strip_channels;
+  assert(w > 0 && c_.c % w == 0 && "strips are whole and divide C");
+  const int64_t chunks = (c_.pixels + c_.chunk_pixels - 1) / c_.chunk_pixels;
   const int64_t per_group = (chunks + 63) / 64;
   ScratchLeaseOf<FwdScratch> lease;
   FwdScratch& scratch = lease.get();
   LineVector<float>& shift = scratch.shift;
-  pixel_shifts(c, x, &shift);
+  pixel_shifts(c_, x_, &shift);
   LineVector<float>& coef = scratch.coef;
   coef.assign(static_cast<size_t>(4 * cp), 0.f);
-  const Finish fin{c, in, out, static_cast<double>(c.pixels)};
-  parallel_range(c.single_thread, c.c / w, [&](int64_t strip) {
+  const Finish fin{c_, in_, out_, static_cast<double>(c_.pixels)};
+  parallel_range(c_.single_thread, c_.c / w, [&](int64_t strip) {
     const int64_t c0 = strip * w;
     thread_local LineVector<float> f;
     thread_local std::vector<double> sums;
@@ -479,10 +424,10 @@ Status run_pixel_strips(const FwdConf& c, const FwdKernels& k, const std::vector
     for (int64_t first = 0; first < chunks; first += per_group) {
       std::fill(g1, g1 + 2 * w, 0.0);
       for (int64_t ck = first; ck < std::min(chunks, first + per_group); ++ck) {
-        const int64_t p0 = ck * c.chunk_pixels;
-        a.x = x + (p0 * c.c + c0) * es;
-        a.len = std::min(c.chunk_pixels, c.pixels - p0);
-        k.stats(a);
+        const int64_t p0 = ck * c_.chunk_pixels;
+        a.x = x_ + (p0 * c_.c + c0) * es_;
+        a.len = std::min(c_.chunk_pixels, c_.pixels - p0);
+        k_.stats(a);
         for (int64_t j = 0; j < w; ++j) {
           g1[j] += a.s1[j];
           g2[j] += a.s2[j];
@@ -500,23 +445,18 @@ Status run_pixel_strips(const FwdConf& c, const FwdKernels& k, const std::vector
                   hi + 3 * cp);
     }
     // The strip is whole lines: whole 16s of 16-bit channels.
-    if (c.line_walk && c.pair_vectors) pair_order(cp, coef.data(), c0, c0 + w);
+    if (c_.line_walk && c_.pair_vectors) pair_order(cp, coef.data(), c0, c0 + w);
     FwdArgs b;
-    b.x = x + c0 * es;
-    b.y = y + c0 * es;
-    b.residual = r == nullptr ? nullptr : r + c0 * es;
+    b.x = x_ + c0 * es_;
+    b.y = y_ + c0 * es_;
+    b.residual = r_ == nullptr ? nullptr : r_ + c0 * es_;
     b.coef = coef.data() + c0;
-    b.len = c.pixels;
-    (k.*apply)(b);
+    b.len = c_.pixels;
+    (k_.*apply_)(b);
   });
-  return ok_status();
 }
 
 }  // namespace
-
-std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf) {
-  return std::make_shared<PortableFwd>(conf);
-}
 
 Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
                               const std::vector<const void*>& in, const std::vector<void*>& out) {
@@ -542,9 +482,8 @@ Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
     }
     return ok_status();
   }
-  if (conf.ncx_rows && conf.channel_group > 0) return run_rows_grouped(conf, kernels, in, out);
-  if (conf.strip_channels > 0) return run_pixel_strips(conf, kernels, in, out);
-  return conf.ncx_rows ? run_rows(conf, kernels, in, out) : run_pixels(conf, kernels, in, out);
+  FwdRun(conf, kernels, in, out).run();
+  return ok_status();
 }
 
 }  // namespace jit

@@ -1,7 +1,11 @@
-// The portable C++ path of the four kernels: for CPUs without AVX2 and for
-// NORMGRAD_JIT=0. Same contracts and the same arithmetic as the generated code.
+// The portable C++ path of the backward's and the forward's kernels: for CPUs
+// without AVX2 and for NORMGRAD_JIT=0. Same contracts and the same arithmetic
+// as the generated code.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
+#include <normgrad/backends/jit/jit_forward.hpp>
 #include <normgrad/backends/jit/jit_kernels.hpp>
 
 namespace normgrad {
@@ -107,10 +111,92 @@ class PortableKernels final : public KernelSet {
   int64_t cp_;
 };
 
+// Scalar loops with the kernels' contracts (FwdArgs in jit_forward.hpp).
+class PortableFwd final : public FwdKernels {
+ public:
+  explicit PortableFwd(const FwdConf& c) : c_(c) {}
+
+  void stats(const FwdArgs& a) const override {
+    if (c_.ncx_rows) {
+      // 64 chains, as the generated code keeps (4 vectors of 16): one chain's
+      // rounding grows with its length.
+      const float k = a.coef[0];
+      float s1[64] = {}, s2[64] = {};
+      const int64_t stride = c_.c * c_.spatial;
+      for (int64_t r = 0; r < a.rows; ++r) {
+        for (int64_t i = 0; i < a.len; ++i) {
+          const float t = load_element(a.x, r * stride + i, c_.dt) - k;
+          s1[i % 64] += t;
+          s2[i % 64] += t * t;
+        }
+      }
+      for (int w = 32; w >= 1; w /= 2) {
+        for (int i = 0; i < w; ++i) {
+          s1[i] += s1[i + w];
+          s2[i] += s2[i + w];
+        }
+      }
+      a.s1[0] = s1[0];
+      a.s2[0] = s2[0];
+      return;
+    }
+    for (int64_t ch = 0; ch < c_.c; ++ch) a.s1[ch] = a.s2[ch] = 0.f;
+    for (int64_t p = 0; p < a.len; ++p) {
+      for (int64_t ch = 0; ch < c_.c; ++ch) {
+        const float t = load_element(a.x, p * c_.c + ch, c_.dt) - a.coef[ch];
+        a.s1[ch] += t;
+        a.s2[ch] += t * t;
+      }
+    }
+  }
+
+  void apply(const FwdArgs& a) const override {
+    const int64_t cp = padded_channels(c_.c);
+    auto one = [&](int64_t i, float hi, float lo, float scale, float shift) {
+      float v = std::fma((load_element(a.x, i, c_.dt) - hi) - lo, scale, shift);
+      if (c_.residual) {
+        // The Add's output is rounded to the data type before the ReLU reads it,
+        // as the unfused graph does (the generated code matches).
+        v = load_element(a.residual, i, c_.dt) + round_to_dt(v);
+      }
+      if (c_.relu && c_.leaky) {
+        v = round_to_dt(v);  // the unfused LeakyReLU reads dst in its dtype
+        if (v < 0.f) v *= c_.alpha;
+      } else if (c_.relu) {
+        v = std::max(round_to_dt(v), 0.f);
+      }
+      store_element(a.y, i, c_.dt, v);
+    };
+    if (c_.ncx_rows) {
+      for (int64_t r = 0; r < a.rows; ++r) {
+        for (int64_t i = 0; i < a.len; ++i)
+          one(r * c_.c * c_.spatial + i, a.coef[0], a.coef[1], a.coef[2], a.coef[3]);
+      }
+      return;
+    }
+    for (int64_t p = 0; p < a.len; ++p) {
+      for (int64_t ch = 0; ch < c_.c; ++ch)
+        one(p * c_.c + ch, a.coef[ch], a.coef[cp + ch], a.coef[2 * cp + ch], a.coef[3 * cp + ch]);
+    }
+  }
+
+ private:
+  float round_to_dt(float v) const {
+    if (c_.dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(v));
+    if (c_.dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(v));
+    return v;
+  }
+  FwdConf c_;
+};
+
 }  // namespace
 
 std::shared_ptr<const KernelSet> portable_kernels(const BnConf& conf) {
   return std::make_shared<PortableKernels>(conf);
+}
+
+std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf) {
+  return std::make_shared<PortableFwd>(conf);
 }
 
 }  // namespace jit
