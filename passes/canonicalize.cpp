@@ -2,10 +2,11 @@
 #include <normgrad/passes/canonicalize.hpp>
 
 #include <algorithm>
-#include <set>
+#include <vector>
 
 #include <normgrad/ops/op_ports.hpp>
 #include <normgrad/ops/tf_batch_norm.hpp>
+#include <normgrad/passes/rewrite_driver.hpp>
 
 namespace normgrad {
 namespace {
@@ -52,40 +53,16 @@ StatusOr<Op> rewrite_tf(const Op& tf) {
   return bn;
 }
 
-}  // namespace
-
-StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
-  bool changed = false;
-  std::set<int64_t> dropped;  // empty reserve outputs that lost their producer
-  std::vector<int64_t> ids;
-  for (const Op& op : graph.ops()) ids.push_back(op.id());
-  for (int64_t id : ids) {
-    const Op& op = *graph.op(id);
-    if (is_tf_batch_norm_grad(op.kind())) {
-      NG_ASSIGN_OR_RETURN(Op bn, rewrite_tf(op));
-      // The reserve outputs after the three gradients.
-      for (size_t i = FusedBatchNormGradPorts::offset_backprop_port() + 1; i < op.outputs().size();
-           ++i)
-        dropped.insert(op.outputs()[i].id);
-      NG_RETURN_IF_ERROR(graph.replace_op(id, std::move(bn)));
-      changed = true;
-    } else if (op.kind() == OpKind::kBatchNormTrainingBackward && !op.has_attr("is_training")) {
-      Op bn = op;
-      const bool training = op.outputs().size() == 3;
-      bn.set_attr("is_training", training);
-      if (!training && bn.inputs().size() == 5)
-        bn.mutable_inputs().pop_back();  // oneDNN ignores gamma here
-      NG_RETURN_IF_ERROR(graph.replace_op(id, std::move(bn)));
-      changed = true;
+// The reserve outputs a TensorFlow gradient had after its three gradients
+// have no producer once it is replaced: End ops that only marked one go, any
+// other reader gets it as an (empty) graph input, and output ports drop it.
+Status drop_reserve_outputs(Graph& graph, const std::vector<int64_t>& dropped) {
+  for (int64_t id : dropped) {
+    std::vector<int64_t> ends;
+    for (const Use& u : graph.uses(id)) {
+      if (graph.op(u.op_id)->kind() == OpKind::kEnd) ends.push_back(u.op_id);
     }
-  }
-  if (dropped.empty()) return changed;
-  // End ops that only marked a dropped reserve output go too; any other
-  // reader of one gets it as an (empty) graph input.
-  for (int64_t id : ids) {
-    const Op* op = graph.op(id);
-    if (op != nullptr && op->kind() == OpKind::kEnd && dropped.count(EndPorts(*op).src().id))
-      NG_RETURN_IF_ERROR(graph.erase_op(id));
+    for (int64_t end : ends) NG_RETURN_IF_ERROR(graph.erase_op(end));
   }
   if (graph.input_ports()) {
     std::vector<int64_t> ports = *graph.input_ports();
@@ -98,11 +75,44 @@ StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
   if (graph.output_ports()) {
     std::vector<int64_t> ports;
     for (int64_t id : *graph.output_ports()) {
-      if (!dropped.count(id)) ports.push_back(id);
+      if (std::find(dropped.begin(), dropped.end(), id) == dropped.end()) ports.push_back(id);
     }
     graph.set_output_ports(std::move(ports));
   }
-  return changed;
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<bool> CanonicalizePass::run(Graph& graph) const {
+  // Each op is rewritten once, into a form no pattern matches again; the
+  // ops are copied from first, as the edits replace them.
+  RewritePattern tf_gradient{
+      "tf-gradient-to-backward",
+      {OpKind::kFusedBatchNormGrad, OpKind::kFusedBatchNormGradV2, OpKind::kFusedBatchNormGradV3},
+      [](Graph& g, const Op& op) -> StatusOr<bool> {
+        NG_ASSIGN_OR_RETURN(Op bn, rewrite_tf(op));
+        std::vector<int64_t> dropped;  // the reserve outputs after the three gradients
+        for (size_t i = FusedBatchNormGradPorts::offset_backprop_port() + 1;
+             i < op.outputs().size(); ++i)
+          dropped.push_back(op.outputs()[i].id);
+        NG_RETURN_IF_ERROR(g.replace_op(op.id(), std::move(bn)));
+        NG_RETURN_IF_ERROR(drop_reserve_outputs(g, dropped));
+        return true;
+      }};
+  RewritePattern explicit_mode{"explicit-training-mode",
+                               {OpKind::kBatchNormTrainingBackward},
+                               [](Graph& g, const Op& op) -> StatusOr<bool> {
+                                 if (op.has_attr("is_training")) return false;
+                                 Op bn = op;
+                                 const bool training = op.outputs().size() == 3;
+                                 bn.set_attr("is_training", training);
+                                 if (!training && bn.inputs().size() == 5)
+                                   bn.mutable_inputs().pop_back();  // oneDNN ignores gamma here
+                                 NG_RETURN_IF_ERROR(g.replace_op(op.id(), std::move(bn)));
+                                 return true;
+                               }};
+  return apply_patterns_greedily(graph, {tf_gradient, explicit_mode});
 }
 
 }  // namespace normgrad

@@ -13,6 +13,8 @@ StatusOr<bool> CsePass::run(Graph& graph) const {
   // One walk in topological order: an op whose inputs (after the merges so
   // far) and attributes match an earlier op's goes, and its readers read the
   // earlier op's outputs. The rewriter keeps producers and consumers current.
+  // Not the greedy driver: a merge changes only its readers' signatures, and
+  // they come later in this order, so one walk finds every merge.
   std::map<std::string, int64_t> seen;  // signature -> op id
   std::vector<int64_t> order;
   for (const Op& op : graph.ops()) order.push_back(op.id());

@@ -7,6 +7,7 @@
 
 #include <normgrad/ops/op_ports.hpp>
 #include <normgrad/passes/pattern.hpp>
+#include <normgrad/passes/rewrite_driver.hpp>
 #include <normgrad/passes/rewrite_util.hpp>
 
 namespace normgrad {
@@ -80,76 +81,88 @@ Status split_forward(Graph& graph, const Op& bn) {
   return graph.replace_op(bn.id(), std::move(apply));
 }
 
+// The backward: Reduce (this process's sums and count) -> AllReduce ->
+// Apply, which keeps the op's id and outputs; a fusible producer of src or
+// diff_dst is cloned for the Reduce, so both halves still fuse it.
+Status split_backward(Graph& graph, const Op& bn) {
+  if (!graph.unknown_shape_error(bn).ok())
+    return invalid_graph(bn.label() + ": a synchronized batch norm needs known shapes");
+  const std::string group = *bn.attr_string("sync_group");
+  const std::string base = bn.name().empty() ? "bn" + std::to_string(bn.id()) : bn.name();
+  const BatchNormTrainingBackwardPorts ports(bn);
+  const LogicalTensor& mean = ports.mean();
+  const int64_t c = mean.dims[0];
+  // src and diff_dst as the Reduce half reads them (a clone of a fusible producer's output).
+  LogicalTensor reduce_in[2] = {ports.src(), ports.diff_dst()};
+  for (size_t port : {ports.src_port(), ports.diff_dst_port()}) {
+    const LogicalTensor& t = bn.inputs()[port];
+    if (!fusible_bn_backward_producer(graph, bn, port).ok()) continue;
+    const Op& producer = *graph.producer(t.id);
+    Op copy(graph.new_op_id(), producer.kind(), producer.name() + "/for_reduce");
+    for (const auto& [k, v] : producer.attrs()) copy.set_attr(k, v);
+    for (const LogicalTensor& lt : producer.inputs()) copy.add_input(lt);
+    LogicalTensor out = t;
+    out.id = graph.new_tensor_id();
+    copy.add_output(out);
+    reduce_in[port] = out;
+    NG_RETURN_IF_ERROR(graph.insert_op(std::move(copy), bn.id()));
+  }
+  const std::string format = bn.has_attr("data_format") ? *bn.attr_string("data_format") : "NXC";
+  Op reduce(graph.new_op_id(), OpKind::kBatchNormBackwardReduce, base + "/reduce");
+  reduce.set_attr("data_format", format);
+  reduce.add_input(reduce_in[0]).add_input(reduce_in[1]).add_input(mean);
+  LogicalTensor local[3] = {LogicalTensor(graph.new_tensor_id(), DataType::kF32, {c}),
+                            LogicalTensor(graph.new_tensor_id(), DataType::kF32, {c}),
+                            LogicalTensor(graph.new_tensor_id(), DataType::kS64, {1})};
+  for (const LogicalTensor& lt : local) reduce.add_output(lt);
+
+  Op all_reduce(graph.new_op_id(), OpKind::kAllReduce, base + "/allreduce");
+  all_reduce.set_attr("group", group).set_attr("signature", signature(bn, "sums", c, format));
+  Op apply(bn.id(), OpKind::kBatchNormBackwardApply, base + "/apply");
+  apply.set_attr("epsilon", bn.attrs().at("epsilon"));
+  apply.set_attr("data_format", format);
+  if (!*bn.attr_bool("is_training")) apply.set_attr("is_training", false);
+  if (bn.has_attr("variance_is_inv_std"))
+    apply.set_attr("variance_is_inv_std", bn.attrs().at("variance_is_inv_std"));
+  apply.add_input(ports.src()).add_input(ports.diff_dst()).add_input(mean);
+  apply.add_input(ports.variance());
+  for (const LogicalTensor& lt : local) {
+    all_reduce.add_input(lt);
+    LogicalTensor global = lt;
+    global.id = graph.new_tensor_id();
+    all_reduce.add_output(global);
+    apply.add_input(global);
+  }
+  if (ports.has_gamma()) apply.add_input(ports.gamma());
+  for (const LogicalTensor& lt : bn.outputs()) apply.add_output(lt);
+  NG_RETURN_IF_ERROR(graph.insert_op(std::move(reduce), bn.id()));
+  NG_RETURN_IF_ERROR(graph.insert_op(std::move(all_reduce), bn.id()));
+  NG_RETURN_IF_ERROR(graph.replace_op(bn.id(), std::move(apply)));
+  return ok_status();
+}
+
 }  // namespace
 
 StatusOr<bool> SplitSyncBatchNormPass::run(Graph& graph) const {
-  std::vector<int64_t> synchronized, forwards;
-  for (const Op& op : graph.ops()) {
-    if (is_synchronized(op)) synchronized.push_back(op.id());
-    if (op.kind() == OpKind::kBatchNormForwardTraining && op.has_attr("sync_group"))
-      forwards.push_back(op.id());
-  }
-  for (int64_t bn_id : forwards) {
-    const Op bn = *graph.op(bn_id);  // a copy: the edits below replace it
-    NG_RETURN_IF_ERROR(split_forward(graph, bn));
-  }
-  for (int64_t bn_id : synchronized) {
-    const Op bn = *graph.op(bn_id);  // a copy: the edits below move the ops
-    if (!graph.unknown_shape_error(bn).ok())
-      return invalid_graph(bn.label() + ": a synchronized batch norm needs known shapes");
-    const std::string group = *bn.attr_string("sync_group");
-    const std::string base = bn.name().empty() ? "bn" + std::to_string(bn.id()) : bn.name();
-    const BatchNormTrainingBackwardPorts ports(bn);
-    const LogicalTensor& mean = ports.mean();
-    const int64_t c = mean.dims[0];
-    // src and diff_dst as the Reduce half reads them (a clone of a fusible producer's output).
-    LogicalTensor reduce_in[2] = {ports.src(), ports.diff_dst()};
-    for (size_t port : {ports.src_port(), ports.diff_dst_port()}) {
-      const LogicalTensor& t = bn.inputs()[port];
-      if (!fusible_bn_backward_producer(graph, bn, port).ok()) continue;
-      const Op& producer = *graph.producer(t.id);
-      Op copy(graph.new_op_id(), producer.kind(), producer.name() + "/for_reduce");
-      for (const auto& [k, v] : producer.attrs()) copy.set_attr(k, v);
-      for (const LogicalTensor& lt : producer.inputs()) copy.add_input(lt);
-      LogicalTensor out = t;
-      out.id = graph.new_tensor_id();
-      copy.add_output(out);
-      reduce_in[port] = out;
-      NG_RETURN_IF_ERROR(graph.insert_op(std::move(copy), bn_id));
-    }
-    const std::string format = bn.has_attr("data_format") ? *bn.attr_string("data_format") : "NXC";
-    Op reduce(graph.new_op_id(), OpKind::kBatchNormBackwardReduce, base + "/reduce");
-    reduce.set_attr("data_format", format);
-    reduce.add_input(reduce_in[0]).add_input(reduce_in[1]).add_input(mean);
-    LogicalTensor local[3] = {LogicalTensor(graph.new_tensor_id(), DataType::kF32, {c}),
-                              LogicalTensor(graph.new_tensor_id(), DataType::kF32, {c}),
-                              LogicalTensor(graph.new_tensor_id(), DataType::kS64, {1})};
-    for (const LogicalTensor& lt : local) reduce.add_output(lt);
-
-    Op all_reduce(graph.new_op_id(), OpKind::kAllReduce, base + "/allreduce");
-    all_reduce.set_attr("group", group).set_attr("signature", signature(bn, "sums", c, format));
-    Op apply(bn.id(), OpKind::kBatchNormBackwardApply, base + "/apply");
-    apply.set_attr("epsilon", bn.attrs().at("epsilon"));
-    apply.set_attr("data_format", format);
-    if (!*bn.attr_bool("is_training")) apply.set_attr("is_training", false);
-    if (bn.has_attr("variance_is_inv_std"))
-      apply.set_attr("variance_is_inv_std", bn.attrs().at("variance_is_inv_std"));
-    apply.add_input(ports.src()).add_input(ports.diff_dst()).add_input(mean);
-    apply.add_input(ports.variance());
-    for (const LogicalTensor& lt : local) {
-      all_reduce.add_input(lt);
-      LogicalTensor global = lt;
-      global.id = graph.new_tensor_id();
-      all_reduce.add_output(global);
-      apply.add_input(global);
-    }
-    if (ports.has_gamma()) apply.add_input(ports.gamma());
-    for (const LogicalTensor& lt : bn.outputs()) apply.add_output(lt);
-    NG_RETURN_IF_ERROR(graph.insert_op(std::move(reduce), bn_id));
-    NG_RETURN_IF_ERROR(graph.insert_op(std::move(all_reduce), bn_id));
-    NG_RETURN_IF_ERROR(graph.replace_op(bn_id, std::move(apply)));
-  }
-  return !synchronized.empty() || !forwards.empty();
+  // Each batch norm is rewritten once, into kinds no pattern anchors at.
+  // The ops are copied first: the edits replace them.
+  RewritePattern forward{"split-sync-forward",
+                         {OpKind::kBatchNormForwardTraining},
+                         [](Graph& g, const Op& op) -> StatusOr<bool> {
+                           if (!op.has_attr("sync_group")) return false;
+                           const Op bn = op;
+                           NG_RETURN_IF_ERROR(split_forward(g, bn));
+                           return true;
+                         }};
+  RewritePattern backward{"split-sync-backward",
+                          {OpKind::kBatchNormTrainingBackward},
+                          [](Graph& g, const Op& op) -> StatusOr<bool> {
+                            if (!is_synchronized(op)) return false;
+                            const Op bn = op;
+                            NG_RETURN_IF_ERROR(split_backward(g, bn));
+                            return true;
+                          }};
+  return apply_patterns_greedily(graph, {forward, backward});
 }
 
 }  // namespace normgrad
