@@ -10,13 +10,13 @@ batch and prints both loss curves.
 
 Run: PYTHONPATH=build/python /usr/bin/python3 examples/python/sync_batch_norm.py
 """
-import gc
 import os
 import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+import normgrad.ranks
 
 STEPS = 5
 
@@ -48,31 +48,24 @@ def train(net, x, y):
     return losses
 
 
-def worker(rank, out):
+def worker(rank, workdir):
+    """One process of two: normgrad.ranks.run_ranks has joined it to the
+    process group (gloo, meeting through a file in workdir)."""
     import normgrad.torch as ngt
-    # Rendezvous through a file: no TCP port to pick (and lose to another process).
-    dist.init_process_group("gloo", init_method="file://" + os.path.join(out, "rendezvous"),
-                            rank=rank, world_size=2)
-    try:
-        net = torch.nn.parallel.DistributedDataParallel(ngt.convert_sync_batchnorm(model()))
-        x, y = data()
-        half = slice(rank * 8, rank * 8 + 8)
-        losses = train(net, x[half], y[half])
-        torch.save({"losses": losses, "state": net.module.state_dict()}, os.path.join(out, "%d.pt" % rank))
-        # Tear DDP down while the process group still lives, after every
-        # collective has finished: torch 1.13's DDP Reducer, freed last, joins
-        # gloo's threads while holding the GIL, and deadlocks when one of them
-        # is freeing a Python tensor at that moment.
-        dist.barrier()
-        del net
-        gc.collect()
-    finally:
-        dist.destroy_process_group()
+    net = torch.nn.parallel.DistributedDataParallel(ngt.convert_sync_batchnorm(model()))
+    x, y = data()
+    half = slice(rank * 8, rank * 8 + 8)
+    losses = train(net, x[half], y[half])
+    torch.save({"losses": losses, "state": net.module.state_dict()},
+               os.path.join(workdir, "%d.pt" % rank))
+    # Both processes past their last collective before either leaves (the
+    # runner then ends each process at once, with no teardown to wait in).
+    dist.barrier()
 
 
 def main():
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(worker, args=(d,), nprocs=2, join=True)
+        normgrad.ranks.run_ranks(worker, 2, workdir=d)
         runs = [torch.load(os.path.join(d, "%d.pt" % r)) for r in range(2)]
     x, y = data()
     ref = model()

@@ -17,16 +17,14 @@ the bytes at the measured bandwidth, beside the measured difference.
 The cores are shared: P processes of max(1, threads / P) threads each, so
 P = 4 on 2 cores is oversubscribed (two processes per core), and the
 output says so."""
-import json
 import math
-import os
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from normgrad.ranks import run_ranks
 
 
 def _model(name, sync, layout):
@@ -49,60 +47,48 @@ def _latency(n, reps=200):
     return statistics.median(times)
 
 
-def _worker(rank, world, cfg, out_dir):
+def _worker(rank, workdir, world, cfg):
     import normgrad
     import normgrad.torch as ngt
     threads = max(1, cfg["threads"] // world)
     torch.set_num_threads(threads)
     normgrad.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method="file://" + os.path.join(out_dir, "rendezvous"),
-                            rank=rank, world_size=world)
-    try:
-        mf = torch.channels_last if cfg["layout"] == "channels_last" else torch.contiguous_format
-        per_rank = cfg["batch"] // world + (1 if rank < cfg["batch"] % world else 0)
-        torch.manual_seed(1 + rank)
-        x = torch.randn(per_rank, 3, cfg["size"], cfg["size"]).contiguous(memory_format=mf)
-        labels = torch.randint(0, 1000, (per_rank,))
-        runs = {}
+    mf = torch.channels_last if cfg["layout"] == "channels_last" else torch.contiguous_format
+    per_rank = cfg["batch"] // world + (1 if rank < cfg["batch"] % world else 0)
+    torch.manual_seed(1 + rank)
+    x = torch.randn(per_rank, 3, cfg["size"], cfg["size"]).contiguous(memory_format=mf)
+    labels = torch.randint(0, 1000, (per_rank,))
+    runs = {}
+    for sync in (True, False):
+        model = _model(cfg["model"], sync, mf)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        runs[sync] = (ddp, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+    times = {True: [], False: []}
+    counts = []
+    for i in range(cfg["steps"] + 1):
         for sync in (True, False):
-            model = _model(cfg["model"], sync, mf)
-            ddp = torch.nn.parallel.DistributedDataParallel(model)
-            runs[sync] = (ddp, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
-        times = {True: [], False: []}
-        counts = []
-        for i in range(cfg["steps"] + 1):
-            for sync in (True, False):
-                ddp, opt = runs[sync]
-                dist.barrier()  # every rank starts the step together
-                ngt.sync_stats(reset=True)
-                t0 = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(ddp(x), labels).backward()
-                opt.step()
-                dt = (time.perf_counter() - t0) * 1e3
-                if i > 0:  # the first step warms caches and compiles kernels
-                    times[sync].append(dt)
-                    if sync:
-                        counts.append(ngt.sync_stats())
-        small = _latency(1)
-        big = _latency(4096)  # 32 KiB: the bandwidth term
-        with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-            json.dump({"sync": times[True], "bn": times[False],
-                       "counts": {k: statistics.median(c[k] for c in counts) for k in counts[0]},
-                       "alpha_s": small, "beta_s_per_byte": max(0.0, big - small) / (4096 * 8)},
-                      f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+            ddp, opt = runs[sync]
+            dist.barrier()  # every rank starts the step together
+            ngt.sync_stats(reset=True)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(ddp(x), labels).backward()
+            opt.step()
+            dt = (time.perf_counter() - t0) * 1e3
+            if i > 0:  # the first step warms caches and compiles kernels
+                times[sync].append(dt)
+                if sync:
+                    counts.append(ngt.sync_stats())
+    small = _latency(1)
+    big = _latency(4096)  # 32 KiB: the bandwidth term
+    dist.barrier()  # every rank past its last collective before any leaves
+    return {"sync": times[True], "bn": times[False],
+            "counts": {k: statistics.median(c[k] for c in counts) for k in counts[0]},
+            "alpha_s": small, "beta_s_per_byte": max(0.0, big - small) / (4096 * 8)}
 
 
 def _run(world, cfg):
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(world, cfg, d), nprocs=world, join=True)
-        per_rank = []
-        for r in range(world):
-            with open(os.path.join(d, "rank%d.json" % r)) as f:
-                per_rank.append(json.load(f))
+    per_rank = run_ranks(_worker, world, args=(world, cfg))
     # A step ends when its slowest rank does.
     step = {k: statistics.median(max(ts) for ts in zip(*(p[k] for p in per_rank)))
             for k in ("sync", "bn")}

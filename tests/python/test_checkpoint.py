@@ -126,7 +126,6 @@ def test_two_different_batches_before_a_backward_both_count():
 
 
 def sync_worker(rank, out_dir, how, kind="sync"):
-    ranks.init(rank, 2, out_dir)
     model = (ngt.convert_sync_batchnorm(make_model(2)) if kind == "sync"
              else ngt.name_layers(make_abn_model(sync=True)))
     torch.manual_seed(20 + rank)

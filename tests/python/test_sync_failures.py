@@ -39,7 +39,6 @@ def bad_inputs_worker(rank, out_dir, world, kind):
     skips (it logs its own error and goes on to the next step). After each
     case every rank is still in step, so the next runs on the same group;
     a last good step shows the group is still usable."""
-    ranks.init(rank, world, out_dir)
     import normgrad.torch as ngt
     bad = rank == world - 1
     torch.manual_seed(rank)
@@ -114,7 +113,6 @@ def test_a_bad_input_on_one_rank_is_an_error_on_every_rank(tmp_path, world, kind
 def exit_worker(rank, out_dir, world, when, kind):
     """The last rank leaves (os._exit) before the forward or between the
     forward and the backward; the others run the step."""
-    ranks.init(rank, world, out_dir, timeout_s=60)
     model = make_layer(kind)
     bad = rank == world - 1
     if bad and when == "before_forward":
@@ -145,10 +143,9 @@ def test_a_rank_that_exits_is_an_error_on_the_others(tmp_path, world, kind, when
     assert reps[-1] is None
 
 
-def raise_worker(rank, out_dir, world, pg_timeout, kind, stay=10):
+def raise_worker(rank, out_dir, world, kind, stay=10):
     """The last rank's own code raises after the forward; it catches the
     error and stays alive without taking part (a loop that logs and waits)."""
-    ranks.init(rank, world, out_dir, timeout_s=pg_timeout)
     model = make_layer(kind)
     t0 = time.monotonic()
     try:
@@ -169,7 +166,8 @@ def raise_worker(rank, out_dir, world, pg_timeout, kind, stay=10):
 @pytest.mark.parametrize("world,kind", [(2, "sync"), (3, "sync"), (2, "abn")])
 def test_a_rank_that_raises_in_its_own_code_ends_the_others_within_the_group_timeout(
         tmp_path, world, kind):
-    reps = ranks.run_ranks(raise_worker, world, str(tmp_path), (world, 6, kind), bound=60)
+    reps = ranks.run_ranks(raise_worker, world, str(tmp_path), (world, kind), bound=60,
+                           timeout=6)
     for r, rep in enumerate(reps[:-1]):
         assert rep is not None and rep["class"] == "SyncError", (r, rep)
         assert "(backward, rank %d of %d)" % (r, world) in rep["msg"], rep
@@ -180,7 +178,7 @@ def test_a_rank_that_raises_in_its_own_code_ends_the_others_within_the_group_tim
 def test_normgrad_s_own_timeout_bounds_a_collective(tmp_path, monkeypatch):
     """NORMGRAD_COLLECTIVE_TIMEOUT shorter than the group's (60 s) ends the wait."""
     monkeypatch.setenv("NORMGRAD_COLLECTIVE_TIMEOUT", "2")
-    reps = ranks.run_ranks(raise_worker, 2, str(tmp_path), (2, 60, "sync"), bound=120)
+    reps = ranks.run_ranks(raise_worker, 2, str(tmp_path), (2, "sync"), bound=120, timeout=60)
     rep = reps[0]
     assert rep is not None and rep["class"] == "SyncError", rep
     assert "NORMGRAD_COLLECTIVE_TIMEOUT=2s" in rep["msg"], rep

@@ -16,17 +16,11 @@ import ranks  # noqa: E402
 SPLIT = (3, 4)  # the batch of 7, unevenly
 
 
-def init(rank, out_dir):
-    """gloo over two processes, meeting through a file (no TCP port to pick and lose)."""
-    ranks.init(rank, 2, out_dir)
-
-
 def finish():
-    """Both processes past their last collective before the group goes: gloo
+    """Both processes past their last collective before either leaves: gloo
     aborts a process (std::terminate on a joinable thread) when one side tears
     its pairs down while the other still has a receive pending."""
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def full_problem(channels_last):
@@ -42,7 +36,6 @@ def full_problem(channels_last):
 
 def worker(rank, out_dir, channels_last):
     import normgrad.torch as ngt
-    init(rank, out_dir)
     try:
         x, g, w, b = full_problem(channels_last)
         lo = sum(SPLIT[:rank])
@@ -90,7 +83,6 @@ def test_two_processes_equal_the_full_batch(channels_last):
 
 def abn_worker(rank, out_dir, channels_last):
     import normgrad.torch as ngt
-    init(rank, out_dir)
     try:
         x, g, w, b = full_problem(channels_last)
         lo = sum(SPLIT[:rank])
@@ -147,7 +139,6 @@ def offset_problem(total, channels_last=False):
 
 def offset_worker(rank, out_dir, split, channels_last):
     import normgrad.torch as ngt
-    init(rank, out_dir)
     try:
         x, g, w, b = offset_problem(sum(split), channels_last)
         lo = sum(split[:rank])
@@ -201,7 +192,6 @@ def test_offset_data_any_split_equals_the_full_batch(split, channels_last):
 def empty_worker(rank, out_dir):
     import normgrad
     import normgrad.torch as ngt
-    init(rank, out_dir)
     try:
         m = ngt.SyncBatchNorm(3)
         try:
@@ -224,7 +214,6 @@ def test_every_rank_empty_is_a_clear_error_on_every_rank():
 
 def abn_offset_worker(rank, out_dir):
     import normgrad.torch as ngt
-    init(rank, out_dir)
     try:
         x, g, w, b = offset_problem(8)
         split = (5, 3)
@@ -289,7 +278,6 @@ def subgroup_worker(rank, out_dir):
     """4 processes in 2 groups of 2 ({0, 1} and {2, 3}); each group's data
     differs, and each normalises over its own group only."""
     import normgrad.torch as ngt
-    ranks.init(rank, 4, out_dir)
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes both
     mine = groups[rank // 2]
     x, g, w, b = full_problem(False)
