@@ -118,6 +118,8 @@ class Graph {
   // outputs) and may change its dtype, dims, strides or property, never its
   // id (benchdnn's --dt and --in-shapes, a process's slice of the batch). A
   // finalized graph is finalized again, as new shapes must be re-inferred.
+  // A failed update (an id changed, or shapes that do not finalize) leaves
+  // the graph as it was.
   Status update_tensors(const std::function<void(LogicalTensor&)>& edit);
 
   // The listener told of every edit above from now on (nullptr: none);

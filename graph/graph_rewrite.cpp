@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <utility>
+#include <vector>
 
 #include <normgrad/graph/op_checks.hpp>
 
@@ -146,26 +148,51 @@ Status Graph::replace_op(int64_t op_id, Op replacement) {
 }
 
 Status Graph::update_tensors(const std::function<void(LogicalTensor&)>& edit) {
+  // Each changed port and what it was, to put back when the edit changes an
+  // id or the new descriptions do not finalize: a failed update leaves the
+  // graph as it was. The listener hears of the changed ops only on success.
+  std::vector<std::pair<LogicalTensor*, LogicalTensor>> was;
+  std::vector<std::pair<Op, int64_t>> before;  // a changed op as it was, and its id
+  auto put_back = [&] {
+    for (auto it = was.rbegin(); it != was.rend(); ++it) *it->first = it->second;
+  };
   for (Op& op : ops_) {
-    const Op before = listener_ ? op : Op();
+    Op old_op = listener_ ? op : Op();
     bool changed = false;
     for (auto* ports : {&op.mutable_inputs(), &op.mutable_outputs()}) {
       for (LogicalTensor& lt : *ports) {
-        const LogicalTensor was = lt;
+        LogicalTensor old = lt;
         edit(lt);
-        if (lt.id != was.id)
-          return invalid_argument("update_tensors: tensor " + std::to_string(was.id) +
+        if (lt.id != old.id) {
+          lt = std::move(old);
+          put_back();
+          return invalid_argument("update_tensors: tensor " + std::to_string(lt.id) +
                                   " may change its description, not its id");
-        changed = changed || lt.dtype != was.dtype || lt.dims != was.dims ||
-                  lt.strides != was.strides || lt.rank_unknown != was.rank_unknown ||
-                  lt.layout != was.layout || lt.property != was.property;
+        }
+        if (lt.dtype != old.dtype || lt.dims != old.dims || lt.strides != old.strides ||
+            lt.rank_unknown != old.rank_unknown || lt.layout != old.layout ||
+            lt.property != old.property) {
+          was.emplace_back(&lt, std::move(old));
+          changed = true;
+        }
       }
     }
-    if (changed && listener_) listener_->op_replaced(before, op);
+    if (changed && listener_) before.emplace_back(std::move(old_op), op.id());
   }
-  if (!finalized_) return ok_status();
-  finalized_ = false;
-  return finalize();
+  if (finalized_) {
+    finalized_ = false;
+    Status s = finalize();
+    if (!s.ok()) {
+      put_back();
+      finalized_ = false;
+      const Status back = finalize();
+      assert(back.ok() && "the graph before an update must finalize");
+      (void)back;
+      return s.with_context("update_tensors");
+    }
+  }
+  for (const auto& [old_op, id] : before) listener_->op_replaced(old_op, *ops_.find(id));
+  return ok_status();
 }
 
 Status Graph::replace_all_uses_with(int64_t from, const LogicalTensor& to) {
