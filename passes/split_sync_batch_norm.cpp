@@ -38,18 +38,33 @@ std::string signature(const Op& bn, const char* role, int64_t channels, const st
   return s.str();
 }
 
+// What both halves of a split name: the group, the new ops' name prefix and
+// the data format; a synchronized batch norm needs known shapes.
+struct SplitNames {
+  std::string group, base, format;
+};
+
+StatusOr<SplitNames> split_names(const Graph& graph, const Op& bn) {
+  if (!graph.unknown_shape_error(bn).ok())
+    return invalid_graph(bn.label() + ": a synchronized batch norm needs known shapes");
+  SplitNames n;
+  n.group = *bn.attr_string("sync_group");
+  n.base = bn.name().empty() ? "bn" + std::to_string(bn.id()) : bn.name();
+  n.format = bn.has_attr("data_format") ? *bn.attr_string("data_format") : "NXC";
+  return n;
+}
+
 // The forward: Reduce (this process's sum, M2 about its mean and count, in
 // f64) -> AllReduce (sum, count) -> Merge (M2 moved to the global mean) ->
 // AllReduce (M2) -> Apply, which keeps the op's id and outputs, so an
 // epilogue after it still fuses.
 Status split_forward(Graph& graph, const Op& bn) {
-  if (!graph.unknown_shape_error(bn).ok())
-    return invalid_graph(bn.label() + ": a synchronized batch norm needs known shapes");
-  const std::string group = *bn.attr_string("sync_group");
-  const std::string base = bn.name().empty() ? "bn" + std::to_string(bn.id()) : bn.name();
+  NG_ASSIGN_OR_RETURN(const SplitNames names, split_names(graph, bn));
+  const std::string& group = names.group;
+  const std::string& base = names.base;
+  const std::string& format = names.format;
   const BatchNormForwardTrainingPorts ports(bn);
   const int64_t c = ports.mean().dims[0];
-  const std::string format = bn.has_attr("data_format") ? *bn.attr_string("data_format") : "NXC";
   auto f64 = [&] { return LogicalTensor(graph.new_tensor_id(), DataType::kF64, {c}); };
   auto count = [&] { return LogicalTensor(graph.new_tensor_id(), DataType::kS64, {1}); };
   const LogicalTensor lsum = f64(), lm2 = f64(), lcount = count();
@@ -85,10 +100,10 @@ Status split_forward(Graph& graph, const Op& bn) {
 // Apply, which keeps the op's id and outputs; a fusible producer of src or
 // diff_dst is cloned for the Reduce, so both halves still fuse it.
 Status split_backward(Graph& graph, const Op& bn) {
-  if (!graph.unknown_shape_error(bn).ok())
-    return invalid_graph(bn.label() + ": a synchronized batch norm needs known shapes");
-  const std::string group = *bn.attr_string("sync_group");
-  const std::string base = bn.name().empty() ? "bn" + std::to_string(bn.id()) : bn.name();
+  NG_ASSIGN_OR_RETURN(const SplitNames names, split_names(graph, bn));
+  const std::string& group = names.group;
+  const std::string& base = names.base;
+  const std::string& format = names.format;
   const BatchNormTrainingBackwardPorts ports(bn);
   const LogicalTensor& mean = ports.mean();
   const int64_t c = mean.dims[0];
@@ -107,7 +122,6 @@ Status split_backward(Graph& graph, const Op& bn) {
     reduce_in[port] = out;
     NG_RETURN_IF_ERROR(graph.insert_op(std::move(copy), bn.id()));
   }
-  const std::string format = bn.has_attr("data_format") ? *bn.attr_string("data_format") : "NXC";
   Op reduce(graph.new_op_id(), OpKind::kBatchNormBackwardReduce, base + "/reduce");
   reduce.set_attr("data_format", format);
   reduce.add_input(reduce_in[0]).add_input(reduce_in[1]).add_input(mean);

@@ -13,6 +13,7 @@
 #include <normgrad/testing/oracle.hpp>
 #include "tools/bench_graphs.hpp"
 #include "tools/bench_probe.hpp"
+#include "tools/cli_driver.hpp"
 
 namespace normgrad {
 namespace cli {
@@ -20,12 +21,6 @@ namespace cli {
 using oracle::allocate;
 using oracle::Buffer;
 using oracle::make_inputs;
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 namespace {
 

@@ -41,7 +41,5 @@ struct BenchOptions {
 // its reason. An error is what stops the whole case (allocation, inputs).
 Status run_bench_case(const BenchOptions& opt, BenchCase& cr, const Graph& graph);
 
-double median_of(std::vector<double> v);
-
 }  // namespace cli
 }  // namespace normgrad

@@ -2,9 +2,9 @@
 // one process, next to an in-run bandwidth roofline; table, JSON and SVG.
 //
 // The command in its steps: parse_bench_args reads the options, preset_shapes
-// and BenchSession plan the cases (a preset layer in each dtype, layout and
+// and BenchCommand plan the cases (a preset layer in each dtype, layout and
 // fusion, its two phases apart, or a user's graph), run_bench_case
-// (bench_run.cpp) times each between two bandwidth probes, and the session
+// (bench_run.cpp) times each between two bandwidth probes, and the command
 // reports each case against its probes and writes the JSON and the chart.
 #include <algorithm>
 #include <cstdlib>
@@ -32,14 +32,6 @@
 namespace normgrad {
 namespace cli {
 namespace {
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> v;
-  for (const std::string& item : split_commas(s)) {
-    if (!item.empty()) v.push_back(item);
-  }
-  return v;
-}
 
 // What the command line asks beyond BenchOptions: the compiler's timing.
 struct BenchArgs {
@@ -161,9 +153,9 @@ Shapes preset_shapes(const std::string& preset) {
 }
 
 // One run of the command: the probe, the host, and the cases so far.
-class BenchSession {
+class BenchCommand {
  public:
-  BenchSession(const BenchOptions& opt, int64_t threads)
+  BenchCommand(const BenchOptions& opt, int64_t threads)
       : opt_(opt), threads_(threads), probe_(kProbeFloats), host_(host_info()) {
     roof_start_ = last_probe_ = probe_.measure(4);
     read_start_ = probe_.measure_read_only(4);
@@ -195,7 +187,7 @@ class BenchSession {
   std::vector<BenchCase> cases_;
 };
 
-void BenchSession::report(const BenchCase& cr) const {
+void BenchCommand::report(const BenchCase& cr) const {
   // No ratio where oneDNN was not timed or declined (it would read x0.00).
   auto format_ratio = [](double ratio) {
     std::ostringstream os;
@@ -242,7 +234,7 @@ void BenchSession::report(const BenchCase& cr) const {
 
 // Probes on both sides of every case: its shares divide by the higher of
 // the two, the bandwidth the host gave while the case ran.
-Status BenchSession::run_and_report(BenchCase& cr, const Graph& g, const BenchOptions& o) {
+Status BenchCommand::run_and_report(BenchCase& cr, const Graph& g, const BenchOptions& o) {
   cr.probe_before = last_probe_;
   NG_RETURN_IF_ERROR(run_bench_case(o, cr, g));
   cr.probe_after = last_probe_ = probe_.measure(2);
@@ -266,7 +258,7 @@ Status BenchSession::run_and_report(BenchCase& cr, const Graph& g, const BenchOp
 
 // A user's graph: minimal traffic is every graph input and output read or
 // written once.
-Status BenchSession::graph_case(const std::string& path) {
+Status BenchCommand::graph_case(const std::string& path) {
   NG_ASSIGN_OR_RETURN(Graph g, load_graph(path));
   NG_RETURN_IF_ERROR(g.finalize());
   BenchCase cr;
@@ -292,7 +284,7 @@ Status BenchSession::graph_case(const std::string& path) {
 }
 
 // A preset layer in every dtype, layout and fusion asked for.
-Status BenchSession::layer_cases(const std::string& name, const Dims& nchw) {
+Status BenchCommand::layer_cases(const std::string& name, const Dims& nchw) {
   const bool fwd = opt_.dir == "fwd";
   for (const std::string& dts : opt_.dts) {
     NG_ASSIGN_OR_RETURN(const DataType dt, parse_dtype(dts));
@@ -334,7 +326,7 @@ Status BenchSession::layer_cases(const std::string& name, const Dims& nchw) {
 
 // The backward's two phases apart, on the JIT: reduce 2 tensor passes, apply
 // 3, where the data exceeds the cache model's L3 (else no bound).
-Status BenchSession::phase_cases(const BenchCase& whole, const Dims& nchw, DataType dt) {
+Status BenchCommand::phase_cases(const BenchCase& whole, const Dims& nchw, DataType dt) {
   const double elems = static_cast<double>(nchw[0] * nchw[1] * nchw[2] * nchw[3]);
   for (const bool reduce : {true, false}) {
     BenchCase pc;
@@ -358,7 +350,7 @@ Status BenchSession::phase_cases(const BenchCase& whole, const Dims& nchw, DataT
   return ok_status();
 }
 
-void BenchSession::finish() {
+void BenchCommand::finish() {
   const double roof_end = probe_.measure(4);
   const double read_end = probe_.measure_read_only(4);
   // The chart's line: the most the machine gave during this run. Each case's
@@ -397,16 +389,16 @@ int bench_command(const std::vector<std::string>& argv) {
   set_backend_threads(static_cast<int>(threads));
   if (opt.shard_batch)
     return bench_sharded(shapes, opt.dts, opt.layouts, opt.backends[0], opt.iters, threads);
-  BenchSession session(opt, threads);
-  Status s = opt.graph_path.empty() ? ok_status() : session.graph_case(opt.graph_path);
+  BenchCommand command(opt, threads);
+  Status s = opt.graph_path.empty() ? ok_status() : command.graph_case(opt.graph_path);
   for (const auto& [name, nchw] : shapes) {
-    if (s.ok()) s = session.layer_cases(name, nchw);
+    if (s.ok()) s = command.layer_cases(name, nchw);
   }
   if (!s.ok()) {
     std::cerr << "normgrad bench: " << s.to_string() << "\n";
     return 2;
   }
-  session.finish();
+  command.finish();
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // benchdnn's graph driver: tokens, batch files, comma lists, statuses, summary.
 #include "tools/cli_driver.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -177,6 +178,21 @@ std::vector<std::string> split_commas(const std::string& s) {
     }
   }
   return parts;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> v;
+  for (std::string& item : split_commas(s)) {
+    if (!item.empty()) v.push_back(std::move(item));
+  }
+  return v;
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::vector<std::string> batch_words(std::istream& in) {

@@ -67,6 +67,10 @@ const char* outcome_name(Outcome o);
 std::vector<std::string> batch_words(std::istream& in);
 // "a,b,c" as {"a", "b", "c"}: one case knob's comma list.
 std::vector<std::string> split_commas(const std::string& s);
+// The same without empty items ("a,,b," -> a, b): comma-separated option lists.
+std::vector<std::string> split_list(const std::string& s);
+// The median of `v` (the mean of the middle two for an even count; 0 when empty).
+double median_of(std::vector<double> v);
 
 // The knobs `normgrad run` takes beside its CLI11 options (its --help footer).
 std::string benchdnn_knobs_help();

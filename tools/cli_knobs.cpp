@@ -253,8 +253,7 @@ Status remove_op(Graph* graph, int64_t op_id) {
     return invalid_argument("--op-kind: " + op.label() +
                             ": cannot tell which input passes through (both or neither have "
                             "producers)");
-  const LogicalTensor& out = op.outputs().front();
-  const int64_t out_id = out.id;
+  const int64_t out_id = op.outputs().front().id;
   NG_RETURN_IF_ERROR(graph->replace_all_uses_with(out_id, *through));
   NG_RETURN_IF_ERROR(graph->erase_op(op_id));
   if (graph->output_ports()) {

@@ -58,13 +58,6 @@ std::string tensors_string(const std::vector<LogicalTensor>& ts) {
   return s;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 Outcome outcome_of(const Status& s) {
   switch (s.code()) {
     case StatusCode::kUnimplemented:
@@ -226,14 +219,14 @@ StatusOr<double> execute_timed(const CompiledGraph& cg, const std::map<int64_t, 
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     for (size_t k = 0; k < part_ms.size(); ++k) times[k].push_back(part_ms[k]);
   }
-  const double total = median(totals);
+  const double total = median_of(totals);
   if (detailed) {
     std::cout << std::fixed << std::setprecision(3);
     for (size_t k = 0; k < cg.partitions().size(); ++k) {
       const CompiledPartition& cp = *cg.partitions()[k];
       std::cout << "partition " << cp.partition().id << ": " << cp.partition().ops_string()
                 << "  backend=" << cp.backend_name() << "  kernel=" << cp.kernel_name()
-                << "  compile=" << cp.compile_ms() << " ms  time=" << median(times[k])
+                << "  compile=" << cp.compile_ms() << " ms  time=" << median_of(times[k])
                 << " ms (median of " << iters << ")\n";
     }
     std::cout << "total: " << total << " ms (median of " << iters << ", threads "

@@ -43,12 +43,6 @@ Status set_sync_group(Graph* graph, const std::string& group) {
 
 using oracle::Buffer;
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // What one process holds once set up: the full-batch oracle, its slice's
 // compiled graph and buffers.
 struct ShardState {

@@ -54,23 +54,9 @@ struct Problem {
   std::vector<std::vector<double>> ms;
 };
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> v;
-  for (const std::string& item : split_commas(s)) {
-    if (!item.empty()) v.push_back(item);
-  }
-  return v;
-}
-
 int usage_error(const std::string& what) {
   std::cerr << "normgrad tune: " << what << "\n";
   return 2;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 StatusOr<Dims> parse_shape(const std::string& s) {
@@ -231,7 +217,7 @@ Choices choose(const std::vector<Problem>& problems, int64_t iters, double margi
             << " interleaved runs each; cache " << tune_cache_path() << "\n"
             << "host: " << tune_host_key() << "\n";
   for (const Problem& p : problems) {
-    const double base = median(p.ms.front());
+    const double base = median_of(p.ms.front());
     ClassScore& cs = classes[p.cls];
     cs.isa = p.isa;
     std::cout << "  " << std::left << std::setw(34) << p.label << " " << std::setw(44) << p.cls
@@ -239,7 +225,7 @@ Choices choose(const std::vector<Problem>& problems, int64_t iters, double margi
     const std::vector<std::string> names = candidates(p.op, p.layout == "NXC");
     for (size_t k = 1; k < p.compiled.size(); ++k) {
       if (!p.compiled[k]) continue;
-      const double m = median(p.ms[k]);
+      const double m = median_of(p.ms[k]);
       cs.ratio[names[k]].push_back(base / m);
       std::cout << "  " << names[k] << " " << std::setprecision(2) << base / m << "x";
     }

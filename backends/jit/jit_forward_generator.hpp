@@ -82,24 +82,22 @@ class FwdGenerator : public VecEmitter {
   void store(const RegExp& e, int v, int t, int n, int m, bool masked, bool may_stream = true) {
     if (masked && !avx512_ && c_.ncx_rows) {
       if (c_.dt == DataType::kF32) {
-        store_bytes(e, v, tail() * 4, t);
+        store_bytes(e, v, tail_ * 4, t);
       } else {
         to_words(t, v, n, m);
-        store_bytes(e, t, tail() * 2, m);
+        store_bytes(e, t, tail_ * 2, m);
       }
       return;
     }
     store_vec(e, v, masked, nt_ && may_stream, t, n, m);
   }
 
-  void load(int v, const RegExp& e, bool masked) { load_vec(v, e, masked); }
-
   // The epilogue on v = the normalised value: [+ r] [relu]; clobbers t and m.
   void epilogue(int v, int t, int m, const RegExp* r_addr, bool masked) {
     const Xmm x = vmm(v);
     if (c_.residual) {
       round_to_dt(v, t);
-      load(t, *r_addr, masked);
+      load_vec(t, *r_addr, masked);
       vaddps(x, x, vmm(t));
     }
     if (c_.relu && c_.leaky) {
@@ -122,7 +120,6 @@ class FwdGenerator : public VecEmitter {
   }
 
   int64_t width() const { return width(c_); }
-  int tail() const { return tail_; }
 
   RegExp elem(const Reg64& base, int64_t off) {
     return base + rsi * es_ + static_cast<int>(off * es_);

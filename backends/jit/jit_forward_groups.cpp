@@ -76,12 +76,12 @@ void FwdGenerator::store_bytes(const RegExp& e, int v, int bytes, int scratch) {
 // use it; 16-bit loads read the tail's words; the stats zero the lanes past
 // the tail with it after subtracting K).
 void FwdGenerator::grouped_tail_mask() {
-  if (tail() == 0) return;
+  if (tail_ == 0) return;
   if (avx512_) {
-    mov(r11d, (1 << tail()) - 1);
+    mov(r11d, (1 << tail_) - 1);
     kmovw(k1, r11d);
   } else {
-    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail()) * 4]);
+    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail_) * 4]);
   }
 }
 
@@ -114,7 +114,7 @@ void FwdGenerator::rows_stats_grouped() {
         4,
         [&](int u, int64_t off, bool masked) {
           const int t = data + u;
-          load(t, elem(r8, off), masked);
+          load_vec(t, elem(r8, off), masked);
           if (masked && avx512_) {
             vsubps(Zmm(t) | k1 | T_z, Zmm(t), Zmm(k));
           } else {
@@ -208,7 +208,7 @@ void FwdGenerator::rows_apply_grouped() {
       unroll,
       [&](int u, int64_t off, bool masked) {
         const int t = unroll + u, n = 2 * unroll + u, m = 3 * unroll + u;
-        load(u, elem(r8, off), masked);
+        load_vec(u, elem(r8, off), masked);
         normalise(u);
         const RegExp ra = elem(r10, off);
         epilogue(u, t, m, &ra, masked);

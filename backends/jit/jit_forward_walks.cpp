@@ -41,7 +41,7 @@ void FwdGenerator::rows_stats() {
       4,
       [&](int u, int64_t off, bool masked) {
         const int t = 8 + u;
-        load(t, elem(r8, off), masked);
+        load_vec(t, elem(r8, off), masked);
         if (masked) {
           vsubps(Zmm(t) | k1 | T_z, Zmm(t), Zmm(k));
         } else {
@@ -51,7 +51,7 @@ void FwdGenerator::rows_stats() {
       },
       [&] {
         copy_tail(kBounceX, r8, true, 8);
-        load(8, rsp + kBounceX, false);
+        load_vec(8, rsp + kBounceX, false);
         vsubps(vmm(8), vmm(8), vmm(k));
         mask_from_rcx_avx2(14);
         vandps(vmm(8), vmm(8), vmm(14));  // lanes past the tail add nothing
@@ -115,7 +115,7 @@ void FwdGenerator::rows_apply() {
   row_loop(
       unroll,
       [&](int u, int64_t off, bool masked) {
-        load(u, elem(r8, off), masked);
+        load_vec(u, elem(r8, off), masked);
         normalise(u);
         const RegExp ra = elem(r10, off);
         epilogue(u, t_of(u), m_of(u), &ra, masked);
@@ -124,7 +124,7 @@ void FwdGenerator::rows_apply() {
       [&] {
         copy_tail(kBounceX, r8, true, 0);
         if (c_.residual) copy_tail(kBounceR, r10, true, 0);
-        load(0, rsp + kBounceX, false);
+        load_vec(0, rsp + kBounceX, false);
         normalise(0);
         const RegExp ra = rsp + kBounceR;
         epilogue(0, t_of(0), m_of(0), &ra, false);
@@ -158,12 +158,12 @@ void FwdGenerator::rows_apply() {
 // and the tail's mask (AVX-512 k1, AVX2 f32 v15).
 void FwdGenerator::stats_prologue() {
   load_args();
-  if (tail() != 0 && avx512_) {
-    mov(r11d, (1 << tail()) - 1);
+  if (tail_ != 0 && avx512_) {
+    mov(r11d, (1 << tail_) - 1);
     kmovw(k1, r11d);
-  } else if (tail() != 0 && c_.dt == DataType::kF32) {
+  } else if (tail_ != 0 && c_.dt == DataType::kF32) {
     mask_ = 15;
-    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail()) * 4]);
+    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail_) * 4]);
   }
   mov(r9, ptr[rdi + offsetof(FwdArgs, s1)]);
   mov(r10, ptr[rdi + offsetof(FwdArgs, s2)]);
@@ -196,9 +196,9 @@ void FwdGenerator::pixels_stats() {
     Label pix;
     L(pix);
     for (int v = 0; v < b; ++v) {
-      const bool masked = tail() != 0 && first + v == nv - 1;
+      const bool masked = tail_ != 0 && first + v == nv - 1;
       const int t = avx512_ ? 24 + v : 14;
-      load(t, rsi + static_cast<int>((first + v) * lanes_ * es_), masked);
+      load_vec(t, rsi + static_cast<int>((first + v) * lanes_ * es_), masked);
       // K's padded lanes are 0: masked lanes stay 0.
       if (avx512_) {
         vsubps(vmm(t), vmm(t), Zmm(k0 + v));
@@ -237,7 +237,7 @@ void FwdGenerator::pixels_stats_grouped() {
     vmovups(ptr[r9 + static_cast<int>(v * vbytes)], vmm(0));
     vmovups(ptr[r10 + static_cast<int>(v * vbytes)], vmm(0));
   }
-  const int64_t whole_blocks = (nv - (tail() != 0 ? 1 : 0)) / block;
+  const int64_t whole_blocks = (nv - (tail_ != 0 ? 1 : 0)) / block;
   const int left = static_cast<int>(nv - whole_blocks * block);
   auto blocks = [&](int pixels) {
     xor_(r11, r11);
@@ -249,7 +249,7 @@ void FwdGenerator::pixels_stats_grouped() {
       cmp(r11, static_cast<uint32_t>(whole_blocks * block * lanes_));
       jl(blk, T_NEAR);
     }
-    if (left > 0) pixels_stats_block(left, tail() != 0, pixels);
+    if (left > 0) pixels_stats_block(left, tail_ != 0, pixels);
   };
   mov(rsi, r8);
   mov(rcx, rdx);
@@ -290,7 +290,7 @@ void FwdGenerator::pixels_stats_block(int nb, bool tail_last, int g) {
     for (int v = 0; v < nb; ++v) {
       const bool masked = tail_last && v == nb - 1;
       const int t = avx512_ ? 24 + v : 14;
-      load(t, rsi + r11 * es_ + static_cast<int>(p * c_.c * es_ + v * lanes_ * es_), masked);
+      load_vec(t, rsi + r11 * es_ + static_cast<int>(p * c_.c * es_ + v * lanes_ * es_), masked);
       if (avx512_) {
         vsubps(vmm(t), vmm(t), Zmm(16 + v));
       } else {
@@ -385,7 +385,7 @@ void FwdGenerator::pixels_apply_lines(int row) {
     const int vectors = static_cast<int>(32 / lanes_);
     for (int v = 0; v < vectors; ++v) {
       const int d = v * lanes_ * es_;
-      load(0, rsi + rdi + d, false);
+      load_vec(0, rsi + rdi + d, false);
       normalise(0, scale * d);
       const RegExp ra = r11 + rdi + d;
       epilogue(0, 2, 4, &ra, false);
@@ -419,11 +419,11 @@ void FwdGenerator::pixels_apply() {
   const int vbytes = lanes_ * 4;
   push(rbx);
   load_args();
-  if (tail() != 0 && avx512_) {
-    mov(r11d, (1 << tail()) - 1);
+  if (tail_ != 0 && avx512_) {
+    mov(r11d, (1 << tail_) - 1);
     kmovw(k1, r11d);
-  } else if (tail() != 0 && c_.dt == DataType::kF32) {
-    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail()) * 4]);
+  } else if (tail_ != 0 && c_.dt == DataType::kF32) {
+    vmovups(Ymm(mask_), ptr[rip + c_masks_ + (8 - tail_) * 4]);
   }
   zero(zero_);
   load_alpha();
@@ -433,7 +433,7 @@ void FwdGenerator::pixels_apply() {
   } else {
     for (int64_t first = 0; first < nv; first += block) {
       const int b = static_cast<int>(std::min<int64_t>(block, nv - first));
-      if (c_.pair_vectors && b == 2 && !(tail() != 0 && first + 1 == nv - 1)) {
+      if (c_.pair_vectors && b == 2 && !(tail_ != 0 && first + 1 == nv - 1)) {
         pixels_pair_block(first, row);
         continue;
       }
@@ -451,10 +451,10 @@ void FwdGenerator::pixels_apply() {
       Label pix;
       L(pix);
       for (int v = 0; v < b; ++v) {
-        const bool masked = tail() != 0 && first + v == nv - 1;
+        const bool masked = tail_ != 0 && first + v == nv - 1;
         const int d = static_cast<int>((first + v) * lanes_ * es_);
         const int t = block + v, n = avx512_ ? 8 + v : 4, m = avx512_ ? 8 + v : 5;
-        load(v, rsi + d, masked);
+        load_vec(v, rsi + d, masked);
         vsubps(vmm(v), vmm(v), vmm(hi0 + v));
         vsubps(vmm(v), vmm(v), vmm(hi0 + block + v));
         if (avx512_) {

@@ -12,22 +12,16 @@
 namespace normgrad {
 namespace {
 
-const std::string kCli = NORMGRAD_CLI;
 const std::string kData = NORMGRAD_TEST_DATA;
-const std::string kExamples = NORMGRAD_EXAMPLES;
 
-using Result = testing_util::CliResult;
-
-Result run(const std::string& args) {
-  return testing_util::run_cli(args);
-}
+using testing_util::run_cli;
 
 TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {
   // A ResNet block's training backward: our fused BN-bwd + ReLU-bwd partition
   // between convolution partitions that the framework runs itself.
   const std::string g =
       std::string(NORMGRAD_EXAMPLES) + "/../partitioning/resnet_block_training_backward.json";
-  Result r = run("partitions " + g);
+  testing_util::CliResult r = run_cli("partitions " + g);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("partition 0: ConvolutionBackwardData  unsupported  (normgrad has no "
                           "kernel for ConvolutionBackwardData"),
@@ -40,19 +34,19 @@ TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {
   EXPECT_NE(r.output.find("partition 2: ConvolutionBackwardWeights  unsupported"),
             std::string::npos);
   EXPECT_NE(r.output.find("4 partitions: 1 supported, 3 unsupported"), std::string::npos);
-  r = run("partitions --explain " + g);
+  r = run_cli("partitions --explain " + g);
   // Per op, each pattern tried there and its answer; the convolutions none.
   EXPECT_NE(r.output.find("    BatchNormTrainingBackward 'bn1_bwd': jit.bn_bwd_producers: matched"),
             std::string::npos)
       << r.output;
   // Running it whole is UNIMPLEMENTED (exit 1), naming the ops, never INVALID_ARGUMENTS.
-  r = run("run " + g);
+  r = run_cli("run " + g);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("UNIMPLEMENTED: unsupported partitions: normgrad has no kernel for "
                           "ConvolutionBackwardData 'conv2_bwd_data', ConvolutionBackwardWeights"),
             std::string::npos)
       << r.output;
-  r = run("run --mode=C --case=" + g);
+  r = run_cli("run --mode=C --case=" + g);
   EXPECT_NE(r.output.find("0:UNIMPLEMENTED"), std::string::npos) << r.output;
 }
 
@@ -60,27 +54,27 @@ TEST(CliGraphTools, PartitionsHandBackWhatWeDoNotRun) {
 // the text form after every pass; --version names the version.
 TEST(CliGraphTools, OptOutputFollowsItsFlagsAndVersionPrints) {
   const std::string fused = kData + "/cli/fuse_elementwise.json";
-  Result r = run("opt " + fused + " --text -o /dev/null");
+  testing_util::CliResult r = run_cli("opt " + fused + " --text -o /dev/null");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "");
-  r = run("opt " + fused + " --text --verbose -o /dev/null");
+  r = run_cli("opt " + fused + " --text --verbose -o /dev/null");
   EXPECT_NE(r.output.find("// pass canonicalize: "), std::string::npos) << r.output;
-  r = run("opt " + fused + " --text --print-after-all -o /dev/null");
+  r = run_cli("opt " + fused + " --text --print-after-all -o /dev/null");
   EXPECT_NE(r.output.find("// after canonicalize\n%"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("\"graph\""), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("{\n"), std::string::npos) << r.output;  // no JSON
-  r = run("opt " + fused + " --verify-each -o /dev/null");         // every pass checked in full
+  r = run_cli("opt " + fused + " --verify-each -o /dev/null");     // every pass checked in full
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  r = run("partitions " + fused + " --verify-each");
+  r = run_cli("partitions " + fused + " --verify-each");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // Under mpirun every rank runs opt: rank 0 alone prints (and writes -o).
   setenv("OMPI_COMM_WORLD_RANK", "1", 1);
   const std::string out_path = ::testing::TempDir() + "/ng_opt_rank1.txt";
   std::remove(out_path.c_str());
-  r = run("opt " + fused + " --text --verbose -o " + out_path);
-  const Result bad = run("opt " + kData + "/cli/no_such_graph.json");
+  r = run_cli("opt " + fused + " --text --verbose -o " + out_path);
+  const testing_util::CliResult bad = run_cli("opt " + kData + "/cli/no_such_graph.json");
   setenv("OMPI_COMM_WORLD_RANK", "0", 1);
-  const Result first = run("opt " + fused + " --text");
+  const testing_util::CliResult first = run_cli("opt " + fused + " --text");
   unsetenv("OMPI_COMM_WORLD_RANK");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "");
@@ -89,7 +83,7 @@ TEST(CliGraphTools, OptOutputFollowsItsFlagsAndVersionPrints) {
   EXPECT_EQ(bad.output, "");
   EXPECT_EQ(first.exit_code, 0);
   EXPECT_NE(first.output.find("BatchNorm"), std::string::npos) << first.output;
-  r = run("--version");
+  r = run_cli("--version");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.output.rfind("normgrad ", 0), 0u) << r.output;
   EXPECT_NE(r.output.find(normgrad::version_string()), std::string::npos) << r.output;
@@ -97,18 +91,19 @@ TEST(CliGraphTools, OptOutputFollowsItsFlagsAndVersionPrints) {
 
 TEST(CliGraphTools, OptPartitionsAndDot) {
   const std::string fused = kData + "/cli/fuse_elementwise.json";
-  Result r = run("opt " + kData + "/cli/fold_transpose.json --passes=fold-transpose");
+  testing_util::CliResult r =
+      run_cli("opt " + kData + "/cli/fold_transpose.json --passes=fold-transpose");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"value\": \"NCX\""), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("StaticTranspose"), std::string::npos) << r.output;
-  r = run("opt " + fused + " --print-after-all");
+  r = run_cli("opt " + fused + " --print-after-all");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("// after canonicalize"), std::string::npos);
   EXPECT_NE(r.output.find("// after split-sync-batch-norm"), std::string::npos);
-  r = run("opt " + fused + " --passes=nonsense");
+  r = run_cli("opt " + fused + " --passes=nonsense");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown pass 'nonsense'"), std::string::npos) << r.output;
-  r = run("partitions " + fused);
+  r = run_cli("partitions " + fused);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(
       r.output.find("partition 0: ReLUBackward+BatchNormTrainingBackward  supported  backend=jit  "
@@ -116,15 +111,15 @@ TEST(CliGraphTools, OptPartitionsAndDot) {
       std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("partition 1"), std::string::npos) << r.output;
-  r = run("partitions " + fused + " --json");
+  r = run_cli("partitions " + fused + " --json");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"ops\": ["), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"kernel\": \"jit:"), std::string::npos) << r.output;
-  r = run("dot " + fused + " --after-passes");
+  r = run_cli("dot " + fused + " --after-passes");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("subgraph cluster_p0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("op1 -> op12 [label=\"1: f32 2x5x5x8\"]"), std::string::npos) << r.output;
-  r = run("dot " + fused);  // the patterns match without the passes too
+  r = run_cli("dot " + fused);  // the patterns match without the passes too
   EXPECT_NE(r.output.find("subgraph cluster_p0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("subgraph cluster_p1"), std::string::npos) << r.output;
 }

@@ -14,7 +14,6 @@
 
 #include <nlohmann/json.hpp>
 #include <normgrad/graph/npy.hpp>
-#include <normgrad/graph/version.hpp>
 #include "tests/cli_test_util.hpp"
 #include "tests/test_util.hpp"
 #include "tools/bench_probe.hpp"
