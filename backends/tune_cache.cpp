@@ -46,6 +46,17 @@ int threads_in_use() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+// What a tuned choice depends on: the CPU, its caches, the thread count and
+// normgrad's version (its kernels). The JIT ISA is the level below, in "isa".
+Json host_fields() {
+  const CacheSizes& cs = cache_sizes();
+  return Json{{"cpu", cpu_model()},
+              {"l2_kib", cs.l2_bytes >> 10},
+              {"l3_kib", cs.l3_bytes >> 10},
+              {"threads", threads_in_use()},
+              {"normgrad", version_string()}};
+}
+
 struct Loaded {
   std::map<std::string, std::map<std::string, TunedChoice>> by_isa;
   bool loaded = false;
@@ -84,14 +95,24 @@ std::map<std::string, std::map<std::string, TunedChoice>> read_file(bool quiet) 
   }
   Json j = Json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("host") || !j.contains("isa") ||
-      !j["host"].is_string() || !j["isa"].is_object()) {
+      !j["host"].is_object() || !j["isa"].is_object()) {
     if (!quiet) warn("is not a tune cache (corrupt?)");
     return out;
   }
-  if (j["host"].get<std::string>() != tune_host_key()) {
-    if (!quiet)
-      warn("was written on another host or normgrad version (" + j["host"].get<std::string>() +
-           ")");
+  // Every field of the host must match; the warning names the first that does not.
+  const Json here = host_fields();
+  for (const auto& [field, value] : here.items()) {
+    const Json there = j["host"].contains(field) ? j["host"][field] : Json();
+    if (there != value) {
+      if (!quiet)
+        warn("was written for another host or normgrad version (" + field + ": " +
+             (there.is_null() ? std::string("missing") : there.dump()) + " there, " + value.dump() +
+             " here)");
+      return out;
+    }
+  }
+  if (j["host"].size() != here.size()) {
+    if (!quiet) warn("records a host this normgrad does not describe (fields differ)");
     return out;
   }
   for (const auto& [isa, entries] : j["isa"].items()) {
@@ -129,10 +150,10 @@ std::string tune_class(const BatchNormDesc& d) {
 }
 
 std::string tune_host_key() {
+  const Json h = host_fields();
   std::ostringstream s;
-  s << cpu_model() << "; L2 " << (cache_sizes().l2_bytes >> 10) << " KiB; L3 "
-    << (cache_sizes().l3_bytes >> 20) << " MiB; " << threads_in_use() << " threads; normgrad "
-    << version_string();
+  s << h["cpu"].get<std::string>() << "; L2 " << h["l2_kib"] << " KiB; L3 " << h["l3_kib"]
+    << " KiB; " << h["threads"] << " threads; normgrad " << h["normgrad"].get<std::string>();
   return s.str();
 }
 
@@ -172,7 +193,7 @@ Status write_tuned_choices(const std::string& isa,
   auto all = read_file(true);  // this host's other ISAs stay
   all[isa] = choices;
   Json j;
-  j["host"] = tune_host_key();
+  j["host"] = host_fields();
   j["isa"] = Json::object();
   for (const auto& [i, entries] : all) {
     Json e = Json::object();

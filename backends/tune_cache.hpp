@@ -6,10 +6,12 @@
 // src and dst) fit in half the L3
 // (tune_class). The cache is one JSON file,
 // $XDG_CACHE_HOME/normgrad/tune.json (~/.cache/normgrad/tune.json without
-// XDG_CACHE_HOME), valid for one host: CPU model, cache sizes, thread count
-// and normgrad's version; its entries are per JIT ISA (avx512, avx2, ...).
-// A file that is unreadable, corrupt, or another host's or version's is
-// ignored with one warning on stderr, and compile keeps the JIT's rules.
+// XDG_CACHE_HOME), valid for one host: its "host" object records the CPU
+// model, the L2 and L3 sizes, the thread count and normgrad's version, and
+// every field must match; its entries are per JIT ISA (avx512, avx2, ...),
+// and compile reads only the running ISA's. A file that is unreadable,
+// corrupt, or another host's or version's is ignored with one warning on
+// stderr naming the field that differs, and compile keeps the JIT's rules.
 // NORMGRAD_TUNE=0 turns the cache off. Every variant is deterministic for
 // any thread count; a tuned choice may change the low bits within the
 // dtype's tolerance (different walks sum in different orders).
@@ -32,7 +34,7 @@ struct TunedChoice {
 // forward, a backward or a backward from dst).
 std::string tune_class(const BatchNormDesc& d);
 
-// The host the cache is valid for, as the file records it.
+// The host the cache is valid for, in one line (the file records it field by field).
 std::string tune_host_key();
 
 // Where the cache lives (it may not exist).

@@ -125,5 +125,26 @@ Graph make_from_dst_graph(const Dims& nchw, const std::string& layout, DataType 
   return g;
 }
 
+NamedShapes bench_shape_set(const std::string& name) {
+  if (name == "cached") {
+    // Cache-resident problems (1.6 and 1.6 MB of src + diff_dst in f32): the
+    // limit is instructions, not DRAM, so a slow-memory host cannot hide an
+    // inefficient kernel. GB/s here is on cached data, not a DRAM roofline share.
+    return {{"1x256x28x28", {1, 256, 28, 28}}, {"4x512x14x14", {4, 512, 14, 14}}};
+  }
+  if (name != "small" && name != "resnet50") return {};
+  NamedShapes shapes;
+  if (name == "resnet50") {
+    shapes = {{"32x64x112x112", {32, 64, 112, 112}},
+              {"32x256x56x56", {32, 256, 56, 56}},
+              {"32x512x28x28", {32, 512, 28, 28}},
+              {"32x1024x14x14", {32, 1024, 14, 14}},
+              {"32x2048x7x7", {32, 2048, 7, 7}}};
+  }
+  shapes.push_back({"1x32x28x28", {1, 32, 28, 28}});
+  shapes.push_back({"2x192x71x71", {2, 192, 71, 71}});
+  return shapes;
+}
+
 }  // namespace cli
 }  // namespace normgrad

@@ -3,11 +3,21 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <normgrad/graph/graph.hpp>
 
 namespace normgrad {
 namespace cli {
+
+// Problems as "NxCxHxW" with their {N, C, H, W}.
+using NamedShapes = std::vector<std::pair<std::string, Dims>>;
+
+// The named problem sets of `bench --shapes` and `tune --shapes`: "small"
+// (two shapes, one odd-sized), "resnet50" (ResNet-50's batch-32 layers, then
+// small's) and "cached" (cache-resident). Empty for any other name.
+NamedShapes bench_shape_set(const std::string& name);
 
 // BatchNormTrainingBackward with gamma and 3 outputs, optionally fed by
 // ReLUBackward ("relu") or Add ("add") on diff_dst. `nchw` is {N, C, H, W}.

@@ -1,7 +1,7 @@
 // `normgrad bench`: backends side by side on batch-norm backward, interleaved in
 // one process, next to an in-run bandwidth roofline; table, JSON and SVG.
 //
-// The command in its steps: parse_bench_args reads the options, preset_shapes
+// The command in its steps: parse_bench_args reads the options, bench_shape_set
 // and BenchCommand plan the cases (a preset layer in each dtype, layout and
 // fusion, its two phases apart, or a user's graph), run_bench_case
 // (bench_run.cpp) times each between two bandwidth probes, and the command
@@ -128,28 +128,6 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
   opt.fused = split_list(fused);
   opt.jit_variants = split_list(variants);
   return -1;
-}
-
-using Shapes = std::vector<std::pair<std::string, Dims>>;
-
-Shapes preset_shapes(const std::string& preset) {
-  if (preset == "cached") {
-    // Cache-resident problems (1.6 and 1.6 MB of src + diff_dst in f32): the
-    // limit is instructions, not DRAM, so a slow-memory host cannot hide an
-    // inefficient kernel. GB/s here is on cached data, not a DRAM roofline share.
-    return {{"1x256x28x28", {1, 256, 28, 28}}, {"4x512x14x14", {4, 512, 14, 14}}};
-  }
-  Shapes shapes;
-  if (preset == "resnet50") {
-    shapes = {{"32x64x112x112", {32, 64, 112, 112}},
-              {"32x256x56x56", {32, 256, 56, 56}},
-              {"32x512x28x28", {32, 512, 28, 28}},
-              {"32x1024x14x14", {32, 1024, 14, 14}},
-              {"32x2048x7x7", {32, 2048, 7, 7}}};
-  }
-  shapes.push_back({"1x32x28x28", {1, 32, 28, 28}});
-  shapes.push_back({"2x192x71x71", {2, 192, 71, 71}});
-  return shapes;
 }
 
 // One run of the command: the probe, the host, and the cases so far.
@@ -381,7 +359,7 @@ int bench_command(const std::vector<std::string>& argv) {
   if (int rc = parse_bench_args(argv, opt, more); rc >= 0) return rc;
   if (more.compile_time)
     return bench_compile(more.compile_sizes, more.compile_shapes, opt.graph_path, opt.json_out);
-  const Shapes shapes = opt.graph_path.empty() ? preset_shapes(opt.shapes) : Shapes{};
+  const NamedShapes shapes = opt.graph_path.empty() ? bench_shape_set(opt.shapes) : NamedShapes{};
   const int64_t threads =
       opt.threads > 0 ? opt.threads : static_cast<int64_t>(tbb::this_task_arena::max_concurrency());
   const tbb::global_control limit(tbb::global_control::max_allowed_parallelism,

@@ -74,6 +74,23 @@ StatusOr<Dims> parse_shape(const std::string& s) {
   return d;
 }
 
+// --shapes: each item a named set of bench's (bench_shape_set) or one NxCxHxW.
+StatusOr<NamedShapes> expand_shapes(const std::string& list) {
+  NamedShapes out;
+  for (const std::string& item : split_list(list)) {
+    NamedShapes set = bench_shape_set(item);
+    if (set.empty()) {
+      if (item.find('x') == std::string::npos)
+        return invalid_argument("--shapes: '" + item +
+                                "' is neither NxCxHxW nor a named set (small, resnet50, cached)");
+      NG_ASSIGN_OR_RETURN(Dims nchw, parse_shape(item));
+      set.push_back({item, nchw});
+    }
+    for (auto& s : set) out.push_back(std::move(s));
+  }
+  return out;
+}
+
 // The JIT ISA and shape class of the problem, read off the compiled kernel's
 // conf through the op (the class does not depend on the variant).
 Status describe(Problem* p, const CompiledGraph& cg) {
@@ -106,7 +123,8 @@ int parse_tune_args(const std::vector<std::string>& argv, TuneArgs& a) {
       "(NORMGRAD_TUNE=0 ignores it).",
       "normgrad tune");
   app.add_option("--shapes", a.shapes,
-                 "comma-separated NxCxHxW (default: ResNet-50's batch-32 layers)");
+                 "comma-separated NxCxHxW or bench's named sets: small, resnet50, cached "
+                 "(default: ResNet-50's batch-32 layers)");
   app.add_option("--dt", a.dts, "comma-separated: f32, bf16, f16")
       ->check(list_of({"f32", "bf16", "f16"}));
   app.add_option("--layouts", a.layouts, "comma-separated: NCX, NXC")
@@ -119,8 +137,9 @@ int parse_tune_args(const std::vector<std::string>& argv, TuneArgs& a) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--margin", a.margin,
                  "a variant replaces the JIT's own choice only when at least this much faster "
-                 "(default 1.05)")
-      ->check(CLI::Range(1.0, 10.0));
+                 "(default 1.05); below 1, the best variant is taken when it runs at least that "
+                 "fraction of the rules' speed (to try a variant on real work)")
+      ->check(CLI::Range(0.01, 10.0));
   app.add_flag("--dry-run", a.dry_run, "measure and print, write nothing");
   return parse_args(app, argv);
 }
@@ -132,8 +151,8 @@ StatusOr<std::vector<Problem>> plan_problems(const TuneArgs& a) {
     for (const std::string& layout : split_list(a.layouts)) {
       for (const std::string& dt_name : split_list(a.dts)) {
         NG_ASSIGN_OR_RETURN(const DataType dt, parse_dtype(dt_name));
-        for (const std::string& shape : split_list(a.shapes)) {
-          NG_ASSIGN_OR_RETURN(Dims nchw, parse_shape(shape));
+        NG_ASSIGN_OR_RETURN(const NamedShapes shapes, expand_shapes(a.shapes));
+        for (const auto& [shape, nchw] : shapes) {
           Problem p{op, layout, dt, nchw, "", "", "", {}, {}};
           p.label = shape + " " + layout + " " + dt_name + " " + op;
           problems.push_back(std::move(p));
@@ -234,14 +253,14 @@ Choices choose(const std::vector<Problem>& problems, int64_t iters, double margi
   Choices by_isa;
   std::cout << "choices:\n";
   for (const auto& [cls, cs] : classes) {
-    TunedChoice best{"default", 1.0};
+    TunedChoice best{"", 0.0};
     for (const auto& [variant, ratios] : cs.ratio) {
       double log_sum = 0;
       for (double r : ratios) log_sum += std::log(r);
       const double geo = std::exp(log_sum / static_cast<double>(ratios.size()));
       if (geo > best.speedup) best = {variant, geo};
     }
-    if (best.speedup < margin) best = {"default", 1.0};
+    if (best.variant.empty() || best.speedup < margin) best = {"default", 1.0};
     std::cout << "  " << cs.isa << " " << std::left << std::setw(44) << cls << std::right << " "
               << best.variant;
     if (best.variant != "default")

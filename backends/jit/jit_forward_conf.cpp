@@ -43,6 +43,7 @@ std::string FwdConf::kernel_name() const {
                    : line_walk ? "pixels_lines"
                                : "pixels");
   if (strip_channels > 0) s += "_strips";
+  if (stats_pixel_group > 0 && !empty) s += "+stats_groups" + std::to_string(stats_pixel_group);
   if (phase == FwdPhase::kReduce) s += "+reduce";
   if (phase == FwdPhase::kApply) s += "+apply";
   if (residual) s += "+add";

@@ -4,14 +4,17 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <normgrad/backends/tune_cache.hpp>
 #include <normgrad/compile/compiler.hpp>
 #include <normgrad/graph/text_io.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
 #include "tests/backend_test_util.hpp"
+#include "tests/backends/jit/jit_test_util.hpp"
 #include "tests/test_util.hpp"
 
 namespace normgrad {
@@ -53,8 +56,10 @@ Graph nxc_backward(int64_t c) {
   return *g;
 }
 
-std::string jit_kernel(const Graph& g) {
-  auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
+std::string jit_kernel(const Graph& g, const std::string& variant = "") {
+  CompileOptions options{"jit"};
+  options.jit_variant = variant;
+  auto cg = CompiledGraph::compile(g, options);
   EXPECT_TRUE(cg.ok()) << cg.status().to_string();
   return cg.ok() ? cg->partitions().front()->kernel_name() : "";
 }
@@ -70,14 +75,41 @@ TEST_F(TuneCacheTest, ShapeClassesBucketTheProblem) {
   EXPECT_EQ(class_of(nxc_backward(2048)), "bwd/NXC/f32/c>1024/m<=1024/cached");
 }
 
+// The kernel name up to the tune cache's "+tuned(...)" note: what the conf
+// says the code walks.
+std::string walk_of(const std::string& kernel) {
+  return kernel.substr(0, kernel.find("+tuned("));
+}
+
+// A backward variant that changes the walk of `g` (its kernel is named
+// differently from the rules' choice), or "" when none does here.
+std::string walk_changing_variant(const Graph& g, const std::string& untuned) {
+  for (const char* v : {"nxc-per-pixel", "nxc-blocked", "nxc-swept", "nxc-strips"}) {
+    if (jit_kernel(g, v) != untuned) return v;
+  }
+  return "";
+}
+
 TEST_F(TuneCacheTest, CompileTakesTheHostsChoiceAndItMatchesRef) {
   const Graph g = nxc_backward(256);
   const std::string untuned = jit_kernel(g);
-  EXPECT_EQ(untuned.find("tuned"), std::string::npos) << untuned;       // no file: the rules
+  EXPECT_EQ(untuned.find("tuned"), std::string::npos) << untuned;  // no file: the rules
+  const std::string variant = walk_changing_variant(g, untuned);
+  if (variant.empty()) GTEST_SKIP() << "no variant changes the walk of " << untuned << " here";
   const std::string isa = untuned.substr(4, untuned.find(':', 4) - 4);  // "jit:ISA:..."
-  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(g), {"nxc-per-pixel", 1.25}}}).ok());
-  const std::string tuned = jit_kernel(g);
-  EXPECT_NE(tuned.find("+tuned(nxc-per-pixel 1.25x)"), std::string::npos) << tuned;
+  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(g), {variant, 1.25}}}).ok());
+  // The tuned kernel is the variant's own: the same walk, not the rules'
+  // walk with a new label, and the same bits as the variant asked for by name.
+  const auto inputs = jit_test::inputs_for(g, 31);
+  std::string tuned, named;
+  const auto tuned_out = jit_test::run_jit(g, "", inputs, &tuned);
+  const auto named_out = jit_test::run_jit(g, variant, inputs, &named);
+  EXPECT_NE(tuned.find("+tuned(" + variant + " 1.25x)"), std::string::npos) << tuned;
+  EXPECT_EQ(walk_of(tuned), named);
+  EXPECT_NE(walk_of(tuned), untuned);
+  ASSERT_EQ(tuned_out.size(), named_out.size());
+  for (const auto& [id, buf] : tuned_out)
+    EXPECT_TRUE(buf.bytes == named_out.at(id).bytes) << "tensor " << id;
   const auto r = testing_util::compare_with_ref(g, "jit", 3);
   ASSERT_TRUE(r.status.ok()) << r.status.to_string();
   EXPECT_LE(r.worst_ratio, 1.0) << r.report;
@@ -86,6 +118,50 @@ TEST_F(TuneCacheTest, CompileTakesTheHostsChoiceAndItMatchesRef) {
   setenv("NORMGRAD_TUNE", "0", 1);
   reload_tune_cache();
   EXPECT_EQ(jit_kernel(g), untuned);
+}
+
+// A cache that differs from this host in any one field of its key (CPU,
+// caches, threads, normgrad's version), or whose entry is another ISA's,
+// is ignored; the same file unchanged is taken (the control).
+TEST_F(TuneCacheTest, ACacheDifferingInAnyKeyFieldIsIgnored) {
+  const Graph g = nxc_backward(256);
+  const std::string untuned = jit_kernel(g);
+  const std::string variant = walk_changing_variant(g, untuned);
+  if (variant.empty()) GTEST_SKIP() << "no variant changes the walk of " << untuned << " here";
+  const std::string isa = untuned.substr(4, untuned.find(':', 4) - 4);
+  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(g), {variant, 1.25}}}).ok());
+  const std::string path = tune_cache_path();
+  nlohmann::json written;
+  std::ifstream(path) >> written;
+  const auto take = [&](const nlohmann::json& j) {
+    std::ofstream(path) << j.dump();
+    reload_tune_cache();
+    return jit_kernel(g);
+  };
+  EXPECT_NE(take(written).find("+tuned("), std::string::npos) << "the control";
+  const std::vector<std::string> fields = {"cpu", "l2_kib", "l3_kib", "threads", "normgrad"};
+  ASSERT_EQ(written.at("host").size(), fields.size()) << written.dump();
+  for (const std::string& field : fields) {
+    nlohmann::json j = written;
+    nlohmann::json& v = j.at("host").at(field);
+    if (v.is_string()) {
+      v = v.get<std::string>() + " (another)";
+    } else {
+      v = v.get<int64_t>() + 1;
+    }
+    EXPECT_EQ(take(j), untuned) << field;
+    j.at("host").erase(field);
+    EXPECT_EQ(take(j), untuned) << field << " missing";
+  }
+  nlohmann::json other_isa = written;
+  other_isa["isa"] = {{isa == "avx2" ? "avx512" : "avx2", written.at("isa").at(isa)}};
+  EXPECT_EQ(take(other_isa), untuned) << "another ISA's entry";
+  // The same file, read by a process that caps its threads differently.
+  const int threads = num_threads();
+  set_num_threads((threads > 0 ? threads : 2) + 1);
+  EXPECT_EQ(take(written), untuned) << "another thread count";
+  set_num_threads(threads);
+  EXPECT_NE(take(written).find("+tuned("), std::string::npos) << "the control, again";
 }
 
 // The forward takes its class's choice too (the synchronized forward's
@@ -119,17 +195,24 @@ TEST_F(TuneCacheTest, TheForwardTakesTheHostsChoice) {
 TEST_F(TuneCacheTest, AnUnusableFileIsIgnored) {
   const Graph g = nxc_backward(256);
   const std::string untuned = jit_kernel(g);
+  const std::string variant = walk_changing_variant(g, untuned);
+  if (variant.empty()) GTEST_SKIP() << "no variant changes the walk of " << untuned << " here";
   const std::string isa = untuned.substr(4, untuned.find(':', 4) - 4);
-  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(g), {"nxc-per-pixel", 1.25}}}).ok());
+  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(g), {variant, 1.25}}}).ok());
   const std::string path = tune_cache_path();
-  for (const std::string& text :
-       {std::string("{bad json"), std::string("[]"),
-        std::string("{\"host\": \"another host\", \"isa\": {\"") + isa + "\": {\"" + class_of(g) +
-            "\": {\"variant\": \"nxc-per-pixel\"}}}}",
-        std::string("{\"host\": \"") + tune_host_key() + "\", \"isa\": {\"" + isa + "\": {\"" +
-            class_of(g) + "\": {\"variant\": 7}}}}",
-        std::string("{\"host\": \"") + tune_host_key() + "\", \"isa\": {\"" + isa + "\": {\"" +
-            class_of(g) + "\": {\"variant\": \"no-such-variant\"}}}}"}) {
+  nlohmann::json written;
+  std::ifstream(path) >> written;
+  std::vector<std::string> texts = {
+      "{bad json", "[]",
+      "{\"host\": \"" + tune_host_key() + "\", \"isa\": " + written.at("isa").dump() + "}"};
+  for (const nlohmann::json& entry :
+       {nlohmann::json{{"variant", 7}}, nlohmann::json{{"variant", "no-such-variant"}},
+        nlohmann::json{{"speedup", 1.25}}, nlohmann::json("nxc-per-pixel")}) {
+    nlohmann::json j = written;
+    j["isa"][isa][class_of(g)] = entry;
+    texts.push_back(j.dump());
+  }
+  for (const std::string& text : texts) {
     std::ofstream(path) << text;
     reload_tune_cache();
     EXPECT_EQ(jit_kernel(g), untuned) << text;

@@ -116,6 +116,53 @@ TEST(CliTune, WritesTheHostsChoicesOrAClearError) {
   setenv("XDG_CACHE_HOME", (::testing::TempDir() + "/ng_cli_tune_none").c_str(), 1);
 }
 
+// `tune` then `run`: the run compiles the class's written choice. A margin
+// below 1 makes tune take its best variant even when slower, so that the
+// choice is never the rules' own. Shapes may be bench's named sets.
+TEST(CliTune, RunTakesTheChoiceTuneWrote) {
+  const std::string dir = ::testing::TempDir() + "/ng_cli_tune_then_run";
+  std::filesystem::remove_all(dir);
+  setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  Result r =
+      run("tune --shapes=4x256x7x7 --dt=f32 --layouts=NXC --ops=bwd --iters=2 --margin=0.01");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string cls = "bwd/NXC/f32/c<=256/m<=1024/cached";
+  const size_t at = r.output.find(cls, r.output.find("choices:"));
+  ASSERT_NE(at, std::string::npos) << r.output;
+  std::string line = r.output.substr(at + cls.size());
+  line = line.substr(0, line.find('\n'));
+  const std::string variant =
+      line.substr(line.find_first_not_of(' '), line.find(" (") - line.find_first_not_of(' '));
+  const std::string graph =
+      write_temp("tuned_class.ngt",
+                 "%5:f32[4,7,7,256], %6:f32[256], %7:f32[256] = BatchNormTrainingBackward#0 \"bn\"("
+                 "%0:f32[4,7,7,256], %1:f32[4,7,7,256], %2:f32[256], %3:f32[256], %4:f32[256]) "
+                 "{data_format=\"NXC\", epsilon=1e-05f}\n");
+  r = run("run " + graph + " --backend jit --iters 1 --check");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (variant == "default") {
+    // Where the JIT generates no code, tune has no variant to take.
+    EXPECT_NE(r.output.find("kernel=jit:portable"), std::string::npos) << r.output;
+  } else {
+    EXPECT_NE(r.output.find("+tuned(" + variant + " "), std::string::npos) << variant << "\n"
+                                                                           << r.output;
+  }
+  setenv("NORMGRAD_TUNE", "0", 1);
+  r = run("run " + graph + " --backend jit --iters 1");
+  EXPECT_EQ(r.output.find("+tuned("), std::string::npos) << r.output;
+  unsetenv("NORMGRAD_TUNE");
+  // bench's named sets are tune's too; an unknown name says what it takes.
+  r = run("tune --shapes=small --dt=f32 --layouts=NCX --ops=bwd --iters=1 --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2x192x71x71 NCX f32 bwd"), std::string::npos) << r.output;
+  r = run("tune --shapes=tiny --iters=1 --dry-run");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'tiny' is neither NxCxHxW nor a named set (small, resnet50, cached)"),
+            std::string::npos)
+      << r.output;
+  setenv("XDG_CACHE_HOME", (::testing::TempDir() + "/ng_cli_tune_none").c_str(), 1);
+}
+
 // `normgrad fuzz`: random graphs on every backend against ref. A few hundred
 // graphs; CI runs a longer, time-bounded smoke (.ci/run).
 TEST(CliFuzz, RandomGraphsMatchRefOnEveryBackend) {

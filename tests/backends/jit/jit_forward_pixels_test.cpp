@@ -190,10 +190,13 @@ TEST(JitForwardPixels, StatsGroupsSameBitsAsSweeps) {
         const auto inputs = jit_test::inputs_for(g, 1400 + static_cast<uint64_t>(ran));
         std::string name;
         const auto sweeps = jit_test::run_jit(g, "fwd-stats-sweeps", inputs, &name);
+        EXPECT_EQ(name.find("+stats_groups"), std::string::npos) << name;
         for (int group : {1, 3, 8}) {
           const std::string variant = "fwd-stats-groups-" + std::to_string(group);
           SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + dims_to_string(shape) + " " + variant);
           const auto grouped = jit_test::run_jit(g, variant, inputs, &name);
+          // The variant ran: the compiled kernel walks groups of that size.
+          EXPECT_NE(name.find("+stats_groups" + std::to_string(group)), std::string::npos) << name;
           ASSERT_EQ(grouped.size(), sweeps.size());
           for (const auto& [id, buf] : grouped)
             EXPECT_TRUE(buf.bytes == sweeps.at(id).bytes) << "tensor " << id;
