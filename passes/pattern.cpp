@@ -62,9 +62,11 @@ const std::vector<OpKind>& bn_backward_kinds() {
   return kinds;
 }
 
-Pattern bn_backward_producers_pattern(std::string backend) {
+Pattern bn_backward_producers_pattern(std::string backend, bool side_output) {
   return fused_pattern("bn_bwd_producers", std::move(backend), bn_backward_kinds(),
-                       match_bn_backward_producers);
+                       [side_output](const Graph& graph, const Op& bn) {
+                         return match_bn_backward_producers(graph, bn, side_output);
+                       });
 }
 
 Pattern bn_inference_relu_pattern(std::string backend) {
@@ -100,30 +102,43 @@ Pattern collective_pattern(std::string name, std::string backend) {
   return p;
 }
 
-Status fusible_bn_backward_producer(const Graph& graph, const Op& bn, size_t port) {
+Status fusible_bn_backward_producer(const Graph& graph, const Op& bn, size_t port,
+                                    bool side_output) {
   const LogicalTensor& t = bn.inputs()[port];
   const Op* p = graph.producer(t.id);
   if (p == nullptr) return unimplemented("tensor " + std::to_string(t.id) + " is a graph input");
   const Op& producer = *p;
   if (producer.kind() != OpKind::kReLUBackward && producer.kind() != OpKind::kAdd)
     return unimplemented(producer.label() + " is not ReLUBackward or Add");
-  NG_RETURN_IF_ERROR(only_reader(graph, t.id, bn));
   bool uniform = t.dtype == bn.inputs()[kSrcPort].dtype;
   for (const LogicalTensor& in : producer.inputs())  // no broadcast, no mixed dtypes
     uniform = uniform && in.dtype == t.dtype && in.dims == t.dims;
   if (!uniform) return unimplemented(producer.label() + " broadcasts or mixes dtypes");
+  const Status alone = only_reader(graph, t.id, bn);
+  if (alone.ok() || !side_output || port != kDiffDstPort ||
+      bn.kind() != OpKind::kBatchNormTrainingBackward)
+    return alone;
+  // Read elsewhere too: the kernel writes it as a side output, if the batch
+  // norm reads it on diff_dst alone.
+  for (const LogicalTensor& in : bn.inputs()) {
+    if (&in != &t && in.id == t.id) return alone;  // "feeds 2 ports of ..."
+  }
   return ok_status();
 }
 
-StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn) {
+StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn,
+                                                 bool side_output) {
   if (!is_bn_backward(bn.kind()))
     return unimplemented(bn.label() + " is not a batch-norm backward");
   NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
   PatternOps m;
   for (size_t port : {kSrcPort, kDiffDstPort}) {
     const bool src = port == kSrcPort;
-    const Status s = fusible_bn_backward_producer(graph, bn, port);
+    const Status s = fusible_bn_backward_producer(graph, bn, port, side_output);
     if (s.ok()) {
+      if (!only_reader(graph, bn.inputs()[port].id, bn).ok())
+        m.note += std::string(m.note.empty() ? "" : "; ") + "diff_dst: tensor " +
+                  std::to_string(bn.inputs()[port].id) + " written as a side output";
       m.ops.push_back({graph.producer(bn.inputs()[port].id)->id(),
                        src ? FusionRole::kSrcProducer : FusionRole::kDiffDstProducer});
     } else {

@@ -68,7 +68,9 @@ Pattern collective_pattern(std::string name, std::string backend);
 const std::vector<OpKind>& bn_backward_kinds();
 // The fusion patterns below under `backend`'s name ("bn_bwd_producers",
 // "bn_inference_relu", "int8_bn_chain"), for a backend with kernels for them.
-Pattern bn_backward_producers_pattern(std::string backend);
+// With `side_output`, the diff_dst producer of a BatchNormTrainingBackward
+// may be read elsewhere too (match_bn_backward_producers).
+Pattern bn_backward_producers_pattern(std::string backend, bool side_output = false);
 Pattern bn_inference_relu_pattern(std::string backend);
 Pattern int8_bn_chain_pattern(std::string backend);
 Pattern bn_forward_epilogue_pattern(std::string backend);
@@ -77,13 +79,20 @@ Pattern bn_forward_epilogue_pattern(std::string backend);
 // (0: src, 1: diff_dst): a ReLUBackward or Add whose output is read by this
 // op only, on one port, is not a graph output, and neither broadcasts nor
 // mixes dtypes with the batch norm's data. OK, or the rule that failed. The
-// partitioner's pattern, --explain and the sync split all ask it.
-Status fusible_bn_backward_producer(const Graph& graph, const Op& bn, size_t port);
+// partitioner's pattern, --explain and the sync split all ask it. With
+// `side_output`, a diff_dst producer of a BatchNormTrainingBackward may also
+// be read by other ops or be a graph output (the kernel then writes its
+// output too), as long as the batch norm reads it on that port alone.
+Status fusible_bn_backward_producer(const Graph& graph, const Op& bn, size_t port,
+                                    bool side_output = false);
 
 // Batch-norm backward (BatchNormTrainingBackward, BatchNormBackwardReduce or
 // BatchNormBackwardApply) with its fusible producers on src and/or diff_dst,
 // bound as kSrcProducer / kDiffDstProducer. Fails when no port has one.
-StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn);
+// `side_output`: as fusible_bn_backward_producer's; the note names a
+// producer whose output the partition will also write.
+StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn,
+                                                 bool side_output = false);
 
 // BatchNormInference whose dst only a ReLU of the same dtype reads.
 StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn);

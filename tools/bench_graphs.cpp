@@ -31,8 +31,9 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
   Graph g;
   int64_t dy_id = 1;
   if (fused != "none") {
-    Op pre(1, fused == "relu" ? OpKind::kReLUBackward : OpKind::kAdd, fused);
-    if (fused == "relu") pre.set_attr("use_dst", true);
+    const bool relu = fused == "relu" || fused == "relu-side";
+    Op pre(1, relu ? OpKind::kReLUBackward : OpKind::kAdd, fused);
+    if (relu) pre.set_attr("use_dst", true);
     pre.add_input(LogicalTensor(10, dt, data))
         .add_input(LogicalTensor(11, dt, data))
         .add_output(LogicalTensor(12, dt, data));
@@ -47,6 +48,9 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
       .add_output(LogicalTensor(6, DataType::kF32, {c}))
       .add_output(LogicalTensor(7, DataType::kF32, {c}));
   add_op_or_abort(g, bn);
+  // relu-side: the gradient through the ReLU is a result too (as a residual
+  // block's, which its shortcut also reads).
+  if (fused == "relu-side") g.set_output_ports({5, 6, 7, 12});
   return g;
 }
 

@@ -20,7 +20,8 @@ using NamedShapes = std::vector<std::pair<std::string, Dims>>;
 NamedShapes bench_shape_set(const std::string& name);
 
 // BatchNormTrainingBackward with gamma and 3 outputs, optionally fed by
-// ReLUBackward ("relu") or Add ("add") on diff_dst. `nchw` is {N, C, H, W}.
+// ReLUBackward ("relu") or Add ("add") on diff_dst, or by a ReLUBackward
+// whose output is a graph output too ("relu-side"). `nchw` is {N, C, H, W}.
 Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
                  const std::string& fused);
 // BatchNormForwardTraining with gamma and beta, optionally followed by ReLU

@@ -97,7 +97,7 @@ class JitBackend final : public Backend {
   // code computes while it loads src and diff_dst (jit_conf.hpp, Fuse); and
   // forward training with the Add/ReLU its apply computes before it stores.
   std::vector<Pattern> patterns() const override {
-    return {bn_backward_producers_pattern(jit::kBackendName),
+    return {bn_backward_producers_pattern(jit::kBackendName, /*side_output=*/true),
             bn_forward_epilogue_pattern(jit::kBackendName),
             single_op_pattern("bn_bwd", jit::kBackendName, bn_backward_kinds()),
             single_op_pattern("bn_bwd_from_dst", jit::kBackendName,

@@ -100,6 +100,7 @@ std::string BnConf::kernel_name() const {
                                             : "pixels");
   if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
+  if (dy_side_out) n += "+side_out";
   if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+staged";
   if (walk.strided_native) n += "+strided";
   if (channels_last_view) n += "+channels_last";
@@ -192,7 +193,7 @@ constexpr int64_t kAvx2BounceRowBytes = 512;
 
 bool apply_in_pairs(const BnConf& c) {
   return c.stream.pair_vectors && c.isa == Isa::kAvx2 && c.d.data_dt == DataType::kBF16 &&
-         c.x_fuse == Fuse::kNone && c.dy_fuse == Fuse::kNone;
+         c.x_fuse == Fuse::kNone && c.dy_fuse == Fuse::kNone && !c.dy_side_out;
 }
 
 int64_t bounce_block_bytes(const BnConf& c) {

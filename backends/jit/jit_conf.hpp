@@ -70,6 +70,8 @@ struct PortMap {
   // BatchNormBackwardReduce's sums and count.
   int dx = 0, diff_gamma = 1, diff_beta = 2;
   int sum_dy_out = -1, sum_dy_xm_out = -1, count_out = -1;
+  // The fused diff_dst producer's output, when the partition writes it (BnConf::dy_side_out).
+  int dy_out = -1;
 };
 
 // The cache model the conf decides with (backends/backend.hpp): the bench
@@ -271,6 +273,10 @@ struct BnConf {
   std::string tuned;
   Fuse x_fuse = Fuse::kNone;   // src computed from a fused producer
   Fuse dy_fuse = Fuse::kNone;  // diff_dst computed from a fused producer
+  // The fused diff_dst producer's output is read outside the partition too:
+  // the reduce kernel stores it (ports.dy_out) as it computes it, and the
+  // apply reads it back as a plain diff_dst (docs/passes.md, side outputs).
+  bool dy_side_out = false;
   PortMap ports;
   int64_t total_elements = 0;
   // Strided (e.g. padded) src, diff_dst or diff_src: the driver packs them into

@@ -4,7 +4,8 @@
 // partition's inputs and outputs onto the kernels' PortMap: the statistics
 // and sums as partition inputs, the outputs by name, and a fused producer's
 // two operands as the src or diff_dst port's (dense, and only where no
-// tensor of the batch norm is staged).
+// tensor of the batch norm is staged), and a fused diff_dst that others
+// read too as the side output the reduce kernel writes.
 #include <normgrad/backends/jit/jit_conf.hpp>
 
 #include <normgrad/ops/op_ports.hpp>
@@ -163,6 +164,23 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
       c.x_fuse = f, m.x = first, m.x_second = second;
     } else {
       c.dy_fuse = f, m.dy = first, m.dy_second = second;
+    }
+    // A producer's output that is also read outside the partition (its
+    // pattern bound it with a side output) is one of the partition's outputs.
+    const LogicalTensor& made = op.outputs()[0];
+    for (size_t i = 0; i < partition.outputs.size(); ++i) {
+      if (partition.outputs[i].id != made.id) continue;
+      if (port == 0)
+        return unimplemented("the JIT writes a fused producer's output only on diff_dst");
+      if (c.d.phase != BackwardPhase::kWhole || !c.needs_reduction)
+        return unimplemented(
+            "the JIT writes a fused diff_dst in its reduce pass; " + bn->label() +
+            (c.d.phase != BackwardPhase::kWhole ? " is a split half" : " reduces nothing"));
+      if (!same_layout(made.dims, made.effective_strides(), data_strides(c, made.dims)))
+        return unimplemented("the JIT writes a dense side output; tensor " +
+                             std::to_string(made.id) + " is strided");
+      c.dy_side_out = true;
+      m.dy_out = static_cast<int>(i);
     }
   }
   // Staged tensors (strided beyond what the walks take in place) are copied

@@ -80,7 +80,8 @@ class DenseRun {
         x2_(input(pm_.x_second)),
         dy_(input(pm_.dy)),
         dy2_(input(pm_.dy_second)),
-        dx_(pm_.dx >= 0 ? static_cast<char*>(out[pm_.dx]) : nullptr) {}
+        dx_(pm_.dx >= 0 ? static_cast<char*>(out[pm_.dx]) : nullptr),
+        dy_out_(conf.dy_side_out ? static_cast<char*>(out[pm_.dy_out]) : nullptr) {}
 
   Status run();
 
@@ -100,12 +101,21 @@ class DenseRun {
   // the coefficients go to a, b, cc and diff_gamma/diff_beta are stored.
   bool finish_channel(int64_t c, double sum_dy, double sum_dyxm, float* a, float* b, float* cc);
   void store_diffs(int64_t c);
-  // Kernel arguments for the inputs at byte offset `off` and diff_src at `dx_off`.
+  // Kernel arguments for the inputs at byte offset `off` and diff_src at
+  // `dx_off` (with_dx: an apply's). With a side output the reduce stores the
+  // fused diff_dst at `off` and the apply reads it there.
   KernelArgs args(int64_t off, int64_t dx_off, bool with_dx, const float* coef, void* acc,
                   int64_t rows) const {
-    return KernelArgs{
+    KernelArgs a{
         x_ + off, dy_ + off, with_dx ? dx_ + dx_off : nullptr, coef,
         acc,      rows,      x2_ ? x2_ + off : nullptr,        dy2_ ? dy2_ + off : nullptr};
+    if (dy_out_ != nullptr && with_dx) {
+      a.dy = dy_out_ + off;  // the apply reads what the reduce stored
+      a.dy2 = nullptr;
+    } else if (dy_out_ != nullptr) {
+      a.dy_out = dy_out_ + off;
+    }
+    return a;
   }
 
   // call(r, n) over [0, len) in the kernel calls of one chunk: the whole
@@ -154,6 +164,7 @@ class DenseRun {
   const char* dy_;
   const char* dy2_;
   char* dx_;
+  char* dy_out_;  // the fused diff_dst's side output (BnConf::dy_side_out), or null
 };
 
 void DenseRun::load_channel(int64_t c) {

@@ -142,6 +142,35 @@ void VecEmitter::store_vec(const RegExp& e, int v, bool masked, bool nt, int w, 
   }
 }
 
+void VecEmitter::store_exact(const RegExp& e, int v, bool masked, int t) {
+  if (dt_ == DataType::kF32) {
+    store_vec(e, v, masked, false, t, t, t);  // f32 stores need no scratch
+    return;
+  }
+  if (dt_ == DataType::kF16) {
+    vcvtps2ph(half(t), vmm(v), 0);  // exact: the value is an f16
+  } else if (native_bf16_) {
+    vcvtneps2bf16(Ymm(t), Zmm(v));
+  } else {
+    // A bf16 value's f32 bits have a zero low word: its high word is the bf16.
+    vpsrld(vmm(t), vmm(v), 16);
+    if (avx512_) {
+      vpmovdw(Ymm(t), Zmm(t));
+    } else {
+      vpackusdw(Ymm(t), Ymm(t), Ymm(t));  // per 128-bit lane: words 0-3 0-3 | 4-7 4-7
+      vpermq(Ymm(t), Ymm(t), 0x08);       // lanes 0 and 2: words 0-7 in the low half
+    }
+  }
+  const Address a = ptr[e];
+  if (masked && avx512_) {
+    vmovdqu16(a | k1, Ymm(t));
+  } else if (masked) {
+    for (int i = 0; i < tail_; ++i) vpextrw(ptr[e + i * 2], Xmm(t), i);
+  } else {
+    vmovdqu(a, half(t));
+  }
+}
+
 void VecEmitter::load_pair(int even, int odd, const RegExp& e) {
   vmovdqu(Ymm(odd), ptr[e]);
   vpslld(Ymm(even), Ymm(odd), 16);

@@ -55,6 +55,10 @@ class VecEmitter : public Xbyak::CodeGenerator {
   // vector); `masked`: the tail only. Clobbers w, t1 and t2 (16-bit data);
   // vmm(v) is kept.
   void store_vec(const RegExp& e, int v, bool masked, bool nt, int w, int t1, int t2);
+  // store_vec for values the data type holds exactly (loaded from it, and
+  // masked or rounded since): 16-bit words by truncation or one conversion,
+  // so one scratch register (t) is enough, where a reduce loop has no more.
+  void store_exact(const RegExp& e, int v, bool masked, int t);
   // half(w) = vmm(v) (f32) as 16-bit words of the data type, rounded to
   // nearest even; clobbers t1 and t2.
   void to_words(int w, int v, int t1, int t2);

@@ -40,8 +40,11 @@ BnGenerator::BnGenerator(const BnConf& c, Kind kind)
                  static_cast<int>(c.walk.cols % (c.isa == Isa::kAvx512 ? 16 : 8))),
       c_(c),
       kind_(kind),
-      cp_(padded_channels(c.d.channels)) {
+      cp_(padded_channels(c.d.channels)),
+      side_out_(kind == Kind::kReduce && c.dy_side_out) {
   mask_ = kMask;
+  // With a side output the apply reads the reduce's stored diff_dst: no producer.
+  if (kind == Kind::kApply && c_.dy_side_out) c_.dy_fuse = Fuse::kNone;
   if (c.walk.kind == Walk::kRows && c.walk.channel_group > 0) {
     kind == Kind::kReduce ? rows_reduce_grouped() : rows_apply_grouped();
   } else if (c.walk.kind == Walk::kRows) {
@@ -68,6 +71,10 @@ void BnGenerator::prologue() {
     mov(r12, ptr[rdi + offsetof(KernelArgs, x2)]);
     mov(r13, ptr[rdi + offsetof(KernelArgs, dy2)]);
   }
+  if (side_out_) {
+    push(r14);
+    mov(r14, ptr[rdi + offsetof(KernelArgs, dy_out)]);
+  }
   // The grouped rows kernels keep the call's channel count in rdi (the
   // arguments are all loaded by now).
   if (c_.walk.kind == Walk::kRows && c_.walk.channel_group > 0)
@@ -87,6 +94,7 @@ void BnGenerator::next_row(bool with_dx) {
   add(rdx, rax);
   if (uses_second(c_.x_fuse)) add(r12, rax);
   if (uses_second(c_.dy_fuse)) add(r13, rax);
+  if (side_out_) add(r14, rax);
   if (with_dx) {  // diff_src may be laid out with its own row stride
     mov(rax, c_.walk.dx_row_stride * es_);
     add(rcx, rax);
@@ -94,6 +102,7 @@ void BnGenerator::next_row(bool with_dx) {
 }
 
 void BnGenerator::epilogue() {
+  if (side_out_) pop(r14);
   if (fused()) {
     pop(r13);
     pop(r12);
@@ -107,6 +116,9 @@ void BnGenerator::epilogue() {
 // producer on the fly; vmm(tmp) is clobbered when the port is fused.
 void BnGenerator::load_port(int port, int dst, int tmp, int64_t off, bool tail) {
   load_fused(port, dst, tmp, off, tail, port == 0 ? c_.x_fuse : c_.dy_fuse);
+  // The side output: the fused diff_dst, exact in the data type (masked, or
+  // rounded as the Add's output is), stored where the apply will read it.
+  if (port == 1 && side_out_) store_exact(at(r14, off), dst, tail, tmp);
   x_reg_ = port == 0 ? dst : -1;  // every kernel loads port 1 right after port 0
 }
 

@@ -138,6 +138,9 @@ class BnGenerator : public VecEmitter {
   BnConf c_;
   Kind kind_;
   int64_t cp_;
+  // A reduce kernel that stores the fused diff_dst (BnConf::dy_side_out)
+  // through r14, which moves with rdx.
+  const bool side_out_;
   Xbyak::Label c_zero_, tail_mask_;
   // leaky_relu's alpha and 1/alpha (the kLeaky* fuses), 1.0f, and the bits
   // 1.0f ^ alpha and 1.0f ^ (1/alpha) that AVX2 selects a factor with.

@@ -32,6 +32,7 @@ void BnGenerator::advance_rows(int64_t n, bool with_dx) {
   add(rdx, rax);
   if (uses_second(c_.x_fuse)) add(r12, rax);
   if (uses_second(c_.dy_fuse)) add(r13, rax);
+  if (side_out_) add(r14, rax);
   if (with_dx) {
     mov(rax, n * c_.walk.dx_row_stride * es_);
     add(rcx, rax);
@@ -70,7 +71,9 @@ void BnGenerator::rewound(bool with_dx, const std::function<void()>& walk) {
   if (with_dx) push(rcx);
   if (x2) push(r12);
   if (dy2) push(r13);
+  if (side_out_) push(r14);
   walk();
+  if (side_out_) pop(r14);
   if (dy2) pop(r13);
   if (x2) pop(r12);
   if (with_dx) pop(rcx);

@@ -44,6 +44,9 @@ struct KernelArgs {
   // rows_apply with conf.prefetch.next_channel: nonzero when channel
   // c + 1 (channel_stride on) exists, whose rows the call then prefetches.
   int64_t prefetch_next = 0;
+  // Reduce with conf.dy_side_out: where the fused diff_dst is stored (same
+  // layout as dy); the apply then reads it through dy, with no producer.
+  void* dy_out = nullptr;
 };
 
 // One element of 16- or 32-bit float data as f32, and back with rounding to

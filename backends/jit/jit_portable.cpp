@@ -16,8 +16,20 @@ class PortableKernels final : public KernelSet {
  public:
   explicit PortableKernels(const BnConf& c) : c_(c), cp_(padded_channels(c.d.channels)) {}
 
-  // src (port 0) or diff_dst (port 1) at element e, with a fused producer applied.
+  // src (port 0) or diff_dst (port 1) at element e, with a fused producer
+  // applied; with a side output, the reduce stores diff_dst to a.dy_out and
+  // the apply reads it back through a.dy as it is.
   float value(const KernelArgs& a, int port, int64_t e) const {
+    if (port == 1 && c_.dy_side_out) {
+      if (a.dx != nullptr) return load_element(a.dy, e, c_.d.data_dt);
+      const float v = fused_value(a, port, e);
+      store_element(a.dy_out, e, c_.d.data_dt, v);  // exact: v is a value of the dtype
+      return v;
+    }
+    return fused_value(a, port, e);
+  }
+
+  float fused_value(const KernelArgs& a, int port, int64_t e) const {
     const DataType dt = c_.d.data_dt;
     const Fuse f = port == 0 ? c_.x_fuse : c_.dy_fuse;
     const void* first = port == 0 ? a.x : a.dy;

@@ -73,27 +73,65 @@ TEST(Partitioner, JitPatternTakesAProducerOnEitherPort) {
   }
 }
 
+// The partition of `parts` that holds op `op_id`.
+const Partition& holding(const std::vector<Partition>& parts, int64_t op_id) {
+  for (const Partition& p : parts) {
+    for (const Op& op : p.ops)
+      if (op.id() == op_id) return p;
+  }
+  ADD_FAILURE() << "no partition holds op " << op_id;
+  return parts.front();
+}
+
+bool writes(const Partition& p, int64_t tensor) {
+  for (const LogicalTensor& lt : p.outputs)
+    if (lt.id == tensor) return true;
+  return false;
+}
+
 TEST(Partitioner, RulesThatKeepAProducerApartAreExplained) {
-  // A second reader of the producer's output.
-  Graph g = chain(OpKind::kReLUBackward, 1, DataType::kF32, "NXC", false);
-  Op other(2, OpKind::kReLU, "other");
-  other.add_input(lt(20, DataType::kF32, {2, 5, 5, 24}))
-      .add_output(lt(40, DataType::kF32, {2, 5, 5, 24}));
-  ASSERT_TRUE(g.add_op(other).ok());
-  ASSERT_TRUE(g.finalize().ok());
+  // A second reader of the diff_dst producer's output: the JIT fuses it and
+  // writes that output too (a side output); on src it stays apart.
+  for (int port : {1, 0}) {
+    Graph g = chain(OpKind::kReLUBackward, port, DataType::kF32, "NXC", false);
+    Op other(2, OpKind::kReLU, "other");
+    other.add_input(lt(20, DataType::kF32, {2, 5, 5, 24}))
+        .add_output(lt(40, DataType::kF32, {2, 5, 5, 24}));
+    ASSERT_TRUE(g.add_op(other).ok());
+    ASSERT_TRUE(g.finalize().ok());
+    std::vector<PatternTrial> trials;
+    auto parts = parts_of(g, {}, &trials);
+    if (port == 1) {
+      ASSERT_EQ(parts.size(), 2u);
+      EXPECT_EQ(answer(trials, 0, "jit.bn_bwd_producers"), "matched");
+      EXPECT_EQ(holding(parts, 1).id, holding(parts, 0).id) << "the producer joins the batch norm";
+      EXPECT_TRUE(writes(holding(parts, 0), 20)) << "the side output is a partition output";
+      // ref runs producers only as their only reader.
+      std::vector<PatternTrial> ref_trials;
+      EXPECT_EQ(parts_of(g, CompileOptions{"ref"}, &ref_trials).size(), 3u);
+      EXPECT_NE(answer(ref_trials, 0, "ref.bn_bwd_producers").find("tensor 20 has another reader"),
+                std::string::npos);
+    } else {
+      ASSERT_EQ(parts.size(), 3u);
+      EXPECT_EQ(answer(trials, 0, "jit.bn_bwd_producers"),
+                "no producer to fuse (src: tensor 20 has another reader; diff_dst: tensor 1 is a "
+                "graph input)");
+      EXPECT_EQ(answer(trials, 0, "jit.bn_bwd"), "matched");
+    }
+  }
+  // A graph output: the same, a side output on diff_dst, apart on src.
   std::vector<PatternTrial> trials;
-  auto parts = parts_of(g, {}, &trials);
-  ASSERT_EQ(parts.size(), 3u);
-  EXPECT_EQ(answer(trials, 0, "jit.bn_bwd_producers"),
-            "no producer to fuse (src: tensor 0 is a graph input; diff_dst: tensor 20 has "
-            "another reader)");
-  EXPECT_EQ(answer(trials, 0, "jit.bn_bwd"), "matched");
-  // A graph output.
   Graph h = chain(OpKind::kAdd, 1);
   h.set_output_ports({20, 5, 6, 7});
   ASSERT_TRUE(h.finalize().ok());
+  auto fused = parts_of(h, {}, &trials);
+  ASSERT_EQ(fused.size(), 1u);
+  EXPECT_TRUE(writes(fused[0], 20));
+  Graph on_src = chain(OpKind::kAdd, 0);
+  on_src.set_output_ports({20, 5, 6, 7});
+  ASSERT_TRUE(on_src.finalize().ok());
   trials.clear();
-  EXPECT_EQ(parts_of(h, {}, &trials).size(), 2u);
+  EXPECT_EQ(parts_of(on_src, {}, &trials).size(), 2u);
   EXPECT_NE(answer(trials, 0, "jit.bn_bwd_producers").find("tensor 20 is a graph output"),
             std::string::npos);
   // A tensor feeding both data ports.

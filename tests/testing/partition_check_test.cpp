@@ -62,14 +62,15 @@ TEST(PartitionCheck, ResNetTrainingGraphsPassOnEverySeed) {
   EXPECT_GT(judged, 6 * 20 * 30);
 }
 
-// The diff_beta of the last block's unfused BatchNormTrainingBackward, whose
-// diff_dst is the residual ReLUBackward's output: a cancelling sum.
+// The diff_beta of the last block's BatchNormTrainingBackward whose
+// diff_dst is the residual ReLUBackward's output (fused, with that output
+// written as a side output for the gradient Add): a cancelling sum.
 const oracle::PartitionOutputCheck* last_diff_beta(const Checked& c) {
   const oracle::PartitionOutputCheck* found = nullptr;
   for (const auto& pc : c.checks) {
     const Op* op = c.cg.lowered_graph().producer(pc.tensor.id);
     if (op != nullptr && op->kind() == OpKind::kBatchNormTrainingBackward &&
-        pc.ops == "BatchNormTrainingBackward" && op->outputs().size() == 3 &&
+        pc.kernel.find("+side_out") != std::string::npos && op->outputs().size() == 3 &&
         op->outputs()[2].id == pc.tensor.id)
       found = &pc;
   }
