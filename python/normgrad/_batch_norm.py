@@ -159,16 +159,20 @@ class _BatchNormFunction(_torch.autograd.Function):
         fuse = ctx.fuse_relu
         if ctx.mean_lo is not None:  # data far from zero: the mean at full precision
             return _exact_mean_backward(ctx, x, weight, mean, var, y, grad)
-        if fuse and (ctx.has_residual or _grad_view(grad, x, fmt)[1] is not None):
-            # The residual needs the masked gradient itself (and a fused
-            # ReLUBackward takes dense operands): one pass, as torch's ReLU does.
+        strided = _grad_view(grad, x, fmt)[1] is not None
+        # The residual needs the masked gradient itself: the fused kernel writes
+        # it as a side output (docs/passes.md) when the gradient is dense; a
+        # strided one is masked first, in one pass, as torch's ReLU does (a
+        # fused ReLUBackward takes dense operands).
+        side = fuse and ctx.has_residual and not strided
+        if fuse and strided:
             grad = _torch.ops.aten.threshold_backward(grad, y.detach(), 0)
             fuse = False
-        if ctx.has_residual:
+        if ctx.has_residual and not side:
             d_residual = grad
         gv, dy_strides = _grad_view(grad, x, fmt)
         cg = _g.backward_graph(tuple(xv.shape), fmt, dt, c, affine, ctx.use_batch_stats, fuse,
-                               ctx.eps, dy_strides)
+                               ctx.eps, dy_strides, side)
         dx = _g.pooled_like(x, fmt)
         inputs = {_g.X: xv, _g.MEAN: mean, _g.VAR: var}
         if fuse:
@@ -177,6 +181,9 @@ class _BatchNormFunction(_torch.autograd.Function):
         else:
             inputs[_g.DY] = gv
         outputs = {_g.DX: _g.view_as_fmt(dx, fmt)}
+        if side:
+            d_residual = _g.pooled_like(x, fmt)
+            outputs[_g.DY] = _g.view_as_fmt(d_residual, fmt)
         if affine:
             inputs[_g.GAMMA] = weight.detach().float().contiguous()
             dgamma = _torch.empty(c, dtype=_torch.float32)

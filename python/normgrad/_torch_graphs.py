@@ -317,11 +317,14 @@ def inference_graph(shape, fmt, dt, c, eps, relu):
     return _compiled(("inf", tuple(shape), fmt, dt, float(eps), relu), build)
 
 
-def backward_graph(shape, fmt, dt, c, affine, training, fuse_relu, eps, dy_strides):
+def backward_graph(shape, fmt, dt, c, affine, training, fuse_relu, eps, dy_strides,
+                   masked_out=False):
     """BatchNormTrainingBackward on (mean, biased variance, eps); with fuse_relu,
     diff_dst is ReLUBackward(dst, grad) (use_dst: the module's output is > 0
-    where the ReLU passed). `dy_strides` are the gradient's, when it arrived in
-    another memory format than src (the JIT walks or stages it; no copy)."""
+    where the ReLU passed), and with masked_out that masked gradient (DY) is
+    an output too, for a residual (the JIT writes it as a side output).
+    `dy_strides` are the gradient's, when it arrived in another memory format
+    than src (the JIT walks or stages it; no copy)."""
     def build(g):
         dy_id = DY
         if fuse_relu:
@@ -336,8 +339,10 @@ def backward_graph(shape, fmt, dt, c, affine, training, fuse_relu, eps, dy_strid
         g.add_op("BatchNormTrainingBackward", ins, outs,
                  {"epsilon": float(eps), "data_format": fmt, "is_training": bool(training)},
                  id=0, name="bn_bwd")
+        if fuse_relu and masked_out:
+            g.set_output_ports([DY] + [o.id for o in outs])
     key = ("bwd", tuple(shape), fmt, dt, affine, bool(training), fuse_relu, float(eps),
-           None if dy_strides is None else tuple(dy_strides))
+           None if dy_strides is None else tuple(dy_strides), bool(fuse_relu and masked_out))
     return _compiled(key, build)
 
 

@@ -18,6 +18,10 @@ batch 16, 160x160 unless told), torch's against ``convert(model, fuse=True)``,
 SGD training steps interleaved in one process, medians; with the profiler's
 share of the step spent in batch norm (and in ReLU/add, which fusion takes).
 
+--model resnet50 --autocast: the same step with the forward and loss under
+``torch.autocast("cpu", torch.bfloat16)`` (bf16 convolutions, so bf16 batch
+norms), as a bf16 training script runs it; --memory --autocast likewise.
+
 --model resnet50 --leaky: the same with every ReLU swapped for
 LeakyReLU(0.01) (--leaky-inplace: keeping torchvision's inplace=True), and
 a third model, ``convert(model, inplace_abn=True)`` (InPlaceABN), in the
@@ -44,6 +48,7 @@ Runs alternate torch and normgrad case by case (host state drifts); every
 figure is a median over --runs repetitions.
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -194,6 +199,13 @@ def make_model(name, config, leaky_inplace=False):
     return model
 
 
+def autocast(args):
+    """The forward's context: bf16 autocast with --autocast, else nothing."""
+    if args.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def run_model(args, out):
     results = []
     prefix = "leaky-" if args.leaky else ""
@@ -212,7 +224,9 @@ def run_model(args, out):
 
             def step(m=m, opt=opt):
                 opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(m(x), labels).backward()
+                with autocast(args):
+                    loss = torch.nn.functional.cross_entropy(m(x), labels)
+                loss.backward()
                 opt.step()
             steps[name] = step
         times = {k: [] for k in models}
@@ -229,6 +243,7 @@ def run_model(args, out):
         bn_ms = med["torch"] - med["no-bn"]
         won = (med["torch"] - med["normgrad"]) / bn_ms if bn_ms > 0 else float("nan")
         row = {"model": args.model, "batch": args.batch, "size": args.size, "layout": layout,
+               "autocast": "bf16" if args.autocast else None,
                "torch_ms": med["torch"], "normgrad_ms": med["normgrad"],
                "speedup": med["torch"] / med["normgrad"],
                "fused": getattr(models["normgrad"], "normgrad_fused", 0),
@@ -240,9 +255,10 @@ def run_model(args, out):
             row["normgrad_abn_ms"] = med["normgrad-abn"]
             row["abn_swapped"] = getattr(models["normgrad-abn"], "normgrad_inplace_abn", 0)
         results.append(row)
-        print("%s batch %d %dx%d %-13s torch %8.1f ms  normgrad %8.1f ms  %.2fx  (BN share: "
+        print("%s batch %d %dx%d %-13s%s torch %8.1f ms  normgrad %8.1f ms  %.2fx  (BN share: "
               "torch %.0f%%, normgrad %.0f%%; %d fused)"
-              % (args.model, args.batch, args.size, args.size, layout, med["torch"],
+              % (args.model, args.batch, args.size, args.size, layout,
+                 " bf16-autocast" if args.autocast else "", med["torch"],
                  med["normgrad"], row["speedup"], 100 * shares["torch"]["batch_norm"],
                  100 * shares["normgrad"]["batch_norm"], row["fused"]), flush=True)
         print("  without BN and ReLU %8.1f ms: they take %.0f%% of torch's step; normgrad wins "
@@ -265,16 +281,16 @@ def rss_kib():
         return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
-def saved_bytes(model, x):
-    """Bytes of the distinct storages autograd saves for the backward of model(x),
-    parameters excluded."""
+def saved_bytes(model, x, args):
+    """Bytes of the distinct storages autograd saves for the backward of model(x)
+    (under autocast with --autocast), parameters excluded."""
     seen = {}
 
     def pack(t):
         s = t.storage()
         seen[s.data_ptr()] = s.size() * s.element_size()
         return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(args):
         model(x)
     params = {p.data_ptr() for p in model.parameters()}
     return sum(v for k, v in seen.items() if k not in params)
@@ -300,13 +316,15 @@ def memory_child(args):
     for _ in range(args.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), labels).backward()
+        with autocast(args):
+            loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(json.dumps({"config": args.memory_child, "layout": layout, "peak_kib": peak,
                       "before_kib": before, "step_ms": statistics.median(times[1:] or times),
-                      "saved_bytes": saved_bytes(model, x), "pool": normgrad.memory_stats()}))
+                      "saved_bytes": saved_bytes(model, x, args), "pool": normgrad.memory_stats()}))
 
 
 def run_memory(args, out):
@@ -321,6 +339,7 @@ def run_memory(args, out):
                        str(args.size), "--steps", str(args.steps), "--threads",
                        str(args.threads), "--layouts", layout]
                 cmd += ["--leaky-inplace"] if args.leaky_inplace else []
+                cmd += ["--autocast"] if args.autocast else []
                 done = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     raise SystemExit("normgrad.bench_torch --memory: %s failed:\n%s"
@@ -332,6 +351,7 @@ def run_memory(args, out):
                 row[k] = statistics.median(r[k] for r in runs[config])
             row["peak_kib_runs"] = [r["peak_kib"] for r in runs[config]]
             row["leaky_inplace"] = args.leaky_inplace
+            row["autocast"] = "bf16" if args.autocast else None
             rows.append(row)
         base = next(r for r in rows if r["config"] == "leaky-torch" and r["layout"] == layout)
         for r in rows:
@@ -375,6 +395,9 @@ def main(argv=None):
                         "(fuse=True), normgrad-abn (inplace_abn=True), normgrad-ckpt and "
                         "normgrad-abn-ckpt (the same with checkpoint='blocks'); a -nopool "
                         "suffix runs one with normgrad's caching pool off (set_cache_limit(0))")
+    p.add_argument("--autocast", action="store_true",
+                   help="--model and --memory: the forward and loss under torch.autocast('cpu', "
+                        "torch.bfloat16), as a bf16 training script runs them")
     p.add_argument("--checkpoint", action="store_true",
                    help="with --model: also time convert(fuse=True, checkpoint='blocks')")
     p.add_argument("--batch", type=int, default=16)

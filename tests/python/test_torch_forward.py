@@ -159,7 +159,8 @@ def test_fused_forward_and_backward_match_torch():
         yo = ours(xo, ro)
     yr = torch.relu(ref(xr) + rr)
     assert rel(yo, yr) < 1e-6
-    yo.backward(g)
+    with ngt.recording() as ran_bwd:
+        yo.backward(g)
     yr.backward(g.double())
     assert rel(xo.grad, xr.grad) < 2e-6
     assert rel(ro.grad, rr.grad) < 1e-6
@@ -168,6 +169,10 @@ def test_fused_forward_and_backward_match_torch():
     # JIT generates code) with the Add and the ReLU fused.
     assert len(ran) == 1, kernels(ran)
     assert ":fwd:rows" in kernels(ran)[0] and kernels(ran)[0].endswith("+add+relu"), kernels(ran)
+    # The backward: one kernel too, which masks the gradient through the
+    # ReLU and writes it for the residual as a side output.
+    assert len(ran_bwd) == 1, kernels(ran_bwd)
+    assert "+diff_dst_relu_bwd+side_out" in kernels(ran_bwd)[0], kernels(ran_bwd)
 
 
 def test_convert_fuse_traces_torchvision_resnets():
