@@ -260,6 +260,11 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   // The threads the forward will run on (the same bits for any).
   c.strip_channels = fwd_strip_rule(c, planned_threads());
   c.line_walk = fwd_line_walk(c);
+  // 16-bit NXC pixel walks store ordinary lines: streaming their half-line
+  // vectors ran 1.12-1.28x slower from 112x112 to 14x14 on both ISAs, while
+  // the strips (7x7) keep streaming (docs/jit-rules.md).
+  if (!c.ncx_rows && c.dt != DataType::kF32 && c.strip_channels == 0 && !c.bounce)
+    c.streaming = false;
   // 16-bit NXC statistics pixel by pixel, the chunk's sums in memory: each
   // channel block swept over a chunk's 64 pixels read 16-bit data at half
   // f32's bytes a second, slower the wider the pixel. Narrow pixels keep the
