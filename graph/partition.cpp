@@ -11,6 +11,8 @@ const char* fusion_role_name(FusionRole role) {
       return "src";
     case FusionRole::kDiffDstProducer:
       return "diff_dst";
+    case FusionRole::kGradientAdd:
+      return "gradient_add";
     case FusionRole::kResidualAdd:
       return "residual";
     case FusionRole::kActivation:

@@ -21,6 +21,7 @@ enum class FusionRole {
   kAnchor,           // the op the pattern starts from
   kSrcProducer,      // writes a batch-norm backward's src (ReLUBackward or Add)
   kDiffDstProducer,  // writes its diff_dst
+  kGradientAdd,      // adds the gradient that a diff_dst ReLUBackward masks
   kResidualAdd,      // adds a residual to a forward's dst
   kActivation,       // ReLU or LeakyReLU after it
   kDequantize,

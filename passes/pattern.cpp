@@ -102,6 +102,18 @@ Pattern collective_pattern(std::string name, std::string backend) {
   return p;
 }
 
+const Op* gradient_add(const Graph& graph, const Op& relu_backward) {
+  if (relu_backward.kind() != OpKind::kReLUBackward) return nullptr;
+  const LogicalTensor& g = ReLUBackwardPorts(relu_backward).diff_dst();
+  const Op* add = graph.producer(g.id);
+  if (add == nullptr || add->kind() != OpKind::kAdd) return nullptr;
+  if (!only_reader(graph, g.id, relu_backward).ok()) return nullptr;
+  for (const LogicalTensor& in : add->inputs()) {  // no broadcast, no mixed dtypes
+    if (in.dtype != g.dtype || in.dims != g.dims) return nullptr;
+  }
+  return add;
+}
+
 Status fusible_bn_backward_producer(const Graph& graph, const Op& bn, size_t port,
                                     bool side_output) {
   const LogicalTensor& t = bn.inputs()[port];
@@ -139,8 +151,15 @@ StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& b
       if (!only_reader(graph, bn.inputs()[port].id, bn).ok())
         m.note += std::string(m.note.empty() ? "" : "; ") + "diff_dst: tensor " +
                   std::to_string(bn.inputs()[port].id) + " written as a side output";
-      m.ops.push_back({graph.producer(bn.inputs()[port].id)->id(),
-                       src ? FusionRole::kSrcProducer : FusionRole::kDiffDstProducer});
+      const Op& producer = *graph.producer(bn.inputs()[port].id);
+      if (side_output && !src) {
+        if (const Op* add = gradient_add(graph, producer)) {
+          m.ops.push_back({add->id(), FusionRole::kGradientAdd});
+          m.note += std::string(m.note.empty() ? "" : "; ") + "diff_dst: through " + add->label();
+        }
+      }
+      m.ops.push_back(
+          {producer.id(), src ? FusionRole::kSrcProducer : FusionRole::kDiffDstProducer});
     } else {
       m.note +=
           std::string(m.note.empty() ? "" : "; ") + (src ? "src: " : "diff_dst: ") + s.message();

@@ -86,6 +86,13 @@ Pattern bn_forward_epilogue_pattern(std::string backend);
 Status fusible_bn_backward_producer(const Graph& graph, const Op& bn, size_t port,
                                     bool side_output = false);
 
+// The Add whose sum a ReLUBackward masks (its diff_dst), when that Add is
+// read by the ReLUBackward alone, on one port, is no graph output, and
+// neither broadcasts nor mixes dtypes; else nullptr. With side outputs the
+// JIT takes it with the ReLUBackward (FusionRole::kGradientAdd): a residual
+// network's gradient sum in front of a block's last ReLU.
+const Op* gradient_add(const Graph& graph, const Op& relu_backward);
+
 // Batch-norm backward (BatchNormTrainingBackward, BatchNormBackwardReduce or
 // BatchNormBackwardApply) with its fusible producers on src and/or diff_dst,
 // bound as kSrcProducer / kDiffDstProducer. Fails when no port has one.

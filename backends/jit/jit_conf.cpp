@@ -76,6 +76,8 @@ const char* fuse_name(Fuse f) {
       return "relu_bwd";
     case Fuse::kAdd:
       return "add";
+    case Fuse::kAddReluBackward:
+      return "add_relu_bwd";
     case Fuse::kLeakyInverse:
       return "leaky_inverse";
     case Fuse::kLeakyInverseSub:
@@ -241,7 +243,8 @@ namespace {
 // next_channel). A task's inputs are its channels' rows over
 // the batch: src and diff_dst, or the two operands of each fused producer.
 int64_t rows_task_bytes(const BnConf& c) {
-  const int tensors = (uses_second(c.x_fuse) ? 2 : 1) + (uses_second(c.dy_fuse) ? 2 : 1);
+  const int tensors = (uses_second(c.x_fuse) ? 2 : 1) + (uses_second(c.dy_fuse) ? 2 : 1) +
+                      (uses_third(c.dy_fuse) ? 1 : 0);
   return std::max(1, c.walk.channel_group) * c.walk.cols * c.walk.rows * dtype_size(c.d.data_dt) *
          tensors;
 }

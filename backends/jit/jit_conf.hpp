@@ -46,6 +46,9 @@ enum class Fuse : uint8_t {
   kNone,
   kReluBackward,  // value = first > 0 ? second : 0 (first: ReLU's src or dst, second: the gradient)
   kAdd,           // value = first + second
+  // value = first > 0 ? second + third : 0: an Add of two gradients, then the
+  // ReLUBackward (a residual network's gradient sum in front of the block's ReLU)
+  kAddReluBackward,
   // BatchNormTrainingBackwardFromDst through leaky_relu (first: the forward's dst):
   kLeakyInverse,     // src: value = first >= 0 ? first : first / alpha
   kLeakyInverseSub,  // src: the same minus second (a residual added before the activation)
@@ -59,11 +62,14 @@ const char* fuse_name(Fuse f);
 inline bool uses_second(Fuse f) {
   return f != Fuse::kNone && f != Fuse::kLeakyInverse && f != Fuse::kLeakyBackwardAtSrc;
 }
+// Whether it reads a third (KernelArgs dy3; diff_dst only).
+inline bool uses_third(Fuse f) { return f == Fuse::kAddReluBackward; }
 
 // Where each buffer of a (possibly fused) partition comes from: indices into
 // the partition's inputs; `second` is used by fused ports only.
 struct PortMap {
-  int x = 0, x_second = -1, dy = 1, dy_second = -1, mean = 2, variance = 3, gamma = 4;
+  int x = 0, x_second = -1, dy = 1, dy_second = -1, dy_third = -1, mean = 2, variance = 3,
+      gamma = 4;
   // BatchNormBackwardApply: the global sums and element count.
   int sum_dy = -1, sum_dy_xm = -1, count = -1;
   // Partition outputs: diff_src, diff_gamma and diff_beta (-1: absent), or

@@ -154,12 +154,24 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
       if (!same_layout(lt.dims, lt.effective_strides(), data_strides(c, lt.dims)))
         return unimplemented("the JIT takes dense fused inputs");
     }
-    // ReLUBackward's (src/dst, diff_dst) or Add's (src_0, src_1).
+    // ReLUBackward's (src/dst, diff_dst) or Add's (src_0, src_1); a
+    // ReLUBackward's gradient may itself be an Add's sum (kGradientAdd).
     const bool relu = op.kind() == OpKind::kReLUBackward;
     const int first = index_of(elementwise_src(op).id);
-    const int second =
-        index_of((relu ? ReLUBackwardPorts(op).diff_dst() : AddPorts(op).src_1()).id);
-    const Fuse f = relu ? Fuse::kReluBackward : Fuse::kAdd;
+    int second = index_of((relu ? ReLUBackwardPorts(op).diff_dst() : AddPorts(op).src_1()).id);
+    Fuse f = relu ? Fuse::kReluBackward : Fuse::kAdd;
+    const Op* add = partition.bound(FusionRole::kGradientAdd);
+    if (port == 1 && relu && add != nullptr) {
+      for (const LogicalTensor& lt : add->inputs()) {
+        if (!same_layout(lt.dims, lt.effective_strides(), data_strides(c, lt.dims)))
+          return unimplemented("the JIT takes dense fused inputs");
+      }
+      f = Fuse::kAddReluBackward;
+      second = index_of(AddPorts(*add).src_0().id);
+      m.dy_third = index_of(AddPorts(*add).src_1().id);
+      if (second < 0 || m.dy_third < 0)
+        return unimplemented("the JIT needs the gradient Add's operands from partition inputs");
+    }
     if (port == 0) {
       c.x_fuse = f, m.x = first, m.x_second = second;
     } else {

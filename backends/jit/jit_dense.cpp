@@ -80,6 +80,7 @@ class DenseRun {
         x2_(input(pm_.x_second)),
         dy_(input(pm_.dy)),
         dy2_(input(pm_.dy_second)),
+        dy3_(input(pm_.dy_third)),
         dx_(pm_.dx >= 0 ? static_cast<char*>(out[pm_.dx]) : nullptr),
         dy_out_(conf.dy_side_out ? static_cast<char*>(out[pm_.dy_out]) : nullptr) {}
 
@@ -109,9 +110,10 @@ class DenseRun {
     KernelArgs a{
         x_ + off, dy_ + off, with_dx ? dx_ + dx_off : nullptr, coef,
         acc,      rows,      x2_ ? x2_ + off : nullptr,        dy2_ ? dy2_ + off : nullptr};
+    if (dy3_ != nullptr) a.dy3 = dy3_ + off;
     if (dy_out_ != nullptr && with_dx) {
       a.dy = dy_out_ + off;  // the apply reads what the reduce stored
-      a.dy2 = nullptr;
+      a.dy2 = a.dy3 = nullptr;
     } else if (dy_out_ != nullptr) {
       a.dy_out = dy_out_ + off;
     }
@@ -163,6 +165,7 @@ class DenseRun {
   const char* x2_;
   const char* dy_;
   const char* dy2_;
+  const char* dy3_;  // Fuse::kAddReluBackward's second gradient, or null
   char* dx_;
   char* dy_out_;  // the fused diff_dst's side output (BnConf::dy_side_out), or null
 };

@@ -75,6 +75,10 @@ void BnGenerator::prologue() {
     push(r14);
     mov(r14, ptr[rdi + offsetof(KernelArgs, dy_out)]);
   }
+  if (uses_third(c_.dy_fuse)) {
+    push(r15);
+    mov(r15, ptr[rdi + offsetof(KernelArgs, dy3)]);
+  }
   // The grouped rows kernels keep the call's channel count in rdi (the
   // arguments are all loaded by now).
   if (c_.walk.kind == Walk::kRows && c_.walk.channel_group > 0)
@@ -95,6 +99,7 @@ void BnGenerator::next_row(bool with_dx) {
   if (uses_second(c_.x_fuse)) add(r12, rax);
   if (uses_second(c_.dy_fuse)) add(r13, rax);
   if (side_out_) add(r14, rax);
+  if (uses_third(c_.dy_fuse)) add(r15, rax);
   if (with_dx) {  // diff_src may be laid out with its own row stride
     mov(rax, c_.walk.dx_row_stride * es_);
     add(rcx, rax);
@@ -102,6 +107,7 @@ void BnGenerator::next_row(bool with_dx) {
 }
 
 void BnGenerator::epilogue() {
+  if (uses_third(c_.dy_fuse)) pop(r15);
   if (side_out_) pop(r14);
   if (fused()) {
     pop(r13);
@@ -183,8 +189,16 @@ void BnGenerator::load_fused(int port, int dst, int tmp, int64_t off, bool tail,
       load(tmp, second, off, tail);
       vsubps(vmm(dst), vmm(dst), vmm(tmp));
     }
-  } else {  // ReLU backward: the gradient where the forward value is > 0 (NaN compares false)
+  } else {
+    // ReLU backward: the gradient where the forward value is > 0 (NaN
+    // compares false); with kAddReluBackward the gradient is two gradients'
+    // sum, rounded as the unfused Add stores it.
     load(dst, second, off, tail);
+    if (f == Fuse::kAddReluBackward) {
+      load(tmp, r15, off, tail);
+      vaddps(vmm(dst), vmm(dst), vmm(tmp));
+      round_to_dt(dst, tmp);
+    }
     load(tmp, first, off, tail);
     if (avx512_) {
       vcmpps(k3, vmm(tmp), ptr[rip + c_zero_], 0x1E);  // greater-than, ordered, quiet

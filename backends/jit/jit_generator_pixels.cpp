@@ -33,6 +33,7 @@ void BnGenerator::advance_rows(int64_t n, bool with_dx) {
   if (uses_second(c_.x_fuse)) add(r12, rax);
   if (uses_second(c_.dy_fuse)) add(r13, rax);
   if (side_out_) add(r14, rax);
+  if (uses_third(c_.dy_fuse)) add(r15, rax);
   if (with_dx) {
     mov(rax, n * c_.walk.dx_row_stride * es_);
     add(rcx, rax);
@@ -72,7 +73,9 @@ void BnGenerator::rewound(bool with_dx, const std::function<void()>& walk) {
   if (x2) push(r12);
   if (dy2) push(r13);
   if (side_out_) push(r14);
+  if (uses_third(c_.dy_fuse)) push(r15);
   walk();
+  if (uses_third(c_.dy_fuse)) pop(r15);
   if (side_out_) pop(r14);
   if (dy2) pop(r13);
   if (x2) pop(r12);

@@ -47,6 +47,7 @@ struct KernelArgs {
   // Reduce with conf.dy_side_out: where the fused diff_dst is stored (same
   // layout as dy); the apply then reads it through dy, with no producer.
   void* dy_out = nullptr;
+  const void* dy3 = nullptr;  // fused diff_dst: a third operand (Fuse::kAddReluBackward)
 };
 
 // One element of 16- or 32-bit float data as f32, and back with rounding to

@@ -43,6 +43,13 @@ class PortableKernels final : public KernelSet {
     }
     if (f == Fuse::kReluBackward)
       return load_element(first, e, dt) > 0.f ? load_element(second, e, dt) : 0.f;
+    if (f == Fuse::kAddReluBackward) {
+      if (!(load_element(first, e, dt) > 0.f)) return 0.f;
+      const float sum = load_element(second, e, dt) + load_element(a.dy3, e, dt);
+      if (dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(sum));
+      if (dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(sum));
+      return sum;
+    }
     if (f == Fuse::kLeakyInverse || f == Fuse::kLeakyInverseSub) {
       const float v = load_element(first, e, dt);
       const float y = v < 0.f ? v * (1.f / c_.alpha) : v;

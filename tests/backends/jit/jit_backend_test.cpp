@@ -451,56 +451,6 @@ TEST(JitBackend, FusedReluBackwardAndAdd) {
   }
 }
 
-// A diff_dst producer whose output is a result too (a graph output here; a
-// second reader alike): the fused kernel stores it in its reduce pass and
-// the apply reads it back. Every ISA, dtype and layout, the walks the sizes
-// choose, and data far from zero; the side output is ReLUBackward's or
-// Add's value exactly (the same bits as ref's), the rest within tolerance.
-TEST(JitBackend, FusedProducerWritesItsOutputAsASideOutput) {
-  int ran = 0;
-  for (const std::string& isa : isas()) {
-    IsaScope scope(isa);
-    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
-      for (const char* fmt : {"NCX", "NXC"}) {
-        const bool ncx = std::string(fmt) == "NCX";
-        for (const Dims& nchw :
-             {Dims{3, 17, 5, 7}, Dims{2, 40, 33, 33}, Dims{2, 256, 7, 7}, Dims{2, 1024, 3, 3}}) {
-          const Dims shape = ncx ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
-          const bool relu = ran % 2 == 0;
-          Graph g = fused_graph(shape, fmt, relu ? OpKind::kReLUBackward : OpKind::kAdd, 1, dt,
-                                relu ? std::optional<bool>(true) : std::nullopt);
-          std::vector<int64_t> outs = {20};
-          for (const Op& op : g.ops()) {
-            if (op.kind() != OpKind::kBatchNormTrainingBackward) continue;
-            for (const LogicalTensor& lt : op.outputs()) outs.push_back(lt.id);
-          }
-          g.set_output_ports(outs);
-          ASSERT_TRUE(g.finalize().ok());
-          SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape) +
-                       (relu ? " ReLUBackward" : " Add"));
-          const double offset = ran % 3 == 2 ? 1e4 : 0.0;
-          const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(500 + ran), offset);
-          ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-          EXPECT_NE(r.kernel.find("+side_out"), std::string::npos) << r.kernel;
-          EXPECT_EQ(r.kernel.find('+'), r.kernel.find("+diff_dst_")) << "one partition";
-          EXPECT_LE(r.worst_ratio, 1.0) << r.report;
-          // The side output, bit for bit.
-          const auto inputs = jit_test::inputs_for(g, static_cast<uint64_t>(500 + ran));
-          std::string name;
-          const auto got = jit_test::run_jit(g, "", inputs, &name);
-          auto ref = CompiledGraph::compile(g, CompileOptions{"ref"});
-          ASSERT_TRUE(ref.ok());
-          const auto want = oracle::run_outputs(*ref, inputs);
-          ASSERT_TRUE(want.ok());
-          ASSERT_TRUE(got.count(20));
-          EXPECT_TRUE(got.at(20).bytes == want->at(20).bytes);
-          ++ran;
-        }
-      }
-    }
-  }
-}
-
 // The driver keeps its per-channel arrays per thread between calls. Calls
 // with other channel counts, phases and walks in between must not leave
 // anything behind: each result matches ref, and the first graph gives the same

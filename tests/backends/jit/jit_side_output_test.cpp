@@ -1,0 +1,127 @@
+// Fused diff_dst producers beyond the only-reader case: a producer whose
+// output is a result too (the JIT writes it as a side output), and the
+// gradient Add in front of a ReLUBackward (Fuse::kAddReluBackward), each on
+// every ISA, dtype and layout, on the walks the sizes choose, against ref.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <normgrad/compile/compiler.hpp>
+#include "tests/backends/jit/jit_test_util.hpp"
+
+namespace normgrad {
+namespace {
+
+using jit_test::fused_graph;
+using jit_test::isas;
+using jit_test::IsaScope;
+using testing_util::compare_with_ref;
+
+// `g` with tensor 20 (the fused producer's output) and the batch norm's
+// outputs as the graph's outputs: 20 is then a result too.
+void with_side_output(Graph& g) {
+  std::vector<int64_t> outs = {20};
+  for (const Op& op : g.ops()) {
+    if (op.kind() != OpKind::kBatchNormTrainingBackward) continue;
+    for (const LogicalTensor& lt : op.outputs()) outs.push_back(lt.id);
+  }
+  g.set_output_ports(outs);
+}
+
+// Tensor 20 of the JIT's run and of ref's, bit for bit: the side output is
+// the producer's value exactly.
+void expect_side_output_exact(const Graph& g, uint64_t seed) {
+  const auto inputs = jit_test::inputs_for(g, seed);
+  std::string name;
+  const auto got = jit_test::run_jit(g, "", inputs, &name);
+  auto ref = CompiledGraph::compile(g, CompileOptions{"ref"});
+  ASSERT_TRUE(ref.ok());
+  const auto want = oracle::run_outputs(*ref, inputs);
+  ASSERT_TRUE(want.ok());
+  ASSERT_TRUE(got.count(20));
+  EXPECT_TRUE(got.at(20).bytes == want->at(20).bytes);
+}
+
+const std::vector<Dims>& shapes() {
+  static const std::vector<Dims> s = {Dims{3, 17, 5, 7}, Dims{2, 40, 33, 33}, Dims{2, 256, 7, 7},
+                                      Dims{2, 1024, 3, 3}};
+  return s;
+}
+
+// A diff_dst producer whose output is a result too (a graph output here; a
+// second reader alike): the fused kernel stores it in its reduce pass and
+// the apply reads it back. Every ISA, dtype and layout, the walks the sizes
+// choose, and data far from zero; the side output is ReLUBackward's or
+// Add's value exactly (the same bits as ref's), the rest within tolerance.
+TEST(JitSideOutput, FusedProducerWritesItsOutputAsASideOutput) {
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      for (const char* fmt : {"NCX", "NXC"}) {
+        const bool ncx = std::string(fmt) == "NCX";
+        for (const Dims& nchw :
+             {Dims{3, 17, 5, 7}, Dims{2, 40, 33, 33}, Dims{2, 256, 7, 7}, Dims{2, 1024, 3, 3}}) {
+          const Dims shape = ncx ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+          const bool relu = ran % 2 == 0;
+          Graph g = fused_graph(shape, fmt, relu ? OpKind::kReLUBackward : OpKind::kAdd, 1, dt,
+                                relu ? std::optional<bool>(true) : std::nullopt);
+          with_side_output(g);
+          ASSERT_TRUE(g.finalize().ok());
+          SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape) +
+                       (relu ? " ReLUBackward" : " Add"));
+          const double offset = ran % 3 == 2 ? 1e4 : 0.0;
+          const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(500 + ran), offset);
+          ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+          EXPECT_NE(r.kernel.find("+side_out"), std::string::npos) << r.kernel;
+          EXPECT_EQ(r.kernel.find('+'), r.kernel.find("+diff_dst_")) << "one partition";
+          EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+          expect_side_output_exact(g, static_cast<uint64_t>(500 + ran));
+          ++ran;
+        }
+      }
+    }
+  }
+}
+
+// Add -> ReLUBackward -> diff_dst: one kernel computes the gradients' sum
+// (rounded to the dtype, as the Add stores it), masks it and reduces it;
+// with and without the ReLUBackward's output as a result too.
+TEST(JitSideOutput, GradientAddInFrontOfTheReluBackwardFuses) {
+  int ran = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      for (const char* fmt : {"NCX", "NXC"}) {
+        const bool ncx = std::string(fmt) == "NCX";
+        for (const Dims& nchw : shapes()) {
+          const Dims shape = ncx ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+          Graph g = fused_graph(shape, fmt, OpKind::kReLUBackward, 1, dt, true);
+          Op add(3, OpKind::kAdd, "gradient_add");  // writes the ReLUBackward's gradient, 31
+          add.add_input(testing_util::lt(32, dt, shape))
+              .add_input(testing_util::lt(33, dt, shape))
+              .add_output(testing_util::lt(31, dt, shape));
+          ASSERT_TRUE(g.add_op(add).ok());
+          const bool side = ran % 2 == 1;
+          if (side) with_side_output(g);
+          ASSERT_TRUE(g.finalize().ok());
+          SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape) +
+                       (side ? " with the side output" : ""));
+          const double offset = ran % 3 == 2 ? 1e4 : 0.0;
+          const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(700 + ran), offset);
+          ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+          EXPECT_NE(r.kernel.find("+diff_dst_add_relu_bwd"), std::string::npos) << r.kernel;
+          EXPECT_EQ(r.kernel.find("+side_out") != std::string::npos, side) << r.kernel;
+          EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+          if (side) expect_side_output_exact(g, static_cast<uint64_t>(700 + ran));
+          ++ran;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace normgrad
