@@ -63,7 +63,9 @@ inline bool uses_second(Fuse f) {
   return f != Fuse::kNone && f != Fuse::kLeakyInverse && f != Fuse::kLeakyBackwardAtSrc;
 }
 // Whether it reads a third (KernelArgs dy3; diff_dst only).
-inline bool uses_third(Fuse f) { return f == Fuse::kAddReluBackward; }
+inline bool uses_third(Fuse f) {
+  return f == Fuse::kAddReluBackward;
+}
 
 // Where each buffer of a (possibly fused) partition comes from: indices into
 // the partition's inputs; `second` is used by fused ports only.
