@@ -68,8 +68,10 @@ Pattern collective_pattern(std::string name, std::string backend);
 const std::vector<OpKind>& bn_backward_kinds();
 // The fusion patterns below under `backend`'s name ("bn_bwd_producers",
 // "bn_inference_relu", "int8_bn_chain"), for a backend with kernels for them.
-// With `side_output`, the diff_dst producer of a BatchNormTrainingBackward
-// may be read elsewhere too (match_bn_backward_producers).
+// With `side_output` (the JIT's), the diff_dst producer of a
+// BatchNormTrainingBackward may be read elsewhere too, and a diff_dst
+// ReLUBackward takes its gradient Add along (match_bn_backward_producers).
+// ref and split-sync-batch-norm keep the only-reader form.
 Pattern bn_backward_producers_pattern(std::string backend, bool side_output = false);
 Pattern bn_inference_relu_pattern(std::string backend);
 Pattern int8_bn_chain_pattern(std::string backend);
@@ -96,8 +98,9 @@ const Op* gradient_add(const Graph& graph, const Op& relu_backward);
 // Batch-norm backward (BatchNormTrainingBackward, BatchNormBackwardReduce or
 // BatchNormBackwardApply) with its fusible producers on src and/or diff_dst,
 // bound as kSrcProducer / kDiffDstProducer. Fails when no port has one.
-// `side_output`: as fusible_bn_backward_producer's; the note names a
-// producer whose output the partition will also write.
+// `side_output`: as fusible_bn_backward_producer's, and a diff_dst
+// ReLUBackward's gradient_add() is bound as kGradientAdd; the note names a
+// producer whose output the partition will also write, and the Add.
 StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn,
                                                  bool side_output = false);
 

@@ -147,25 +147,24 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
     if (b.role != FusionRole::kSrcProducer && b.role != FusionRole::kDiffDstProducer) continue;
     const Op& op = *partition.bound(b.role);
     const int port = b.role == FusionRole::kSrcProducer ? 0 : 1;
-    // The kernel reads a fused port's operands where they are: they must be dense.
-    if ((port == 0 && !c.x_strides.empty()) || (port == 1 && !c.dy_strides.empty()))
-      return unimplemented("the JIT takes dense fused inputs");
-    for (const LogicalTensor& lt : op.inputs()) {
-      if (!same_layout(lt.dims, lt.effective_strides(), data_strides(c, lt.dims)))
-        return unimplemented("the JIT takes dense fused inputs");
-    }
     // ReLUBackward's (src/dst, diff_dst) or Add's (src_0, src_1); a
     // ReLUBackward's gradient may itself be an Add's sum (kGradientAdd).
     const bool relu = op.kind() == OpKind::kReLUBackward;
-    const int first = index_of(elementwise_src(op).id);
-    int second = index_of((relu ? ReLUBackwardPorts(op).diff_dst() : AddPorts(op).src_1()).id);
-    Fuse f = relu ? Fuse::kReluBackward : Fuse::kAdd;
-    const Op* add = partition.bound(FusionRole::kGradientAdd);
-    if (port == 1 && relu && add != nullptr) {
-      for (const LogicalTensor& lt : add->inputs()) {
+    const Op* add = port == 1 && relu ? partition.bound(FusionRole::kGradientAdd) : nullptr;
+    // The kernel reads a fused port's operands where they are: they must be dense.
+    if ((port == 0 && !c.x_strides.empty()) || (port == 1 && !c.dy_strides.empty()))
+      return unimplemented("the JIT takes dense fused inputs");
+    for (const Op* fused : {&op, add}) {
+      if (fused == nullptr) continue;
+      for (const LogicalTensor& lt : fused->inputs()) {
         if (!same_layout(lt.dims, lt.effective_strides(), data_strides(c, lt.dims)))
           return unimplemented("the JIT takes dense fused inputs");
       }
+    }
+    const int first = index_of(elementwise_src(op).id);
+    int second = index_of((relu ? ReLUBackwardPorts(op).diff_dst() : AddPorts(op).src_1()).id);
+    Fuse f = relu ? Fuse::kReluBackward : Fuse::kAdd;
+    if (add != nullptr) {
       f = Fuse::kAddReluBackward;
       second = index_of(AddPorts(*add).src_0().id);
       m.dy_third = index_of(AddPorts(*add).src_1().id);

@@ -93,17 +93,7 @@ void BnGenerator::prologue() {
 }
 
 void BnGenerator::next_row(bool with_dx) {
-  mov(rax, c_.walk.row_stride * es_);
-  add(rsi, rax);
-  add(rdx, rax);
-  if (uses_second(c_.x_fuse)) add(r12, rax);
-  if (uses_second(c_.dy_fuse)) add(r13, rax);
-  if (side_out_) add(r14, rax);
-  if (uses_third(c_.dy_fuse)) add(r15, rax);
-  if (with_dx) {  // diff_src may be laid out with its own row stride
-    mov(rax, c_.walk.dx_row_stride * es_);
-    add(rcx, rax);
-  }
+  advance_rows(1, with_dx);
 }
 
 void BnGenerator::epilogue() {

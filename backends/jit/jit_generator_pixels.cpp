@@ -25,7 +25,8 @@ void BnGenerator::each_vector(const std::function<void(int, int64_t, bool)>& ste
   }
 }
 
-// Moves the data pointers `n` pixel rows on.
+// Moves every data pointer (the operands, a side output, diff_src by its
+// own stride) `n` rows of the walk on; next_row is one of them.
 void BnGenerator::advance_rows(int64_t n, bool with_dx) {
   mov(rax, n * c_.walk.row_stride * es_);
   add(rsi, rax);

@@ -34,22 +34,18 @@ class PortableKernels final : public KernelSet {
     const Fuse f = port == 0 ? c_.x_fuse : c_.dy_fuse;
     const void* first = port == 0 ? a.x : a.dy;
     const void* second = port == 0 ? a.x2 : a.dy2;
-    if (f == Fuse::kAdd) {
-      // Rounded to the data dtype, as the unfused graph stores the sum.
-      const float sum = load_element(first, e, dt) + load_element(second, e, dt);
-      if (dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(sum));
-      if (dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(sum));
-      return sum;
-    }
+    // An Add's sum rounded to the data dtype, as the unfused graph stores it.
+    const auto sum = [&](const void* p, const void* q) {
+      const float s = load_element(p, e, dt) + load_element(q, e, dt);
+      if (dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(s));
+      if (dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(s));
+      return s;
+    };
+    if (f == Fuse::kAdd) return sum(first, second);
     if (f == Fuse::kReluBackward)
       return load_element(first, e, dt) > 0.f ? load_element(second, e, dt) : 0.f;
-    if (f == Fuse::kAddReluBackward) {
-      if (!(load_element(first, e, dt) > 0.f)) return 0.f;
-      const float sum = load_element(second, e, dt) + load_element(a.dy3, e, dt);
-      if (dt == DataType::kBF16) return bf16_bits_to_f32(f32_to_bf16_bits(sum));
-      if (dt == DataType::kF16) return f16_bits_to_f32(f32_to_f16_bits(sum));
-      return sum;
-    }
+    if (f == Fuse::kAddReluBackward)
+      return load_element(first, e, dt) > 0.f ? sum(second, a.dy3) : 0.f;
     if (f == Fuse::kLeakyInverse || f == Fuse::kLeakyInverseSub) {
       const float v = load_element(first, e, dt);
       const float y = v < 0.f ? v * (1.f / c_.alpha) : v;

@@ -90,14 +90,38 @@ std::string walk_changing_variant(const Graph& g, const std::string& untuned) {
   return "";
 }
 
+// "avx512" of "jit:avx512:f32/f32:...".
+std::string isa_of(const std::string& kernel) {
+  return kernel.substr(4, kernel.find(':', 4) - 4);
+}
+
+// A cache written for `g`'s class with a variant that changes its walk, or,
+// unless `walk_must_change`, with nxc-per-pixel where none does (the
+// portable path): the kernel's name still says "+tuned(...)" when taken.
+struct WrittenChoice {
+  std::string untuned, variant, isa;
+  nlohmann::json file;  // the cache as written
+};
+
+// Writes it; false (and nothing written) when the walk must change and cannot.
+bool write_choice(const Graph& g, bool walk_must_change, WrittenChoice* w) {
+  w->untuned = jit_kernel(g);
+  w->variant = walk_changing_variant(g, w->untuned);
+  if (w->variant.empty() && walk_must_change) return false;
+  if (w->variant.empty()) w->variant = "nxc-per-pixel";
+  w->isa = isa_of(w->untuned);
+  EXPECT_TRUE(write_tuned_choices(w->isa, {{class_of(g), {w->variant, 1.25}}}).ok());
+  std::ifstream(tune_cache_path()) >> w->file;
+  return true;
+}
+
 TEST_F(TuneCacheTest, CompileTakesTheHostsChoiceAndItMatchesRef) {
   const Graph g = nxc_backward(256);
-  const std::string untuned = jit_kernel(g);
-  EXPECT_EQ(untuned.find("tuned"), std::string::npos) << untuned;  // no file: the rules
-  const std::string variant = walk_changing_variant(g, untuned);
-  if (variant.empty()) GTEST_SKIP() << "no variant changes the walk of " << untuned << " here";
-  const std::string isa = untuned.substr(4, untuned.find(':', 4) - 4);  // "jit:ISA:..."
-  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(g), {variant, 1.25}}}).ok());
+  EXPECT_EQ(jit_kernel(g).find("tuned"), std::string::npos);  // no file: the rules
+  WrittenChoice w;
+  if (!write_choice(g, true, &w)) GTEST_SKIP() << "no variant changes the walk here";
+  const std::string& untuned = w.untuned;
+  const std::string& variant = w.variant;
   // The tuned kernel is the variant's own: the same walk, not the rules'
   // walk with a new label, and the same bits as the variant asked for by name.
   const auto inputs = jit_test::inputs_for(g, 31);
@@ -125,14 +149,12 @@ TEST_F(TuneCacheTest, CompileTakesTheHostsChoiceAndItMatchesRef) {
 // is ignored; the same file unchanged is taken (the control).
 TEST_F(TuneCacheTest, ACacheDifferingInAnyKeyFieldIsIgnored) {
   const Graph g = nxc_backward(256);
-  const std::string untuned = jit_kernel(g);
-  const std::string variant = walk_changing_variant(g, untuned);
-  if (variant.empty()) GTEST_SKIP() << "no variant changes the walk of " << untuned << " here";
-  const std::string isa = untuned.substr(4, untuned.find(':', 4) - 4);
-  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(g), {variant, 1.25}}}).ok());
+  WrittenChoice w;
+  ASSERT_TRUE(write_choice(g, false, &w));
+  const std::string& untuned = w.untuned;
+  const std::string& isa = w.isa;
+  const nlohmann::json& written = w.file;
   const std::string path = tune_cache_path();
-  nlohmann::json written;
-  std::ifstream(path) >> written;
   const auto take = [&](const nlohmann::json& j) {
     std::ofstream(path) << j.dump();
     reload_tune_cache();
@@ -177,7 +199,7 @@ TEST_F(TuneCacheTest, TheForwardTakesTheHostsChoice) {
   const std::string untuned = jit_kernel(*g);
   if (untuned.find(":fwd:rows_grouped") == std::string::npos)
     GTEST_SKIP() << "the JIT groups no rows here (" << untuned << ")";
-  const std::string isa = untuned.substr(4, untuned.find(':', 4) - 4);
+  const std::string isa = isa_of(untuned);
   ASSERT_TRUE(write_tuned_choices(isa, {{class_of(*g), {"fwd-ungrouped", 1.25}}}).ok());
   const std::string tuned = jit_kernel(*g);
   EXPECT_NE(tuned.find(":fwd:rows+tuned(fwd-ungrouped 1.25x)"), std::string::npos) << tuned;
@@ -194,14 +216,12 @@ TEST_F(TuneCacheTest, TheForwardTakesTheHostsChoice) {
 
 TEST_F(TuneCacheTest, AnUnusableFileIsIgnored) {
   const Graph g = nxc_backward(256);
-  const std::string untuned = jit_kernel(g);
-  const std::string variant = walk_changing_variant(g, untuned);
-  if (variant.empty()) GTEST_SKIP() << "no variant changes the walk of " << untuned << " here";
-  const std::string isa = untuned.substr(4, untuned.find(':', 4) - 4);
-  ASSERT_TRUE(write_tuned_choices(isa, {{class_of(g), {variant, 1.25}}}).ok());
+  WrittenChoice w;
+  ASSERT_TRUE(write_choice(g, false, &w));
+  const std::string& untuned = w.untuned;
+  const std::string& isa = w.isa;
+  const nlohmann::json& written = w.file;
   const std::string path = tune_cache_path();
-  nlohmann::json written;
-  std::ifstream(path) >> written;
   std::vector<std::string> texts = {
       "{bad json", "[]",
       "{\"host\": \"" + tune_host_key() + "\", \"isa\": " + written.at("isa").dump() + "}"};

@@ -2,6 +2,7 @@
 // output is a result too (the JIT writes it as a side output), and the
 // gradient Add in front of a ReLUBackward (Fuse::kAddReluBackward), each on
 // every ISA, dtype and layout, on the walks the sizes choose, against ref.
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,10 +45,33 @@ void expect_side_output_exact(const Graph& g, uint64_t seed) {
   EXPECT_TRUE(got.at(20).bytes == want->at(20).bytes);
 }
 
-const std::vector<Dims>& shapes() {
-  static const std::vector<Dims> s = {Dims{3, 17, 5, 7}, Dims{2, 40, 33, 33}, Dims{2, 256, 7, 7},
-                                      Dims{2, 1024, 3, 3}};
-  return s;
+// How many partitions the JIT's compile of `g` has.
+size_t partition_count(const Graph& g) {
+  auto cg = CompiledGraph::compile(g, CompileOptions{"jit"});
+  EXPECT_TRUE(cg.ok()) << cg.status().to_string();
+  return cg.ok() ? cg->partitions().size() : 0;
+}
+
+// body(trace, dt, fmt, shape, k) for every ISA the host runs, dtype, layout
+// and shape (walks the sizes choose: grouped and single rows, pixels,
+// swept and blocked), k counting the cases.
+void each_case(
+    const std::function<void(const std::string&, DataType, const char*, const Dims&, int)>& body) {
+  int k = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      for (const char* fmt : {"NCX", "NXC"}) {
+        for (const Dims& nchw :
+             {Dims{3, 17, 5, 7}, Dims{2, 40, 33, 33}, Dims{2, 256, 7, 7}, Dims{2, 1024, 3, 3}}) {
+          const Dims shape =
+              std::string(fmt) == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+          body(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape), dt, fmt, shape,
+               k++);
+        }
+      }
+    }
+  }
 }
 
 // A diff_dst producer whose output is a result too (a graph output here; a
@@ -56,71 +80,47 @@ const std::vector<Dims>& shapes() {
 // choose, and data far from zero; the side output is ReLUBackward's or
 // Add's value exactly (the same bits as ref's), the rest within tolerance.
 TEST(JitSideOutput, FusedProducerWritesItsOutputAsASideOutput) {
-  int ran = 0;
-  for (const std::string& isa : isas()) {
-    IsaScope scope(isa);
-    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
-      for (const char* fmt : {"NCX", "NXC"}) {
-        const bool ncx = std::string(fmt) == "NCX";
-        for (const Dims& nchw :
-             {Dims{3, 17, 5, 7}, Dims{2, 40, 33, 33}, Dims{2, 256, 7, 7}, Dims{2, 1024, 3, 3}}) {
-          const Dims shape = ncx ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
-          const bool relu = ran % 2 == 0;
-          Graph g = fused_graph(shape, fmt, relu ? OpKind::kReLUBackward : OpKind::kAdd, 1, dt,
-                                relu ? std::optional<bool>(true) : std::nullopt);
-          with_side_output(g);
-          ASSERT_TRUE(g.finalize().ok());
-          SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape) +
-                       (relu ? " ReLUBackward" : " Add"));
-          const double offset = ran % 3 == 2 ? 1e4 : 0.0;
-          const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(500 + ran), offset);
-          ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-          EXPECT_NE(r.kernel.find("+side_out"), std::string::npos) << r.kernel;
-          EXPECT_EQ(r.kernel.find('+'), r.kernel.find("+diff_dst_")) << "one partition";
-          EXPECT_LE(r.worst_ratio, 1.0) << r.report;
-          expect_side_output_exact(g, static_cast<uint64_t>(500 + ran));
-          ++ran;
-        }
-      }
-    }
-  }
+  each_case([](const std::string& trace, DataType dt, const char* fmt, const Dims& shape, int k) {
+    const bool relu = k % 2 == 0;
+    Graph g = fused_graph(shape, fmt, relu ? OpKind::kReLUBackward : OpKind::kAdd, 1, dt,
+                          relu ? std::optional<bool>(true) : std::nullopt);
+    with_side_output(g);
+    ASSERT_TRUE(g.finalize().ok());
+    SCOPED_TRACE(trace + (relu ? " ReLUBackward" : " Add"));
+    const auto seed = static_cast<uint64_t>(500 + k);
+    const auto r = compare_with_ref(g, "jit", seed, k % 3 == 2 ? 1e4 : 0.0);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_NE(r.kernel.find("+side_out"), std::string::npos) << r.kernel;
+    EXPECT_EQ(partition_count(g), 1u) << r.kernel;
+    EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    expect_side_output_exact(g, seed);
+  });
 }
 
 // Add -> ReLUBackward -> diff_dst: one kernel computes the gradients' sum
 // (rounded to the dtype, as the Add stores it), masks it and reduces it;
 // with and without the ReLUBackward's output as a result too.
 TEST(JitSideOutput, GradientAddInFrontOfTheReluBackwardFuses) {
-  int ran = 0;
-  for (const std::string& isa : isas()) {
-    IsaScope scope(isa);
-    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
-      for (const char* fmt : {"NCX", "NXC"}) {
-        const bool ncx = std::string(fmt) == "NCX";
-        for (const Dims& nchw : shapes()) {
-          const Dims shape = ncx ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
-          Graph g = fused_graph(shape, fmt, OpKind::kReLUBackward, 1, dt, true);
-          Op add(3, OpKind::kAdd, "gradient_add");  // writes the ReLUBackward's gradient, 31
-          add.add_input(testing_util::lt(32, dt, shape))
-              .add_input(testing_util::lt(33, dt, shape))
-              .add_output(testing_util::lt(31, dt, shape));
-          ASSERT_TRUE(g.add_op(add).ok());
-          const bool side = ran % 2 == 1;
-          if (side) with_side_output(g);
-          ASSERT_TRUE(g.finalize().ok());
-          SCOPED_TRACE(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape) +
-                       (side ? " with the side output" : ""));
-          const double offset = ran % 3 == 2 ? 1e4 : 0.0;
-          const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(700 + ran), offset);
-          ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-          EXPECT_NE(r.kernel.find("+diff_dst_add_relu_bwd"), std::string::npos) << r.kernel;
-          EXPECT_EQ(r.kernel.find("+side_out") != std::string::npos, side) << r.kernel;
-          EXPECT_LE(r.worst_ratio, 1.0) << r.report;
-          if (side) expect_side_output_exact(g, static_cast<uint64_t>(700 + ran));
-          ++ran;
-        }
-      }
-    }
-  }
+  each_case([](const std::string& trace, DataType dt, const char* fmt, const Dims& shape, int k) {
+    Graph g = fused_graph(shape, fmt, OpKind::kReLUBackward, 1, dt, true);
+    Op add(3, OpKind::kAdd, "gradient_add");  // writes the ReLUBackward's gradient, 31
+    add.add_input(testing_util::lt(32, dt, shape))
+        .add_input(testing_util::lt(33, dt, shape))
+        .add_output(testing_util::lt(31, dt, shape));
+    ASSERT_TRUE(g.add_op(add).ok());
+    const bool side = k % 2 == 1;
+    if (side) with_side_output(g);
+    ASSERT_TRUE(g.finalize().ok());
+    SCOPED_TRACE(trace + (side ? " with the side output" : ""));
+    const auto seed = static_cast<uint64_t>(700 + k);
+    const auto r = compare_with_ref(g, "jit", seed, k % 3 == 2 ? 1e4 : 0.0);
+    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+    EXPECT_NE(r.kernel.find("+diff_dst_add_relu_bwd"), std::string::npos) << r.kernel;
+    EXPECT_EQ(partition_count(g), 1u) << r.kernel;
+    EXPECT_EQ(r.kernel.find("+side_out") != std::string::npos, side) << r.kernel;
+    EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+    if (side) expect_side_output_exact(g, seed);
+  });
 }
 
 }  // namespace
