@@ -62,6 +62,10 @@ const Op* Graph::producer(int64_t tensor_id) const {
 }
 
 std::vector<Use> Graph::uses(int64_t tensor_id) const {
+  if (finalized_) {  // the uses alone: no copy of the tensor's metadata
+    auto it = values_.find(tensor_id);
+    return it == values_.end() ? std::vector<Use>{} : it->second.uses;
+  }
   std::optional<Value> v = value(tensor_id);
   return v ? v->uses : std::vector<Use>{};
 }

@@ -1,6 +1,7 @@
 // JSON I/O for graphs: a location-tracking reader over nlohmann::json and a writer.
 #include <normgrad/graph/json_io.hpp>
 
+#include <normgrad/graph/json_scan.hpp>
 #include <normgrad/graph/limits.hpp>
 
 #include <algorithm>
@@ -169,65 +170,23 @@ StatusOr<LogicalTensor> parse_tensor(const Json& j, const std::string& where) {
   if (!j.is_object()) return at(where, std::string("expected an object, got ") + json_type(j));
   NG_RETURN_IF_ERROR(
       check_keys(j, where, {"id", "dtype", "shape", "stride", "layout_type", "property_type"}));
-  LogicalTensor lt;
+  TensorFields f;
   NG_ASSIGN_OR_RETURN(const Json* id_j, member(j, where, "id"));
-  NG_ASSIGN_OR_RETURN(lt.id, as_int(*id_j, where + ".id"));
-  if (lt.id < 0) return at(where + ".id", "tensor ids must be >= 0, got " + std::to_string(lt.id));
+  NG_ASSIGN_OR_RETURN(f.id, as_int(*id_j, where + ".id"));
   NG_ASSIGN_OR_RETURN(const Json* dt_j, member(j, where, "dtype"));
-  NG_ASSIGN_OR_RETURN(std::string dt, as_string(*dt_j, where + ".dtype"));
-  auto dtype = parse_dtype(dt);
-  if (!dtype.ok()) return dtype.status().with_context(where + ".dtype");
-  lt.dtype = *dtype;
+  NG_ASSIGN_OR_RETURN(f.dtype, as_string(*dt_j, where + ".dtype"));
   NG_ASSIGN_OR_RETURN(const Json* shape_j, member(j, where, "shape"));
-  NG_ASSIGN_OR_RETURN(lt.dims, as_int_array(*shape_j, where + ".shape"));
-  // oneDNN's dumps: [INT64_MIN] is an unknown rank ("infer me"), INT64_MIN or
-  // -1 in a longer shape an unknown dim, [] a rank-0 scalar.
-  if (lt.dims.size() == 1 && lt.dims[0] == kUnknownDim) {
-    lt.dims.clear();
-    lt.rank_unknown = true;
-  }
-  if (lt.dims.size() > static_cast<size_t>(kMaxRank)) {
-    return at(where + ".shape",
-              "rank " + std::to_string(lt.dims.size()) + " exceeds " + std::to_string(kMaxRank));
-  }
-  for (int64_t& d : lt.dims) {
-    if (d == -1) d = kUnknownDim;
-    if (d < 0 && d != kUnknownDim) {
-      return at(where + ".shape",
-                "dims must be >= 0 (or -1 / INT64_MIN for unknown), got " + std::to_string(d));
-    }
-  }
+  NG_ASSIGN_OR_RETURN(f.shape, as_int_array(*shape_j, where + ".shape"));
   if (auto it = j.find("stride"); it != j.end()) {
-    NG_ASSIGN_OR_RETURN(lt.strides, as_int_array(*it, where + ".stride"));
-    // A one-element INT64_MIN stride means "not known", whatever the rank.
-    const bool unknown = std::all_of(lt.strides.begin(), lt.strides.end(),
-                                     [](int64_t s) { return s == kUnknownDim || s == -1; });
-    if (unknown || lt.rank_unknown) lt.strides.clear();
-    if (!lt.strides.empty() && lt.strides.size() != lt.dims.size()) {
-      return at(where + ".stride", std::to_string(lt.strides.size()) + " strides for rank " +
-                                       std::to_string(lt.dims.size()));
-    }
-    for (int64_t& s : lt.strides) {
-      if (s == -1) s = kUnknownDim;
-      if (s < 0 && s != kUnknownDim) {
-        return at(where + ".stride", "strides must be >= 0, got " + std::to_string(s));
-      }
-    }
+    NG_ASSIGN_OR_RETURN(f.stride, as_int_array(*it, where + ".stride"));
   }
   if (auto it = j.find("layout_type"); it != j.end()) {
-    NG_ASSIGN_OR_RETURN(std::string s, as_string(*it, where + ".layout_type"));
-    auto layout = parse_layout_type(s);
-    if (!layout.ok()) return layout.status().with_context(where + ".layout_type");
-    lt.layout = *layout;
+    NG_ASSIGN_OR_RETURN(f.layout_type, as_string(*it, where + ".layout_type"));
   }
   if (auto it = j.find("property_type"); it != j.end()) {
-    NG_ASSIGN_OR_RETURN(std::string s, as_string(*it, where + ".property_type"));
-    auto property = parse_property_type(s);
-    if (!property.ok()) return property.status().with_context(where + ".property_type");
-    lt.property = *property;
+    NG_ASSIGN_OR_RETURN(f.property_type, as_string(*it, where + ".property_type"));
   }
-  NG_RETURN_IF_ERROR(lt.validate(where));
-  return lt;
+  return finish_tensor(std::move(f), where);
 }
 
 StatusOr<Op> parse_op(const Json& j, const std::string& where) {
@@ -291,53 +250,10 @@ StatusOr<std::string> read_text_file(const std::string& path, size_t max_bytes) 
   return text;
 }
 
-StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limits) {
-  if (text.size() > limits.max_bytes ||
-      static_cast<int64_t>(text.size()) > resource_limits().max_json_bytes) {
-    return out_of_range("JSON text is " + std::to_string(text.size()) + " bytes, the limit is " +
-                        std::to_string(limits.max_bytes));
-  }
-  const int depth = json_depth(text, limits.max_depth);
-  if (depth > limits.max_depth) {
-    return out_of_range("JSON nesting deeper than the limit of " +
-                        std::to_string(limits.max_depth));
-  }
-  // Each op of "graph" is converted and added as soon as its object is
-  // parsed, then dropped from the document (the parser callback returns
-  // false), so memory holds the text, the graph and one op's JSON, not a
-  // DOM of the whole file (which for 10^5 ops was over 1 GB).
-  Graph g;
-  Status op_error;
-  size_t n_ops = 0;
-  bool in_graph = false;
-  const size_t op_limit = std::min(
-      limits.max_ops, static_cast<size_t>(std::max<int64_t>(0, resource_limits().max_ops)));
-  struct StopParse {};  // thrown from the callback after an op error; caught below
-  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth == 1 && event == Json::parse_event_t::key) in_graph = parsed == "graph";
-    if (!in_graph || depth != 2 || event != Json::parse_event_t::object_end) return true;
-    const std::string ow = "graph[" + std::to_string(n_ops) + "]";
-    if (++n_ops > op_limit) {
-      op_error =
-          out_of_range("graph: more than " + std::to_string(op_limit) + " ops exceed the limit");
-      throw StopParse{};
-    }
-    auto op = parse_op(parsed, ow);
-    Status added = op.ok() ? g.add_op(std::move(op).value()) : op.status();
-    if (!added.ok()) {
-      op_error = op.ok() ? added.with_context(ow) : added;
-      throw StopParse{};
-    }
-    return false;  // converted: not kept in the document
-  };
-  Json root;
-  try {
-    root = Json::parse(text, on_event);
-  } catch (const StopParse&) {
-    return op_error;
-  } catch (const Json::exception& e) {
-    return invalid_argument(std::string("malformed JSON: ") + e.what());
-  }
+namespace {
+
+// The root's members other than "graph", checked and set on `g`.
+Status apply_root(const Json& root, Graph& g) {
   const std::string where = "<root>";
   if (!root.is_object())
     return at(where, std::string("expected an object, got ") + json_type(root));
@@ -383,6 +299,78 @@ StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limit
     NG_ASSIGN_OR_RETURN(std::vector<int64_t> ports, as_int_array(*it, "output_ports"));
     g.set_output_ports(std::move(ports));
   }
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<Graph> graph_from_json(const std::string& text, const JsonLimits& limits) {
+  if (text.size() > limits.max_bytes ||
+      static_cast<int64_t>(text.size()) > resource_limits().max_json_bytes) {
+    return out_of_range("JSON text is " + std::to_string(text.size()) + " bytes, the limit is " +
+                        std::to_string(limits.max_bytes));
+  }
+  const int depth = json_depth(text, limits.max_depth);
+  if (depth > limits.max_depth) {
+    return out_of_range("JSON nesting deeper than the limit of " +
+                        std::to_string(limits.max_depth));
+  }
+  const size_t op_limit = std::min(
+      limits.max_ops, static_cast<size_t>(std::max<int64_t>(0, resource_limits().max_ops)));
+  if (limits.fast_reader) {
+    // The fast reader first (graph/json_scan.hpp); where it gives up, the
+    // checked reader below reads the text again and says what is wrong.
+    Graph fast;
+    std::string root_rest;
+    if (scan_graph_json(text, op_limit, &fast, &root_rest)) {
+      Json root;
+      try {
+        root = Json::parse(root_rest);
+      } catch (const Json::exception&) {
+        root = nullptr;  // a root member the checked reader must judge
+      }
+      if (root.is_object()) {
+        NG_RETURN_IF_ERROR(apply_root(root, fast));
+        return fast;
+      }
+    }
+  }
+  // Each op of "graph" is converted and added as soon as its object is
+  // parsed, then dropped from the document (the parser callback returns
+  // false), so memory holds the text, the graph and one op's JSON, not a
+  // DOM of the whole file (which for 10^5 ops was over 1 GB).
+  Graph g;
+  Status op_error;
+  size_t n_ops = 0;
+  bool in_graph = false;
+  struct StopParse {};  // thrown from the callback after an op error; caught below
+  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth == 1 && event == Json::parse_event_t::key) in_graph = parsed == "graph";
+    if (!in_graph || depth != 2 || event != Json::parse_event_t::object_end) return true;
+    const std::string ow = "graph[" + std::to_string(n_ops) + "]";
+    if (++n_ops > op_limit) {
+      op_error =
+          out_of_range("graph: more than " + std::to_string(op_limit) + " ops exceed the limit");
+      throw StopParse{};
+    }
+    auto op = parse_op(parsed, ow);
+    Status added = op.ok() ? g.add_op(std::move(op).value()) : op.status();
+    if (!added.ok()) {
+      op_error = op.ok() ? added.with_context(ow) : added;
+      throw StopParse{};
+    }
+    return false;  // converted: not kept in the document
+  };
+  Json root;
+  try {
+    root = Json::parse(text, on_event);
+  } catch (const StopParse&) {
+    return op_error;
+  } catch (const Json::exception& e) {
+    return invalid_argument(std::string("malformed JSON: ") + e.what());
+  }
+  NG_RETURN_IF_ERROR(apply_root(root, g));
+  const std::string where = "<root>";
   NG_ASSIGN_OR_RETURN(const Json* ops, member(root, where, "graph"));
   // What is left of "graph": [] when every element was an op object (each
   // taken above), the first element of another type otherwise.

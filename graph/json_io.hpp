@@ -5,9 +5,10 @@
 // INT64_MIN, fpmath_mode_apply_to_int as a string or bool, any key order) and
 // rejects anything else with the JSON location of the problem, e.g.
 //   graph[0].inputs[3].shape: expected an array of integers
-// Nesting depth and text size are limited before the parser runs. Ops are
-// converted one by one as the parser meets them, so memory holds the text,
-// the graph and one op's JSON (not a document of the whole file).
+// Nesting depth and text size are limited before the parser runs. A fast
+// reader takes the text straight into ops; where it meets anything it does
+// not take, the checked reader reads the text again, converting ops one by
+// one as its parser meets them, and says what is wrong.
 #pragma once
 
 #include <string>
@@ -21,6 +22,10 @@ struct JsonLimits {
   size_t max_bytes = size_t{512} << 20;  // 512 MiB of text (10^5 ops take 100-140 MiB)
   int max_depth = 32;                    // oneDNN's graphs nest 5 levels deep
   size_t max_ops = 1000000;
+  // Read with the fast reader first (the checked one only where it gives up);
+  // false reads with the checked reader alone. Both give the same graphs and
+  // the same errors: the switch is there to test that.
+  bool fast_reader = true;
 };
 
 // Parses JSON text into a graph whose ops have been added (checked against their

@@ -71,34 +71,41 @@ OpSchema::Rule bn_dtype_rule(PortNames names, std::vector<size_t> data_in,
       return std::find(data_out.begin(), data_out.end(), i) != data_out.end();
     };
     std::optional<DataType> u;
-    std::string u_port;
+    bool u_is_input = false;
+    size_t u_index = 0;
+    // Labels are built only for a message: this rule runs on every op of a graph.
+    auto label = [&](bool is_input, size_t i) {
+      return port_label(op, is_input, i, names.of(is_input, i));
+    };
     auto check = [&](bool is_input, size_t i, DataType dt) -> Status {
       const bool data = is_input ? is_data_in(i) : is_data_out(i);
-      const std::string where = port_label(op, is_input, i, names.of(is_input, i));
       if (const FixedPort* f = find_fixed(fixed, is_input, i)) {
         if (dt != f->dtype)
-          return invalid_argument(where + ": dtype " + dtype_name(dt) + ", expected " +
+          return invalid_argument(label(is_input, i) + ": dtype " + dtype_name(dt) + ", expected " +
                                   dtype_name(f->dtype));
         return ok_status();
       }
       if (data) {
         if (dt != t) {
-          return invalid_argument(where + ": dtype " + dtype_name(dt) + " differs from src's " +
-                                  dtype_name(t));
+          return invalid_argument(label(is_input, i) + ": dtype " + dtype_name(dt) +
+                                  " differs from src's " + dtype_name(t));
         }
         return ok_status();
       }
       if (!u) {
         if (dt != DataType::kF32 && !(t == DataType::kBF16 && dt == DataType::kBF16)) {
-          return invalid_argument(where + ": dtype " + dtype_name(dt) + " is not allowed with " +
-                                  dtype_name(t) + " data (statistics are f32" +
+          return invalid_argument(label(is_input, i) + ": dtype " + dtype_name(dt) +
+                                  " is not allowed with " + dtype_name(t) +
+                                  " data (statistics are f32" +
                                   (t == DataType::kBF16 ? " or bf16)" : ")"));
         }
         u = dt;
-        u_port = where;
+        u_is_input = is_input;
+        u_index = i;
       } else if (dt != *u) {
-        return invalid_argument(where + ": dtype " + dtype_name(dt) + " differs from " + u_port +
-                                "'s " + dtype_name(*u) + " (statistics share one dtype)");
+        return invalid_argument(label(is_input, i) + ": dtype " + dtype_name(dt) +
+                                " differs from " + label(u_is_input, u_index) + "'s " +
+                                dtype_name(*u) + " (statistics share one dtype)");
       }
       return ok_status();
     };
@@ -115,9 +122,9 @@ OpSchema::ShapeRule bn_shape_rule(PortNames names, std::vector<size_t> data_in,
                                   std::vector<size_t> data_out, FixedPorts fixed = {}) {
   return [names, data_in, data_out, fixed](Op& op) -> Status {
     const LogicalTensor& src = op.inputs()[data_in[0]];
-    const std::string src_where = port_label(op, true, data_in[0], names.in.at(data_in[0]));
+    auto where = [&](size_t i) { return port_label(op, true, i, names.in.at(i)); };
     if (src.rank() < kMinRank || src.rank() > kMaxBnRank) {
-      return invalid_argument(src_where + ": rank " + std::to_string(src.rank()) +
+      return invalid_argument(where(data_in[0]) + ": rank " + std::to_string(src.rank()) +
                               " is not supported (expected 2 to 6), shape " +
                               dims_to_string(src.dims));
     }
@@ -125,24 +132,24 @@ OpSchema::ShapeRule bn_shape_rule(PortNames names, std::vector<size_t> data_in,
     const int64_t c = src.dims[caxis];
     for (size_t i = 0; i < op.inputs().size(); ++i) {
       const LogicalTensor& lt = op.inputs()[i];
-      const std::string where = port_label(op, true, i, names.in.at(i));
       const FixedPort* f = find_fixed(fixed, true, i);
       if (f && f->scalar) {
         if (lt.dims != Dims{1})
-          return invalid_argument(where + ": must have shape [1], got " + dims_to_string(lt.dims));
+          return invalid_argument(where(i) + ": must have shape [1], got " +
+                                  dims_to_string(lt.dims));
         continue;
       }
       if (std::find(data_in.begin(), data_in.end(), i) != data_in.end()) {
         if (lt.dims != src.dims) {
-          return invalid_argument(where + ": shape " + dims_to_string(lt.dims) +
+          return invalid_argument(where(i) + ": shape " + dims_to_string(lt.dims) +
                                   " differs from src's " + dims_to_string(src.dims));
         }
       } else if (lt.rank() != 1 || lt.dims[0] != c) {
         if (lt.rank() == 1) {
-          return invalid_argument(where + " has " + std::to_string(lt.dims[0]) +
+          return invalid_argument(where(i) + " has " + std::to_string(lt.dims[0]) +
                                   " elements, expected C=" + std::to_string(c));
         }
-        return invalid_argument(where + ": must be 1-D with C=" + std::to_string(c) +
+        return invalid_argument(where(i) + ": must be 1-D with C=" + std::to_string(c) +
                                 " elements, got shape " + dims_to_string(lt.dims));
       }
     }

@@ -99,6 +99,7 @@ class UnitOrder {
 Partition make_partition(const Graph& graph, const std::vector<int64_t>& op_ids) {
   Partition p;
   std::set<int64_t> inside_ops, produced, seen_in;
+  p.ops.reserve(op_ids.size());
   for (int64_t id : op_ids) {
     const Op& op = *graph.op(id);
     p.ops.push_back(op);
@@ -145,8 +146,8 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
   for (const Pattern& pattern : options.patterns) {
     if (pattern.fused && !options.fuse) continue;
     for (const Op& anchor : ops) {
-      if (anchor.kind() == OpKind::kEnd || op_kind_is_opaque(anchor.kind()) ||
-          owner.count(anchor.id()) || !pattern.anchored_at(anchor.kind()))
+      if (!pattern.anchored_at(anchor.kind()) || anchor.kind() == OpKind::kEnd ||
+          op_kind_is_opaque(anchor.kind()) || owner.count(anchor.id()))
         continue;
       auto matched = pattern.match(graph, anchor);
       if (!matched.ok()) {

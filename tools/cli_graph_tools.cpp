@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -30,14 +31,15 @@ int fail(const char* cmd, const Status& s) {
 
 }  // namespace
 
-// JSON when the text starts with '{' (after blanks and // comments), else the text form.
+// JSON when the text starts with '{' (after blanks and // comments), else the
+// text form. Scanned in place: a network's file is tens of megabytes.
 StatusOr<Graph> parse_graph(const std::string& text) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t p = line.find_first_not_of(" \t\r");
-    if (p == std::string::npos || line.compare(p, 2, "//") == 0) continue;
-    return line[p] == '{' ? graph_from_json(text) : graph_from_text(text);
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t eol = std::min(text.find('\n', pos), text.size());
+    const size_t p = text.find_first_not_of(" \t\r", pos);
+    if (p < eol && text.compare(p, 2, "//") != 0)
+      return text[p] == '{' ? graph_from_json(text) : graph_from_text(text);
+    pos = eol + 1;
   }
   return invalid_graph("the file holds no graph");
 }
@@ -87,7 +89,11 @@ int for_each_case(const char* cmd, const std::string& path, bool split,
       std::cerr << "normgrad " << cmd << ": error: " << path << ": " << s.to_string() << "\n";
       rc = 2;
     }
-    *all += (i ? "// -----\n" : "") + out;
+    if (i == 0) {
+      *all = std::move(out);  // a network's JSON is hundreds of megabytes: not copied
+    } else {
+      all->append("// -----\n").append(out);
+    }
   }
   return rc;
 }
@@ -137,6 +143,18 @@ std::string passes_help() {
 
 namespace {
 
+// A network's graph, and its compiled form, are millions of heap blocks, and
+// freeing them at exit takes longer than printing them: a large one is kept,
+// still reachable (leak checkers stay quiet), until the process ends, as
+// clang's -disable-free does.
+template <typename T>
+void keep_until_exit(T value, size_t ops) {
+  constexpr size_t kLargeOps = 10000;
+  if (ops < kLargeOps) return;
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
+  kept->push_back(std::make_shared<T>(std::move(value)));
+}
+
 // One case of `opt`: parse, finalize, run the pipeline, print.
 Status opt_one(const std::string& text, const std::string& passes, bool passes_given,
                bool print_after_all, bool as_text, bool verbose, bool verify_each,
@@ -164,6 +182,8 @@ Status opt_one(const std::string& text, const std::string& passes, bool passes_g
               << r.ms << " ms\n";
   }
   *out = as_text ? graph_to_text(g) : graph_to_json(g);
+  const size_t ops = g.ops().size();
+  keep_until_exit(std::move(g), ops);
   return ok_status();
 }
 
@@ -282,6 +302,9 @@ Status print_partitions(Graph g, const std::string& backend, bool as_json, bool 
       arr.push_back(j);
     }
     *out = arr.dump(2) + "\n";
+    rows.clear();
+    const size_t cg_ops = cg.lowered_graph().ops().size();
+    keep_until_exit(std::move(cg), cg_ops);
     return ok_status();
   }
   std::multimap<int64_t, const PatternTrial*> trials;  // by op, in the order tried
@@ -326,6 +349,10 @@ Status print_partitions(Graph g, const std::string& backend, bool as_json, bool 
   o << rows.size() << " partitions: " << rows.size() - unsupported << " supported, " << unsupported
     << " unsupported\n";
   *out = o.str();
+  rows.clear();
+  trials.clear();
+  const size_t cg_ops = cg.lowered_graph().ops().size();
+  keep_until_exit(std::move(cg), cg_ops);
   return ok_status();
 }
 

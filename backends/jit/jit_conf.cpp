@@ -524,7 +524,10 @@ bool bwd_strips_possible(const BnConf& c, int64_t width) {
 
 int planned_threads() {
   const int cap = num_threads();
-  return cap > 0 ? cap : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // hardware_concurrency() reads sysfs on every call, and every kernel's conf
+  // asks: a network's compile would spend more here than in the conf itself.
+  static const int kCores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return cap > 0 ? cap : kCores;
 }
 
 int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes) {
