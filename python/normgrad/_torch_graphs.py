@@ -395,9 +395,10 @@ def forward_reduce_graph(shape, fmt, dt, c):
     return _compiled(("fwd_reduce", tuple(shape), fmt, dt), build)
 
 
-def forward_apply_graph(shape, fmt, dt, c, affine, eps, leaky=None):
-    """BatchNormForwardApply on the group's sum, M2 and count [-> LeakyReLU(leaky)]:
-    the normalisation with the mean as hi + lo, as the whole forward does."""
+def forward_apply_graph(shape, fmt, dt, c, affine, eps, leaky=None, relu=False):
+    """BatchNormForwardApply on the group's sum, M2 and count [-> LeakyReLU(leaky),
+    or ReLU with relu]: the normalisation with the mean as hi + lo, as the
+    whole forward does."""
     def build(g):
         ins = [_t(X, dt, shape), _t(RM, "f32", [c]), _t(RV, "f32", [c]), _t(G_SUM, "f64", [c]),
                _t(G_M2, "f64", [c]), _t(G_COUNT, "s64", [1])]
@@ -409,7 +410,11 @@ def forward_apply_graph(shape, fmt, dt, c, affine, eps, leaky=None):
         if leaky is not None:
             g.add_op("LeakyReLU", [_t(Y0, dt, shape)], [_t(RELU_OUT, dt, shape)],
                      {"alpha": float(leaky)}, id=2, name="leaky_relu")
-    return _compiled(("fwd_apply", tuple(shape), fmt, dt, affine, float(eps), leaky), build)
+        elif relu:
+            g.add_op("ReLU", [_t(Y0, dt, shape)], [_t(RELU_OUT, dt, shape)], {}, id=2,
+                     name="relu")
+    return _compiled(("fwd_apply", tuple(shape), fmt, dt, affine, float(eps), leaky, relu),
+                     build)
 
 
 _CONSTANTS = {}

@@ -196,6 +196,8 @@ def make_model(name, config, leaky_inplace=False):
         return ngt.convert(model, fuse=True, checkpoint="blocks")
     if config == "normgrad-abn-ckpt":
         return ngt.convert(model, inplace_abn=True, checkpoint="blocks")
+    if config == "normgrad-compile":
+        return ngt.compile(model)
     return model
 
 
@@ -210,7 +212,8 @@ def run_model(args, out):
     results = []
     prefix = "leaky-" if args.leaky else ""
     names = (["torch", "normgrad"] + (["normgrad-abn"] if args.leaky else []) +
-             (["normgrad-ckpt"] if args.checkpoint else []) + ["no-bn"])
+             (["normgrad-ckpt"] if args.checkpoint else []) +
+             (["normgrad-compile"] if args.compile else []) + ["no-bn"])
     for layout in args.layouts:
         mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         models = {k: make_model(args.model, prefix + k if k != "no-bn" else k,
@@ -236,7 +239,8 @@ def run_model(args, out):
                 step()
                 times[name].append((time.perf_counter() - t0) * 1e3)
         med = {k: statistics.median(v[1:]) for k, v in times.items()}
-        shares = {k: bn_share(models[k], steps[k], mf) for k in models if k != "no-bn"}
+        shares = {k: bn_share(models[k], steps[k], mf) for k in models
+                  if k not in ("no-bn", "normgrad-compile")}
         # Batch norm and its activations' share of torch's step, measured as
         # the same model without them (interleaved above), and how much of
         # that time normgrad's step wins back.
@@ -269,6 +273,14 @@ def run_model(args, out):
                   "normgrad's BatchNorm" % (med["normgrad-abn"], row["abn_swapped"],
                                             med["torch"] / med["normgrad-abn"],
                                             med["normgrad"] / med["normgrad-abn"]), flush=True)
+        if args.compile:
+            row["normgrad_compile_ms"] = med["normgrad-compile"]
+            row["compiled_batch_norms"] = models["normgrad-compile"].normgrad_batch_norms
+            print("  compile: %8.1f ms, %.2fx torch's speed, %.2fx convert(fuse=True)'s (%d batch "
+                  "norms on normgrad)" % (med["normgrad-compile"],
+                                          med["torch"] / med["normgrad-compile"],
+                                          med["normgrad"] / med["normgrad-compile"],
+                                          row["compiled_batch_norms"]), flush=True)
         if args.checkpoint:
             row["normgrad_ckpt_ms"] = med["normgrad-ckpt"]
             print("  checkpoint='blocks' (fused): %8.1f ms, %.2fx torch's speed"
@@ -330,7 +342,8 @@ def memory_child(args):
 def run_memory(args, out):
     rows = []
     for layout in args.layouts:
-        configs = ["leaky-" + c for c in args.configs]
+        prefix = "" if args.relu else "leaky-"
+        configs = [prefix + c for c in args.configs]
         runs = {c: [] for c in configs}
         for _ in range(args.repeats):  # configurations alternate, as elsewhere
             for config in configs:
@@ -353,7 +366,7 @@ def run_memory(args, out):
             row["leaky_inplace"] = args.leaky_inplace
             row["autocast"] = "bf16" if args.autocast else None
             rows.append(row)
-        base = next(r for r in rows if r["config"] == "leaky-torch" and r["layout"] == layout)
+        base = next(r for r in rows if r["config"] == prefix + "torch" and r["layout"] == layout)
         for r in rows:
             if r["layout"] != layout:
                 continue
@@ -368,6 +381,64 @@ def run_memory(args, out):
                      100 * r["step_peak_vs_torch"], r["saved_bytes"] / 2**20,
                      100 * r["saved_vs_torch"], r["step_ms"]), flush=True)
     out["memory"] = rows
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(memory_svg(rows, "%s batch %d %dx%d%s" % (
+                args.model, args.batch, args.size, args.size,
+                ", bf16 autocast" if args.autocast else "")))
+
+
+def memory_svg(rows, title):
+    """A scatter plot (SVG, no plotting library): each configuration's peak memory
+    growth against its step time, one marker shape per layout."""
+    w, h, left, bottom, top, right = 720, 440, 70, 50, 40, 190
+    xs = [r["step_ms"] for r in rows]
+    ys = [(r["peak_kib"] - r["before_kib"]) / 1024 for r in rows]
+    x0, x1 = 0.0, max(xs) * 1.1
+    y0, y1 = 0.0, max(ys) * 1.1
+
+    def px(x):
+        return left + (x - x0) / (x1 - x0) * (w - left - right)
+
+    def py(y):
+        return h - bottom - (y - y0) / (y1 - y0) * (h - bottom - top)
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+           'font-family="sans-serif" font-size="12">' % (w, h), '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="22" font-size="14">Peak memory growth against step time: %s</text>'
+           % (left, title)]
+    for k in range(6):
+        xv, yv = x0 + (x1 - x0) * k / 5, y0 + (y1 - y0) * k / 5
+        out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>'
+                   % (px(xv), top, px(xv), h - bottom))
+        out.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>'
+                   % (left, py(yv), w - right, py(yv)))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%.0f</text>'
+                   % (px(xv), h - bottom + 16, xv))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%.0f</text>'
+                   % (left - 6, py(yv) + 4, yv))
+    out.append('<text x="%.1f" y="%d" text-anchor="middle">step time (ms, median)</text>'
+               % ((left + w - right) / 2, h - 12))
+    out.append('<text x="16" y="%.1f" transform="rotate(-90 16 %.1f)" text-anchor="middle">'
+               'peak RSS growth (MiB, median)</text>' % ((top + h - bottom) / 2,
+                                                       (top + h - bottom) / 2))
+    for r, x, y in zip(rows, xs, ys):
+        color = colors[configs.index(r["config"]) % len(colors)]
+        if r["layout"] == "channels_last":
+            out.append('<rect x="%.1f" y="%.1f" width="9" height="9" fill="%s"/>'
+                       % (px(x) - 4.5, py(y) - 4.5, color))
+        else:
+            out.append('<circle cx="%.1f" cy="%.1f" r="5" fill="%s"/>' % (px(x), py(y), color))
+    for k, c in enumerate(configs):
+        y = top + 10 + 18 * k
+        out.append('<circle cx="%d" cy="%d" r="5" fill="%s"/><text x="%d" y="%d">%s</text>'
+                   % (w - right + 16, y, colors[k % len(colors)], w - right + 26, y + 4, c))
+    y = top + 10 + 18 * len(configs) + 8
+    out.append('<text x="%d" y="%d">circle: NCHW; square: channels_last</text>'
+               % (w - right + 10, y))
+    out.append("</svg>\n")
+    return "\n".join(out)
 
 
 def main(argv=None):
@@ -393,13 +464,21 @@ def main(argv=None):
                    "normgrad-abn-ckpt,normgrad-ckpt-nopool",
                    help="with --memory: configurations, comma-separated: torch, normgrad "
                         "(fuse=True), normgrad-abn (inplace_abn=True), normgrad-ckpt and "
-                        "normgrad-abn-ckpt (the same with checkpoint='blocks'); a -nopool "
+                        "normgrad-abn-ckpt (the same with checkpoint='blocks'), "
+                        "normgrad-compile (normgrad.torch.compile); a -nopool "
                         "suffix runs one with normgrad's caching pool off (set_cache_limit(0))")
     p.add_argument("--autocast", action="store_true",
                    help="--model and --memory: the forward and loss under torch.autocast('cpu', "
                         "torch.bfloat16), as a bf16 training script runs them")
     p.add_argument("--checkpoint", action="store_true",
                    help="with --model: also time convert(fuse=True, checkpoint='blocks')")
+    p.add_argument("--compile", action="store_true",
+                   help="with --model: also time normgrad.torch.compile(model)")
+    p.add_argument("--relu", action="store_true",
+                   help="with --memory: the model keeps its ReLUs (default: LeakyReLU, which "
+                        "InPlaceABN needs)")
+    p.add_argument("--svg", help="with --memory: plot each configuration's peak against its "
+                                 "step time here")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--size", type=int, default=160)
     p.add_argument("--steps", type=int, default=5, help="training steps per model (median)")
@@ -414,7 +493,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.layouts = args.layouts.split(",")
     args.configs = args.configs.split(",")
-    known = ("torch", "normgrad", "normgrad-abn", "normgrad-ckpt", "normgrad-abn-ckpt")
+    known = ("torch", "normgrad", "normgrad-abn", "normgrad-ckpt", "normgrad-abn-ckpt",
+             "normgrad-compile")
     for c in args.configs:
         if c.replace("-nopool", "") not in known or (c == "torch-nopool"):
             p.error("--configs: '%s' is not one of %s (each but torch may end in -nopool)"

@@ -4,7 +4,8 @@ The modules (``BatchNorm1d``, ``BatchNorm2d``, ``BatchNorm3d``,
 ``SyncBatchNorm``) are in _batch_norm.py, InPlace-ABN (``InPlaceABN``,
 ``InPlaceABNSync``) in _inplace_abn.py, and the model converters
 (``convert``, ``convert_sync_batchnorm``) in _torch_convert.py, and
-``capture`` (a model's training step as one graph) in capture.py; the
+``capture`` (a model's training step as one graph) in capture.py,
+``compile`` (a training backend on AOT autograd) in _compile.py; the
 synchronized layers' collectives (agreement before data, bounded waits,
 ``SyncError``) in _sync.py and their statistics in _group_stats.py;
 checkpointing (the recompute recognised, ``convert(checkpoint="blocks")``)
@@ -49,8 +50,10 @@ from ._sync import (SyncError, collective_timeout, name_layers, set_collective_t
                     sync_stats)
 from ._torch_graphs import BatchError, InputTypeError, RankError, recording
 from .capture import Capture, CaptureError, capture
+from ._compile import CompiledModule, compile, dynamo_backend  # noqa: A004 - torch.compile's name
 
 __all__ = ["BatchError", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Capture", "CaptureError",
-           "InputTypeError", "SyncBatchNorm", "SyncError", "InPlaceABN", "InPlaceABNSync",
-           "RankError", "capture", "collective_timeout", "convert", "convert_sync_batchnorm",
-           "name_layers", "recording", "set_collective_timeout", "sync_stats"]
+           "CompiledModule", "InputTypeError", "SyncBatchNorm", "SyncError", "InPlaceABN",
+           "InPlaceABNSync", "RankError", "capture", "collective_timeout", "compile", "convert",
+           "convert_sync_batchnorm", "dynamo_backend", "name_layers", "recording",
+           "set_collective_timeout", "sync_stats"]
