@@ -384,6 +384,12 @@ class _Buffers:
                 b.copy_(v)
 
 
+def _holds_normgrad_modules(model):
+    from ._inplace_abn import InPlaceABN, InPlaceABNSync
+    kinds = (_bn._NormgradBatchNorm, _bn.SyncBatchNorm, InPlaceABN, InPlaceABNSync)
+    return any(isinstance(m, kinds) for m in model.modules())
+
+
 class CompiledModule(_torch.nn.Module):
     """`model` with its training step compiled by normgrad.torch.compile (the module
     docstring of normgrad/_compile.py). ``module`` is the model; ``normgrad_batch_norms``
@@ -396,6 +402,7 @@ class CompiledModule(_torch.nn.Module):
         self._steps = {}
         self._converted = None
         self._failed = None
+        self._as_is = None  # the model holds normgrad modules: run as it is
         self.normgrad_batch_norms = 0
 
     def _convert(self):
@@ -407,6 +414,15 @@ class CompiledModule(_torch.nn.Module):
 
     def forward(self, *args):
         tensors = [a for a in args if isinstance(a, _torch.Tensor)]
+        if self._as_is is None:
+            self._as_is = _holds_normgrad_modules(self.module)
+            if self._as_is:
+                warnings.warn("normgrad.torch.compile: the model already holds normgrad.torch "
+                              "modules (convert's, or its own), which AOT autograd cannot trace "
+                              "into: it runs as it is. Compile torch's model instead",
+                              stacklevel=2)
+        if self._as_is:
+            return self.module(*args)
         if (self._failed is not None or not self.training or not _torch.is_grad_enabled()
                 or len(tensors) != len(args)):
             return self._convert()(*args)

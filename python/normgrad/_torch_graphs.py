@@ -425,5 +425,8 @@ def constant(c, value):
     key = (c, value)
     t = _CONSTANTS.get(key)
     if t is None:
-        t = _CONSTANTS[key] = _torch.full((c,), value, dtype=_torch.float32)
+        t = _torch.full((c,), value, dtype=_torch.float32)
+        if t.data_ptr() == 0:  # made under a tracer's fake-tensor mode: not kept
+            return t
+        _CONSTANTS[key] = t
     return t

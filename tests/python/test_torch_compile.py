@@ -208,3 +208,15 @@ def test_dynamo_backend_refuses_torch_1():
         pytest.skip("torch 2 has torch.compile: test_dynamo_backend_on_torch2 runs instead")
     with pytest.raises(RuntimeError, match="needs torch 2"):
         ngt.dynamo_backend()
+
+
+def test_a_model_of_normgrad_modules_runs_as_it_is_with_a_warning():
+    torch.manual_seed(7)
+    model = ngt.convert(Block())  # in place: normgrad's BatchNorm modules
+    ref = copy.deepcopy(model)
+    compiled = ngt.compile(model)
+    x = inputs(1)[0]
+    with pytest.warns(UserWarning, match="already holds normgrad.torch modules"):
+        out = compiled(x)
+    assert torch.equal(out, ref(x))
+    assert compiled.normgrad_batch_norms == 0
