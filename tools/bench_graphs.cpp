@@ -23,16 +23,25 @@ void add_op_or_abort(Graph& g, Op op) {
 }  // namespace
 
 // The bench graph: BatchNormTrainingBackward with gamma and 3 outputs, optionally
-// fed by ReLUBackward or Add on diff_dst. `nchw` is {N, C, H, W}.
+// fed by ReLUBackward or Add on diff_dst (and with add-relu-side, an Add in
+// front of the ReLUBackward). `nchw` is {N, C, H, W}.
 Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
                  const std::string& fused) {
   const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
   const int64_t c = nchw[1];
   Graph g;
   int64_t dy_id = 1;
+  const bool side = fused == "relu-side" || fused == "add-relu-side";
+  if (fused == "add-relu-side") {  // the gradient Add: the ReLUBackward's gradient is 11's sum
+    Op add(2, OpKind::kAdd, "gradient_add");
+    add.add_input(LogicalTensor(13, dt, data))
+        .add_input(LogicalTensor(14, dt, data))
+        .add_output(LogicalTensor(11, dt, data));
+    add_op_or_abort(g, add);
+  }
   if (fused != "none") {
-    const bool relu = fused == "relu" || fused == "relu-side";
-    Op pre(1, relu ? OpKind::kReLUBackward : OpKind::kAdd, fused);
+    const bool relu = fused == "relu" || side;
+    Op pre(1, relu ? OpKind::kReLUBackward : OpKind::kAdd, relu ? "relu_bwd" : fused);
     if (relu) pre.set_attr("use_dst", true);
     pre.add_input(LogicalTensor(10, dt, data))
         .add_input(LogicalTensor(11, dt, data))
@@ -50,7 +59,7 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
   add_op_or_abort(g, bn);
   // relu-side: the gradient through the ReLU is a result too (as a residual
   // block's, which its shortcut also reads).
-  if (fused == "relu-side") g.set_output_ports({5, 6, 7, 12});
+  if (side) g.set_output_ports({5, 6, 7, 12});
   return g;
 }
 

@@ -58,8 +58,9 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
   app.add_option("--layouts", layouts, "comma-separated: NCX, NXC")->check(list_of({"NCX", "NXC"}));
   app.add_option("--fused", fused,
                  "comma-separated: none, relu, add, relu-side (the ReLUBackward's output a graph "
-                 "output too: the JIT writes it as a side output)")
-      ->check(list_of({"none", "relu", "add", "relu-side"}));
+                 "output too: the JIT writes it as a side output), add-relu-side (the same "
+                 "behind a gradient Add, as at a residual block's end)")
+      ->check(list_of({"none", "relu", "add", "relu-side", "add-relu-side"}));
   app.add_option("--dir", opt.dir,
                  "bwd (BatchNormTrainingBackward) or fwd (BatchNormForwardTraining; relu and add "
                  "fuse ReLU and Add+ReLU after it)")
@@ -280,11 +281,13 @@ Status BenchCommand::layer_cases(const std::string& name, const Dims& nchw) {
         const double elems = static_cast<double>(nchw[0] * nchw[1] * nchw[2] * nchw[3]);
         // Minimal traffic: bwd reads src and diff_dst and writes diff_src (and
         // a fused producer's second input, and writes its output with
-        // relu-side); fwd reads src and writes dst (and reads the residual).
-        const double passes = fwd                    ? (fused == "add" ? 3.0 : 2.0)
-                              : fused == "none"      ? 3.0
-                              : fused == "relu-side" ? 5.0
-                                                     : 4.0;
+        // relu-side; add-relu-side reads the Add's two operands and dst);
+        // fwd reads src and writes dst (and reads the residual).
+        const double passes = fwd                        ? (fused == "add" ? 3.0 : 2.0)
+                              : fused == "none"          ? 3.0
+                              : fused == "relu-side"     ? 5.0
+                              : fused == "add-relu-side" ? 6.0
+                                                         : 4.0;
         cr.bytes = elems * static_cast<double>(dtype_size(dt)) * passes;
         if (fused == "none" && !fwd) {
           const auto esize = static_cast<int64_t>(dtype_size(dt));

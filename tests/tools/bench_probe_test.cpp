@@ -164,6 +164,41 @@ TEST(CliBench, PhasesAndVariants) {
   EXPECT_GE(blocked_runs, 2);
 }
 
+// --fused=add-relu-side: Add -> ReLUBackward (its output a result) -> the
+// backward runs as one JIT partition against the three apart, with its
+// minimal traffic (6 tensor passes) and both columns' outputs written.
+TEST(CliBench, GradientAddChainAgainstItsOpsApart) {
+  const std::string json = ::testing::TempDir() + "/ng_bench_add_relu.json";
+  const auto r = testing_util::run_cli(
+      "bench --shapes=small --dt=f32 --layouts=NCX --backends=jit --iters 1 --warmup 0 "
+      "--threads 1 --fused=add-relu-side --json " +
+      json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  const auto doc = nlohmann::json::parse(
+      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  int cases = 0;
+  for (const auto& c : doc.at("cases")) {
+    const std::string name = c.at("name");
+    const auto shape = c.at("shape").get<std::vector<int64_t>>();
+    EXPECT_DOUBLE_EQ(c.at("bytes_min").get<double>(),
+                     6.0 * 4.0 * shape[0] * shape[1] * shape[2] * shape[3])
+        << name;
+    ASSERT_EQ(c.at("results").size(), 2u) << name;
+    const auto& fused = c.at("results")[0];
+    const auto& apart = c.at("results")[1];
+    EXPECT_EQ(fused.at("backend"), "jit") << name;
+    EXPECT_NE(fused.at("kernel").get<std::string>().find("add_relu_bwd+side_out"),
+              std::string::npos)
+        << name;
+    EXPECT_EQ(apart.at("backend"), "unfused") << name;
+    EXPECT_EQ(apart.at("kernel").get<std::string>().find("side_out"), std::string::npos) << name;
+    EXPECT_GT(apart.at("median_ms").get<double>(), 0.0) << name;
+    ++cases;
+  }
+  EXPECT_GE(cases, 2);
+}
+
 // The bench's column order: every row a permutation, and over a full cycle
 // of rows each column right after every other one equally often and first
 // equally often, for even and odd column counts.
