@@ -87,7 +87,11 @@ def test_bf16_model_is_as_close_to_float64_as_torchs_own():
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
     compiled = ngt.compile(model)
     xs = inputs(1, dtype=torch.bfloat16)
-    got, theirs = run_steps(compiled, xs), run_steps(eager, xs)
+    try:
+        theirs = run_steps(eager, xs)
+    except RuntimeError as e:  # oneDNN capped below AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2)
+        pytest.skip("torch itself cannot run a bf16 convolution on this host: %s" % e)
+    got = run_steps(compiled, xs)
     want = run_steps(ref, [x.double() for x in xs])
     assert compiled.normgrad_batch_norms == 3
 
