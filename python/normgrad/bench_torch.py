@@ -18,6 +18,9 @@ batch 16, 160x160 unless told), torch's against ``convert(model, fuse=True)``,
 SGD training steps interleaved in one process, medians; with the profiler's
 share of the step spent in batch norm (and in ReLU/add, which fusion takes).
 
+--model resnet50 --compile: also ``normgrad.torch.compile(model)`` in the
+interleaving (AOT autograd, BN+ReLU outputs recomputed in the backward).
+
 --model resnet50 --autocast: the same step with the forward and loss under
 ``torch.autocast("cpu", torch.bfloat16)`` (bf16 convolutions, so bf16 batch
 norms), as a bf16 training script runs it; --memory --autocast likewise.
@@ -28,8 +31,9 @@ a third model, ``convert(model, inplace_abn=True)`` (InPlaceABN), in the
 interleaving.
 
 --memory: the peak resident memory of a training step of that LeakyReLU
-ResNet-50, each configuration (torch, normgrad's BatchNorm, normgrad's
-InPlaceABN, and each of the two with checkpoint="blocks") in a fresh
+ResNet-50 (--relu: of the ReLU one), each configuration (torch, normgrad's
+BatchNorm, normgrad's InPlaceABN, each of the two with checkpoint="blocks",
+and normgrad.torch.compile; --svg plots peak against step time) in a fresh
 subprocess, so no configuration inherits another's
 heap, --repeats times (medians: glibc's heap makes the peak vary by a few
 percent from process to process). It reports the process's peak RSS over
