@@ -8,8 +8,9 @@ that run. The rewrite:
 
 - Each training ``native_batch_norm`` becomes normgrad's forward: the
   statistics (BatchNormForwardReduce, f64 sums from shifted f32 chunks) and
-  the normalisation (BatchNormForwardApply), with the ``relu`` that alone
-  reads its output fused in; one followed by ``add`` (a same-shaped residual)
+  the normalisation (BatchNormForwardApply), with the ``relu`` (or
+  ``leaky_relu``, slope >= 0) that alone reads its output fused in; one
+  followed by ``add`` (a same-shaped residual)
   and ``relu``, a residual block's end, is one BatchNormForwardTraining ->
   Add -> ReLU partition, as convert(fuse=True) runs it. The running buffers
   and ``num_batches_tracked`` are updated as torch's module updates them,
@@ -22,7 +23,9 @@ that run. The rewrite:
   ``convert(fuse=True)``'s modules.
 - What the forward keeps for the backward (``recompute=True``): the
   backward's reads of a fused BN+ReLU's output (the ReLU's mask, and the next
-  convolution's weight gradient) read a recomputation instead, made where the
+  convolution's weight gradient; a LeakyReLU's backward, which reads the
+  batch norm's output, reads the activation instead: the same mask for a
+  slope >= 0) read a recomputation instead, made where the
   backward first needs it from the batch norm's input and its f64 sums: one
   pass of the same BatchNormForwardApply kernel on the same inputs, so the
   same bits as the forward's. The partitioner then keeps the convolution's
@@ -54,7 +57,7 @@ _aten = _torch.ops.aten
 
 # -- the kernels the rewritten graphs call ------------------------------------------------------
 
-def _normalize(x, weight, bias, sums, count, eps, relu):
+def _normalize(x, weight, bias, sums, count, eps, relu, leaky=None):
     """BatchNormForwardApply [-> ReLU] from the f64 sums and count: (y, batch mean, batch
     variance) in x's memory format."""
     fmt, xv = _g.layout(x)
@@ -67,9 +70,9 @@ def _normalize(x, weight, bias, sums, count, eps, relu):
         inputs[_g.BETA] = bias.float().contiguous() if bias is not None else _g.constant(c, 0.0)
     y = _g.pooled_like(x, fmt)
     stats = _torch.empty(4 * c, dtype=_torch.float32)
-    out = _g.RELU_OUT if relu else _g.Y0
+    out = _g.RELU_OUT if relu or leaky is not None else _g.Y0
     _g.run(_g.forward_apply_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, affine, eps,
-                                  None, relu),
+                                  leaky, relu),
            inputs, {out: _g.view_as_fmt(y, fmt), _g.ORM: stats[:c], _g.ORV: stats[c:2 * c],
                     _g.BM: stats[2 * c:3 * c], _g.BV: stats[3 * c:]})
     return y, stats[2 * c:3 * c], stats[3 * c:]
@@ -86,7 +89,8 @@ def _count(tracked, momentum):
     return factor
 
 
-def bn_forward(x, weight, bias, running_mean, running_var, tracked, momentum, eps, relu):
+def bn_forward(x, weight, bias, running_mean, running_var, tracked, momentum, eps, relu,
+               leaky=None):
     """A training batch norm [+ ReLU], as torch's module runs it: (y, batch mean, batch
     variance, the f64 sum and M2, the count). Counts the batch and updates the running
     buffers."""
@@ -97,7 +101,7 @@ def bn_forward(x, weight, bias, running_mean, running_var, tracked, momentum, ep
     count = _torch.zeros(1, dtype=_torch.int64)
     _g.run(_g.forward_reduce_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c), {_g.X: xv},
            {_g.F_SUM: sums[:c], _g.F_M2: sums[c:], _g.F_COUNT: count})
-    y, mean, var = _normalize(x, weight, bias, sums, count, eps, relu)
+    y, mean, var = _normalize(x, weight, bias, sums, count, eps, relu, leaky)
     _g.update_running(running_mean, running_var, mean, var, factor, x.numel() // c)
     return y, mean, var, sums, count
 
@@ -126,9 +130,9 @@ def bn_forward_residual(x, weight, bias, running_mean, running_var, tracked, mom
     return y, mean, var
 
 
-def bn_recompute(x, weight, bias, sums, count, eps, relu):
+def bn_recompute(x, weight, bias, sums, count, eps, relu, leaky=None):
     """The forward's output again, bit for bit: the same kernel on the same inputs."""
-    return _normalize(x, weight, bias, sums, count, eps, relu)[0]
+    return _normalize(x, weight, bias, sums, count, eps, relu, leaky)[0]
 
 
 def bn_backward(grad, x, weight, mean, var, y, eps, relu, residual=False):
@@ -228,7 +232,10 @@ def rewrite_joint(gm, num_fwd_outputs, recompute, names=(), momenta=None):
             bn.args = (x, weight, bias, running_mean, running_var, tracked, momentum, eps)
             continue
         relu, add, residual = None, None, None
-        if len(out.users) == 1:
+        leaky, leaky_backs = _leaky_of(out, forward)
+        if leaky is not None:
+            relu = leaky  # the activation whose output the rewrite produces
+        elif len(out.users) == 1:
             (user,) = out.users
             if user.target == _aten.relu.default:
                 relu = user
@@ -236,6 +243,7 @@ def rewrite_joint(gm, num_fwd_outputs, recompute, names=(), momenta=None):
                 residual = _residual_of(user, out, meta)
                 if residual is not None:
                     add, relu = user, next(iter(user.users))
+        slope = _slope(leaky) if leaky is not None else None
         y_old = relu if relu is not None else out
         # Before the Add when there is one: the residual may be made after the batch norm.
         with g.inserting_before(add if add is not None else bn):
@@ -245,7 +253,8 @@ def rewrite_joint(gm, num_fwd_outputs, recompute, names=(), momenta=None):
                                                             residual))
             else:
                 fwd = g.call_function(bn_forward, (x, weight, bias, running_mean, running_var,
-                                                   tracked, momentum, eps, relu is not None))
+                                                   tracked, momentum, eps,
+                                                   relu is not None and leaky is None, slope))
             y, mean, var = (g.call_function(operator.getitem, (fwd, k)) for k in range(3))
             if residual is None:
                 sums, count = (g.call_function(operator.getitem, (fwd, k)) for k in (3, 4))
@@ -266,13 +275,19 @@ def rewrite_joint(gm, num_fwd_outputs, recompute, names=(), momenta=None):
         if late and recompute and relu is not None and residual is None:
             first = min(late, key=lambda u: list(g.nodes).index(u))
             with g.inserting_before(first):
-                y_back = g.call_function(bn_recompute, (x, weight, bias, sums, count, eps, True))
+                y_back = g.call_function(bn_recompute, (x, weight, bias, sums, count, eps,
+                                                        leaky is None, slope))
             _meta_like(y_back, y_old)
         for u in late:
             u.replace_input_with(y_old, y_back)
+        # LeakyReLU's backward reads the batch norm's output; it reads the activation's
+        # instead (the same mask: y > 0 exactly where leaky(y) > 0, the slope >= 0).
+        for u in leaky_backs:
+            u.args = (u.args[0], y_back, slope, True)
         for back in backwards:
-            _rewrite_backward(g, back, x, weight, mean, var, y_back if relu is not None else None,
-                              eps, residual is not None)
+            _rewrite_backward(g, back, x, weight, mean, var,
+                              y_back if relu is not None and leaky is None else None, eps,
+                              residual is not None)
         for n in [relu, add, out, mean_n, invstd_n]:
             if n is not None and not n.users:
                 g.erase_node(n)
@@ -281,6 +296,25 @@ def rewrite_joint(gm, num_fwd_outputs, recompute, names=(), momenta=None):
     g.lint()
     gm.recompile()
     return rewritten
+
+
+def _slope(leaky):
+    return float(leaky.args[1]) if len(leaky.args) > 1 else 0.01
+
+
+def _leaky_of(out, forward):
+    """(the leaky_relu that is the forward's one reader of `out`, the leaky_relu_backward
+    nodes that are its others), or (None, []). A negative slope does not qualify."""
+    readers = list(out.users)
+    acts = [u for u in readers if u.target == _aten.leaky_relu.default]
+    if len(acts) != 1 or acts[0] not in forward or _slope(acts[0]) < 0 or acts[0].kwargs:
+        return None, []
+    slope = _slope(acts[0])
+    backs = [u for u in readers if u is not acts[0]]
+    if not all(u.target == _aten.leaky_relu_backward.default and u.args[1] is out
+               and float(u.args[2]) == slope and u.args[3] is False for u in backs):
+        return None, []
+    return acts[0], backs
 
 
 def _residual_of(add, out, meta):

@@ -224,3 +224,26 @@ def test_a_model_of_normgrad_modules_runs_as_it_is_with_a_warning():
         out = compiled(x)
     assert torch.equal(out, ref(x))
     assert compiled.normgrad_batch_norms == 0
+
+
+@pytest.mark.parametrize("slope", [0.01, 0.2])
+def test_leaky_relu_is_recomputed_too(slope):
+    # BN -> LeakyReLU: the forward fused, the activation recomputed for the
+    # backward, whose leaky_relu_backward then reads it (the same mask).
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False),
+                                torch.nn.BatchNorm2d(8), torch.nn.LeakyReLU(slope),
+                                torch.nn.Conv2d(8, 5, 3, padding=1))
+    kept_model, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    compiled, kept = ngt.compile(model), ngt.compile(kept_model, recompute=False)
+    xs = inputs()
+    got, same = run_steps(compiled, xs), run_steps(kept, xs)
+    want = run_steps(ref, [x.double() for x in xs])
+    assert compiled.normgrad_batch_norms == 1
+    for g, s, w in zip(got, same, want):
+        assert torch.equal(g, s)
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5)
+    for g, s, w in zip(grads(model), grads(kept_model), grads(ref)):
+        assert torch.equal(g, s)
+        torch.testing.assert_close(g.double(), w, rtol=1e-3, atol=1e-4)
+    assert saved_bytes(kept, xs[0]) - saved_bytes(compiled, xs[0]) > 6 * 8 * 7 * 9 * 4 // 2
