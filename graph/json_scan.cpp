@@ -112,7 +112,7 @@ class Scanner {
   bool key(std::string_view* k) { return string(k) && eat(':'); }
   // An integer token that fits in int64 (a fraction or exponent: false).
   bool integer(int64_t* v) {
-    const char* begin = p_;
+    const char* begin = nullptr;
     bool is_integer = false;
     if (!number_token(&begin, &is_integer) || !is_integer) return false;
     const auto r = std::from_chars(begin, p_, *v);
@@ -120,7 +120,7 @@ class Scanner {
   }
   // Any number, as the checked reader reads it (correctly rounded to double).
   bool number(double* v) {
-    const char* begin = p_;
+    const char* begin = nullptr;
     bool is_integer = false;
     if (!number_token(&begin, &is_integer)) return false;
     const auto r = std::from_chars(begin, p_, *v);

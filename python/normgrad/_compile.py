@@ -6,9 +6,10 @@ backward into one joint graph of aten ops, normgrad rewrites that graph, and
 functorch's default partitioner splits it into the forward and the backward
 that run. The rewrite:
 
-- Each training ``native_batch_norm`` becomes normgrad's forward: the
-  statistics (BatchNormForwardReduce, f64 sums from shifted f32 chunks) and
-  the normalisation (BatchNormForwardApply), with the ``relu`` (or
+- Each training ``native_batch_norm`` becomes normgrad's forward, the
+  synchronized batch norm's on this process alone: the moments
+  (BatchNormForwardReduce, f64 from shifted f32 chunks) and the
+  normalisation from them (BatchNormForwardApply), with the ``relu`` (or
   ``leaky_relu``, slope >= 0) that alone reads its output fused in; one
   followed by ``add`` (a same-shaped residual)
   and ``relu``, a residual block's end, is one BatchNormForwardTraining ->
@@ -25,8 +26,8 @@ that run. The rewrite:
   backward's reads of a fused BN+ReLU's output (the ReLU's mask, and the next
   convolution's weight gradient; a LeakyReLU's backward, which reads the
   batch norm's output, reads the activation instead: the same mask for a
-  slope >= 0) read a recomputation instead, made where the
-  backward first needs it from the batch norm's input and its f64 sums: one
+  slope >= 0) read a recomputation instead, made where the backward first
+  needs it from the batch norm's input and its f64 mean and variance: one
   pass of the same BatchNormForwardApply kernel on the same inputs, so the
   same bits as the forward's. The partitioner then keeps the convolution's
   output and C-sized statistics, not the activation: one activation fewer per
@@ -51,32 +52,12 @@ import torch as _torch
 
 from . import _batch_norm as _bn
 from . import _torch_graphs as _g
+from ._group_stats import _local_moments, normalize_group
 
 _aten = _torch.ops.aten
 
 
 # -- the kernels the rewritten graphs call ------------------------------------------------------
-
-def _normalize(x, weight, bias, sums, count, eps, relu, leaky=None):
-    """BatchNormForwardApply [-> ReLU] from the f64 sums and count: (y, batch mean, batch
-    variance) in x's memory format."""
-    fmt, xv = _g.layout(x)
-    c = x.shape[1]
-    inputs = {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0),
-              _g.G_SUM: sums[:c], _g.G_M2: sums[c:], _g.G_COUNT: count}
-    affine = weight is not None
-    if affine:
-        inputs[_g.GAMMA] = weight.float().contiguous()
-        inputs[_g.BETA] = bias.float().contiguous() if bias is not None else _g.constant(c, 0.0)
-    y = _g.pooled_like(x, fmt)
-    stats = _torch.empty(4 * c, dtype=_torch.float32)
-    out = _g.RELU_OUT if relu or leaky is not None else _g.Y0
-    _g.run(_g.forward_apply_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, affine, eps,
-                                  leaky, relu),
-           inputs, {out: _g.view_as_fmt(y, fmt), _g.ORM: stats[:c], _g.ORV: stats[c:2 * c],
-                    _g.BM: stats[2 * c:3 * c], _g.BV: stats[3 * c:]})
-    return y, stats[2 * c:3 * c], stats[3 * c:]
-
 
 def _count(tracked, momentum):
     """torch's module's bookkeeping: the batch counted in `tracked`, and this batch's
@@ -91,48 +72,34 @@ def _count(tracked, momentum):
 
 def bn_forward(x, weight, bias, running_mean, running_var, tracked, momentum, eps, relu,
                leaky=None):
-    """A training batch norm [+ ReLU], as torch's module runs it: (y, batch mean, batch
-    variance, the f64 sum and M2, the count). Counts the batch and updates the running
-    buffers."""
+    """A training batch norm [+ ReLU or LeakyReLU], as torch's module runs it, through the
+    synchronized batch norm's two passes on this process alone (its moments, then the
+    normalisation from them): (y, batch mean, batch variance, the f64 mean and variance
+    the normalisation used). Counts the batch and updates the running buffers."""
     factor = _count(tracked, momentum)
-    fmt, xv = _g.layout(x)
-    c = x.shape[1]
-    sums = _torch.empty(2 * c, dtype=_torch.float64)
-    count = _torch.zeros(1, dtype=_torch.int64)
-    _g.run(_g.forward_reduce_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c), {_g.X: xv},
-           {_g.F_SUM: sums[:c], _g.F_M2: sums[c:], _g.F_COUNT: count})
-    y, mean, var = _normalize(x, weight, bias, sums, count, eps, relu, leaky)
-    _g.update_running(running_mean, running_var, mean, var, factor, x.numel() // c)
-    return y, mean, var, sums, count
+    n, mean64, m2 = _local_moments(x)
+    var64 = m2 / n
+    y = normalize_group(x, n, mean64, var64, weight, bias, eps, leaky, relu)
+    mean, var = mean64.float(), var64.float()
+    _g.update_running(running_mean, running_var, mean, var, factor, n)
+    return y, mean, var, mean64, var64
 
 
 def bn_forward_residual(x, weight, bias, running_mean, running_var, tracked, momentum, eps,
                         residual):
-    """relu(batch_norm(x) + residual) in one JIT partition (BN -> Add -> ReLU, as
-    convert(fuse=True) runs a residual block's end): (y, batch mean, batch variance)."""
-    factor = _count(tracked, momentum)
-    fmt, xv = _g.layout(x)
-    c = x.shape[1]
-    affine = weight is not None
-    inputs = {_g.X: xv, _g.RM: _g.constant(c, 0.0), _g.RV: _g.constant(c, 1.0),
-              _g.RES: _g.view_as_fmt(_g.like(residual, x), fmt)}
-    if affine:
-        inputs[_g.GAMMA] = weight.float().contiguous()
-        inputs[_g.BETA] = bias.float().contiguous() if bias is not None else _g.constant(c, 0.0)
-    y = _g.pooled_like(x, fmt)
-    stats = _torch.empty(4 * c, dtype=_torch.float32)
-    _g.run(_g.forward_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, affine, eps, True, True),
-           inputs, {_g.forward_output_id(True, True): _g.view_as_fmt(y, fmt),
-                    _g.ORM: stats[:c], _g.ORV: stats[c:2 * c], _g.BM: stats[2 * c:3 * c],
-                    _g.BV: stats[3 * c:]})
-    mean, var = stats[2 * c:3 * c], stats[3 * c:]
-    _g.update_running(running_mean, running_var, mean, var, factor, x.numel() // c)
-    return y, mean, var
+    """relu(batch_norm(x) + residual) as convert(fuse=True)'s module runs it (one
+    BN -> Add -> ReLU partition): (y, batch mean, batch variance)."""
+    saved = []
+    ctx = SimpleNamespace(save_for_backward=lambda *t: saved.extend(t))
+    y = _bn._BatchNormFunction.forward(ctx, x, weight, bias, running_mean, running_var, True,
+                                       _count(tracked, momentum), eps, True, residual)
+    return y, saved[3], saved[4]
 
 
-def bn_recompute(x, weight, bias, sums, count, eps, relu, leaky=None):
+def bn_recompute(x, weight, bias, mean64, var64, eps, relu, leaky=None):
     """The forward's output again, bit for bit: the same kernel on the same inputs."""
-    return _normalize(x, weight, bias, sums, count, eps, relu, leaky)[0]
+    return normalize_group(x, x.numel() // x.shape[1], mean64, var64, weight, bias, eps, leaky,
+                           relu)
 
 
 def bn_backward(grad, x, weight, mean, var, y, eps, relu, residual=False):
@@ -173,10 +140,8 @@ def _tensor_meta(node):
 
 
 def _through_detach(node):
-    while (isinstance(node, _torch.fx.Node) and node.op == "call_function"
-           and node.target == _aten.detach.default):
-        node = node.args[0]
-    return node
+    chain = _detach_chain(node)
+    return chain[-1].args[0] if chain else node
 
 
 def _getitems(node):
@@ -257,14 +222,13 @@ def rewrite_joint(gm, num_fwd_outputs, recompute, names=(), momenta=None):
                                                    relu is not None and leaky is None, slope))
             y, mean, var = (g.call_function(operator.getitem, (fwd, k)) for k in range(3))
             if residual is None:
-                sums, count = (g.call_function(operator.getitem, (fwd, k)) for k in (3, 4))
+                mean64, var64 = (g.call_function(operator.getitem, (fwd, k)) for k in (3, 4))
         _meta_like(y, y_old)
         for n in (mean, var):
             _meta_like(n, mean_n if mean_n is not None else invstd_n)
         if residual is None:
-            c = meta.shape[1]
-            _meta_of(sums, _torch.empty(2 * c, dtype=_torch.float64))
-            _meta_of(count, _torch.empty(1, dtype=_torch.int64))
+            for n in (mean64, var64):
+                _meta_of(n, _torch.empty(meta.shape[1], dtype=_torch.float64))
         # The forward reads y; the backward reads a recomputation (or y itself). A residual
         # block's output is the next block's input, which the backward keeps anyway.
         late = [u for u in y_old.users if u not in forward and u.op != "output"]
@@ -275,7 +239,7 @@ def rewrite_joint(gm, num_fwd_outputs, recompute, names=(), momenta=None):
         if late and recompute and relu is not None and residual is None:
             first = min(late, key=lambda u: list(g.nodes).index(u))
             with g.inserting_before(first):
-                y_back = g.call_function(bn_recompute, (x, weight, bias, sums, count, eps,
+                y_back = g.call_function(bn_recompute, (x, weight, bias, mean64, var64, eps,
                                                         leaky is None, slope))
             _meta_like(y_back, y_old)
         for u in late:

@@ -126,8 +126,8 @@ def group_sums_backward(x, grad, mean, invstd, gamma, layer, mean_lo=None):
     return dx, local
 
 
-def normalize_group(x, total, mean64, var64, gamma, beta, eps, leaky=None):
-    """y = gamma (x - mean) / sqrt(var + eps) + beta [then leaky_relu(leaky)] on
+def normalize_group(x, total, mean64, var64, gamma, beta, eps, leaky=None, relu=False):
+    """y = gamma (x - mean) / sqrt(var + eps) + beta [then leaky_relu(leaky), or relu] on
     the JIT (BatchNormForwardApply), from the group's count and f64 mean and
     variance, in x's dtype and memory format. The kernel subtracts the mean as
     hi + lo, so data far from zero keeps its low bits."""
@@ -146,9 +146,9 @@ def normalize_group(x, total, mean64, var64, gamma, beta, eps, leaky=None):
         inputs[_g.BETA] = (beta.detach().float().contiguous() if beta is not None
                            else _g.constant(c, 0.0))
     scratch = _torch.empty(4 * c, dtype=_torch.float32)  # the op's statistics outputs, unused
-    out = _g.RELU_OUT if leaky is not None else _g.Y0
+    out = _g.RELU_OUT if leaky is not None or relu else _g.Y0
     _g.run(_g.forward_apply_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, affine, eps,
-                                  leaky),
+                                  leaky, relu),
            inputs, {out: _g.view_as_fmt(y, fmt), _g.ORM: scratch[:c], _g.ORV: scratch[c:2 * c],
                     _g.BM: scratch[2 * c:3 * c], _g.BV: scratch[3 * c:]})
     return y

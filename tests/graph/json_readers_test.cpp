@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "tests/test_util.hpp"
 
@@ -39,20 +37,15 @@ std::vector<std::string> bundled_graphs() {
   return files;
 }
 
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 TEST(JsonReaders, FastReaderTakesEveryBundledGraphAsTheCheckedOneDoes) {
   const auto files = bundled_graphs();
   ASSERT_GT(files.size(), 20u);
   size_t graphs = 0;
   for (const std::string& f : files) {
     SCOPED_TRACE(f);
-    const std::string text = read(f);
+    const auto read = read_text_file(f, JsonLimits{}.max_bytes);
+    ASSERT_TRUE(read.ok()) << read.status().to_string();
+    const std::string& text = *read;
     const auto slow = checked(text);
     EXPECT_EQ(answer(graph_from_json(text)), answer(slow));
     if (!slow.ok()) continue;

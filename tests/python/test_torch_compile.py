@@ -124,9 +124,9 @@ def test_recompute_gives_the_same_bits_and_saves_less():
     for a, b in zip(grads(model), grads(again)):
         assert torch.equal(a, b)
     # One BN+ReLU output (6x8x7x9 f32) fewer is kept for the backward, for what its
-    # recomputation reads besides: the f64 sums, the count and the bias (C = 8).
+    # recomputation reads besides: the f64 mean and variance and the bias (C = 8).
     saving = saved_bytes(kept, xs[0]) - saved_bytes(with_recompute, xs[0])
-    assert saving == 6 * 8 * 7 * 9 * 4 - (2 * 8 * 8 + 8 + 8 * 4)
+    assert saving == 6 * 8 * 7 * 9 * 4 - (2 * 8 * 8 + 8 * 4)
 
 
 def test_each_signature_is_traced_once():
@@ -181,6 +181,20 @@ def test_untraceable_model_falls_back_to_convert_with_a_warning():
                for w in caught)
     torch.testing.assert_close(out.double(), ref(x.double()), rtol=1e-4, atol=1e-5)
     assert int(model.bn.num_batches_tracked) == 1  # the failed trace did not count
+
+
+def test_a_batch_norm_normgrad_cannot_run_stays_torchs_and_counts_once():
+    # float64: no normgrad kernel, so torch's op, with the module's batch count.
+    torch.manual_seed(9)
+    model = Block().double()
+    ref = copy.deepcopy(model)
+    compiled = ngt.compile(model)
+    xs = [x.double() for x in inputs()]
+    for g, w in zip(run_steps(compiled, xs), run_steps(ref, xs)):
+        torch.testing.assert_close(g, w)
+    assert compiled.normgrad_batch_norms == 0
+    for (name, b), (_, r) in zip(model.named_buffers(), ref.named_buffers()):
+        torch.testing.assert_close(b, r, msg=name)  # num_batches_tracked 2, as torch's
 
 
 def test_bad_arguments_are_clear_errors():

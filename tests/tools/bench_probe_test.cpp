@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -72,20 +73,29 @@ TEST(TwoPassTraffic, InputsThatFitTheL3AndBadArgumentsBoundNothing) {
   EXPECT_EQ(two_pass_traffic("NXC", 32, 256, 28 * 28, 4, 0).bytes, 0.0);
 }
 
+// `normgrad bench ARGS --json FILE`: its output and the JSON it wrote (null
+// when it wrote none; the exit code is checked).
+std::pair<std::string, nlohmann::json> bench_json(const std::string& args,
+                                                  const std::string& file) {
+  const std::string json = ::testing::TempDir() + "/" + file;
+  const auto r = testing_util::run_cli("bench " + args + " --json " + json);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  return {r.output, nlohmann::json::parse(std::string((std::istreambuf_iterator<char>(in)),
+                                                      std::istreambuf_iterator<char>()),
+                                          nullptr, false)};
+}
+
 // `normgrad bench` gives every preset case over the L3 its bound for the
 // case's layout and for nChw16c: the traffic above over the higher of the
 // case's two probes, and no bound to the cases that fit the L3. Checked
 // against the host the JSON records, so it holds whatever the L3 is.
 TEST(CliBench, ReportsTheTrafficBoundPerCase) {
-  const std::string json = ::testing::TempDir() + "/ng_bench_bound.json";
-  const auto r = testing_util::run_cli(
-      "bench --shapes=resnet50 --dt=bf16 --layouts=NCX,NXC --backends=jit --iters 1 --warmup 0 "
-      "--threads 1 --json " +
-      json);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::ifstream in(json);
-  const auto doc = nlohmann::json::parse(
-      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  const auto [output, doc] = bench_json(
+      "--shapes=resnet50 --dt=bf16 --layouts=NCX,NXC --backends=jit --iters 1 --warmup 0 "
+      "--threads 1",
+      "ng_bench_bound.json");
+  ASSERT_TRUE(doc.is_object()) << output;
   // The bounds use the kernels' cache model (sysfs's L3, an implausible
   // per-CPU share capped), so every host prints them.
   const int64_t l3 = doc.at("host").at("model_l3_bytes");
@@ -118,7 +128,7 @@ TEST(CliBench, ReportsTheTrafficBoundPerCase) {
   // (the model caps a VM's implausible L3 at 32 MiB) they are, in both layouts.
   if (l3 < 51'000'000) {
     EXPECT_GE(bounded, 6) << "l3_bytes " << l3;
-    EXPECT_NE(r.output.find("bound at the probe's rate: NXC"), std::string::npos) << r.output;
+    EXPECT_NE(output.find("bound at the probe's rate: NXC"), std::string::npos) << output;
   }
 }
 
@@ -126,15 +136,11 @@ TEST(CliBench, ReportsTheTrafficBoundPerCase) {
 // its own minimal traffic (2 and 3 tensor passes); --jit-variant adds a JIT
 // column per named variant, and an unknown name is declined with the names.
 TEST(CliBench, PhasesAndVariants) {
-  const std::string json = ::testing::TempDir() + "/ng_bench_phases.json";
-  const auto r = testing_util::run_cli(
-      "bench --shapes=small --dt=f32 --layouts=NXC --backends=jit --iters 1 --warmup 0 "
-      "--threads 1 --phases --jit-variant nxc-blocked,nxc-per-pixel,nope --json " +
-      json);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::ifstream in(json);
-  const auto doc = nlohmann::json::parse(
-      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  const auto [output, doc] = bench_json(
+      "--shapes=small --dt=f32 --layouts=NXC --backends=jit --iters 1 --warmup 0 --threads 1 "
+      "--phases --jit-variant nxc-blocked,nxc-per-pixel,nope",
+      "ng_bench_phases.json");
+  ASSERT_TRUE(doc.is_object()) << output;
   int reduce = 0, apply = 0, blocked_runs = 0;
   for (const auto& c : doc.at("cases")) {
     const std::string name = c.at("name");
@@ -168,15 +174,11 @@ TEST(CliBench, PhasesAndVariants) {
 // backward runs as one JIT partition against the three apart, with its
 // minimal traffic (6 tensor passes) and both columns' outputs written.
 TEST(CliBench, GradientAddChainAgainstItsOpsApart) {
-  const std::string json = ::testing::TempDir() + "/ng_bench_add_relu.json";
-  const auto r = testing_util::run_cli(
-      "bench --shapes=small --dt=f32 --layouts=NCX --backends=jit --iters 1 --warmup 0 "
-      "--threads 1 --fused=add-relu-side --json " +
-      json);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::ifstream in(json);
-  const auto doc = nlohmann::json::parse(
-      std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  const auto [output, doc] = bench_json(
+      "--shapes=small --dt=f32 --layouts=NCX --backends=jit --iters 1 --warmup 0 --threads 1 "
+      "--fused=add-relu-side",
+      "ng_bench_add_relu.json");
+  ASSERT_TRUE(doc.is_object()) << output;
   int cases = 0;
   for (const auto& c : doc.at("cases")) {
     const std::string name = c.at("name");
