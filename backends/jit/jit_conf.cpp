@@ -106,7 +106,6 @@ std::string BnConf::kernel_name() const {
   if (!x_strides.empty() || !dy_strides.empty() || !dx_strides.empty()) n += "+staged";
   if (walk.strided_native) n += "+strided";
   if (channels_last_view) n += "+channels_last";
-  if (stream.overlap_reduce && stream.reverse_rows == 0) n += "+overlap";
   if (d.phase == BackwardPhase::kReduce) n += ":reduce";
   if (d.phase == BackwardPhase::kApply) n += ":apply";
   if (!tuned.empty()) n += "+tuned(" + tuned + ")";
@@ -273,23 +272,6 @@ void set_apply_prefetch(BnConf* c) {
   // (docs/performance.md, "Why the JIT chooses what it does").
   if (cache_sizes().l2_bytes >= kReverseApplyMinL2Bytes)
     c->stream.reverse_rows = reverse_apply_rows(*c);
-  c->stream.overlap_reduce = overlap_reduce_possible(*c);
-}
-
-bool overlap_reduce_possible(const BnConf& c) {
-  // The next channel's lines are a 32-bit displacement from this one's, as
-  // for the next-channel prefetch; the reduce of a side output or of a split
-  // phase is not the whole backward's.
-  // 16-bit data from DRAM lost (its apply converts more per line, and the
-  // reduce's reads in its loop slowed it more than they overlapped); f32,
-  // and 16-bit data the cache holds, gained (docs/jit-rules.md).
-  const int64_t es = dtype_size(c.d.data_dt);
-  const bool cached = 3 * c.total_elements * es <= cache_sizes().l3_bytes / 4;
-  return c.isa == Isa::kAvx512 && (es == 4 || cached) && c.walk.kind == Walk::kRows &&
-         c.walk.channel_group == 0 && c.walk.batch_calls == 0 && c.walk.cols >= kPerRowSumCols &&
-         c.d.channels > 1 && c.needs_reduction && c.d.phase == BackwardPhase::kWhole &&
-         !c.dy_side_out && c.x_strides.empty() && c.dy_strides.empty() && c.dx_strides.empty() &&
-         (c.walk.channel_stride + c.walk.cols) * es <= INT32_MAX;
 }
 
 int64_t reverse_apply_rows(const BnConf& c) {

@@ -133,9 +133,6 @@ constexpr int64_t kNextChannelPrefetchRowBytes = kShortRowBytes;
 constexpr int64_t kReverseApplyCallBytes = 16 * 1024;
 // ...on hosts whose L2 is at least this large (StreamConf::reverse_rows).
 constexpr int64_t kReverseApplyMinL2Bytes = int64_t{2} << 20;
-// Rows this long get a horizontal sum (and an f64 fold) each in the rows
-// reduce; shorter rows keep their vector sums across the call.
-constexpr int64_t kPerRowSumCols = 256;
 // Images per grouped reduce call: bounds how many rows the f32 vector sums
 // take before they are added into the f64 totals (fixed by the shape only).
 constexpr int64_t kRowsPerGroupedReduce = 256;
@@ -230,14 +227,6 @@ struct StreamConf {
   // pack), and that conversion made the apply compute-bound. Elementwise:
   // the same bits either way.
   bool pair_vectors = false;
-  // kRows, long rows, one channel per call, AVX-512, the whole backward: the
-  // apply of channel c also reduces channel c + 1 (its own sum registers, the
-  // reduce kernel's chains and per-row f64 folds, so the same bits), vector
-  // by vector. A channel's reduce reads DRAM and its apply writes it; run
-  // apart, a core does one and then the other, and reaches neither the
-  // probe's rate (reads and streaming writes at once) nor the bound. The
-  // driver gives each task a run of channels: only its first reduce runs alone.
-  bool overlap_reduce = false;
 };
 
 // Software prefetches, each where a measurement found the hardware
@@ -372,8 +361,6 @@ void set_apply_prefetch(BnConf* c);
 // The rows per call of the reversed apply for `c` (StreamConf::reverse_rows),
 // whatever the L2's size; 0 where the apply stays forward.
 int64_t reverse_apply_rows(const BnConf& c);
-// Whether StreamConf::overlap_reduce can take `c` (its rules above).
-bool overlap_reduce_possible(const BnConf& c);
 
 // kRows: whether the reduce can prefetch kReducePrefetchRows rows ahead
 // (PrefetchConf::reduce_rows).

@@ -134,7 +134,6 @@ class DenseRun {
   void rows_staged();
   void rows_grouped();
   void rows_per_channel();
-  void rows_overlapped();
   void pixels();
   void pixels_strips();
   // The pixels walks' coefficient rows a, b, c and the means, cp_ apart.
@@ -313,53 +312,10 @@ void DenseRun::rows_grouped() {
   });
 }
 
-// StreamConf::overlap_reduce: a task per run of adjacent channels; the run's
-// first channel is reduced alone, then each apply also reduces the next
-// channel (KernelArgs::prefetch_next set, coef[7] its mean, acc its sums).
-// The apply kernel sums a channel as the reduce kernel does, so how the runs
-// fall (the thread count) changes no bit.
-void DenseRun::rows_overlapped() {
-  const int64_t threads = std::max(1, planned_threads());
-  // Two runs per thread: few runs start on a reduce alone, and the adaptive
-  // split can still even out uneven cores.
-  const int64_t runs = conf_.single_thread ? 1 : std::min(nc_, 2 * threads);
-  for_range(conf_.single_thread, runs, [&](int64_t run) {
-    const int64_t c0 = run * nc_ / runs, c1 = (run + 1) * nc_ / runs;
-    float coef[8] = {};
-    double sums[2] = {0.0, 0.0}, next[2] = {0.0, 0.0};
-    load_channel(c0);
-    coef[3] = kernel_float(scratch_.ch[c0].mean);
-    kernels_.reduce(
-        args(c0 * conf_.walk.channel_stride * es_, 0, false, coef, sums, conf_.walk.rows));
-    for (int64_t c = c0; c < c1; ++c) {
-      finish_channel(c, sums[0], sums[1], &coef[0], &coef[1], &coef[2]);
-      store_diffs(c);
-      KernelArgs a =
-          args(c * conf_.walk.channel_stride * es_, c * conf_.walk.dx_channel_stride * es_, true,
-               coef, nullptr, conf_.walk.rows);
-      next[0] = next[1] = 0.0;
-      if (c + 1 < c1) {
-        load_channel(c + 1);
-        coef[7] = kernel_float(scratch_.ch[c + 1].mean);
-        a.acc = next;
-        a.prefetch_next = 1;
-      }
-      kernels_.apply(a);
-      sums[0] = next[0], sums[1] = next[1];
-      coef[3] = coef[7];
-    }
-  });
-}
-
 // One call per channel, or per (channel, image) over padded rows; the reduce
 // kernel adds each row's sums into `sums` in order, so the calls split
 // nothing that the bits depend on beyond the shape.
 void DenseRun::rows_per_channel() {
-  if (conf_.stream.overlap_reduce && conf_.stream.reverse_rows == 0 && !given_sums_ &&
-      !reduce_only_) {
-    rows_overlapped();
-    return;
-  }
   const int64_t calls = conf_.walk.batch_calls > 0 ? conf_.walk.batch_calls : 1;
   for_range(conf_.single_thread, nc_, [&](int64_t c) {
     const int64_t base = c * conf_.walk.channel_stride * es_;

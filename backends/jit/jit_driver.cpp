@@ -109,7 +109,6 @@ BnConf staged_conf(const BnConf& conf) {
   s.stream.nt_stores = false;       // diff_src goes to a cached staging buffer
   s.prefetch.next_channel = false;  // each channel is packed on its own
   s.stream.reverse_rows = 0;
-  s.stream.overlap_reduce = false;  // the staged walk reduces and applies per packed channel
   if (s.walk.kind == Walk::kRows) s.walk.row_stride = s.walk.cols;  // one channel's [N][S] rows
   s.walk.dx_row_stride = s.walk.row_stride;
   s.x_strides.clear();

@@ -229,11 +229,6 @@ void BnGenerator::cols_loop(const std::function<void(int, int64_t, bool)>& step)
   if (tail_) step(static_cast<int>(rem), rem * lanes_, true);
 }
 
-bool BnGenerator::overlap_reduce() const {
-  return kind_ == Kind::kApply && avx512_ && c_.stream.overlap_reduce &&
-         c_.stream.reverse_rows == 0 && c_.walk.cols >= kPerRowSumCols && !side_out_;
-}
-
 // apply_in_pairs, for the kernel being generated (an apply).
 bool BnGenerator::pair_vectors() const {
   return kind_ == Kind::kApply && apply_in_pairs(c_);

@@ -101,9 +101,6 @@ class BnGenerator : public VecEmitter {
   void rows_apply_cols(int cf, int64_t off, const Reg64& out, int64_t dx_off, bool nt,
                        const std::function<void(int64_t)>& before_vector);
   void rows_apply();
-  void rows_apply_overlapped();
-  // StreamConf::overlap_reduce, where this kernel (a rows apply) takes it.
-  bool overlap_reduce() const;
   void each_group_channel(const std::function<void(int)>& body);
   int group_sum(int g, int which) const;
   void group_sums_avx512();

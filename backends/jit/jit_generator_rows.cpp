@@ -21,6 +21,12 @@ namespace jit {
 
 using namespace Xbyak;
 
+namespace {
+
+constexpr int64_t kPerRowSumCols = 256;  // rows this long get a horizontal sum each
+
+}  // namespace
+
 // Short rows far apart (NCX with small spatial: a row every C*S elements) miss
 // the TLB and the hardware prefetchers on every row; touch the next row of the
 // inputs while this one is computed.
@@ -270,69 +276,17 @@ void BnGenerator::rows_apply_cols(int cf, int64_t off, const Reg64& out, int64_t
   }
 }
 
-// StreamConf::overlap_reduce's copy of the apply loop: each vector of
-// channel c's apply, then the same vector of channel c + 1 (channel_stride
-// on) into that channel's sums, as rows_reduce sums it: chains v16..19 and
-// v20..23 (x, dy temps v24, v25; the next mean v27, coef[7]), folded per row
-// through v0..7 (free at a row's end) into the f64 totals xmm28/xmm29, added
-// to acc[0..1] at the end. The same instructions in the same order as the
-// reduce kernel, so the same bits whichever kernel sums a channel.
-void BnGenerator::rows_apply_overlapped() {
-  const bool nt = c_.stream.nt_stores;
-  vbroadcastss(vmm(27), ptr[r8 + 28]);
-  vpxord(Zmm(28), Zmm(28), Zmm(28));
-  vpxord(Zmm(29), Zmm(29), Zmm(29));
-  auto cols = [&](bool stream) {
-    cols_loop([&](int j, int64_t off, bool tail) {
-      rows_apply_vector(j, 12, off, rcx, off, tail, stream);
-      const int64_t next = off + c_.walk.channel_stride;
-      load_port(0, 24, 26, next, tail);
-      load_port(1, 25, 26, next, tail);
-      vaddps(vmm(16 + j), vmm(16 + j), vmm(25));
-      vsubps(vmm(24), vmm(24), vmm(27));
-      vfmadd231ps(vmm(20 + j), vmm(25), vmm(24));
-    });
-  };
-  Label row, plain, row_end, done;
-  test(r10, r10);
-  jz(done, T_NEAR);
-  L(row);
-  for (int k = 16; k < 24; ++k) vpxord(Zmm(k), Zmm(k), Zmm(k));
-  if (nt) {
-    test(rcx, nt_align_mask());
-    jnz(plain, T_NEAR);
-    cols(true);
-    jmp(row_end, T_NEAR);
-  }
-  L(plain);
-  cols(false);
-  L(row_end);
-  for (int k = 0; k < 8; ++k) vmovaps(Zmm(k), Zmm(16 + k));
-  fold_chains(0, 10);
-  fold_chains(4, 10);
-  vcvtss2sd(Xmm(10), Xmm(10), Xmm(0));
-  vaddsd(Xmm(28), Xmm(28), Xmm(10));
-  vcvtss2sd(Xmm(10), Xmm(10), Xmm(4));
-  vaddsd(Xmm(29), Xmm(29), Xmm(10));
-  next_row(true);
-  dec(r10);
-  jnz(row, T_NEAR);
-  if (nt) sfence();
-  L(done);
-  vaddsd(Xmm(28), Xmm(28), ptr[r9]);
-  vmovsd(ptr[r9], Xmm(28));
-  vaddsd(Xmm(29), Xmm(29), ptr[r9 + 8]);
-  vmovsd(ptr[r9 + 8], Xmm(29));
-}
-
 // rows_apply: x_j = v0..3, dy_j = v4..7; a, b, c, mean broadcast in v12..v15.
 // With PrefetchConf::next_channel, a call whose next channel exists takes the
-// copy of the loop that also prefetches that channel's lines; with
-// StreamConf::overlap_reduce, the copy that also reduces it
-// (rows_apply_overlapped).
+// copy of the loop that also prefetches that channel's lines.
 void BnGenerator::rows_apply() {
   prologue();
   broadcast_coefs(12, 0);
+  Label last_channel, done;
+  if (c_.prefetch.next_channel) {
+    cmp(qword[rdi + offsetof(KernelArgs, prefetch_next)], 0);
+    je(last_channel, T_NEAR);
+  }
   auto rows = [&](bool next_channel) {
     auto prefetch = [&](int64_t off) {
       if (next_channel && (off * es_) % 64 == 0) prefetch_inputs_l2(off, c_.walk.channel_stride);
@@ -348,19 +302,8 @@ void BnGenerator::rows_apply() {
       }
     });
   };
-  const bool overlap = overlap_reduce();
-  const bool second_copy = overlap || c_.prefetch.next_channel;
-  Label last_channel, done;
-  if (second_copy) {
-    cmp(qword[rdi + offsetof(KernelArgs, prefetch_next)], 0);
-    je(last_channel, T_NEAR);
-  }
-  if (overlap) {
-    rows_apply_overlapped();
-  } else {
-    rows(c_.prefetch.next_channel);
-  }
-  if (second_copy) {
+  rows(c_.prefetch.next_channel);
+  if (c_.prefetch.next_channel) {
     jmp(done, T_NEAR);
     L(last_channel);
     rows(false);

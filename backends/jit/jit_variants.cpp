@@ -101,8 +101,6 @@ const Variant kVariants[] = {
      [](BnConf* c, int64_t) { c->stream.reverse_rows = reverse_apply_rows(*c); }},
     {"ncx-no-next-channel", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->prefetch.next_channel = false; }},
-    {"ncx-no-overlap", nullptr, 0, 0, 0,
-     [](BnConf* c, int64_t) { c->stream.overlap_reduce = false; }},
     {"ncx-no-next-group", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->prefetch.next_group = false; }},
     {"ncx-reduce-prefetch", nullptr, 0, 0, 0,
