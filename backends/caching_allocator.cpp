@@ -1,11 +1,16 @@
 // CachingAllocator: size classes, the free lists, and the bound on what is kept.
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <utility>
 
 #include <normgrad/backends/caching_allocator.hpp>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 namespace normgrad {
 
@@ -131,6 +136,32 @@ void CachingAllocator::set_max_cached_bytes(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   max_cached_ = bytes;
   trim_locked();
+}
+
+namespace {
+bool g_heap_retention = false;
+}  // namespace
+
+bool set_heap_retention(bool on) {
+#ifdef __GLIBC__
+  // glibc's defaults (mallopt(3)): 128 KiB for both thresholds.
+  constexpr int kDefaultThreshold = 128 * 1024;
+  const int mmap_threshold = on ? static_cast<int>(kHeapBlockMaxBytes) : kDefaultThreshold;
+  // Never trim the heap's top while on: INT_MAX is as large as mallopt takes.
+  const int trim_threshold = on ? INT_MAX : kDefaultThreshold;
+  if (mallopt(M_MMAP_THRESHOLD, mmap_threshold) != 1 ||
+      mallopt(M_TRIM_THRESHOLD, trim_threshold) != 1)
+    return false;
+  g_heap_retention = on;
+  return true;
+#else
+  (void)on;
+  return false;
+#endif
+}
+
+bool heap_retention() {
+  return g_heap_retention;
 }
 
 CachingAllocator& default_caching_allocator() {

@@ -85,4 +85,23 @@ class CachingAllocator {
 // The process-wide pool the Python package uses.
 CachingAllocator& default_caching_allocator();
 
+// glibc's heap as a pool that every allocator in the process shares.
+//
+// glibc maps blocks above its mmap threshold afresh and unmaps them on
+// free, and gives the top of its heap back to the system past its trim
+// threshold; both thresholds move with the blocks freed, so a training
+// step's activations and gradients (up to tens of MiB each) fault their
+// pages in again step after step. With retention on, blocks up to
+// kHeapBlockMaxBytes (the largest mmap threshold glibc allows) come from the
+// heap and freed memory stays there for the next allocation, torch's or
+// normgrad's: the page faults go, and nothing is held that the process's
+// other allocations cannot reuse (unlike a pool of normgrad's own). Off puts
+// glibc's documented defaults back (not its moving thresholds: no call
+// restores those). Returns false where the C library is not glibc (nothing
+// changed).
+constexpr int64_t kHeapBlockMaxBytes = int64_t{32} << 20;
+bool set_heap_retention(bool on);
+// Whether set_heap_retention(true) is in force.
+bool heap_retention();
+
 }  // namespace normgrad

@@ -5,8 +5,9 @@ Build graphs (``Graph``, ``Op``, ``LogicalTensor``) or load oneDNN-format JSON
 CPU tensors, borrowed without copies; or ``partition`` a graph normgrad runs
 only in part and compile and execute its supported partitions one by one.
 ``normgrad.torch`` has drop-in BatchNorm modules that run here. Outputs
-normgrad.torch allocates come from a caching pool: ``memory_stats()`` reports
-it and ``empty_cache()`` releases it.
+normgrad.torch allocates come from a caching pool (``memory_stats()`` reports
+it, ``empty_cache()`` releases it), or, with ``set_heap_retention()``, up to
+32 MiB from torch's allocator over a heap glibc keeps.
 """
 import ctypes as _ctypes
 import glob as _glob
@@ -34,6 +35,7 @@ from ._normgrad import (  # noqa: E402  # noqa: F401
     empty_cache,
     graph_from_json,
     has_openmp_runtime,
+    heap_retention,
     load_graph,
     memory_stats,
     num_threads,
@@ -43,10 +45,28 @@ from ._normgrad import (  # noqa: E402  # noqa: F401
     set_thread_runtime,
     thread_runtime,
 )
+from ._normgrad import set_heap_retention as _set_heap_retention  # noqa: E402
 
 __all__ = [
     "CompiledGraph", "CompiledPartition", "Error", "Graph", "GraphPartition", "LogicalTensor", "Op",
     "Partition", "__version__", "backends", "compile", "empty_cache", "graph_from_json",
-    "has_openmp_runtime", "load_graph", "memory_stats", "num_threads", "partition",
-    "set_cache_limit", "set_num_threads", "set_thread_runtime", "thread_runtime",
+    "has_openmp_runtime", "heap_retention", "load_graph", "memory_stats", "num_threads", "partition",
+    "set_cache_limit", "set_heap_retention", "set_num_threads", "set_thread_runtime", "thread_runtime",
 ]
+
+
+
+def set_heap_retention(on=True):
+    """Keep memory freed to glibc in its heap (blocks up to 32 MiB) for the
+    process's next allocations, torch's and normgrad's alike, or put glibc's
+    default thresholds back (``on=False``).
+
+    glibc otherwise unmaps freed blocks above its mmap threshold and trims
+    its heap's top, so a training step faults its activations' and
+    gradients' pages in again on every step, torch's as well as normgrad's.
+    With retention on, normgrad.torch takes its outputs of up to 32 MiB from
+    torch's allocator (so torch reuses their memory), and only larger ones
+    from its caching pool. The heap then keeps its high-water mark, which
+    can be above the pool's (docs/python.md, "Memory"). Raises where the C
+    library is not glibc."""
+    _set_heap_retention(bool(on))

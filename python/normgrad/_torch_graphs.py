@@ -221,6 +221,11 @@ def layout(x):
 # DLPack round trip, and glibc serves such blocks from its heap (no fresh
 # mapping, so no page faults in steady state).
 POOL_MIN_BYTES = 256 * 1024
+# With glibc's heap retained (normgrad.set_heap_retention), blocks up to
+# this many bytes come from the heap without page faults too, and torch
+# reuses what they free: the pool serves only larger outputs, which glibc
+# would map afresh every time.
+HEAP_BLOCK_MAX_BYTES = 32 << 20
 
 
 def run(cg, inputs, outputs):
@@ -236,10 +241,12 @@ def run(cg, inputs, outputs):
 
 def pooled_like(x, fmt, dtype=None):
     """A tensor of x's shape from the caching pool, dense in `fmt`'s order
-    (small ones from torch's allocator)."""
+    (small ones, and up to 32 MiB with glibc's heap retained, from torch's
+    allocator)."""
     dtype = dtype or x.dtype
     shape = list(x.shape)
-    if x.numel() * x.element_size() < POOL_MIN_BYTES:
+    nbytes = x.numel() * (_torch.finfo(dtype).bits // 8)
+    if nbytes < POOL_MIN_BYTES or (nbytes <= HEAP_BLOCK_MAX_BYTES and _ng.heap_retention()):
         if fmt == "NXC":
             mf = _torch.channels_last if x.dim() == 4 else _torch.channels_last_3d
             return _torch.empty(shape, dtype=dtype, memory_format=mf)

@@ -319,6 +319,9 @@ def memory_child(args):
     layout = args.layouts[0]
     mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     config = args.memory_child
+    if config.endswith("-heap"):  # glibc's heap retained (normgrad.set_heap_retention)
+        normgrad.set_heap_retention(True)
+        config = config[:-len("-heap")]
     if config.endswith("-nopool"):  # normgrad's caching pool off: its blocks not held
         normgrad.set_cache_limit(0)
         config = config[:-len("-nopool")]
@@ -470,7 +473,9 @@ def main(argv=None):
                         "(fuse=True), normgrad-abn (inplace_abn=True), normgrad-ckpt and "
                         "normgrad-abn-ckpt (the same with checkpoint='blocks'), "
                         "normgrad-compile (normgrad.torch.compile); a -nopool "
-                        "suffix runs one with normgrad's caching pool off (set_cache_limit(0))")
+                        "suffix runs one with normgrad's caching pool off (set_cache_limit(0)), "
+                        "and a -heap suffix (torch's too) with glibc's heap retained "
+                        "(normgrad.set_heap_retention())")
     p.add_argument("--autocast", action="store_true",
                    help="--model and --memory: the forward and loss under torch.autocast('cpu', "
                         "torch.bfloat16), as a bf16 training script runs them")
@@ -478,6 +483,9 @@ def main(argv=None):
                    help="with --model: also time convert(fuse=True, checkpoint='blocks')")
     p.add_argument("--compile", action="store_true",
                    help="with --model: also time normgrad.torch.compile(model)")
+    p.add_argument("--heap", action="store_true",
+                   help="--model and the per-layer table: glibc's heap retained "
+                        "(normgrad.set_heap_retention()) for torch and normgrad alike")
     p.add_argument("--relu", action="store_true",
                    help="with --memory: the model keeps its ReLUs (default: LeakyReLU, which "
                         "InPlaceABN needs)")
@@ -500,9 +508,10 @@ def main(argv=None):
     known = ("torch", "normgrad", "normgrad-abn", "normgrad-ckpt", "normgrad-abn-ckpt",
              "normgrad-compile")
     for c in args.configs:
-        if c.replace("-nopool", "") not in known or (c == "torch-nopool"):
-            p.error("--configs: '%s' is not one of %s (each but torch may end in -nopool)"
-                    % (c, ", ".join(known)))
+        base = c[:-len("-heap")] if c.endswith("-heap") else c
+        if base.replace("-nopool", "") not in known or base == "torch-nopool":
+            p.error("--configs: '%s' is not one of %s (each but torch may end in -nopool; "
+                    "each, then, in -heap)" % (c, ", ".join(known)))
     if "torch" not in args.configs:
         p.error("--configs: torch is the baseline every other configuration is compared with")
     args.dtypes = args.dtypes.split(",")
@@ -531,9 +540,14 @@ def main(argv=None):
         return 0
     if args.memory:
         args.model = args.model or "resnet50"
+    if args.heap and args.memory:
+        p.error("--heap: with --memory, give each configuration its -heap suffix")
+    if args.heap:
+        normgrad.set_heap_retention(True)
     out = {"host": host(), "threads": args.threads, "torch": torch.__version__,
-           "normgrad": normgrad.__version__}
-    print("host: %s; %d threads; torch %s" % (out["host"], args.threads, torch.__version__))
+           "normgrad": normgrad.__version__, "heap_retention": normgrad.heap_retention()}
+    print("host: %s; %d threads; torch %s%s" % (out["host"], args.threads, torch.__version__,
+                                               "; glibc's heap retained" if args.heap else ""))
     if args.sync:
         from normgrad._bench_sync import run_sync
         run_sync(args, out)

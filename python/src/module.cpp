@@ -497,6 +497,19 @@ PYBIND11_MODULE(_normgrad, m) {
       [](int64_t bytes) { default_caching_allocator().set_max_cached_bytes(bytes); },
       py::arg("bytes"), "Bound the bytes the caching pool keeps in free blocks");
   m.def(
+      "set_heap_retention",
+      [](bool on) {
+        if (!set_heap_retention(on))
+          raise(unimplemented(
+              "set_heap_retention: the C library is not glibc, or mallopt refused the thresholds"));
+      },
+      py::arg("on"),
+      "Keep freed memory in glibc's heap for the process's next allocations (blocks up to 32 "
+      "MiB), or put glibc's default thresholds back");
+  m.def(
+      "heap_retention", [] { return heap_retention(); },
+      "Whether set_heap_retention(True) is in force");
+  m.def(
       "memory_stats",
       [] {
         const CachingAllocator::Stats s = default_caching_allocator().stats();

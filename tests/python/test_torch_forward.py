@@ -131,6 +131,58 @@ def test_outputs_come_back_to_the_pool():
     assert normgrad.memory_stats()["cached_bytes"] == 0
 
 
+HEAP_SCRIPT = r"""
+import sys, torch, normgrad, normgrad.torch as ngt
+torch.manual_seed(3)
+m = ngt.BatchNorm2d(32)
+ref = torch.nn.BatchNorm2d(32).double()
+
+def step(shape):
+    x = torch.randn(*shape)
+    xi, xr = x.clone().requires_grad_(), x.double().requires_grad_()
+    gy = torch.randn(*shape)
+    m(xi).backward(gy)
+    ref(xr).backward(gy.double())
+    err = ((xi.grad.double() - xr.grad).norm() / xr.grad.norm()).item()
+    assert err < 1e-5, err
+
+def pool_calls():
+    s = normgrad.memory_stats()
+    return s["hits"] + s["misses"]
+
+assert not normgrad.heap_retention()
+normgrad.set_heap_retention(True)
+assert normgrad.heap_retention()
+small = (16, 32, 32, 32)     # 2 MiB: from torch's allocator over the kept heap
+large = (10, 32, 160, 160)   # 31.25 MiB: still the heap's
+huge = (9, 32, 192, 192)     # 40.5 MiB: glibc would map it afresh, so the pool's
+for shape in (small, large):
+    before = pool_calls()
+    step(shape)
+    assert pool_calls() == before, (shape, normgrad.memory_stats())
+before = pool_calls()
+step(huge)
+assert pool_calls() >= before + 2, normgrad.memory_stats()  # dst and diff_src
+normgrad.set_heap_retention(False)
+assert not normgrad.heap_retention()
+before = pool_calls()
+step(small)
+assert pool_calls() >= before + 2, normgrad.memory_stats()
+print("ok")
+"""
+
+
+def test_heap_retention_takes_outputs_up_to_32_mib_from_torch():
+    # In its own process: glibc's thresholds are process-wide, and setting
+    # them back (off) does not restore glibc's moving ones for later tests.
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", HEAP_SCRIPT], capture_output=True, text=True,
+                       env=dict(os.environ), timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("bad, rule", [
     (lambda: torch.randn(4, 8, 3, 3, dtype=torch.float64), "rule: dtype"),
     (lambda: torch.randn(1, 8, 1, 1), "rule: N * spatial > 1"),
