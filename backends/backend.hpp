@@ -150,6 +150,11 @@ class Backend {
   // The named kernel variants CompileOptions::jit_variant may ask this
   // backend for (`normgrad tune` times them); none by default.
   virtual std::vector<std::string> variants() const { return {}; }
+  // Whether CompileOptions::jit_variant `name` is one this backend takes
+  // (with its parameter in range), before any compile asks for it.
+  virtual Status check_variant(const std::string& name) const {
+    return unimplemented("variant '" + name + "': this backend has no kernel variants");
+  }
 };
 
 // The registry: one entry per backend normgrad knows, in auto-selection

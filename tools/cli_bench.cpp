@@ -130,6 +130,16 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
   opt.layouts = split_list(layouts);
   opt.fused = split_list(fused);
   opt.jit_variants = split_list(variants);
+  // An unknown variant is a usage error here, not a declined column in every case.
+  for (const std::string& v : opt.jit_variants) {
+    const Backend* jit = find_backend("jit");
+    const Status s =
+        jit ? jit->check_variant(v) : unimplemented("--jit-variant: this build has no JIT backend");
+    if (v != "default" && !s.ok()) {
+      std::cerr << "normgrad bench: --jit-variant: " << s.message() << "\n";
+      return 2;
+    }
+  }
   return -1;
 }
 

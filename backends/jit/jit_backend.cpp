@@ -148,6 +148,10 @@ class JitBackend final : public Backend {
 
   Status configuration() const override { return jit::check_isa_setting(); }
   std::vector<std::string> variants() const override { return jit::jit_variant_list(); }
+  Status check_variant(const std::string& name) const override {
+    jit::BnConf scratch;  // the variant's edits land here and are dropped
+    return jit::apply_variant(name, &scratch);
+  }
 
  private:
   static bool forward(const Partition& partition) {
