@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 
-
 def set_heap_retention(on=True):
     """Keep memory freed to glibc in its heap (blocks up to 32 MiB) for the
     process's next allocations, torch's and normgrad's alike, or put glibc's
@@ -67,6 +66,6 @@ def set_heap_retention(on=True):
     With retention on, normgrad.torch takes its outputs of up to 32 MiB from
     torch's allocator (so torch reuses their memory), and only larger ones
     from its caching pool. The heap then keeps its high-water mark, which
-    can be above the pool's (docs/python.md, "Memory"). Raises where the C
-    library is not glibc."""
+    can be above the pool's (docs/python.md, "glibc's heap"). Raises where
+    the C library is not glibc."""
     _set_heap_retention(bool(on))

@@ -225,7 +225,7 @@ POOL_MIN_BYTES = 256 * 1024
 # this many bytes come from the heap without page faults too, and torch
 # reuses what they free: the pool serves only larger outputs, which glibc
 # would map afresh every time.
-HEAP_BLOCK_MAX_BYTES = 32 << 20
+HEAP_BLOCK_MAX_BYTES = _ng._normgrad.HEAP_BLOCK_MAX_BYTES
 
 
 def run(cg, inputs, outputs):

@@ -506,6 +506,7 @@ PYBIND11_MODULE(_normgrad, m) {
       py::arg("on"),
       "Keep freed memory in glibc's heap for the process's next allocations (blocks up to 32 "
       "MiB), or put glibc's default thresholds back");
+  m.attr("HEAP_BLOCK_MAX_BYTES") = kHeapBlockMaxBytes;
   m.def(
       "heap_retention", [] { return heap_retention(); },
       "Whether set_heap_retention(True) is in force");
