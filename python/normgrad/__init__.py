@@ -50,8 +50,9 @@ from ._normgrad import set_heap_retention as _set_heap_retention  # noqa: E402
 __all__ = [
     "CompiledGraph", "CompiledPartition", "Error", "Graph", "GraphPartition", "LogicalTensor", "Op",
     "Partition", "__version__", "backends", "compile", "empty_cache", "graph_from_json",
-    "has_openmp_runtime", "heap_retention", "load_graph", "memory_stats", "num_threads", "partition",
-    "set_cache_limit", "set_heap_retention", "set_num_threads", "set_thread_runtime", "thread_runtime",
+    "has_openmp_runtime", "heap_retention", "load_graph", "memory_stats", "num_threads",
+    "partition", "set_cache_limit", "set_heap_retention", "set_num_threads", "set_thread_runtime",
+    "thread_runtime",
 ]
 
 
