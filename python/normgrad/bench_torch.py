@@ -542,6 +542,9 @@ def main(argv=None):
         args.model = args.model or "resnet50"
     if args.heap and args.memory:
         p.error("--heap: with --memory, give each configuration its -heap suffix")
+    if args.heap and args.sync:
+        p.error("--heap: --sync's ranks are processes of their own; it takes --model or the "
+                "per-layer table")
     if args.heap:
         normgrad.set_heap_retention(True)
     out = {"host": host(), "threads": args.threads, "torch": torch.__version__,
