@@ -17,6 +17,8 @@ const char* fusion_role_name(FusionRole role) {
       return "residual";
     case FusionRole::kActivation:
       return "activation";
+    case FusionRole::kSibling:
+      return "sibling";
     case FusionRole::kDequantize:
       return "dequantize";
     case FusionRole::kQuantize:

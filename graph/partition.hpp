@@ -24,6 +24,7 @@ enum class FusionRole {
   kGradientAdd,      // adds the gradient that a diff_dst ReLUBackward masks
   kResidualAdd,      // adds a residual to a forward's dst
   kActivation,       // ReLU or LeakyReLU after it
+  kSibling,          // a second batch-norm backward reading the anchor's fused diff_dst
   kDequantize,
   kQuantize,
   kMember,  // any other op a pattern takes

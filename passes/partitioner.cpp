@@ -2,6 +2,7 @@
 #include <normgrad/passes/partitioner.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -32,30 +33,40 @@ bool shapes_known(const Graph& graph, const Partition& p) {
 
 // Keeps the partition graph acyclic, so that the plan can run. Every unit
 // (a partition, or an op not yet in one) has a position: a partition's is
-// its last op's index in the topological order, a free op's its own. The
-// invariant: a unit that reads another's output has the larger position.
-// It holds for free ops (the graph's order); a candidate keeps it when every
-// unit it reads from sits before its last op and every unit that reads it
-// sits after. A candidate that fails would need an op outside it that runs
-// between two of its own ops — a path that leaves the group and comes back
-// (not convex), or a consumer the plan would schedule before the partition
-// it reads. Declined: each op then runs apart (or in another pattern's
-// match), and the plan's order by last op is a topological order. The cost
-// is the candidate's edges, so matching stays linear in the graph.
+// its last op's, a free op's its index in the topological order unless a
+// candidate moved it (below). The invariant: a unit that reads another's
+// output has the larger position. It holds for free ops (the graph's order);
+// a candidate keeps it when every unit it reads from sits before its last op
+// and every unit that reads it sits after. A reader that sits before it is
+// moved after it, with every free op that reads onward from it up to there,
+// in their order, when none of those is in a partition and none leads back
+// into the candidate: the candidate is convex, and only the graph's
+// arbitrary order put them first (two sibling batch norms far apart in it,
+// one's diff_src read by a convolution's backward in between). Otherwise it
+// is declined: a path that leaves the group and comes back (not convex), or
+// a partition the plan would schedule before the one it reads. Declined
+// ops run apart (or in another pattern's match), and the plan's order by
+// position is a topological order. The cost is the candidate's edges, and
+// for a move the ops between the candidate's ops, so matching stays linear
+// in the graph for local patterns.
 class UnitOrder {
  public:
   explicit UnitOrder(const Graph& graph) : graph_(graph) {}
 
-  int64_t position(int64_t op_id) const {
+  double position(int64_t op_id) const {
     const auto it = pos_.find(op_id);
-    return it != pos_.end() ? it->second : graph_.order_of(op_id);
+    return it != pos_.end() ? it->second : static_cast<double>(graph_.order_of(op_id));
   }
 
-  // OK, or why the candidate `ids` (free ops, in topological order) would break the order.
-  Status check(const std::vector<int64_t>& ids) const {
+  // OK, or why the candidate `ids` (free ops, in topological order) would
+  // break the order; *moved: the free ops to move after it (in order).
+  Status check(const std::vector<int64_t>& ids, const std::function<bool(int64_t)>& owned,
+               std::vector<int64_t>* moved) const {
+    moved->clear();
     const std::set<int64_t> inside(ids.begin(), ids.end());
-    const int64_t last = graph_.order_of(ids.back());
+    const double last = position(ids.back());
     const Op& last_op = *graph_.op(ids.back());
+    std::vector<std::pair<int64_t, const Op*>> early;  // (tensor, reader) before `last`
     for (int64_t id : ids) {
       const Op& op = *graph_.op(id);
       for (const LogicalTensor& lt : op.inputs()) {
@@ -68,16 +79,53 @@ class UnitOrder {
           const Op& to = *graph_.op(u.op_id);
           if (inside.count(u.op_id) || to.kind() == OpKind::kEnd || position(u.op_id) > last)
             continue;
-          return declined(lt.id, to, "is read by", last_op);
+          early.emplace_back(lt.id, &to);
         }
       }
     }
+    if (early.empty()) return ok_status();
+    // Every op reachable from the early readers before `last`: free, unmoved,
+    // and none of the candidate's.
+    const bool unmoved_candidate =
+        std::all_of(ids.begin(), ids.end(), [&](int64_t id) { return !pos_.count(id); });
+    // Each op reached carries the early reader it was reached from: a refusal
+    // names that reader, the op that must run between the group's ops.
+    std::set<int64_t> seen;
+    std::vector<std::pair<const Op*, size_t>> stack;
+    for (size_t k = 0; k < early.size(); ++k) {
+      const Op& reader = *early[k].second;
+      if (!unmoved_candidate || owned(reader.id()) || pos_.count(reader.id()))
+        return declined(early[k].first, reader, "is read by", last_op);
+      if (seen.insert(reader.id()).second) stack.emplace_back(&reader, k);
+    }
+    while (!stack.empty()) {
+      const auto [op, root] = stack.back();
+      stack.pop_back();
+      for (const LogicalTensor& lt : op->outputs()) {
+        for (const Use& u : graph_.uses(lt.id)) {
+          const Op& to = *graph_.op(u.op_id);
+          if (to.kind() == OpKind::kEnd || position(u.op_id) > last || seen.count(u.op_id))
+            continue;
+          if (inside.count(u.op_id) || owned(u.op_id) || pos_.count(u.op_id))
+            return declined(early[root].first, *early[root].second, "is read by", last_op);
+          seen.insert(u.op_id);
+          stack.emplace_back(&to, root);
+        }
+      }
+    }
+    moved->assign(seen.begin(), seen.end());
+    std::sort(moved->begin(), moved->end(),
+              [&](int64_t a, int64_t b) { return graph_.order_of(a) < graph_.order_of(b); });
     return ok_status();
   }
 
-  void take(const std::vector<int64_t>& ids) {
-    const int64_t last = graph_.order_of(ids.back());
+  // Takes the candidate, and moves `moved` (check's) into (last, last + 1):
+  // no unit sits there, since the candidate's ops were unmoved.
+  void take(const std::vector<int64_t>& ids, const std::vector<int64_t>& moved) {
+    const double last = position(ids.back());
     for (int64_t id : ids) pos_[id] = last;
+    for (size_t k = 0; k < moved.size(); ++k)
+      pos_[moved[k]] = last + static_cast<double>(k + 1) / static_cast<double>(moved.size() + 1);
   }
 
  private:
@@ -91,7 +139,7 @@ class UnitOrder {
   }
 
   const Graph& graph_;
-  std::unordered_map<int64_t, int64_t> pos_;
+  std::unordered_map<int64_t, double> pos_;
 };
 
 }  // namespace
@@ -164,9 +212,12 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
         note(anchor, pattern, unimplemented(taken));
         continue;
       }
+      // By position: the graph's order, or where an earlier candidate moved an op.
       std::sort(ids.begin(), ids.end(),
-                [&](int64_t a, int64_t b) { return graph.order_of(a) < graph.order_of(b); });
-      if (Status order = units.check(ids); !order.ok()) {
+                [&](int64_t a, int64_t b) { return units.position(a) < units.position(b); });
+      std::vector<int64_t> moved;
+      const auto owned = [&](int64_t id) { return owner.count(id) != 0; };
+      if (Status order = units.check(ids, owned, &moved); !order.ok()) {
         note(anchor, pattern, order);
         continue;
       }
@@ -179,7 +230,7 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
       note(anchor, pattern, s, matched->note);
       if (!s.ok()) continue;
       for (int64_t id : ids) owner[id] = found.size();
-      units.take(ids);
+      units.take(ids, moved);
       found.push_back(std::move(p));
     }
   }
@@ -198,10 +249,11 @@ StatusOr<std::vector<Partition>> match_partitions(const Graph& graph,
     owner[op.id()] = found.size();
     found.push_back(std::move(p));
   }
-  // Emitted at their last op in topological order, so their inputs are ready.
-  std::vector<std::pair<int64_t, size_t>> order;
+  // Emitted by position (their last op's, or where a candidate moved them),
+  // so their inputs are ready.
+  std::vector<std::pair<double, size_t>> order;
   for (size_t k = 0; k < found.size(); ++k)
-    order.emplace_back(graph.order_of(found[k].ops.back().id()), k);
+    order.emplace_back(units.position(found[k].ops.back().id()), k);
   std::sort(order.begin(), order.end());
   std::vector<Partition> parts;
   parts.reserve(order.size());

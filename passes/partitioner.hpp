@@ -14,8 +14,10 @@
 // every pattern's answer as the reason (oneDNN Graph's unsupported
 // partitions: the caller runs it). End ops only mark graph outputs and never
 // become partitions. A partition's inputs and outputs are the tensors that
-// cross its boundary, in order of first use; partitions come in the
-// topological order of their last op.
+// cross its boundary, in order of first use; partitions come in a
+// topological order: that of their last op, except for ops a convex
+// candidate's outputs reach that the graph's order put among its ops, which
+// come after it (UnitOrder in partitioner.cpp).
 #pragma once
 
 #include <functional>

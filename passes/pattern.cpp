@@ -69,6 +69,11 @@ Pattern bn_backward_producers_pattern(std::string backend, bool side_output) {
                        });
 }
 
+Pattern bn_backward_siblings_pattern(std::string backend) {
+  return fused_pattern("bn_bwd_siblings", std::move(backend), {OpKind::kBatchNormTrainingBackward},
+                       match_bn_backward_siblings);
+}
+
 Pattern bn_inference_relu_pattern(std::string backend) {
   return fused_pattern("bn_inference_relu", std::move(backend), {OpKind::kBatchNormInference},
                        match_bn_inference_relu);
@@ -167,6 +172,51 @@ StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& b
   }
   if (m.ops.empty()) return unimplemented("no producer to fuse (" + m.note + ")");
   m.ops.push_back({bn.id(), FusionRole::kAnchor});
+  return m;
+}
+
+StatusOr<PatternOps> match_bn_backward_siblings(const Graph& graph, const Op& bn) {
+  if (bn.kind() != OpKind::kBatchNormTrainingBackward)
+    return unimplemented(bn.label() + " is not BatchNormTrainingBackward");
+  NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
+  // The producer as the side-output rule takes it (uniform, read on one port
+  // of bn), then its readers: bn and one more training backward, both on
+  // diff_dst, and nothing else.
+  NG_RETURN_IF_ERROR(fusible_bn_backward_producer(graph, bn, kDiffDstPort, /*side_output=*/true));
+  const LogicalTensor& t = bn.inputs()[kDiffDstPort];
+  if (is_output_port(graph, t.id))
+    return unimplemented("tensor " + std::to_string(t.id) + " is a graph output");
+  const std::vector<Use> uses = graph.uses(t.id);
+  const Op* sib = nullptr;
+  for (const Use& u : uses) {
+    const Op& reader = *graph.op(u.op_id);
+    if (reader.id() == bn.id()) continue;
+    if (sib != nullptr || reader.kind() != OpKind::kBatchNormTrainingBackward ||
+        u.port != kDiffDstPort)
+      return unimplemented("tensor " + std::to_string(t.id) +
+                           " is read by other ops than two batch-norm backwards' diff_dst");
+    sib = &reader;
+  }
+  if (sib == nullptr || uses.size() != 2)
+    return unimplemented("tensor " + std::to_string(t.id) + " has no second batch-norm reader");
+  NG_RETURN_IF_ERROR(graph.unknown_shape_error(*sib));
+  // The same walk for both: same data shape, dtypes and layout attribute.
+  const LogicalTensor &a = bn.inputs()[kSrcPort], &b = sib->inputs()[kSrcPort];
+  auto format = [](const Op& op) {
+    return op.has_attr("data_format") ? *op.attr_string("data_format") : std::string("NXC");
+  };
+  if (a.dims != b.dims || a.dtype != b.dtype || b.id == t.id || format(bn) != format(*sib))
+    return unimplemented(sib->label() + " differs in src shape, dtype or data_format");
+  PatternOps m;
+  const Op& producer = *graph.producer(t.id);
+  if (const Op* add = gradient_add(graph, producer)) {
+    m.ops.push_back({add->id(), FusionRole::kGradientAdd});
+    m.note = "diff_dst: through " + add->label() + "; ";
+  }
+  m.ops.push_back({producer.id(), FusionRole::kDiffDstProducer});
+  m.ops.push_back({bn.id(), FusionRole::kAnchor});
+  m.ops.push_back({sib->id(), FusionRole::kSibling});
+  m.note += "diff_dst: tensor " + std::to_string(t.id) + " read by " + sib->label() + " too";
   return m;
 }
 

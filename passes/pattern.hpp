@@ -73,6 +73,10 @@ const std::vector<OpKind>& bn_backward_kinds();
 // ReLUBackward takes its gradient Add along (match_bn_backward_producers).
 // ref and split-sync-batch-norm keep the only-reader form.
 Pattern bn_backward_producers_pattern(std::string backend, bool side_output = false);
+// The JIT's multi-output form (XLA's sibling fusion): two
+// BatchNormTrainingBackwards reading one ReLUBackward's or Add's output as
+// diff_dst ("bn_bwd_siblings", match_bn_backward_siblings).
+Pattern bn_backward_siblings_pattern(std::string backend);
 Pattern bn_inference_relu_pattern(std::string backend);
 Pattern int8_bn_chain_pattern(std::string backend);
 Pattern bn_forward_epilogue_pattern(std::string backend);
@@ -103,6 +107,15 @@ const Op* gradient_add(const Graph& graph, const Op& relu_backward);
 // producer whose output the partition will also write, and the Add.
 StatusOr<PatternOps> match_bn_backward_producers(const Graph& graph, const Op& bn,
                                                  bool side_output = false);
+
+// A BatchNormTrainingBackward whose diff_dst is a fusible producer's output
+// (as fusible_bn_backward_producer with side outputs, and a ReLUBackward's
+// gradient_add() along) that exactly one other BatchNormTrainingBackward
+// reads, also on diff_dst, with the same src dims, dtype and data_format,
+// and nothing else reads: a downsampling residual block's gradient, which
+// feeds the main branch's last batch norm and the shortcut's. Bound as
+// kDiffDstProducer, kAnchor and kSibling: one pass over the gradient for both.
+StatusOr<PatternOps> match_bn_backward_siblings(const Graph& graph, const Op& bn);
 
 // BatchNormInference whose dst only a ReLU of the same dtype reads.
 StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn);

@@ -34,6 +34,35 @@ inline Op bn_bwd(const Dims& shape, const std::string& format, DataType dt, Data
   return op;
 }
 
+// Sibling batch-norm backwards (a downsampling block's gradient): a
+// ReLUBackward (op 1, use_dst; tensors 30 and 31 in) writes tensor 20, the
+// diff_dst of bn_bwd (op 2, tensors 0..7, gamma, epsilon 1e-3) and of a
+// second one (op 4, the same tensors plus 40, epsilon 1e-5, with gamma and
+// all three outputs unless told otherwise). With `add`, an Add (op 3) of
+// tensors 32 and 33 writes 31. Not finalized.
+inline Graph bn_bwd_siblings(const Dims& shape, const std::string& format, DataType dt,
+                             bool add = false, bool second_gamma = true, int second_outputs = 3) {
+  Op relu(1, OpKind::kReLUBackward, "relu_bwd");
+  relu.set_attr("use_dst", true);
+  relu.add_input(lt(30, dt, shape)).add_input(lt(31, dt, shape)).add_output(lt(20, dt, shape));
+  Op a = bn_bwd(shape, format, dt, DataType::kF32, true, 3, 1e-3f, 2);
+  a.mutable_inputs()[1].id = 20;
+  Op b = bn_bwd(shape, format, dt, DataType::kF32, second_gamma, second_outputs, 1e-5f, 4);
+  for (LogicalTensor& t : b.mutable_inputs()) t.id += 40;
+  for (LogicalTensor& t : b.mutable_outputs()) t.id += 40;
+  b.mutable_inputs()[1].id = 20;
+  Graph g;
+  EXPECT_TRUE(g.add_op(relu).ok());
+  EXPECT_TRUE(g.add_op(a).ok());
+  if (add) {
+    Op sum(3, OpKind::kAdd, "gradient_add");
+    sum.add_input(lt(32, dt, shape)).add_input(lt(33, dt, shape)).add_output(lt(31, dt, shape));
+    EXPECT_TRUE(g.add_op(sum).ok());
+  }
+  EXPECT_TRUE(g.add_op(b).ok());
+  return g;
+}
+
 inline Status status_of(const Status& s) {
   return s;
 }

@@ -24,7 +24,10 @@ void add_op_or_abort(Graph& g, Op op) {
 
 // The bench graph: BatchNormTrainingBackward with gamma and 3 outputs, optionally
 // fed by ReLUBackward or Add on diff_dst (and with add-relu-side, an Add in
-// front of the ReLUBackward). `nchw` is {N, C, H, W}.
+// front of the ReLUBackward). With relu-siblings a second batch norm (src 20,
+// statistics 22-24, outputs 25-27) reads the ReLUBackward's output too, as a
+// downsampling block's shortcut does; add-relu-siblings has the Add in front
+// as well. `nchw` is {N, C, H, W}.
 Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
                  const std::string& fused) {
   const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
@@ -32,7 +35,9 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
   Graph g;
   int64_t dy_id = 1;
   const bool side = fused == "relu-side" || fused == "add-relu-side";
-  if (fused == "add-relu-side") {  // the gradient Add: the ReLUBackward's gradient is 11's sum
+  const bool siblings = fused == "relu-siblings" || fused == "add-relu-siblings";
+  if (fused == "add-relu-side" ||
+      fused == "add-relu-siblings") {  // the gradient Add: the ReLUBackward's gradient is 11's sum
     Op add(2, OpKind::kAdd, "gradient_add");
     add.add_input(LogicalTensor(13, dt, data))
         .add_input(LogicalTensor(14, dt, data))
@@ -40,7 +45,7 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
     add_op_or_abort(g, add);
   }
   if (fused != "none") {
-    const bool relu = fused == "relu" || side;
+    const bool relu = fused == "relu" || side || siblings;
     Op pre(1, relu ? OpKind::kReLUBackward : OpKind::kAdd, relu ? "relu_bwd" : fused);
     if (relu) pre.set_attr("use_dst", true);
     pre.add_input(LogicalTensor(10, dt, data))
@@ -57,6 +62,16 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
       .add_output(LogicalTensor(6, DataType::kF32, {c}))
       .add_output(LogicalTensor(7, DataType::kF32, {c}));
   add_op_or_abort(g, bn);
+  if (siblings) {
+    Op second(3, OpKind::kBatchNormTrainingBackward, "shortcut_bn");
+    second.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
+    second.add_input(LogicalTensor(20, dt, data)).add_input(LogicalTensor(dy_id, dt, data));
+    for (int i = 22; i <= 24; ++i) second.add_input(LogicalTensor(i, DataType::kF32, {c}));
+    second.add_output(LogicalTensor(25, dt, data))
+        .add_output(LogicalTensor(26, DataType::kF32, {c}))
+        .add_output(LogicalTensor(27, DataType::kF32, {c}));
+    add_op_or_abort(g, second);
+  }
   // relu-side: the gradient through the ReLU is a result too (as a residual
   // block's, which its shortcut also reads).
   if (side) g.set_output_ports({5, 6, 7, 12});

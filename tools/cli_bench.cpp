@@ -59,8 +59,11 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
   app.add_option("--fused", fused,
                  "comma-separated: none, relu, add, relu-side (the ReLUBackward's output a graph "
                  "output too: the JIT writes it as a side output), add-relu-side (the same "
-                 "behind a gradient Add, as at a residual block's end)")
-      ->check(list_of({"none", "relu", "add", "relu-side", "add-relu-side"}));
+                 "behind a gradient Add, as at a residual block's end), relu-siblings and "
+                 "add-relu-siblings (a second batch norm reads the ReLUBackward's output, as a "
+                 "downsampling shortcut's: one partition for both)")
+      ->check(list_of({"none", "relu", "add", "relu-side", "add-relu-side", "relu-siblings",
+                       "add-relu-siblings"}));
   app.add_option("--dir", opt.dir,
                  "bwd (BatchNormTrainingBackward) or fwd (BatchNormForwardTraining; relu and add "
                  "fuse ReLU and Add+ReLU after it)")
@@ -129,6 +132,13 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
   opt.dts = split_list(dts);
   opt.layouts = split_list(layouts);
   opt.fused = split_list(fused);
+  for (const std::string& f : opt.fused) {
+    if (opt.dir == "fwd" && f != "none" && f != "relu" && f != "add") {
+      std::cerr << "normgrad bench: --fused=" << f << " is a backward fusion; --dir fwd takes "
+                << "none, relu and add\n";
+      return 2;
+    }
+  }
   opt.jit_variants = split_list(variants);
   // An unknown variant is a usage error here, not a declined column in every case.
   const Backend* jit = find_backend("jit");
@@ -290,13 +300,16 @@ Status BenchCommand::layer_cases(const std::string& name, const Dims& nchw) {
         const double elems = static_cast<double>(nchw[0] * nchw[1] * nchw[2] * nchw[3]);
         // Minimal traffic: bwd reads src and diff_dst and writes diff_src (and
         // a fused producer's second input, and writes its output with
-        // relu-side; add-relu-side reads the Add's two operands and dst);
+        // relu-side; add-relu-side reads the Add's two operands and dst; the
+        // siblings read a second src and write a second diff_src);
         // fwd reads src and writes dst (and reads the residual).
-        const double passes = fwd                        ? (fused == "add" ? 3.0 : 2.0)
-                              : fused == "none"          ? 3.0
-                              : fused == "relu-side"     ? 5.0
-                              : fused == "add-relu-side" ? 6.0
-                                                         : 4.0;
+        const double passes = fwd                            ? (fused == "add" ? 3.0 : 2.0)
+                              : fused == "none"              ? 3.0
+                              : fused == "relu-side"         ? 5.0
+                              : fused == "add-relu-side"     ? 6.0
+                              : fused == "relu-siblings"     ? 6.0
+                              : fused == "add-relu-siblings" ? 7.0
+                                                             : 4.0;
         cr.bytes = elems * static_cast<double>(dtype_size(dt)) * passes;
         if (fused == "none" && !fwd) {
           const auto esize = static_cast<int64_t>(dtype_size(dt));

@@ -265,6 +265,13 @@ class Gen {
     const bool nxc = chance(0.5);
     const int64_t c = channels(src, nxc);
     const LogicalTensor dy = gradient_for(src);
+    backward_op(src, dy, nxc, c);
+    // A downsampling block's shortcut: a second backward over another src of
+    // the same shape reads the same gradient (the JIT's sibling partitions).
+    if (chance(0.2)) backward_op(fresh(src.dtype, src.dims, true), dy, nxc, c);
+  }
+
+  void backward_op(const LogicalTensor& src, const LogicalTensor& dy, bool nxc, int64_t c) {
     LogicalTensor mean = vec(c), var = vec(c);
     for (const ForwardStats& s : stats_) {
       if (s.src == src.id && s.nxc == nxc && chance(0.7)) {

@@ -35,6 +35,35 @@ class JitKernel final : public Kernel {
   std::shared_ptr<const jit::KernelSet> staged_;  // strided tensors: staged per task
 };
 
+// Two sibling backwards driven by one walk (jit_dense.cpp); each conf's
+// kernels are those its batch norm's own partition would have.
+class JitSiblingKernel final : public Kernel {
+ public:
+  JitSiblingKernel(jit::BnConf first, std::shared_ptr<const jit::KernelSet> first_kernels,
+                   jit::BnConf second, std::shared_ptr<const jit::KernelSet> second_kernels)
+      : first_(std::move(first)),
+        second_(std::move(second)),
+        first_kernels_(std::move(first_kernels)),
+        second_kernels_(std::move(second_kernels)) {}
+  std::string name() const override { return first_.kernel_name() + "+sibling"; }
+  std::string info() const override {
+    return first_.isa == jit::Isa::kPortable
+               ? "portable"
+               : "codegen_ms=" +
+                     std::to_string(
+                         first_kernels_->generate_ms +
+                         (first_kernels_ == second_kernels_ ? 0.0 : second_kernels_->generate_ms));
+  }
+  Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    return jit::run_batch_norm_siblings(first_, *first_kernels_, second_, *second_kernels_, in,
+                                        out);
+  }
+
+ private:
+  jit::BnConf first_, second_;
+  std::shared_ptr<const jit::KernelSet> first_kernels_, second_kernels_;
+};
+
 class JitForwardKernel final : public Kernel {
  public:
   JitForwardKernel(jit::FwdConf conf, std::shared_ptr<const jit::FwdKernels> kernels)
@@ -97,7 +126,8 @@ class JitBackend final : public Backend {
   // code computes while it loads src and diff_dst (jit_conf.hpp, Fuse); and
   // forward training with the Add/ReLU its apply computes before it stores.
   std::vector<Pattern> patterns() const override {
-    return {bn_backward_producers_pattern(jit::kBackendName, /*side_output=*/true),
+    return {bn_backward_siblings_pattern(jit::kBackendName),
+            bn_backward_producers_pattern(jit::kBackendName, /*side_output=*/true),
             bn_forward_epilogue_pattern(jit::kBackendName),
             single_op_pattern("bn_bwd", jit::kBackendName, bn_backward_kinds()),
             single_op_pattern("bn_bwd_from_dst", jit::kBackendName,
@@ -109,6 +139,7 @@ class JitBackend final : public Backend {
 
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
     if (forward(partition)) return fwd_conf_of(partition).status();
+    if (siblings(partition)) return sibling_confs_of(partition, ctx).status();
     return conf_of(partition, ctx).status();
   }
 
@@ -135,6 +166,13 @@ class JitBackend final : public Backend {
       NG_ASSIGN_OR_RETURN(auto kernels, forward_cache().get(conf));
       return std::shared_ptr<const Kernel>(
           std::make_shared<JitForwardKernel>(std::move(conf), std::move(kernels)));
+    }
+    if (siblings(partition)) {
+      NG_ASSIGN_OR_RETURN(auto confs, sibling_confs_of(partition, ctx));
+      NG_ASSIGN_OR_RETURN(auto first, kernel_cache().get(confs.first));
+      NG_ASSIGN_OR_RETURN(auto second, kernel_cache().get(confs.second));
+      return std::shared_ptr<const Kernel>(std::make_shared<JitSiblingKernel>(
+          std::move(confs.first), std::move(first), std::move(confs.second), std::move(second)));
     }
     NG_ASSIGN_OR_RETURN(jit::BnConf conf, conf_of(partition, ctx));
     NG_ASSIGN_OR_RETURN(auto kernels, kernel_cache().get(conf));
@@ -163,17 +201,37 @@ class JitBackend final : public Backend {
   static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition) {
     return jit::make_fwd_conf(partition, jit::detect_isa());
   }
+  static bool siblings(const Partition& partition) {
+    return partition.bound(FusionRole::kSibling) != nullptr;
+  }
+  // Both confs with the variant or tuned choice each would take, still
+  // walking alike.
+  static StatusOr<std::pair<jit::BnConf, jit::BnConf>> sibling_confs_of(const Partition& partition,
+                                                                        const CompileContext& ctx) {
+    if (jit::siblings_apart(ctx.jit_variant))
+      return unimplemented("the no-siblings variant runs sibling batch norms apart");
+    NG_ASSIGN_OR_RETURN(auto confs, jit::make_sibling_confs(partition, jit::detect_isa()));
+    NG_RETURN_IF_ERROR(choose(ctx, &confs.first));
+    NG_RETURN_IF_ERROR(choose(ctx, &confs.second));
+    NG_RETURN_IF_ERROR(jit::check_sibling_walks(confs.first, confs.second));
+    return confs;
+  }
   static StatusOr<jit::BnConf> conf_of(const Partition& partition, const CompileContext& ctx) {
     if (partition.ops.empty()) return invalid_argument("empty partition");
     NG_ASSIGN_OR_RETURN(jit::BnConf conf, jit::make_conf(partition, jit::detect_isa()));
+    NG_RETURN_IF_ERROR(choose(ctx, &conf));
+    return conf;
+  }
+  // The variant the context names, else the host's tuned choice, else the rules.
+  static Status choose(const CompileContext& ctx, jit::BnConf* conf_out) {
+    jit::BnConf& conf = *conf_out;
     if (!ctx.jit_variant.empty()) {
-      NG_RETURN_IF_ERROR(jit::apply_variant(ctx.jit_variant, &conf));
-      return conf;
+      return jit::apply_variant(ctx.jit_variant, &conf);
     }
     // The host's measured choice for this shape class, when `normgrad tune`
     // made one (the split Reduce/Apply halves keep the rules: tune times the
     // whole backward).
-    if (conf.d.phase != BackwardPhase::kWhole) return conf;
+    if (conf.d.phase != BackwardPhase::kWhole) return ok_status();
     take_tuned(
         conf.isa, conf.d,
         [&](const std::string& v) {
@@ -182,7 +240,7 @@ class JitBackend final : public Backend {
           return std::make_pair(s, chosen);
         },
         &conf);
-    return conf;
+    return ok_status();
   }
 
   // Replaces *conf with apply(variant) when the tune cache holds a choice

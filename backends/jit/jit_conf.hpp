@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <normgrad/backends/backend.hpp>
@@ -341,6 +342,15 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa);
 // the batch norm is its anchor, and any other op is the ReLUBackward or Add
 // the pattern found feeding its src or diff_dst.
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
+// A bn_bwd_siblings partition (jit_backend.cpp): the anchor's and the
+// sibling's confs, each as the partition of its batch norm with the shared
+// producer (and gradient Add) would have it, their ports indexing this
+// partition's inputs and outputs. Declines strided tensors (the siblings
+// share no staging) and the split halves.
+StatusOr<std::pair<BnConf, BnConf>> make_sibling_confs(const Partition& partition, Isa isa);
+// OK when the two confs walk alike, so one walk can drive both (after any
+// variant or tuned choice is applied to each); else what differs.
+Status check_sibling_walks(const BnConf& first, const BnConf& second);
 // Pixels per call of the channel-swept kernels for calls of about
 // `call_bytes` of src + diff_dst.
 int64_t sweep_call_rows(const BnConf& c, int64_t call_bytes);
@@ -369,6 +379,9 @@ bool reduce_prefetch_fits(const BnConf& c);
 // Applies CompileOptions::jit_variant to a conf make_conf chose
 // (jit_variants.cpp): a name of jit_variant_names(), or "A+B" for both.
 Status apply_variant(const std::string& variant, BnConf* conf);
+// Whether `variant` (a valid one) names no-siblings: sibling batch norms
+// then run as two partitions, for timing against the siblings' one walk.
+bool siblings_apart(const std::string& variant);
 // "default, nxc-per-pixel, nxc-blocked[-PIXELS], ...": every variant
 // apply_variant knows, for help texts and errors.
 std::string jit_variant_names();

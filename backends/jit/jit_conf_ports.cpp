@@ -208,5 +208,62 @@ StatusOr<BnConf> make_conf(const Partition& partition, Isa isa) {
   return c;
 }
 
+StatusOr<std::pair<BnConf, BnConf>> make_sibling_confs(const Partition& partition, Isa isa) {
+  const Op* first = partition.bound(FusionRole::kAnchor);
+  const Op* second = partition.bound(FusionRole::kSibling);
+  if (first == nullptr || second == nullptr)
+    return internal_error("a sibling partition binds an anchor and a sibling");
+  // Each batch norm's own partition: the shared ops and it as the anchor,
+  // with this partition's inputs and outputs, so its ports index them.
+  auto own = [&](const Op& bn, const Op& other) {
+    Partition p = partition;
+    p.ops.clear();
+    p.roles.clear();
+    for (const Op& op : partition.ops) {
+      if (op.id() != other.id()) p.ops.push_back(op);
+    }
+    for (const BoundOp& b : partition.roles) {
+      if (b.op_id == other.id()) continue;
+      p.roles.push_back(b.op_id == bn.id() ? BoundOp{b.op_id, FusionRole::kAnchor} : b);
+    }
+    return p;
+  };
+  NG_ASSIGN_OR_RETURN(BnConf a, make_conf(own(*first, *second), isa));
+  NG_ASSIGN_OR_RETURN(BnConf b, make_conf(own(*second, *first), isa));
+  for (const BnConf* c : {&a, &b}) {
+    if (!c->x_strides.empty() || !c->dy_strides.empty() || !c->dx_strides.empty())
+      return unimplemented("the JIT runs sibling batch norms over dense tensors; " +
+                           (c == &a ? first : second)->label() + " has a strided one");
+    if (c->d.phase != BackwardPhase::kWhole || c->dy_side_out)
+      return internal_error("sibling batch norms are whole backwards with no side output");
+  }
+  NG_RETURN_IF_ERROR(check_sibling_walks(a, b));
+  return std::make_pair(std::move(a), std::move(b));
+}
+
+Status check_sibling_walks(const BnConf& a, const BnConf& b) {
+  const WalkConf &x = a.walk, &y = b.walk;
+  const std::pair<const char*, bool> same[] = {
+      {"kernel", a.key() == b.key()},
+      {"empty batch", a.empty == b.empty},
+      {"threads", a.single_thread == b.single_thread},
+      {"reversed apply", a.stream.reverse_rows == b.stream.reverse_rows},
+      {"rows", x.rows == y.rows},
+      {"chunks", x.chunk_rows == y.chunk_rows && x.sweep_rows == y.sweep_rows},
+      {"split",
+       x.contiguous_split == y.contiguous_split && x.apply_last_first == y.apply_last_first},
+      {"strips", x.strips == y.strips},
+      {"calls per channel", x.batch_calls == y.batch_calls && x.batch_stride == y.batch_stride &&
+                                x.dx_batch_stride == y.dx_batch_stride},
+      {"bounce block", bounce_block_bytes(a) == bounce_block_bytes(b)}};
+  for (const auto& [what, equal] : same) {
+    if (!equal)
+      return unimplemented(std::string("the JIT drives sibling batch norms with one walk; their ") +
+                           what + " differs (" + a.kernel_name() + " against " + b.kernel_name() +
+                           ")");
+  }
+  return ok_status();
+}
+
 }  // namespace jit
 }  // namespace normgrad

@@ -10,6 +10,11 @@
 // what order and how the threads share the chunks).
 // The reductions are partitioned by the shape alone and the tasks run on the
 // pool (jit_parallel.hpp), so any thread count gives the same bits.
+// Sibling batch norms (run_siblings: two backwards that read one fused
+// diff_dst, over the same walk) are two DenseRuns driven by one walk: each
+// task runs the first's kernels, then the second's on the same rows, which
+// find the shared operands in the cache. Each member's calls and sums are
+// those of its own run, so its bits are too.
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -58,11 +63,16 @@ struct DriverScratch {
 };
 
 using ScratchLease = ScratchLeaseOf<DriverScratch>;
+// Sibling runs' two scratches, leased as one.
+struct SiblingScratch {
+  DriverScratch run[2];
+};
+using SiblingScratchLease = ScratchLeaseOf<SiblingScratch>;
 
 class DenseRun {
  public:
   DenseRun(const BnConf& conf, const KernelSet& dense_kernels, const std::vector<const void*>& in,
-           const std::vector<void*>& out, const Staging* stage)
+           const std::vector<void*>& out, const Staging* stage, DriverScratch& scratch)
       : conf_(conf),
         d_(conf.d),
         pm_(conf.ports),
@@ -70,7 +80,7 @@ class DenseRun {
         in_(in),
         out_(out),
         stage_(stage),
-        scratch_(lease_.get()),
+        scratch_(scratch),
         nc_(d_.channels),
         cp_(padded_channels(d_.channels)),
         es_(dtype_size(d_.data_dt)),
@@ -84,9 +94,27 @@ class DenseRun {
         dx_(pm_.dx >= 0 ? static_cast<char*>(out[pm_.dx]) : nullptr),
         dy_out_(conf.dy_side_out ? static_cast<char*>(out[pm_.dy_out]) : nullptr) {}
 
+  // A second run over the same walk (the same shape, dtype, layout and
+  // walk; the whole backward over dense tensors), driven by this one's.
+  void set_sibling(DenseRun* sibling) {
+    assert(!stage_ && !sibling->stage_ && !reduce_only_ && !given_sums_ &&
+           sibling->conf_.walk.kind == conf_.walk.kind && "siblings: the whole, dense backward");
+    sib_ = sibling;
+  }
   Status run();
 
  private:
+  // The runs this walk drives: itself, then its sibling.
+  int members() const { return sib_ != nullptr ? 2 : 1; }
+  DenseRun& member(int m) { return m == 0 ? *this : *sib_; }
+  // Whether any member reduces (a member in inference mode does not).
+  bool any_reduces() const {
+    return conf_.needs_reduction || (sib_ != nullptr && sib_->conf_.needs_reduction);
+  }
+  // run()'s per-run parts before and after the walk.
+  Status prepare();
+  void finish();
+
   const char* input(int index) const {
     return index < 0 ? nullptr : static_cast<const char*>(in_[index]);
   }
@@ -144,8 +172,9 @@ class DenseRun {
     return coef;
   }
   // The pixels walk's phases.
-  void pixels_reduce(int64_t nchunks, LineVector<float>& coef);
-  void pixels_apply(int64_t nchunks, const LineVector<float>& coef);
+  // coef: each member's rows (coef_with_means).
+  void pixels_reduce(int64_t nchunks, LineVector<float>* const* coef);
+  void pixels_apply(int64_t nchunks, LineVector<float>* const* coef);
   void pixels_stage(char* bx, char* bdy, int64_t r0, int64_t len) const;
 
   const BnConf& conf_;
@@ -155,8 +184,8 @@ class DenseRun {
   const std::vector<const void*>& in_;
   const std::vector<void*>& out_;
   const Staging* stage_;
-  ScratchLease lease_;
   DriverScratch& scratch_;
+  DenseRun* sib_ = nullptr;
   const int64_t nc_, cp_, es_;
   const bool reduce_only_;  // Reduce: the per-channel sums out
   const bool given_sums_;   // Apply: the global sums and count in
@@ -205,7 +234,7 @@ bool DenseRun::finish_channel(int64_t c, double sum_dy, double sum_dyxm, float* 
   return true;
 }
 
-Status DenseRun::run() {
+Status DenseRun::prepare() {
   scratch_.ch.assign(static_cast<size_t>(nc_), Channel{});
   const bool per_task_stats = conf_.walk.kind == Walk::kRows;
   for (int64_t c = 0; c < nc_ && !per_task_stats; ++c) load_channel(c);
@@ -218,6 +247,23 @@ Status DenseRun::run() {
   scratch_.red1.assign(reduce_only_ ? static_cast<size_t>(nc_) : 0, 0.0);
   scratch_.diff_gamma.assign(static_cast<size_t>(nc_), 0.0);
   scratch_.diff_beta.assign(static_cast<size_t>(nc_), 0.0);
+  return ok_status();
+}
+
+void DenseRun::finish() {
+  if (reduce_only_) {
+    for (int64_t c = 0; c < nc_; ++c) {
+      store_from_double(out_[pm_.sum_dy_out], c, DataType::kF32, scratch_.red0[c]);
+      store_from_double(out_[pm_.sum_dy_xm_out], c, DataType::kF32, scratch_.red1[c]);
+    }
+    store_from_double(out_[pm_.count_out], 0, DataType::kS64, static_cast<double>(d_.reduce_size));
+    return;
+  }
+  for (int64_t c = 0; c < nc_ && conf_.walk.kind != Walk::kRows; ++c) store_diffs(c);
+}
+
+Status DenseRun::run() {
+  for (int m = 0; m < members(); ++m) NG_RETURN_IF_ERROR(member(m).prepare());
   if (conf_.walk.kind == Walk::kRows && stage_) {
     rows_staged();
   } else if (conf_.walk.kind == Walk::kRows && conf_.walk.channel_group > 0) {
@@ -229,15 +275,7 @@ Status DenseRun::run() {
   } else {
     pixels();
   }
-  if (reduce_only_) {
-    for (int64_t c = 0; c < nc_; ++c) {
-      store_from_double(out_[pm_.sum_dy_out], c, DataType::kF32, scratch_.red0[c]);
-      store_from_double(out_[pm_.sum_dy_xm_out], c, DataType::kF32, scratch_.red1[c]);
-    }
-    store_from_double(out_[pm_.count_out], 0, DataType::kS64, static_cast<double>(d_.reduce_size));
-    return ok_status();
-  }
-  for (int64_t c = 0; c < nc_ && !per_task_stats; ++c) store_diffs(c);
+  for (int m = 0; m < members(); ++m) member(m).finish();
   return ok_status();
 }
 
@@ -278,37 +316,49 @@ void DenseRun::rows_grouped() {
   const int64_t group = conf_.walk.channel_group;
   const auto bounce_bytes = static_cast<size_t>(bounce_block_bytes(conf_));
   const int64_t ngroups = (nc_ + group - 1) / group;
+  const int nm = members();
   for_range(conf_.single_thread, ngroups, [&](int64_t gi) {
     const int64_t c0 = gi * group, cnt = std::min(group, nc_ - c0);
     const int64_t base = c0 * conf_.walk.channel_stride * es_;
     const int64_t dx_base = c0 * conf_.walk.dx_channel_stride * es_;
-    float coef[4 * kRowGroupAvx512] = {};
-    double sums[2 * kRowGroupAvx512] = {};
-    for (int64_t g = 0; g < cnt; ++g) {
-      load_channel(c0 + g);
-      coef[4 * g + 3] = kernel_float(scratch_.ch[c0 + g].mean);
-      if (given_sums_)
-        sums[2 * g] = given(pm_.sum_dy, c0 + g), sums[2 * g + 1] = given(pm_.sum_dy_xm, c0 + g);
+    float coef[2][4 * kRowGroupAvx512] = {};
+    double sums[2][2 * kRowGroupAvx512] = {};
+    for (int m = 0; m < nm; ++m) {
+      DenseRun& run = member(m);
+      for (int64_t g = 0; g < cnt; ++g) {
+        run.load_channel(c0 + g);
+        coef[m][4 * g + 3] = kernel_float(run.scratch_.ch[c0 + g].mean);
+        if (given_sums_)
+          sums[m][2 * g] = given(pm_.sum_dy, c0 + g),
+                      sums[m][2 * g + 1] = given(pm_.sum_dy_xm, c0 + g);
+      }
     }
-    for (int64_t r0 = 0; r0 < conf_.walk.rows && conf_.needs_reduction;
-         r0 += kRowsPerGroupedReduce) {
+    for (int64_t r0 = 0; r0 < conf_.walk.rows && any_reduces(); r0 += kRowsPerGroupedReduce) {
       const int64_t off = base + r0 * conf_.walk.row_stride * es_;
-      KernelArgs a =
-          args(off, off, false, coef, sums, std::min(kRowsPerGroupedReduce, conf_.walk.rows - r0));
-      a.channels = cnt;
-      kernels_.reduce(a);
+      for (int m = 0; m < nm; ++m) {
+        DenseRun& run = member(m);
+        if (!run.conf_.needs_reduction) continue;
+        KernelArgs a = run.args(off, off, false, coef[m], sums[m],
+                                std::min(kRowsPerGroupedReduce, conf_.walk.rows - r0));
+        a.channels = cnt;
+        run.kernels_.reduce(a);
+      }
     }
-    for (int64_t g = 0; g < cnt; ++g) {
-      if (!finish_channel(c0 + g, sums[2 * g], sums[2 * g + 1], &coef[4 * g], &coef[4 * g + 1],
-                          &coef[4 * g + 2]))
-        continue;
-      store_diffs(c0 + g);
+    for (int m = 0; m < nm; ++m) {
+      for (int64_t g = 0; g < cnt; ++g) {
+        if (!member(m).finish_channel(c0 + g, sums[m][2 * g], sums[m][2 * g + 1], &coef[m][4 * g],
+                                      &coef[m][4 * g + 1], &coef[m][4 * g + 2]))
+          continue;
+        member(m).store_diffs(c0 + g);
+      }
     }
     if (reduce_only_) return;
     void* bounce = bounce_bytes > 0 ? stage_buffer(0, bounce_bytes) : nullptr;
-    KernelArgs a = args(base, dx_base, true, coef, bounce, conf_.walk.rows);
-    a.channels = cnt;
-    kernels_.apply(a);
+    for (int m = 0; m < nm; ++m) {
+      KernelArgs a = member(m).args(base, dx_base, true, coef[m], bounce, conf_.walk.rows);
+      a.channels = cnt;
+      member(m).kernels_.apply(a);
+    }
   });
 }
 
@@ -317,36 +367,51 @@ void DenseRun::rows_grouped() {
 // nothing that the bits depend on beyond the shape.
 void DenseRun::rows_per_channel() {
   const int64_t calls = conf_.walk.batch_calls > 0 ? conf_.walk.batch_calls : 1;
+  const int nm = members();
   for_range(conf_.single_thread, nc_, [&](int64_t c) {
     const int64_t base = c * conf_.walk.channel_stride * es_;
     const int64_t dx_base = c * conf_.walk.dx_channel_stride * es_;
-    load_channel(c);
-    float coef[4] = {0.f, 0.f, 0.f, kernel_float(scratch_.ch[c].mean)};
-    double sums[2] = {0.0, 0.0};
-    if (given_sums_) sums[0] = given(pm_.sum_dy, c), sums[1] = given(pm_.sum_dy_xm, c);
-    for (int64_t b = 0; b < calls && conf_.needs_reduction; ++b) {
+    float coef[2][4] = {};
+    double sums[2][2] = {};
+    for (int m = 0; m < nm; ++m) {
+      member(m).load_channel(c);
+      coef[m][3] = kernel_float(member(m).scratch_.ch[c].mean);
+    }
+    if (given_sums_) sums[0][0] = given(pm_.sum_dy, c), sums[0][1] = given(pm_.sum_dy_xm, c);
+    for (int64_t b = 0; b < calls && any_reduces(); ++b) {
       const int64_t off = base + b * conf_.walk.batch_stride * es_;
-      kernels_.reduce(args(off, off, false, coef, sums, conf_.walk.rows));
-    }
-    if (!finish_channel(c, sums[0], sums[1], &coef[0], &coef[1], &coef[2])) return;
-    store_diffs(c);
-    if (conf_.stream.reverse_rows > 0) {  // last rows first (StreamConf::reverse_rows)
-      const int64_t step = conf_.stream.reverse_rows;
-      for (int64_t r0 = (conf_.walk.rows - 1) / step * step; r0 >= 0; r0 -= step) {
-        KernelArgs a = args(base + r0 * conf_.walk.row_stride * es_,
-                            dx_base + r0 * conf_.walk.dx_row_stride * es_, true, coef, nullptr,
-                            std::min(step, conf_.walk.rows - r0));
-        a.prefetch_next = r0 == 0 && c + 1 < nc_ ? 1 : 0;
-        kernels_.apply(a);
+      for (int m = 0; m < nm; ++m) {
+        if (member(m).conf_.needs_reduction)
+          member(m).kernels_.reduce(
+              member(m).args(off, off, false, coef[m], sums[m], conf_.walk.rows));
       }
-      return;
     }
-    for (int64_t b = 0; b < calls; ++b) {
-      KernelArgs a = args(base + b * conf_.walk.batch_stride * es_,
-                          dx_base + b * conf_.walk.dx_batch_stride * es_, true, coef, nullptr,
-                          conf_.walk.rows);
-      a.prefetch_next = c + 1 < nc_ ? 1 : 0;
-      kernels_.apply(a);
+    for (int m = 0; m < nm; ++m) {
+      if (!member(m).finish_channel(c, sums[m][0], sums[m][1], &coef[m][0], &coef[m][1],
+                                    &coef[m][2]))
+        return;
+      member(m).store_diffs(c);
+    }
+    for (int m = 0; m < nm; ++m) {
+      DenseRun& run = member(m);
+      if (conf_.stream.reverse_rows > 0) {  // last rows first (StreamConf::reverse_rows)
+        const int64_t step = conf_.stream.reverse_rows;
+        for (int64_t r0 = (conf_.walk.rows - 1) / step * step; r0 >= 0; r0 -= step) {
+          KernelArgs a = run.args(base + r0 * conf_.walk.row_stride * es_,
+                                  dx_base + r0 * conf_.walk.dx_row_stride * es_, true, coef[m],
+                                  nullptr, std::min(step, conf_.walk.rows - r0));
+          a.prefetch_next = r0 == 0 && c + 1 < nc_ ? 1 : 0;
+          run.kernels_.apply(a);
+        }
+        continue;
+      }
+      for (int64_t b = 0; b < calls; ++b) {
+        KernelArgs a = run.args(base + b * conf_.walk.batch_stride * es_,
+                                dx_base + b * conf_.walk.dx_batch_stride * es_, true, coef[m],
+                                nullptr, conf_.walk.rows);
+        a.prefetch_next = c + 1 < nc_ ? 1 : 0;
+        run.kernels_.apply(a);
+      }
     }
   });
 }
@@ -359,24 +424,27 @@ void DenseRun::pixels_stage(char* bx, char* bdy, int64_t r0, int64_t len) const 
 
 // Phase 1: each fixed chunk of pixels sums into its own partial (the means
 // are coef's fourth row); phase 2 merges the partials in chunk order.
-void DenseRun::pixels_reduce(int64_t nchunks, LineVector<float>& coef) {
+void DenseRun::pixels_reduce(int64_t nchunks, LineVector<float>* const* coef) {
   const int64_t chunk = conf_.walk.chunk_rows, row_bytes = conf_.walk.row_stride * es_;
-  std::vector<double>& s0 = scratch_.s0;
-  std::vector<double>& s1 = scratch_.s1;
-  s0.assign(static_cast<size_t>(nc_), 0.0);
-  s1.assign(static_cast<size_t>(nc_), 0.0);
+  const int nm = members();
+  for (int m = 0; m < nm; ++m) {
+    DriverScratch& s = member(m).scratch_;
+    s.s0.assign(static_cast<size_t>(nc_), 0.0);
+    s.s1.assign(static_cast<size_t>(nc_), 0.0);
+  }
   for (int64_t c = 0; c < nc_ && given_sums_; ++c)
-    s0[c] = given(pm_.sum_dy, c), s1[c] = given(pm_.sum_dy_xm, c);
-  if (!conf_.needs_reduction) return;
-  LineVector<float>& partial = scratch_.partial;
-  partial.assign(static_cast<size_t>(nchunks * 2 * cp_), 0.f);
-  const float* means = coef.data() + 3 * cp_;
+    scratch_.s0[c] = given(pm_.sum_dy, c), scratch_.s1[c] = given(pm_.sum_dy_xm, c);
+  if (!any_reduces()) return;
+  for (int m = 0; m < nm; ++m)
+    member(m).scratch_.partial.assign(
+        member(m).conf_.needs_reduction ? static_cast<size_t>(nchunks * 2 * cp_) : 0, 0.f);
   for_range(
       conf_.single_thread, nchunks,
       [&](int64_t k) {
         const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
-        float* out = partial.data() + k * 2 * cp_;
         if (stage_) {
+          float* out = scratch_.partial.data() + k * 2 * cp_;
+          const float* means = coef[0]->data() + 3 * cp_;
           char* bx = stage_buffer(0, static_cast<size_t>(len * row_bytes));
           char* bdy = stage_buffer(1, static_cast<size_t>(len * row_bytes));
           pixels_stage(bx, bdy, r0, len);
@@ -386,17 +454,26 @@ void DenseRun::pixels_reduce(int64_t nchunks, LineVector<float>& coef) {
           });
           return;
         }
-        calls(len, [&](int64_t r, int64_t n) {
-          kernels_.reduce(args((r0 + r) * row_bytes, 0, false, means, out, n));
-        });
+        for (int m = 0; m < nm; ++m) {
+          DenseRun& run = member(m);
+          if (!run.conf_.needs_reduction) continue;
+          float* out = run.scratch_.partial.data() + k * 2 * cp_;
+          const float* means = coef[m]->data() + 3 * cp_;
+          calls(len, [&](int64_t r, int64_t n) {
+            run.kernels_.reduce(run.args((r0 + r) * row_bytes, 0, false, means, out, n));
+          });
+        }
       },
       conf_.walk.contiguous_split ? Split::kContiguous : Split::kAdaptive);
   // Chunks in index order for every channel: sequential in memory, fixed in order.
-  for (int64_t k = 0; k < nchunks; ++k) {
-    const float* p = partial.data() + k * 2 * cp_;
-    for (int64_t c = 0; c < nc_; ++c) {
-      s0[c] += p[c];
-      s1[c] += p[cp_ + c];
+  for (int m = 0; m < nm; ++m) {
+    DriverScratch& s = member(m).scratch_;
+    for (int64_t k = 0; k < nchunks && member(m).conf_.needs_reduction; ++k) {
+      const float* p = s.partial.data() + k * 2 * cp_;
+      for (int64_t c = 0; c < nc_; ++c) {
+        s.s0[c] += p[c];
+        s.s1[c] += p[cp_ + c];
+      }
     }
   }
 }
@@ -405,13 +482,14 @@ void DenseRun::pixels_reduce(int64_t nchunks, LineVector<float>& coef) {
 // thread starts on the chunks the reduce just read, which may still be in its
 // caches. With the adaptive split that is the whole range reversed, so a
 // thread may start on the other thread's last chunks.
-void DenseRun::pixels_apply(int64_t nchunks, const LineVector<float>& coef) {
+void DenseRun::pixels_apply(int64_t nchunks, LineVector<float>* const* coef) {
   const int64_t chunk = conf_.walk.chunk_rows, row_bytes = conf_.walk.row_stride * es_;
   const bool contiguous = conf_.walk.contiguous_split, last_first = conf_.walk.apply_last_first;
   const bool whole_range_reversed = last_first && !contiguous;
   const Split split = !contiguous  ? Split::kAdaptive
                       : last_first ? Split::kContiguousLastFirst
                                    : Split::kContiguous;
+  const int nm = members();
   for_range(
       conf_.single_thread, nchunks,
       [&](int64_t i) {
@@ -426,26 +504,37 @@ void DenseRun::pixels_apply(int64_t nchunks, const LineVector<float>& coef) {
           pixels_stage(bx, bdy, r0, len);
           calls(len, [&](int64_t r, int64_t n) {
             kernels_.apply(KernelArgs{bx + r * row_bytes, bdy + r * row_bytes, bdx + r * row_bytes,
-                                      coef.data(), nullptr, n, nullptr, nullptr});
+                                      coef[0]->data(), nullptr, n, nullptr, nullptr});
           });
           scatter_pixels(bdx, dx_, stage_->dx_strides, d_.dims, d_.channel_axis, es_, r0, len);
           return;
         }
-        calls(len, [&](int64_t r, int64_t n) {
-          kernels_.apply(args((r0 + r) * row_bytes, (r0 + r) * conf_.walk.dx_row_stride * es_, true,
-                              coef.data(), nullptr, n));
-        });
+        for (int m = 0; m < nm; ++m) {
+          DenseRun& run = member(m);
+          calls(len, [&](int64_t r, int64_t n) {
+            run.kernels_.apply(run.args((r0 + r) * row_bytes,
+                                        (r0 + r) * conf_.walk.dx_row_stride * es_, true,
+                                        coef[m]->data(), nullptr, n));
+          });
+        }
       },
       split);
 }
 
 void DenseRun::pixels() {
-  LineVector<float>& coef = coef_with_means();
+  const int nm = members();
+  LineVector<float>* coef[2] = {nullptr, nullptr};
+  for (int m = 0; m < nm; ++m) coef[m] = &member(m).coef_with_means();
   const int64_t nchunks = (conf_.walk.rows + conf_.walk.chunk_rows - 1) / conf_.walk.chunk_rows;
   pixels_reduce(nchunks, coef);
   // Phase 3: the coefficients (Reduce: the sums are the output).
-  for (int64_t c = 0; c < nc_; ++c)
-    finish_channel(c, scratch_.s0[c], scratch_.s1[c], &coef[c], &coef[cp_ + c], &coef[2 * cp_ + c]);
+  for (int m = 0; m < nm; ++m) {
+    DenseRun& run = member(m);
+    LineVector<float>& cf = *coef[m];
+    for (int64_t c = 0; c < nc_; ++c)
+      run.finish_channel(c, run.scratch_.s0[c], run.scratch_.s1[c], &cf[c], &cf[cp_ + c],
+                         &cf[2 * cp_ + c]);
+  }
   if (!reduce_only_) pixels_apply(nchunks, coef);
 }
 
@@ -460,38 +549,54 @@ void DenseRun::pixels_strips() {
   const int64_t nchunks = (conf_.walk.rows + chunk - 1) / chunk;
   assert(nc_ % w == 0 && !given_sums_ && !reduce_only_ && !stage_ &&
          "strips: the whole, dense backward");
-  LineVector<float>& coef = coef_with_means();
+  const int nm = members();
+  LineVector<float>* coef[2] = {nullptr, nullptr};
+  for (int m = 0; m < nm; ++m) coef[m] = &member(m).coef_with_means();
   for_range(conf_.single_thread, nc_ / w, [&](int64_t strip) {
     const int64_t c0 = strip * w;
     // The kernels' partial rows are cp_ apart; this strip's lanes of them.
-    thread_local LineVector<float> partial;
-    thread_local std::vector<double> sums;
-    partial.assign(static_cast<size_t>(2 * cp_), 0.f);
-    sums.assign(static_cast<size_t>(2 * w), 0.0);
-    float* acc = partial.data() + c0;
-    for (int64_t k = 0; k < nchunks && conf_.needs_reduction; ++k) {
+    thread_local LineVector<float> partial[2];
+    thread_local std::vector<double> sums[2];
+    for (int m = 0; m < nm; ++m) {
+      partial[m].assign(static_cast<size_t>(2 * cp_), 0.f);
+      sums[m].assign(static_cast<size_t>(2 * w), 0.0);
+    }
+    for (int64_t k = 0; k < nchunks && any_reduces(); ++k) {
       const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
-      std::fill(acc, acc + w, 0.f);
-      std::fill(acc + cp_, acc + cp_ + w, 0.f);
-      calls(len, [&](int64_t r, int64_t n) {
-        kernels_.reduce(
-            args((r0 + r) * row_bytes + c0 * es_, 0, false, coef.data() + 3 * cp_ + c0, acc, n));
-      });
-      for (int64_t j = 0; j < w; ++j) {
-        sums[j] += acc[j];
-        sums[w + j] += acc[cp_ + j];
+      for (int m = 0; m < nm; ++m) {
+        DenseRun& run = member(m);
+        if (!run.conf_.needs_reduction) continue;
+        float* acc = partial[m].data() + c0;
+        std::fill(acc, acc + w, 0.f);
+        std::fill(acc + cp_, acc + cp_ + w, 0.f);
+        calls(len, [&](int64_t r, int64_t n) {
+          run.kernels_.reduce(run.args((r0 + r) * row_bytes + c0 * es_, 0, false,
+                                       coef[m]->data() + 3 * cp_ + c0, acc, n));
+        });
+        for (int64_t j = 0; j < w; ++j) {
+          sums[m][j] += acc[j];
+          sums[m][w + j] += acc[cp_ + j];
+        }
       }
     }
-    for (int64_t j = 0; j < w; ++j) {
-      const int64_t c = c0 + j;
-      finish_channel(c, sums[j], sums[w + j], &coef[c], &coef[cp_ + c], &coef[2 * cp_ + c]);
+    for (int m = 0; m < nm; ++m) {
+      LineVector<float>& cf = *coef[m];
+      for (int64_t j = 0; j < w; ++j) {
+        const int64_t c = c0 + j;
+        member(m).finish_channel(c, sums[m][j], sums[m][w + j], &cf[c], &cf[cp_ + c],
+                                 &cf[2 * cp_ + c]);
+      }
     }
     for (int64_t k = 0; k < nchunks; ++k) {
       const int64_t r0 = k * chunk, len = std::min(chunk, conf_.walk.rows - r0);
-      calls(len, [&](int64_t r, int64_t n) {
-        kernels_.apply(args((r0 + r) * row_bytes + c0 * es_, (r0 + r) * dx_row_bytes + c0 * es_,
-                            true, coef.data() + c0, nullptr, n));
-      });
+      for (int m = 0; m < nm; ++m) {
+        DenseRun& run = member(m);
+        calls(len, [&](int64_t r, int64_t n) {
+          run.kernels_.apply(run.args((r0 + r) * row_bytes + c0 * es_,
+                                      (r0 + r) * dx_row_bytes + c0 * es_, true,
+                                      coef[m]->data() + c0, nullptr, n));
+        });
+      }
     }
   });
 }
@@ -500,7 +605,18 @@ void DenseRun::pixels_strips() {
 
 Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector<const void*>& in,
                  const std::vector<void*>& out, const Staging* stage) {
-  return DenseRun(conf, kernels, in, out, stage).run();
+  ScratchLease lease;
+  return DenseRun(conf, kernels, in, out, stage, lease.get()).run();
+}
+
+Status run_dense_siblings(const BnConf& first, const KernelSet& first_kernels, const BnConf& second,
+                          const KernelSet& second_kernels, const std::vector<const void*>& in,
+                          const std::vector<void*>& out) {
+  SiblingScratchLease lease;
+  DenseRun a(first, first_kernels, in, out, nullptr, lease.get().run[0]);
+  DenseRun b(second, second_kernels, in, out, nullptr, lease.get().run[1]);
+  a.set_sibling(&b);
+  return a.run();
 }
 
 }  // namespace jit

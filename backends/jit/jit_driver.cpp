@@ -104,6 +104,16 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
   return run_dense(conf, kernels, in, out, &st);
 }
 
+Status run_batch_norm_siblings(const BnConf& first, const KernelSet& first_kernels,
+                               const BnConf& second, const KernelSet& second_kernels,
+                               const std::vector<const void*>& in, const std::vector<void*>& out) {
+  if (first.empty || second.empty) {  // both are: the same shape
+    NG_RETURN_IF_ERROR(run_batch_norm_backward(first, first_kernels, in, out));
+    return run_batch_norm_backward(second, second_kernels, in, out);
+  }
+  return run_dense_siblings(first, first_kernels, second, second_kernels, in, out);
+}
+
 BnConf staged_conf(const BnConf& conf) {
   BnConf s = conf;
   s.stream.nt_stores = false;       // diff_src goes to a cached staging buffer

@@ -53,6 +53,13 @@ int last_max_concurrency();
 Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out,
                                const KernelSet* staged = nullptr);
+// Two sibling backwards (the JIT's bn_bwd_siblings partitions) in one walk:
+// `first` and `second` walk alike over dense tensors (make_sibling_confs),
+// each with its own kernels; buffers in the partition's order, which both
+// confs' ports index.
+Status run_batch_norm_siblings(const BnConf& first, const KernelSet& first_kernels,
+                               const BnConf& second, const KernelSet& second_kernels,
+                               const std::vector<const void*>& in, const std::vector<void*>& out);
 // The conf of the kernels that run on per-thread staging buffers.
 BnConf staged_conf(const BnConf& conf);
 
@@ -70,6 +77,10 @@ struct Staging {
 // (jit_dense.cpp); the batch is not empty.
 Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector<const void*>& in,
                  const std::vector<void*>& out, const Staging* stage = nullptr);
+// run_batch_norm_siblings over a batch that is not empty (jit_dense.cpp).
+Status run_dense_siblings(const BnConf& first, const KernelSet& first_kernels, const BnConf& second,
+                          const KernelSet& second_kernels, const std::vector<const void*>& in,
+                          const std::vector<void*>& out);
 
 }  // namespace jit
 }  // namespace normgrad

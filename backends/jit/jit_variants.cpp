@@ -108,6 +108,9 @@ const Variant kVariants[] = {
        if (!c->empty && reduce_prefetch_fits(*c)) c->prefetch.reduce_rows = true;
      }},
     {"ncx-no-nt", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.nt_stores = false; }},
+    // Sibling batch norms as two partitions (the first with the side
+    // output): the JIT declines the siblings pattern (siblings_apart).
+    {"no-siblings", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},
     {"bf16-single-vectors", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->stream.pair_vectors = false; },
      [](FwdConf* c, int64_t) { c->pair_vectors = false; }},
@@ -231,6 +234,14 @@ std::string jit_variant_names() {
 
 Status apply_variant(const std::string& variant, BnConf* c) {
   return for_each_variant(variant, [&](const Variant& v, int64_t n) { v.apply(c, n); });
+}
+
+bool siblings_apart(const std::string& variant) {
+  bool apart = false;
+  const Status s = for_each_variant(variant, [&](const Variant& v, int64_t) {
+    apart = apart || std::string(v.name) == "no-siblings";
+  });
+  return s.ok() && apart;
 }
 
 Status apply_forward_variant(const std::string& variant, FwdConf* c) {

@@ -334,5 +334,50 @@ TEST(Partitioner, APartitionOrderWithACycleIsAnInternalError) {
   EXPECT_FALSE(check_partition_order(*g, parts).ok());  // either order: a cycle
 }
 
+// Sibling batch norms (jit.bn_bwd_siblings): the ReLUBackward and both
+// batch norms in one partition. A reader of the first's diff_src that the
+// graph's order puts before the second (a convolution's backward in a
+// captured graph) is moved after the partition; a reader that leads into
+// the second batch norm is a real cycle, and the siblings are declined.
+TEST(Partitioner, SiblingBatchNormsMoveAnEarlyReaderOrDeclineACycle) {
+  const Dims shape = {2, 24, 5, 5};
+  for (bool cycle : {false, true}) {
+    Graph g = testing_util::bn_bwd_siblings(shape, "NCX", DataType::kF32);
+    Graph h;
+    Op reader(9, OpKind::kReLU, "reads_diff_src");
+    reader.add_input(lt(5, DataType::kF32, shape))
+        .add_output(lt(cycle ? 40 : 60, DataType::kF32, shape));
+    for (const Op& op : g.ops()) {
+      if (op.id() == 4) {
+        ASSERT_TRUE(h.add_op(reader).ok());  // before the second batch norm
+      }
+      ASSERT_TRUE(h.add_op(op).ok());
+    }
+    ASSERT_TRUE(h.finalize().ok());
+    SCOPED_TRACE(cycle ? "the reader writes the second's src" : "the reader is only early");
+    std::vector<PatternTrial> trials;
+    const auto parts = parts_of(h, {}, &trials);
+    EXPECT_TRUE(check_partition_order(h, parts).ok());
+    const Partition& first = holding(parts, 2);
+    if (!cycle) {
+      EXPECT_EQ(first.pattern, "jit.bn_bwd_siblings");
+      EXPECT_EQ(first.ops_string(),
+                "ReLUBackward+BatchNormTrainingBackward+BatchNormTrainingBackward");
+      ASSERT_NE(first.bound(FusionRole::kSibling), nullptr);
+      EXPECT_EQ(first.bound(FusionRole::kSibling)->id(), 4);
+      EXPECT_EQ(first.anchor(), 2);
+      EXPECT_GT(holding(parts, 9).id, first.id) << "the early reader runs after the siblings";
+      EXPECT_TRUE(writes(first, 5) && writes(first, 45)) << "both batch norms' outputs leave";
+      EXPECT_FALSE(writes(first, 20)) << "the shared gradient stays inside";
+    } else {
+      EXPECT_NE(answer(trials, 2, "jit.bn_bwd_siblings").find("not convex"), std::string::npos)
+          << answer(trials, 2, "jit.bn_bwd_siblings");
+      EXPECT_EQ(first.pattern, "jit.bn_bwd_producers");
+      EXPECT_TRUE(writes(first, 20)) << "the first batch norm writes the gradient as a side output";
+      EXPECT_NE(holding(parts, 4).id, first.id);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace normgrad

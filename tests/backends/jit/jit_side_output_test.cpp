@@ -15,6 +15,7 @@
 namespace normgrad {
 namespace {
 
+using jit_test::each_case;
 using jit_test::fused_graph;
 using jit_test::isas;
 using jit_test::IsaScope;
@@ -62,28 +63,6 @@ testing_util::Comparison expect_fused(const Graph& g, uint64_t seed, int k,
   EXPECT_EQ(partition_count(g), 1u) << r.kernel;
   EXPECT_LE(r.worst_ratio, 1.0) << r.report;
   return r;
-}
-
-// body(trace, dt, fmt, shape, k) for every ISA the host runs, dtype, layout
-// and shape (walks the sizes choose: grouped and single rows, pixels,
-// swept and blocked), k counting the cases.
-void each_case(
-    const std::function<void(const std::string&, DataType, const char*, const Dims&, int)>& body) {
-  int k = 0;
-  for (const std::string& isa : isas()) {
-    IsaScope scope(isa);
-    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
-      for (const char* fmt : {"NCX", "NXC"}) {
-        for (const Dims& nchw :
-             {Dims{3, 17, 5, 7}, Dims{2, 40, 33, 33}, Dims{2, 256, 7, 7}, Dims{2, 1024, 3, 3}}) {
-          const Dims shape =
-              std::string(fmt) == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
-          body(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape), dt, fmt, shape,
-               k++);
-        }
-      }
-    }
-  }
 }
 
 // A diff_dst producer whose output is a result too (a graph output here; a

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -110,6 +111,28 @@ inline void expect_same_bits_for_1_2_4_threads(const Graph& g,
   for (const auto& [id, b] : one) {
     EXPECT_EQ(b, two.at(id)) << "tensor " << id;
     EXPECT_EQ(b, four.at(id)) << "tensor " << id;
+  }
+}
+
+// body(trace, dt, fmt, shape, k) for every ISA the host runs, dtype, layout
+// and shape (walks the sizes choose: grouped and single rows, pixels,
+// swept and blocked), k counting the cases.
+inline void each_case(
+    const std::function<void(const std::string&, DataType, const char*, const Dims&, int)>& body) {
+  int k = 0;
+  for (const std::string& isa : isas()) {
+    IsaScope scope(isa);
+    for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+      for (const char* fmt : {"NCX", "NXC"}) {
+        for (const Dims& nchw :
+             {Dims{3, 17, 5, 7}, Dims{2, 40, 33, 33}, Dims{2, 256, 7, 7}, Dims{2, 1024, 3, 3}}) {
+          const Dims shape =
+              std::string(fmt) == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
+          body(isa + " " + dtype_name(dt) + " " + fmt + " " + dims_to_string(shape), dt, fmt, shape,
+               k++);
+        }
+      }
+    }
   }
 }
 
