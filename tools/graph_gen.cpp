@@ -227,14 +227,16 @@ class Gen {
   // to a fresh gradient (a residual block's two paths). Never a function of
   // src: a diff_src is one of its own backward's src, so only a backward
   // over another src lends its diff_src.
-  LogicalTensor gradient_for(const LogicalTensor& src) {
+  // `produced`: never a graph input or a diff_src as it is (a ReLUBackward's
+  // or an Add's output, which the JIT fuses).
+  LogicalTensor gradient_for(const LogicalTensor& src, bool produced = false) {
     std::vector<const Gradient*> lent;
     for (const Gradient& g : grads_) {
       if (g.src != src.id && g.dx.dtype == src.dtype && g.dx.dims == src.dims) lent.push_back(&g);
     }
     if (!lent.empty() && chance(0.5)) {
       const LogicalTensor dx = lent[static_cast<size_t>(pick(lent.size()))]->dx;
-      const int64_t how = pick(3);
+      const int64_t how = produced ? 1 + pick(2) : pick(3);
       if (how == 0) return dx;
       const LogicalTensor g = out(src.dtype, src.dims);
       if (how == 1) {
@@ -251,7 +253,7 @@ class Gen {
       }
       return g;
     }
-    if (chance(0.6)) return fresh(src.dtype, src.dims, true);
+    if (!produced && chance(0.6)) return fresh(src.dtype, src.dims, true);
     const LogicalTensor g = out(src.dtype, src.dims);
     add(OpKind::kReLUBackward, "relu_bwd")
         .set_attr("use_dst", chance(0.5))
@@ -264,11 +266,12 @@ class Gen {
   void bn_backward(const LogicalTensor& src) {
     const bool nxc = chance(0.5);
     const int64_t c = channels(src, nxc);
-    const LogicalTensor dy = gradient_for(src);
-    backward_op(src, dy, nxc, c);
     // A downsampling block's shortcut: a second backward over another src of
     // the same shape reads the same gradient (the JIT's sibling partitions).
-    if (chance(0.2)) backward_op(fresh(src.dtype, src.dims, true), dy, nxc, c);
+    const bool sibling = chance(0.2);
+    const LogicalTensor dy = gradient_for(src, sibling);
+    backward_op(src, dy, nxc, c);
+    if (sibling) backward_op(fresh(src.dtype, src.dims, true), dy, nxc, c);
   }
 
   void backward_op(const LogicalTensor& src, const LogicalTensor& dy, bool nxc, int64_t c) {

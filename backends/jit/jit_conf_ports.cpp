@@ -213,23 +213,28 @@ StatusOr<std::pair<BnConf, BnConf>> make_sibling_confs(const Partition& partitio
   const Op* second = partition.bound(FusionRole::kSibling);
   if (first == nullptr || second == nullptr)
     return internal_error("a sibling partition binds an anchor and a sibling");
-  // Each batch norm's own partition: the shared ops and it as the anchor,
-  // with this partition's inputs and outputs, so its ports index them.
-  auto own = [&](const Op& bn, const Op& other) {
-    Partition p = partition;
-    p.ops.clear();
-    p.roles.clear();
-    for (const Op& op : partition.ops) {
-      if (op.id() != other.id()) p.ops.push_back(op);
-    }
-    for (const BoundOp& b : partition.roles) {
-      if (b.op_id == other.id()) continue;
-      p.roles.push_back(b.op_id == bn.id() ? BoundOp{b.op_id, FusionRole::kAnchor} : b);
-    }
-    return p;
-  };
-  NG_ASSIGN_OR_RETURN(BnConf a, make_conf(own(*first, *second), isa));
-  NG_ASSIGN_OR_RETURN(BnConf b, make_conf(own(*second, *first), isa));
+  // The first: the shared producers fused, their output t written by its
+  // reduce as a side output into the second's diff_src (t's twin), from
+  // which its apply reads t back. The second: a plain backward reading t
+  // there (as one more input after the partition's; the driver appends that
+  // buffer) and writing its diff_src over it, element by element.
+  Partition pa = partition;
+  pa.ops.clear();
+  pa.roles.clear();
+  for (const Op& op : partition.ops) {
+    if (op.id() != second->id()) pa.ops.push_back(op);
+  }
+  for (const BoundOp& r : partition.roles) {
+    if (r.op_id != second->id()) pa.roles.push_back(r);
+  }
+  const LogicalTensor& t = BatchNormTrainingBackwardPorts(*second).diff_dst();
+  const LogicalTensor& dx2 = BatchNormTrainingBackwardPorts(*second).diff_src();
+  Partition pb = partition;
+  pb.ops = {*second};
+  pb.roles = {BoundOp{second->id(), FusionRole::kAnchor}};
+  pb.inputs.push_back(t);
+  NG_ASSIGN_OR_RETURN(BnConf a, make_conf(pa, isa));
+  NG_ASSIGN_OR_RETURN(BnConf b, make_conf(pb, isa));
   for (const BnConf* c : {&a, &b}) {
     if (!c->x_strides.empty() || !c->dy_strides.empty() || !c->dx_strides.empty())
       return unimplemented("the JIT runs sibling batch norms over dense tensors; " +
@@ -237,6 +242,18 @@ StatusOr<std::pair<BnConf, BnConf>> make_sibling_confs(const Partition& partitio
     if (c->d.phase != BackwardPhase::kWhole || c->dy_side_out)
       return internal_error("sibling batch norms are whole backwards with no side output");
   }
+  if (!a.needs_reduction)
+    return unimplemented(
+        first->label() +
+        " reduces nothing, so no pass of it writes the gradient its sibling reads");
+  if (dx2.dtype != t.dtype || dx2.dims != t.dims ||
+      !same_layout(dx2.dims, dx2.effective_strides(), data_strides(a, dx2.dims)))
+    return unimplemented("the JIT keeps the shared gradient in " + second->label() +
+                         "'s diff_src, which must be its dense twin; tensor " +
+                         std::to_string(dx2.id) + " is not");
+  a.dy_side_out = true;
+  a.ports.dy_out = b.ports.dx;
+  set_apply_prefetch(&a);  // as the side output's own partition has it
   NG_RETURN_IF_ERROR(check_sibling_walks(a, b));
   return std::make_pair(std::move(a), std::move(b));
 }
@@ -244,7 +261,11 @@ StatusOr<std::pair<BnConf, BnConf>> make_sibling_confs(const Partition& partitio
 Status check_sibling_walks(const BnConf& a, const BnConf& b) {
   const WalkConf &x = a.walk, &y = b.walk;
   const std::pair<const char*, bool> same[] = {
-      {"kernel", a.key() == b.key()},
+      {"ISA", a.isa == b.isa && a.d.data_dt == b.d.data_dt},
+      {"walk", x.kind == y.kind && x.cols == y.cols && x.row_stride == y.row_stride &&
+                   x.channel_stride == y.channel_stride && x.dx_row_stride == y.dx_row_stride &&
+                   x.dx_channel_stride == y.dx_channel_stride && x.pixel_group == y.pixel_group &&
+                   x.channel_group == y.channel_group && a.d.channels == b.d.channels},
       {"empty batch", a.empty == b.empty},
       {"threads", a.single_thread == b.single_thread},
       {"reversed apply", a.stream.reverse_rows == b.stream.reverse_rows},

@@ -10,11 +10,13 @@
 // what order and how the threads share the chunks).
 // The reductions are partitioned by the shape alone and the tasks run on the
 // pool (jit_parallel.hpp), so any thread count gives the same bits.
-// Sibling batch norms (run_siblings: two backwards that read one fused
-// diff_dst, over the same walk) are two DenseRuns driven by one walk: each
-// task runs the first's kernels, then the second's on the same rows, which
-// find the shared operands in the cache. Each member's calls and sums are
-// those of its own run, so its bits are too.
+// Sibling batch norms (run_batch_norm_siblings: two backwards that read one
+// fused diff_dst, over the same walk) are two DenseRuns driven by one walk:
+// each task runs the first's kernels, then the second's on the same rows.
+// The first's reduce writes the shared gradient into the second's diff_src,
+// where the second's reduce and both applies find it in the cache, and the
+// second's apply, last, overwrites it element by element. Each member's
+// calls and sums are those of its own run, so its bits are too.
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -611,10 +613,11 @@ Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector
 
 Status run_dense_siblings(const BnConf& first, const KernelSet& first_kernels, const BnConf& second,
                           const KernelSet& second_kernels, const std::vector<const void*>& in,
+                          const std::vector<const void*>& second_in,
                           const std::vector<void*>& out) {
   SiblingScratchLease lease;
   DenseRun a(first, first_kernels, in, out, nullptr, lease.get().run[0]);
-  DenseRun b(second, second_kernels, in, out, nullptr, lease.get().run[1]);
+  DenseRun b(second, second_kernels, second_in, out, nullptr, lease.get().run[1]);
   a.set_sibling(&b);
   return a.run();
 }

@@ -107,11 +107,15 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
 Status run_batch_norm_siblings(const BnConf& first, const KernelSet& first_kernels,
                                const BnConf& second, const KernelSet& second_kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out) {
+  // The second reads the shared gradient where the first's reduce writes it:
+  // in the second's diff_src (make_sibling_confs), its input after the partition's.
+  std::vector<const void*> second_in = in;
+  second_in.push_back(out[first.ports.dy_out]);
   if (first.empty || second.empty) {  // both are: the same shape
     NG_RETURN_IF_ERROR(run_batch_norm_backward(first, first_kernels, in, out));
-    return run_batch_norm_backward(second, second_kernels, in, out);
+    return run_batch_norm_backward(second, second_kernels, second_in, out);
   }
-  return run_dense_siblings(first, first_kernels, second, second_kernels, in, out);
+  return run_dense_siblings(first, first_kernels, second, second_kernels, in, second_in, out);
 }
 
 BnConf staged_conf(const BnConf& conf) {

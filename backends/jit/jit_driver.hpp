@@ -56,7 +56,8 @@ Status run_batch_norm_backward(const BnConf& conf, const KernelSet& kernels,
 // Two sibling backwards (the JIT's bn_bwd_siblings partitions) in one walk:
 // `first` and `second` walk alike over dense tensors (make_sibling_confs),
 // each with its own kernels; buffers in the partition's order, which both
-// confs' ports index.
+// confs' ports index (the second's diff_dst: one more input, the buffer of
+// its diff_src, where the first's reduce writes the shared gradient).
 Status run_batch_norm_siblings(const BnConf& first, const KernelSet& first_kernels,
                                const BnConf& second, const KernelSet& second_kernels,
                                const std::vector<const void*>& in, const std::vector<void*>& out);
@@ -77,10 +78,11 @@ struct Staging {
 // (jit_dense.cpp); the batch is not empty.
 Status run_dense(const BnConf& conf, const KernelSet& kernels, const std::vector<const void*>& in,
                  const std::vector<void*>& out, const Staging* stage = nullptr);
-// run_batch_norm_siblings over a batch that is not empty (jit_dense.cpp).
+// run_batch_norm_siblings over a batch that is not empty (jit_dense.cpp);
+// `second_in`: the second's inputs.
 Status run_dense_siblings(const BnConf& first, const KernelSet& first_kernels, const BnConf& second,
                           const KernelSet& second_kernels, const std::vector<const void*>& in,
-                          const std::vector<void*>& out);
+                          const std::vector<const void*>& second_in, const std::vector<void*>& out);
 
 }  // namespace jit
 }  // namespace normgrad

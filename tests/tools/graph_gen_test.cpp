@@ -3,6 +3,7 @@
 // ReLUBackward or added to another gradient, never one over the same src.
 #include <gtest/gtest.h>
 
+#include <normgrad/compile/pipeline.hpp>
 #include "tools/graph_gen.hpp"
 
 namespace normgrad {
@@ -34,6 +35,31 @@ TEST(GraphGen, BackwardsFeedEachOtherAsInATrainingGraph) {
   }
   EXPECT_GT(chained, 20);
   EXPECT_GT(through, 10);
+}
+
+// Some graphs have sibling backwards (two reading one produced gradient, a
+// downsampling block's), and the JIT takes some of them as one partition.
+TEST(GraphGen, SomeBackwardsShareTheirGradientAsSiblings) {
+  cli::GraphGenOptions options;
+  options.max_ops = 16;
+  int shared = 0, taken = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    auto g = cli::random_graph(seed, options);
+    ASSERT_TRUE(g.ok()) << seed << ": " << g.status().to_string();
+    ASSERT_TRUE(g->finalize().ok()) << seed;
+    for (const Op& op : g->ops()) {
+      if (op.kind() != OpKind::kBatchNormTrainingBackward) continue;
+      int readers = 0;
+      for (const Use& u : g->uses(op.inputs()[1].id))
+        readers += g->op(u.op_id)->kind() == OpKind::kBatchNormTrainingBackward ? 1 : 0;
+      shared += readers == 2 && g->producer(op.inputs()[1].id) != nullptr ? 1 : 0;
+    }
+    auto parts = partition_graph(*g, CompileOptions{"auto"});
+    if (!parts.ok()) continue;  // sync ops without a communicator, say: the fuzzer's business
+    for (const Partition& p : *parts) taken += p.pattern == "jit.bn_bwd_siblings" ? 1 : 0;
+  }
+  EXPECT_GT(shared, 20);
+  EXPECT_GT(taken, 5);
 }
 
 // Some graphs are large enough for the walks the JIT chooses by size: a

@@ -85,7 +85,8 @@ TEST(JitSiblings, TwoBatchNormsOneWalkMatchRef) {
 }
 
 // Each member's calls and sums are those of its own partition: the same
-// bits as the two batch norms fused apart, and for 1, 2 and 4 threads.
+// bits as the two batch norms fused apart, as the side output and the plain
+// backward that the siblings replace, and for 1, 2 and 4 threads.
 TEST(JitSiblings, SameBitsAsEachBatchNormAloneAndForAnyThreadCount) {
   for (const std::string& isa : isas()) {
     IsaScope scope(isa);
@@ -102,11 +103,15 @@ TEST(JitSiblings, SameBitsAsEachBatchNormAloneAndForAnyThreadCount) {
           std::string together, separately;
           const auto got = jit_test::run_jit(g, "", inputs, &together);
           const auto want = jit_test::run_jit(h, "", inputs, &separately);
+          std::string side_output;  // the two partitions the siblings replace
+          const auto two = jit_test::run_jit(g, "no-siblings", inputs, &side_output);
+          EXPECT_NE(side_output.find("+side_out"), std::string::npos) << side_output;
           EXPECT_NE(together.find("+sibling"), std::string::npos) << together;
           EXPECT_EQ(separately.find("+sibling"), std::string::npos) << separately;
           for (int64_t id : {5, 6, 7, 45, 46, 47}) {
             ASSERT_TRUE(got.count(id) && want.count(id)) << "tensor " << id;
             EXPECT_TRUE(got.at(id).bytes == want.at(id).bytes) << "tensor " << id;
+            EXPECT_TRUE(got.at(id).bytes == two.at(id).bytes) << "tensor " << id;
           }
           jit_test::expect_same_bits_for_1_2_4_threads(g);
         }
