@@ -85,6 +85,11 @@ Pattern bn_forward_epilogue_pattern(std::string backend) {
                        match_bn_forward_epilogue);
 }
 
+Pattern bn_forward_siblings_pattern(std::string backend) {
+  return fused_pattern("bn_fwd_siblings", std::move(backend), {OpKind::kBatchNormForwardTraining},
+                       match_bn_forward_siblings);
+}
+
 Pattern int8_bn_chain_pattern(std::string backend) {
   return fused_pattern("int8_bn_chain", std::move(backend), {OpKind::kBatchNormInference},
                        match_int8_bn_chain);
@@ -285,6 +290,36 @@ StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn)
   if (m.ops.size() == 1)
     return unimplemented("dst is not read by one Add, ReLU or LeakyReLU alone" +
                          (m.note.empty() ? std::string() : " (" + m.note + ")"));
+  return m;
+}
+
+StatusOr<PatternOps> match_bn_forward_siblings(const Graph& graph, const Op& bn) {
+  if (bn.kind() != OpKind::kBatchNormForwardTraining)
+    return unimplemented(bn.label() + " is not BatchNormForwardTraining");
+  NG_ASSIGN_OR_RETURN(PatternOps m, match_bn_forward_epilogue(graph, bn));
+  const Op* add = nullptr;
+  for (const BoundOp& b : m.ops) {
+    if (b.role == FusionRole::kResidualAdd) add = graph.op(b.op_id);
+  }
+  if (add == nullptr) return unimplemented("dst is not read by a residual Add alone");
+  // The residual: the dst of another training forward, read by this Add alone.
+  const int64_t y = BatchNormForwardTrainingPorts(bn).dst().id;
+  const AddPorts ports(*add);
+  const LogicalTensor& r = ports.src_0().id == y ? ports.src_1() : ports.src_0();
+  const Op* sib = graph.producer(r.id);
+  if (sib == nullptr || sib->kind() != OpKind::kBatchNormForwardTraining ||
+      BatchNormForwardTrainingPorts(*sib).dst().id != r.id)
+    return unimplemented("the residual is not a BatchNormForwardTraining's dst");
+  NG_RETURN_IF_ERROR(graph.unknown_shape_error(*sib));
+  NG_RETURN_IF_ERROR(only_reader(graph, r.id, *add));
+  const LogicalTensor &a = bn.inputs()[0], &b = sib->inputs()[0];
+  auto format = [](const Op& op) {
+    return op.has_attr("data_format") ? *op.attr_string("data_format") : std::string("NXC");
+  };
+  if (a.dims != b.dims || a.dtype != b.dtype || format(bn) != format(*sib))
+    return unimplemented(sib->label() + " differs in src shape, dtype or data_format");
+  m.ops.push_back({sib->id(), FusionRole::kSibling});
+  m.note = "the residual: " + sib->label() + "'s dst";
   return m;
 }
 

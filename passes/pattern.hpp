@@ -80,6 +80,8 @@ Pattern bn_backward_siblings_pattern(std::string backend);
 Pattern bn_inference_relu_pattern(std::string backend);
 Pattern int8_bn_chain_pattern(std::string backend);
 Pattern bn_forward_epilogue_pattern(std::string backend);
+// The forward's siblings ("bn_fwd_siblings", match_bn_forward_siblings).
+Pattern bn_forward_siblings_pattern(std::string backend);
 
 // The one rule for a producer fused into a batch-norm backward's data port
 // (0: src, 1: diff_dst): a ReLUBackward or Add whose output is read by this
@@ -124,6 +126,12 @@ StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn);
 // output one ReLU alone reads (ResNet's BN -> Add -> ReLU). Neither link may
 // be a graph output or change the dtype.
 StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn);
+// match_bn_forward_epilogue with a residual Add whose other operand is the
+// dst of another BatchNormForwardTraining (a downsampling block's shortcut),
+// read by that Add alone, with the same src dims, dtype and data_format:
+// bound as kSibling too. One walk for both: the shortcut's dst is never a
+// tensor of its own.
+StatusOr<PatternOps> match_bn_forward_siblings(const Graph& graph, const Op& bn);
 // Dequantize -> BatchNormInference -> ReLU -> Quantize, each link the only
 // reader of the one before and no link a graph output.
 StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn);

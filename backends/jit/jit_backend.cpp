@@ -64,6 +64,34 @@ class JitSiblingKernel final : public Kernel {
   std::shared_ptr<const jit::KernelSet> first_kernels_, second_kernels_;
 };
 
+// Forward siblings driven by one walk (jit_forward_driver.cpp).
+class JitForwardSiblingKernel final : public Kernel {
+ public:
+  JitForwardSiblingKernel(jit::FwdConf first, std::shared_ptr<const jit::FwdKernels> first_kernels,
+                          jit::FwdConf second,
+                          std::shared_ptr<const jit::FwdKernels> second_kernels)
+      : first_(std::move(first)),
+        second_(std::move(second)),
+        first_kernels_(std::move(first_kernels)),
+        second_kernels_(std::move(second_kernels)) {}
+  std::string name() const override { return second_.kernel_name() + "+sibling"; }
+  std::string config() const override { return first_.key() + " " + second_.key(); }
+  std::string info() const override {
+    return first_.isa == jit::Isa::kPortable
+               ? "portable"
+               : "codegen_ms=" +
+                     std::to_string(first_kernels_->generate_ms + second_kernels_->generate_ms);
+  }
+  Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    return jit::run_batch_norm_forward_siblings(first_, *first_kernels_, second_, *second_kernels_,
+                                                in, out);
+  }
+
+ private:
+  jit::FwdConf first_, second_;
+  std::shared_ptr<const jit::FwdKernels> first_kernels_, second_kernels_;
+};
+
 class JitForwardKernel final : public Kernel {
  public:
   JitForwardKernel(jit::FwdConf conf, std::shared_ptr<const jit::FwdKernels> kernels)
@@ -128,6 +156,7 @@ class JitBackend final : public Backend {
   std::vector<Pattern> patterns() const override {
     return {bn_backward_siblings_pattern(jit::kBackendName),
             bn_backward_producers_pattern(jit::kBackendName, /*side_output=*/true),
+            bn_forward_siblings_pattern(jit::kBackendName),
             bn_forward_epilogue_pattern(jit::kBackendName),
             single_op_pattern("bn_bwd", jit::kBackendName, bn_backward_kinds()),
             single_op_pattern("bn_bwd_from_dst", jit::kBackendName,
@@ -138,6 +167,8 @@ class JitBackend final : public Backend {
   }
 
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
+    if (forward(partition) && siblings(partition))
+      return fwd_sibling_confs_of(partition, ctx).status();
     if (forward(partition)) return fwd_conf_of(partition).status();
     if (siblings(partition)) return sibling_confs_of(partition, ctx).status();
     return conf_of(partition, ctx).status();
@@ -145,6 +176,13 @@ class JitBackend final : public Backend {
 
   StatusOr<std::shared_ptr<const Kernel>> compile(const Partition& partition,
                                                   const CompileContext& ctx) const override {
+    if (forward(partition) && siblings(partition)) {
+      NG_ASSIGN_OR_RETURN(auto confs, fwd_sibling_confs_of(partition, ctx));
+      NG_ASSIGN_OR_RETURN(auto first, forward_cache().get(confs.first));
+      NG_ASSIGN_OR_RETURN(auto second, forward_cache().get(confs.second));
+      return std::shared_ptr<const Kernel>(std::make_shared<JitForwardSiblingKernel>(
+          std::move(confs.first), std::move(first), std::move(confs.second), std::move(second)));
+    }
     if (forward(partition)) {
       NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition));
       if (!ctx.jit_variant.empty()) {
@@ -197,6 +235,16 @@ class JitBackend final : public Backend {
     return anchor != nullptr && (anchor->kind() == OpKind::kBatchNormForwardTraining ||
                                  anchor->kind() == OpKind::kBatchNormForwardReduce ||
                                  anchor->kind() == OpKind::kBatchNormForwardApply);
+  }
+  // The forward siblings' confs under the rules (a variant or tuned choice
+  // would have to keep both walking alike; no-siblings declines them).
+  static StatusOr<std::pair<jit::FwdConf, jit::FwdConf>> fwd_sibling_confs_of(
+      const Partition& partition, const CompileContext& ctx) {
+    if (jit::siblings_apart(ctx.jit_variant))
+      return unimplemented("the no-siblings variant runs sibling batch norms apart");
+    if (!ctx.jit_variant.empty() && ctx.jit_variant != "default")
+      return unimplemented("the JIT runs forward siblings under its own rules, not a variant");
+    return jit::make_fwd_sibling_confs(partition, jit::detect_isa());
   }
   static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition) {
     return jit::make_fwd_conf(partition, jit::detect_isa());

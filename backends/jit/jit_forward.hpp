@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <normgrad/backends/jit/jit_conf.hpp>
@@ -198,6 +199,11 @@ bool fwd_line_walk(const FwdConf& c);
 // The conf of a partition the JIT's forward patterns matched, or the reason
 // the JIT declines it (strided tensors, non-f32 statistics, empty tensors).
 StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa);
+// A bn_fwd_siblings partition: the shortcut's conf (its dst written into
+// the partition's dst, output index out_dst) and the anchor's (its residual
+// read there: input index in_residual, one past the partition's inputs),
+// walking alike; or the reason the JIT declines.
+StatusOr<std::pair<FwdConf, FwdConf>> make_fwd_sibling_confs(const Partition& partition, Isa isa);
 // CompileOptions::jit_variant for a forward conf (jit_variants.cpp): of the
 // names apply_variant knows, bf16-single-vectors applies; the others are the
 // backward's and leave it as it is; an unknown name is an error.
@@ -238,6 +244,12 @@ std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf);
 
 Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
                               const std::vector<const void*>& in, const std::vector<void*>& out);
+// Forward siblings (make_fwd_sibling_confs) in one walk: each task's
+// statistics for both, then the first's apply (into dst), then the second's.
+Status run_batch_norm_forward_siblings(const FwdConf& first, const FwdKernels& first_kernels,
+                                       const FwdConf& second, const FwdKernels& second_kernels,
+                                       const std::vector<const void*>& in,
+                                       const std::vector<void*>& out);
 
 // The driver's parallel loop (jit_driver.cpp): body(i) for i in [0, n), on
 // oneTBB under the thread cap, or serially.

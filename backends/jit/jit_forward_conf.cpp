@@ -279,5 +279,58 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   return c;
 }
 
+StatusOr<std::pair<FwdConf, FwdConf>> make_fwd_sibling_confs(const Partition& partition, Isa isa) {
+  const Op* anchor = partition.bound(FusionRole::kAnchor);
+  const Op* sib = partition.bound(FusionRole::kSibling);
+  if (anchor == nullptr || sib == nullptr)
+    return internal_error("a sibling partition binds an anchor and a sibling");
+  // The first: the shortcut's plain forward, its dst r written into the
+  // partition's dst (r's twin; one more output, after the partition's: the
+  // driver appends that buffer). The second: the anchor with its epilogue,
+  // reading r there as its residual (one more input) and writing dst over
+  // it, element by element.
+  const LogicalTensor& r = BatchNormForwardTrainingPorts(*sib).dst();
+  Partition pa = partition;
+  pa.ops = {*sib};
+  pa.roles = {BoundOp{sib->id(), FusionRole::kAnchor}};
+  pa.outputs.push_back(r);
+  Partition pb = partition;
+  pb.ops.clear();
+  pb.roles.clear();
+  for (const Op& op : partition.ops) {
+    if (op.id() != sib->id()) pb.ops.push_back(op);
+  }
+  for (const BoundOp& b : partition.roles) {
+    if (b.op_id != sib->id()) pb.roles.push_back(b);
+  }
+  pb.inputs.push_back(r);
+  NG_ASSIGN_OR_RETURN(FwdConf a, make_fwd_conf(pa, isa));
+  NG_ASSIGN_OR_RETURN(FwdConf b, make_fwd_conf(pb, isa));
+  if (a.phase != FwdPhase::kWhole || b.phase != FwdPhase::kWhole || !b.residual)
+    return internal_error("forward siblings are whole forwards, the second with the residual");
+  const LogicalTensor& dst = partition.outputs[static_cast<size_t>(b.out_dst)];
+  if (dst.dtype != r.dtype || dst.dims != r.dims || !in_layout(dst, a))
+    return unimplemented(
+        "the JIT keeps the shortcut's dst in the partition's dst, which must be "
+        "its dense twin; tensor " +
+        std::to_string(dst.id) + " is not");
+  a.out_dst = b.out_dst;
+  // r is read back from the cache: ordinary stores, and the second's walk.
+  a.streaming = false;
+  a.bounce = false;
+  a.strip_channels = b.strip_channels;
+  a.line_walk = fwd_line_walk(a);
+  const bool same = a.isa == b.isa && a.dt == b.dt && a.c == b.c && a.n == b.n &&
+                    a.spatial == b.spatial && a.pixels == b.pixels && a.ncx_rows == b.ncx_rows &&
+                    a.channel_group == b.channel_group && a.chunk_rows == b.chunk_rows &&
+                    a.chunk_pixels == b.chunk_pixels && a.apply_pixels == b.apply_pixels &&
+                    a.single_thread == b.single_thread && a.empty == b.empty &&
+                    a.channels_last_view == b.channels_last_view;
+  if (!same)
+    return unimplemented("the JIT drives forward siblings with one walk; theirs differ (" +
+                         a.kernel_name() + " against " + b.kernel_name() + ")");
+  return std::make_pair(std::move(a), std::move(b));
+}
+
 }  // namespace jit
 }  // namespace normgrad

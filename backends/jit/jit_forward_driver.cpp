@@ -32,6 +32,10 @@ struct FwdScratch {
   LineVector<float> shift, coef;  // vectors of channels: on lines
   std::vector<double> partial;
 };
+// A run's and its sibling's, leased as one.
+struct FwdScratchPair {
+  FwdScratch run[2];
+};
 
 // Per-channel results of the statistics and what the apply needs.
 struct Finish {
@@ -143,7 +147,10 @@ void (FwdKernels::*apply_fn(const FwdConf& c, const void* y))(const FwdArgs&) co
 // once; run() takes the walk the conf chose (the backward's DenseRun is the
 // same shape). The members c_, k_, x_, y_, r_ and es_ keep the walks' arithmetic
 // readable; `apply_` is the apply_ kernel to call (the streaming one when dst
-// starts on a line).
+// starts on a line). Forward siblings are two FwdRuns driven by one walk
+// (set_sibling): each task takes both runs' statistics, then the first's
+// apply (the shortcut's dst, into the partition's dst), then the second's,
+// which reads it there as its residual from the cache and overwrites it.
 class FwdRun {
  public:
   FwdRun(const FwdConf& conf, const FwdKernels& kernels, const std::vector<const void*>& in,
@@ -160,6 +167,13 @@ class FwdRun {
         es_(dtype_size(conf.dt)),
         apply_(apply_fn(conf, y_)) {}
 
+  // The second run over the same walk (make_fwd_sibling_confs checked it).
+  void set_sibling(FwdRun* second) {
+    assert(c_.phase == FwdPhase::kWhole && second->c_.phase == FwdPhase::kWhole &&
+           "forward siblings: whole forwards");
+    sib_ = second;
+  }
+
   void run() {
     if (c_.ncx_rows && c_.channel_group > 0) {
       rows_grouped();
@@ -173,7 +187,13 @@ class FwdRun {
   }
 
  private:
+  int members() const { return sib_ != nullptr ? 2 : 1; }
+  FwdRun& member(int k) { return k == 0 ? *this : *sib_; }
+  Finish finish(double m) const { return Finish{c_, in_, out_, m}; }
+
   void rows();
+  void rows_sums(int64_t ch, float shift, double* s1, double* s2) const;
+  void rows_apply(int64_t ch, const float* coef) const;
   void rows_grouped();
   void pixels();
   void pixel_strips();
@@ -187,69 +207,76 @@ class FwdRun {
   const char* const r_;
   const int64_t es_;
   void (FwdKernels::*const apply_)(const FwdArgs&) const;
+  FwdRun* sib_ = nullptr;
 };
 
-void FwdRun::rows() {
+// A channel's chunks: runs of whole rows up to kFwdRowPiece elements, or
+// pieces of one row when a row is longer.
+void FwdRun::rows_sums(int64_t ch, float shift, double* s1, double* s2) const {
   const int64_t pieces = (c_.spatial + kFwdRowPiece - 1) / kFwdRowPiece;
-  const Finish fin{c_, in_, out_, static_cast<double>(c_.n * c_.spatial)};
-  auto row_offset = [&](int64_t ch, int64_t n) { return (n * c_.c + ch) * c_.spatial; };
-  // A channel's chunks: runs of whole rows up to kFwdRowPiece elements, or
-  // pieces of one row when a row is longer.
-  auto channel_sums = [&](int64_t ch, float shift, double* s1, double* s2) {
-    *s1 = *s2 = 0.0;
-    auto chunk = [&](int64_t off, int64_t len, int64_t rows) {
-      FwdArgs a;
-      float f1 = 0.f, f2 = 0.f;
-      a.x = x_ + off * es_;
-      a.coef = &shift;
-      a.s1 = &f1;
-      a.s2 = &f2;
-      a.len = len;
-      a.rows = rows;
-      k_.stats(a);
-      *s1 += f1;
-      *s2 += f2;
-    };
-    if (c_.chunk_rows > 1) {
-      for (int64_t n = 0; n < c_.n; n += c_.chunk_rows)
-        chunk(row_offset(ch, n), c_.spatial, std::min(c_.chunk_rows, c_.n - n));
-      return;
-    }
-    for (int64_t n = 0; n < c_.n; ++n) {
-      for (int64_t p = 0; p < pieces; ++p)
-        chunk(row_offset(ch, n) + p * kFwdRowPiece,
-              std::min(kFwdRowPiece, c_.spatial - p * kFwdRowPiece), 1);
-    }
-  };
-  auto apply_rows = [&](int64_t ch, const float* coef) {
-    const int64_t off = row_offset(ch, 0);
+  auto row_offset = [&](int64_t n) { return (n * c_.c + ch) * c_.spatial; };
+  *s1 = *s2 = 0.0;
+  auto chunk = [&](int64_t off, int64_t len, int64_t rows) {
     FwdArgs a;
+    float f1 = 0.f, f2 = 0.f;
     a.x = x_ + off * es_;
-    a.y = y_ + off * es_;
-    a.residual = r_ == nullptr ? nullptr : r_ + off * es_;
-    a.coef = coef;
-    a.len = c_.spatial;
-    a.rows = c_.n;
-    (k_.*apply_)(a);
+    a.coef = &shift;
+    a.s1 = &f1;
+    a.s2 = &f2;
+    a.len = len;
+    a.rows = rows;
+    k_.stats(a);
+    *s1 += f1;
+    *s2 += f2;
   };
+  if (c_.chunk_rows > 1) {
+    for (int64_t n = 0; n < c_.n; n += c_.chunk_rows)
+      chunk(row_offset(n), c_.spatial, std::min(c_.chunk_rows, c_.n - n));
+    return;
+  }
+  for (int64_t n = 0; n < c_.n; ++n) {
+    for (int64_t p = 0; p < pieces; ++p)
+      chunk(row_offset(n) + p * kFwdRowPiece, std::min(kFwdRowPiece, c_.spatial - p * kFwdRowPiece),
+            1);
+  }
+}
+
+void FwdRun::rows_apply(int64_t ch, const float* coef) const {
+  const int64_t off = ch * c_.spatial;
+  FwdArgs a;
+  a.x = x_ + off * es_;
+  a.y = y_ + off * es_;
+  a.residual = r_ == nullptr ? nullptr : r_ + off * es_;
+  a.coef = coef;
+  a.len = c_.spatial;
+  a.rows = c_.n;
+  (k_.*apply_)(a);
+}
+
+void FwdRun::rows() {
+  const double m = static_cast<double>(c_.n * c_.spatial);
   // Each channel on one task: its rows are summed and then normalised while
   // they are still in the cache.
   parallel_range(c_.single_thread, c_.c, [&](int64_t ch) {
-    float coef[4];
-    if (c_.phase == FwdPhase::kApply) {
-      fin.global(ch, &coef[0], &coef[1], &coef[2], &coef[3]);
-      apply_rows(ch, coef);
-      return;
+    float coef[2][4];
+    for (int k = 0; k < members(); ++k) {
+      FwdRun& r = member(k);
+      const Finish fin = r.finish(m);
+      if (c_.phase == FwdPhase::kApply) {
+        fin.global(ch, &coef[k][0], &coef[k][1], &coef[k][2], &coef[k][3]);
+        continue;
+      }
+      const float shift = ncx_shift(r.c_, r.x_, ch);
+      double s1, s2;
+      r.rows_sums(ch, shift, &s1, &s2);
+      if (c_.phase == FwdPhase::kReduce) {
+        fin.reduce(ch, shift, s1, s2);
+        continue;
+      }
+      fin.channel(ch, shift, s1, s2, &coef[k][0], &coef[k][1], &coef[k][2], &coef[k][3]);
     }
-    const float shift = ncx_shift(c_, x_, ch);
-    double s1, s2;
-    channel_sums(ch, shift, &s1, &s2);
-    if (c_.phase == FwdPhase::kReduce) {
-      fin.reduce(ch, shift, s1, s2);
-      return;
-    }
-    fin.channel(ch, shift, s1, s2, &coef[0], &coef[1], &coef[2], &coef[3]);
-    apply_rows(ch, coef);
+    if (c_.phase == FwdPhase::kReduce) return;
+    for (int k = 0; k < members(); ++k) member(k).rows_apply(ch, coef[k]);
   });
 }
 
@@ -260,29 +287,35 @@ void FwdRun::rows() {
 void FwdRun::rows_grouped() {
   const int64_t group = c_.channel_group;
   assert(group > 0 && group <= kRowGroupAvx512 && "a grouped walk takes 1 to 8 channels a call");
-  const Finish fin{c_, in_, out_, static_cast<double>(c_.n * c_.spatial)};
+  const double m = static_cast<double>(c_.n * c_.spatial);
   parallel_range(c_.single_thread, (c_.c + group - 1) / group, [&](int64_t task) {
     const int64_t ch0 = task * group, count = std::min(group, c_.c - ch0);
-    float shift[kRowGroupAvx512] = {}, coef[4 * kRowGroupAvx512] = {};
+    float coef[2][4 * kRowGroupAvx512] = {};
     // Bytes to the group's first row in `image`.
     auto at = [&](int64_t image) { return ((image * c_.c + ch0) * c_.spatial) * es_; };
-    if (c_.phase == FwdPhase::kApply) {
-      for (int64_t g = 0; g < count; ++g)
-        fin.global(ch0 + g, &coef[4 * g], &coef[4 * g + 1], &coef[4 * g + 2], &coef[4 * g + 3]);
-    } else {
+    for (int k = 0; k < members(); ++k) {
+      FwdRun& r = member(k);
+      const Finish fin = r.finish(m);
+      float* cf = coef[k];
+      if (c_.phase == FwdPhase::kApply) {
+        for (int64_t g = 0; g < count; ++g)
+          fin.global(ch0 + g, &cf[4 * g], &cf[4 * g + 1], &cf[4 * g + 2], &cf[4 * g + 3]);
+        continue;
+      }
+      float shift[kRowGroupAvx512] = {};
       double s1[kRowGroupAvx512] = {}, s2[kRowGroupAvx512] = {};
-      for (int64_t g = 0; g < count; ++g) shift[g] = ncx_shift(c_, x_, ch0 + g);
+      for (int64_t g = 0; g < count; ++g) shift[g] = ncx_shift(r.c_, r.x_, ch0 + g);
       for (int64_t n = 0; n < c_.n; n += c_.chunk_rows) {
         float f1[kRowGroupAvx512], f2[kRowGroupAvx512];
         FwdArgs a;
-        a.x = x_ + at(n);
+        a.x = r.x_ + at(n);
         a.coef = shift;
         a.s1 = f1;
         a.s2 = f2;
         a.len = c_.spatial;
         a.rows = std::min(c_.chunk_rows, c_.n - n);
         a.channels = count;
-        k_.stats(a);
+        r.k_.stats(a);
         for (int64_t g = 0; g < count; ++g) {
           s1[g] += f1[g];
           s2[g] += f2[g];
@@ -292,24 +325,27 @@ void FwdRun::rows_grouped() {
         if (c_.phase == FwdPhase::kReduce) {
           fin.reduce(ch0 + g, shift[g], s1[g], s2[g]);
         } else {
-          fin.channel(ch0 + g, shift[g], s1[g], s2[g], &coef[4 * g], &coef[4 * g + 1],
-                      &coef[4 * g + 2], &coef[4 * g + 3]);
+          fin.channel(ch0 + g, shift[g], s1[g], s2[g], &cf[4 * g], &cf[4 * g + 1], &cf[4 * g + 2],
+                      &cf[4 * g + 3]);
         }
       }
-      if (c_.phase == FwdPhase::kReduce) return;
     }
+    if (c_.phase == FwdPhase::kReduce) return;
     // The bounce buffer: this thread's, as the call is (no call inside waits).
     alignas(64) thread_local unsigned char bounce[kFwdBounceBytes];
-    FwdArgs a;
-    a.bounce = bounce;
-    a.x = x_ + at(0);
-    a.y = y_ + at(0);
-    a.residual = r_ == nullptr ? nullptr : r_ + at(0);
-    a.coef = coef;
-    a.len = c_.spatial;
-    a.rows = c_.n;
-    a.channels = count;
-    (k_.*apply_)(a);
+    for (int k = 0; k < members(); ++k) {
+      const FwdRun& r = member(k);
+      FwdArgs a;
+      a.bounce = bounce;
+      a.x = r.x_ + at(0);
+      a.y = r.y_ + at(0);
+      a.residual = r.r_ == nullptr ? nullptr : r.r_ + at(0);
+      a.coef = coef[k];
+      a.len = c_.spatial;
+      a.rows = c_.n;
+      a.channels = count;
+      (r.k_.*r.apply_)(a);
+    }
   });
 }
 
@@ -322,71 +358,82 @@ void FwdRun::pixels() {
   const int64_t groups = (chunks + per_group - 1) / per_group;
   // Per-channel arrays from the thread's kept scratch: at C = 2048 the
   // partials alone are 2 MB, which a fresh allocation would fault in per call.
-  ScratchLeaseOf<FwdScratch> lease;
-  FwdScratch& scratch = lease.get();
-  LineVector<float>& shift = scratch.shift;
-  if (c_.phase != FwdPhase::kApply) pixel_shifts(c_, x_, &shift);
-  std::vector<double>& partial = scratch.partial;
-  partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
+  ScratchLeaseOf<FwdScratchPair> lease;
+  FwdScratch* scratch = lease.get().run;
   const bool stats = c_.phase != FwdPhase::kApply;  // Apply is given the global statistics
+  for (int k = 0; k < members(); ++k) {
+    if (stats) pixel_shifts(member(k).c_, member(k).x_, &scratch[k].shift);
+    scratch[k].partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
+  }
   parallel_range(c_.single_thread || !stats, stats ? groups : 0, [&](int64_t g) {
     // The chunk's f32 sums: the task's thread keeps them (no call inside waits).
     thread_local LineVector<float> f;
     f.resize(static_cast<size_t>(2 * cp));
-    double* d1 = &partial[static_cast<size_t>(g * 2 * cp)];
-    double* d2 = d1 + cp;
     const int64_t last = std::min(chunks, (g + 1) * per_group);
-    for (int64_t ck = g * per_group; ck < last; ++ck) {
-      const int64_t p0 = ck * c_.chunk_pixels;
-      FwdArgs a;
-      a.x = x_ + p0 * c_.c * es_;
-      a.coef = shift.data();
-      a.s1 = f.data();
-      a.s2 = f.data() + cp;
-      a.len = std::min(c_.chunk_pixels, c_.pixels - p0);
-      k_.stats(a);
-      for (int64_t ch = 0; ch < c_.c; ++ch) {
-        d1[ch] += a.s1[ch];
-        d2[ch] += a.s2[ch];
+    for (int k = 0; k < members(); ++k) {
+      const FwdRun& r = member(k);
+      double* d1 = &scratch[k].partial[static_cast<size_t>(g * 2 * cp)];
+      double* d2 = d1 + cp;
+      for (int64_t ck = g * per_group; ck < last; ++ck) {
+        const int64_t p0 = ck * c_.chunk_pixels;
+        FwdArgs a;
+        a.x = r.x_ + p0 * c_.c * es_;
+        a.coef = scratch[k].shift.data();
+        a.s1 = f.data();
+        a.s2 = f.data() + cp;
+        a.len = std::min(c_.chunk_pixels, c_.pixels - p0);
+        r.k_.stats(a);
+        for (int64_t ch = 0; ch < c_.c; ++ch) {
+          d1[ch] += a.s1[ch];
+          d2[ch] += a.s2[ch];
+        }
       }
     }
   });
-  LineVector<float>& coef = scratch.coef;
-  coef.assign(static_cast<size_t>(4 * cp), 0.f);
-  const Finish fin{c_, in_, out_, static_cast<double>(c_.pixels)};
-  for (int64_t ch = 0; ch < c_.c; ++ch) {
-    float* hi = &coef[static_cast<size_t>(ch)];
-    float* lo = hi + cp;
-    float* a = hi + 2 * cp;
-    float* b = hi + 3 * cp;
-    if (!stats) {
-      fin.global(ch, hi, lo, a, b);
-      continue;
+  for (int k = 0; k < members(); ++k) {
+    const FwdRun& r = member(k);
+    LineVector<float>& coef = scratch[k].coef;
+    const std::vector<double>& partial = scratch[k].partial;
+    coef.assign(static_cast<size_t>(4 * cp), 0.f);
+    const Finish fin = r.finish(static_cast<double>(c_.pixels));
+    for (int64_t ch = 0; ch < c_.c; ++ch) {
+      float* hi = &coef[static_cast<size_t>(ch)];
+      float* lo = hi + cp;
+      float* a = hi + 2 * cp;
+      float* b = hi + 3 * cp;
+      if (!stats) {
+        fin.global(ch, hi, lo, a, b);
+        continue;
+      }
+      double s1 = 0.0, s2 = 0.0;
+      for (int64_t g = 0; g < groups; ++g) {
+        s1 += partial[static_cast<size_t>(g * 2 * cp + ch)];
+        s2 += partial[static_cast<size_t>(g * 2 * cp + cp + ch)];
+      }
+      const float shift = scratch[k].shift[static_cast<size_t>(ch)];
+      if (c_.phase == FwdPhase::kReduce) {
+        fin.reduce(ch, shift, s1, s2);
+      } else {
+        fin.channel(ch, shift, s1, s2, hi, lo, a, b);
+      }
     }
-    double s1 = 0.0, s2 = 0.0;
-    for (int64_t g = 0; g < groups; ++g) {
-      s1 += partial[static_cast<size_t>(g * 2 * cp + ch)];
-      s2 += partial[static_cast<size_t>(g * 2 * cp + cp + ch)];
-    }
-    if (c_.phase == FwdPhase::kReduce) {
-      fin.reduce(ch, shift[static_cast<size_t>(ch)], s1, s2);
-    } else {
-      fin.channel(ch, shift[static_cast<size_t>(ch)], s1, s2, hi, lo, a, b);
-    }
+    if (r.c_.line_walk && r.c_.pair_vectors) pair_order(cp, coef.data(), 0, cp);
   }
   if (c_.phase == FwdPhase::kReduce) return;
-  if (c_.line_walk && c_.pair_vectors) pair_order(cp, coef.data(), 0, cp);
   const int64_t block = c_.apply_pixels;
-  parallel_range(c_.single_thread, (c_.pixels + block - 1) / block, [&](int64_t b) {
-    const int64_t p0 = b * block;
+  parallel_range(c_.single_thread, (c_.pixels + block - 1) / block, [&](int64_t blk) {
+    const int64_t p0 = blk * block;
     const int64_t off = p0 * c_.c;
-    FwdArgs a;
-    a.x = x_ + off * es_;
-    a.y = y_ + off * es_;
-    a.residual = r_ == nullptr ? nullptr : r_ + off * es_;
-    a.coef = coef.data();
-    a.len = std::min(block, c_.pixels - p0);
-    (k_.*apply_)(a);
+    for (int k = 0; k < members(); ++k) {
+      const FwdRun& r = member(k);
+      FwdArgs a;
+      a.x = r.x_ + off * es_;
+      a.y = r.y_ + off * es_;
+      a.residual = r.r_ == nullptr ? nullptr : r.r_ + off * es_;
+      a.coef = scratch[k].coef.data();
+      a.len = std::min(block, c_.pixels - p0);
+      (r.k_.*r.apply_)(a);
+    }
   });
 }
 
@@ -400,59 +447,67 @@ void FwdRun::pixel_strips() {
   assert(w > 0 && c_.c % w == 0 && "strips are whole and divide C");
   const int64_t chunks = (c_.pixels + c_.chunk_pixels - 1) / c_.chunk_pixels;
   const int64_t per_group = (chunks + 63) / 64;
-  ScratchLeaseOf<FwdScratch> lease;
-  FwdScratch& scratch = lease.get();
-  LineVector<float>& shift = scratch.shift;
-  pixel_shifts(c_, x_, &shift);
-  LineVector<float>& coef = scratch.coef;
-  coef.assign(static_cast<size_t>(4 * cp), 0.f);
-  const Finish fin{c_, in_, out_, static_cast<double>(c_.pixels)};
+  ScratchLeaseOf<FwdScratchPair> lease;
+  FwdScratch* scratch = lease.get().run;
+  for (int k = 0; k < members(); ++k) {
+    pixel_shifts(member(k).c_, member(k).x_, &scratch[k].shift);
+    scratch[k].coef.assign(static_cast<size_t>(4 * cp), 0.f);
+  }
   parallel_range(c_.single_thread, c_.c / w, [&](int64_t strip) {
     const int64_t c0 = strip * w;
     thread_local LineVector<float> f;
     thread_local std::vector<double> sums;
     f.resize(static_cast<size_t>(2 * w));
-    sums.assign(static_cast<size_t>(4 * w), 0.0);  // totals S1, S2; a group's S1, S2
-    double* t1 = sums.data();
-    double* t2 = t1 + w;
-    double* g1 = t2 + w;
-    double* g2 = g1 + w;
-    FwdArgs a;
-    a.coef = shift.data() + c0;
-    a.s1 = f.data();
-    a.s2 = f.data() + w;
-    for (int64_t first = 0; first < chunks; first += per_group) {
-      std::fill(g1, g1 + 2 * w, 0.0);
-      for (int64_t ck = first; ck < std::min(chunks, first + per_group); ++ck) {
-        const int64_t p0 = ck * c_.chunk_pixels;
-        a.x = x_ + (p0 * c_.c + c0) * es_;
-        a.len = std::min(c_.chunk_pixels, c_.pixels - p0);
-        k_.stats(a);
+    for (int k = 0; k < members(); ++k) {
+      const FwdRun& r = member(k);
+      const LineVector<float>& shift = scratch[k].shift;
+      LineVector<float>& coef = scratch[k].coef;
+      sums.assign(static_cast<size_t>(4 * w), 0.0);  // totals S1, S2; a group's S1, S2
+      double* t1 = sums.data();
+      double* t2 = t1 + w;
+      double* g1 = t2 + w;
+      double* g2 = g1 + w;
+      FwdArgs a;
+      a.coef = shift.data() + c0;
+      a.s1 = f.data();
+      a.s2 = f.data() + w;
+      for (int64_t first = 0; first < chunks; first += per_group) {
+        std::fill(g1, g1 + 2 * w, 0.0);
+        for (int64_t ck = first; ck < std::min(chunks, first + per_group); ++ck) {
+          const int64_t p0 = ck * c_.chunk_pixels;
+          a.x = r.x_ + (p0 * c_.c + c0) * es_;
+          a.len = std::min(c_.chunk_pixels, c_.pixels - p0);
+          r.k_.stats(a);
+          for (int64_t j = 0; j < w; ++j) {
+            g1[j] += a.s1[j];
+            g2[j] += a.s2[j];
+          }
+        }
         for (int64_t j = 0; j < w; ++j) {
-          g1[j] += a.s1[j];
-          g2[j] += a.s2[j];
+          t1[j] += g1[j];
+          t2[j] += g2[j];
         }
       }
+      const Finish fin = r.finish(static_cast<double>(c_.pixels));
       for (int64_t j = 0; j < w; ++j) {
-        t1[j] += g1[j];
-        t2[j] += g2[j];
+        const int64_t ch = c0 + j;
+        float* hi = &coef[static_cast<size_t>(ch)];
+        fin.channel(ch, shift[static_cast<size_t>(ch)], t1[j], t2[j], hi, hi + cp, hi + 2 * cp,
+                    hi + 3 * cp);
       }
+      // The strip is whole lines: whole 16s of 16-bit channels.
+      if (r.c_.line_walk && r.c_.pair_vectors) pair_order(cp, coef.data(), c0, c0 + w);
     }
-    for (int64_t j = 0; j < w; ++j) {
-      const int64_t ch = c0 + j;
-      float* hi = &coef[static_cast<size_t>(ch)];
-      fin.channel(ch, shift[static_cast<size_t>(ch)], t1[j], t2[j], hi, hi + cp, hi + 2 * cp,
-                  hi + 3 * cp);
+    for (int k = 0; k < members(); ++k) {
+      const FwdRun& r = member(k);
+      FwdArgs b;
+      b.x = r.x_ + c0 * es_;
+      b.y = r.y_ + c0 * es_;
+      b.residual = r.r_ == nullptr ? nullptr : r.r_ + c0 * es_;
+      b.coef = scratch[k].coef.data() + c0;
+      b.len = c_.pixels;
+      (r.k_.*r.apply_)(b);
     }
-    // The strip is whole lines: whole 16s of 16-bit channels.
-    if (c_.line_walk && c_.pair_vectors) pair_order(cp, coef.data(), c0, c0 + w);
-    FwdArgs b;
-    b.x = x_ + c0 * es_;
-    b.y = y_ + c0 * es_;
-    b.residual = r_ == nullptr ? nullptr : r_ + c0 * es_;
-    b.coef = coef.data() + c0;
-    b.len = c_.pixels;
-    (k_.*apply_)(b);
   });
 }
 
@@ -483,6 +538,25 @@ Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
     return ok_status();
   }
   FwdRun(conf, kernels, in, out).run();
+  return ok_status();
+}
+
+Status run_batch_norm_forward_siblings(const FwdConf& first, const FwdKernels& first_kernels,
+                                       const FwdConf& second, const FwdKernels& second_kernels,
+                                       const std::vector<const void*>& in,
+                                       const std::vector<void*>& out) {
+  // The first writes its dst into the second's (make_fwd_sibling_confs); the
+  // second reads it there as its residual, an input past the partition's.
+  std::vector<const void*> second_in = in;
+  second_in.push_back(out[static_cast<size_t>(second.out_dst)]);
+  if (first.empty || second.empty) {  // both are: the same shape
+    NG_RETURN_IF_ERROR(run_batch_norm_forward(first, first_kernels, in, out));
+    return run_batch_norm_forward(second, second_kernels, second_in, out);
+  }
+  FwdRun a(first, first_kernels, in, out);
+  FwdRun b(second, second_kernels, second_in, out);
+  a.set_sibling(&b);
+  a.run();
   return ok_status();
 }
 

@@ -120,6 +120,60 @@ TEST(JitSiblings, SameBitsAsEachBatchNormAloneAndForAnyThreadCount) {
   }
 }
 
+// A downsampling block's forward: the shortcut's BatchNormForwardTraining
+// (op 5: src 50, statistics 51-54, dst 30) feeds the residual Add after the
+// main branch's (jit_test::forward_graph's epilogue 3: dst 40), before or
+// after it in the graph's order.
+Graph forward_siblings(const Dims& shape, const char* fmt, DataType dt, bool shortcut_first) {
+  using testing_util::lt;
+  const Graph main = jit_test::forward_graph(shape, 3, fmt, dt);
+  const int64_t c = std::string(fmt) == "NCX" ? shape[1] : shape.back();
+  Op bn(5, OpKind::kBatchNormForwardTraining, "shortcut_bn");
+  bn.set_attr("epsilon", 1e-5f).set_attr("data_format", fmt);
+  bn.add_input(lt(50, dt, shape));
+  for (int64_t id = 51; id <= 54; ++id) bn.add_input(lt(id, DataType::kF32, {c}));
+  bn.add_output(lt(30, dt, shape));
+  for (int64_t id = 55; id <= 58; ++id) bn.add_output(lt(id, DataType::kF32, {c}));
+  Graph g;
+  std::vector<Op> ops(main.ops().begin(), main.ops().end());
+  ops.insert(shortcut_first ? ops.begin() : ops.end(), bn);
+  for (const Op& op : ops) EXPECT_TRUE(g.add_op(op).ok());
+  return g;
+}
+
+// The forward siblings: one partition (the shortcut's dst is kept in the
+// partition's dst and overwritten there), within ref's tolerance on every
+// ISA, dtype, layout and walk; the same bits as the two partitions it
+// replaces (no-siblings) and for 1, 2 and 4 threads.
+TEST(JitSiblings, ForwardShortcutJoinsTheResidualAdd) {
+  int ran = 0;
+  jit_test::each_case(
+      [&](const std::string& trace, DataType dt, const char* fmt, const Dims& shape, int k) {
+        Graph g = forward_siblings(shape, fmt, dt, k % 2 == 0);
+        ASSERT_TRUE(g.finalize().ok());
+        SCOPED_TRACE(trace + (k % 2 == 0 ? " shortcut first" : " shortcut last"));
+        const auto seed = static_cast<uint64_t>(300 + k);
+        const auto r = compare_with_ref(g, "jit", seed, k % 3 == 2 ? 1e4 : 0.0);
+        ++ran;
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_NE(r.kernel.find("+sibling"), std::string::npos) << r.kernel;
+        EXPECT_EQ(r.kernel.find("+jit:"), std::string::npos) << "one partition: " << r.kernel;
+        EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+        if (k % 4 != 0) return;  // the bits on a quarter of the cases (each walk and dtype)
+        const auto inputs = jit_test::inputs_for(g, seed);
+        std::string together, apart;
+        const auto got = jit_test::run_jit(g, "", inputs, &together);
+        const auto want = jit_test::run_jit(g, "no-siblings", inputs, &apart);
+        EXPECT_EQ(apart.find("+sibling"), std::string::npos) << apart;
+        for (int64_t id : {40, 21, 22, 23, 24, 55, 56, 57, 58}) {
+          ASSERT_TRUE(got.count(id) && want.count(id)) << "tensor " << id;
+          EXPECT_TRUE(got.at(id).bytes == want.at(id).bytes) << "tensor " << id;
+        }
+        jit_test::expect_same_bits_for_1_2_4_threads(g);
+      });
+  EXPECT_GT(ran, 0);
+}
+
 // A variant applies to both members (here the NXC strips, whose tasks take
 // a strip's reduce and apply for both batch norms).
 TEST(JitSiblings, VariantsApplyToBothMembers) {
