@@ -80,7 +80,9 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
 
 // The forward bench graph: BatchNormForwardTraining with gamma and beta,
 // optionally followed by ReLU ("relu") or by Add of a residual and ReLU
-// ("add": ResNet's BN -> Add -> ReLU).
+// ("add": ResNet's BN -> Add -> ReLU); with "add-siblings" the residual is a
+// second batch norm's dst (src 20, statistics 21-24), a downsampling block's
+// shortcut.
 Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType dt,
                          const std::string& fused) {
   const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
@@ -94,7 +96,16 @@ Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType d
   for (int i = 6; i <= 9; ++i) bn.add_output(LogicalTensor(i, DataType::kF32, {c}));
   add_op_or_abort(g, bn);
   int64_t y = 5;
-  if (fused == "add") {
+  if (fused == "add-siblings") {
+    Op second(3, OpKind::kBatchNormForwardTraining, "shortcut_bn");
+    second.set_attr("epsilon", 1e-5f).set_attr("data_format", layout);
+    second.add_input(LogicalTensor(20, dt, data));
+    for (int i = 21; i <= 24; ++i) second.add_input(LogicalTensor(i, DataType::kF32, {c}));
+    second.add_output(LogicalTensor(10, dt, data));
+    for (int i = 25; i <= 28; ++i) second.add_output(LogicalTensor(i, DataType::kF32, {c}));
+    add_op_or_abort(g, second);
+  }
+  if (fused == "add" || fused == "add-siblings") {
     Op add(1, OpKind::kAdd, "add");
     add.add_input(LogicalTensor(5, dt, data))
         .add_input(LogicalTensor(10, dt, data))

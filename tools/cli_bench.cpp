@@ -61,9 +61,10 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
                  "output too: the JIT writes it as a side output), add-relu-side (the same "
                  "behind a gradient Add, as at a residual block's end), relu-siblings and "
                  "add-relu-siblings (a second batch norm reads the ReLUBackward's output, as a "
-                 "downsampling shortcut's: one partition for both)")
+                 "downsampling shortcut's: one partition for both); with --dir fwd, add-siblings "
+                 "(the residual a second batch norm's dst)")
       ->check(list_of({"none", "relu", "add", "relu-side", "add-relu-side", "relu-siblings",
-                       "add-relu-siblings"}));
+                       "add-relu-siblings", "add-siblings"}));
   app.add_option("--dir", opt.dir,
                  "bwd (BatchNormTrainingBackward) or fwd (BatchNormForwardTraining; relu and add "
                  "fuse ReLU and Add+ReLU after it)")
@@ -133,9 +134,11 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
   opt.layouts = split_list(layouts);
   opt.fused = split_list(fused);
   for (const std::string& f : opt.fused) {
-    if (opt.dir == "fwd" && f != "none" && f != "relu" && f != "add") {
-      std::cerr << "normgrad bench: --fused=" << f << " is a backward fusion; --dir fwd takes "
-                << "none, relu and add\n";
+    const bool fwd_fusion = f == "none" || f == "relu" || f == "add" || f == "add-siblings";
+    const bool bwd_fusion = f != "add-siblings";
+    if (opt.dir == "fwd" ? !fwd_fusion : !bwd_fusion) {
+      std::cerr << "normgrad bench: --fused=" << f << " is not a fusion of --dir " << opt.dir
+                << " (fwd takes none, relu, add and add-siblings)\n";
       return 2;
     }
   }
@@ -302,8 +305,9 @@ Status BenchCommand::layer_cases(const std::string& name, const Dims& nchw) {
         // a fused producer's second input, and writes its output with
         // relu-side; add-relu-side reads the Add's two operands and dst; the
         // siblings read a second src and write a second diff_src);
-        // fwd reads src and writes dst (and reads the residual).
-        const double passes = fwd                            ? (fused == "add" ? 3.0 : 2.0)
+        // fwd reads src and writes dst (and reads the residual, or the sibling's src).
+        const bool fwd_add = fused == "add" || fused == "add-siblings";
+        const double passes = fwd                            ? (fwd_add ? 3.0 : 2.0)
                               : fused == "none"              ? 3.0
                               : fused == "relu-side"         ? 5.0
                               : fused == "add-relu-side"     ? 6.0

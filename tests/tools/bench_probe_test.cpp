@@ -208,6 +208,44 @@ TEST(CliBench, GradientAddChainAgainstItsOpsApart) {
   EXPECT_GE(cases, 2);
 }
 
+// --fused=add-relu-siblings: two backwards reading one masked gradient run
+// as one sibling partition, against the side output and the plain backward
+// (jit[no-siblings]) and the ops apart, with minimal traffic 7 passes; the
+// forward's add-siblings likewise (3 passes); a fusion of the other
+// direction is a usage error.
+TEST(CliBench, SiblingsAgainstTheirPartitionsApart) {
+  for (const bool fwd : {false, true}) {
+    const auto [output, doc] = bench_json(
+        std::string("--shapes=small --dt=f32 --layouts=NCX --backends=jit --iters 1 --warmup 0 "
+                    "--threads 1 --jit-variant=no-siblings ") +
+            (fwd ? "--dir fwd --fused=add-siblings" : "--fused=add-relu-siblings"),
+        fwd ? "ng_bench_fwd_siblings.json" : "ng_bench_siblings.json");
+    ASSERT_TRUE(doc.is_object()) << output;
+    int cases = 0;
+    for (const auto& c : doc.at("cases")) {
+      const std::string name = c.at("name");
+      const auto shape = c.at("shape").get<std::vector<int64_t>>();
+      EXPECT_DOUBLE_EQ(c.at("bytes_min").get<double>(),
+                       (fwd ? 3.0 : 7.0) * 4.0 * shape[0] * shape[1] * shape[2] * shape[3])
+          << name;
+      ASSERT_EQ(c.at("results").size(), 3u) << name;
+      for (const auto& res : c.at("results")) {
+        const std::string b = res.at("backend"), kernel = res.at("kernel");
+        EXPECT_EQ(kernel.find("+sibling") != std::string::npos, b == "jit") << name << " " << b;
+        if (b == "jit[no-siblings]" && !fwd) {
+          EXPECT_NE(kernel.find("+side_out"), std::string::npos) << name;
+        }
+        EXPECT_GT(res.at("median_ms").get<double>(), 0.0) << name << " " << b;
+      }
+      ++cases;
+    }
+    EXPECT_GE(cases, 2);
+  }
+  const auto r = testing_util::run_cli("bench --dir fwd --fused=relu-siblings");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is not a fusion of --dir fwd"), std::string::npos) << r.output;
+}
+
 // The bench's column order: every row a permutation, and over a full cycle
 // of rows each column right after every other one equally often and first
 // equally often, for even and odd column counts.
