@@ -424,12 +424,19 @@ void FwdRun::pixels() {
   parallel_range(c_.single_thread, (c_.pixels + block - 1) / block, [&](int64_t blk) {
     const int64_t p0 = blk * block;
     const int64_t off = p0 * c_.c;
+    // Siblings: the first's dst for this block goes to a block of the
+    // thread's own, which the second reads as its residual from the L2:
+    // neither DRAM nor dst's lines see it.
+    thread_local LineVector<float> between;
+    if (sib_ != nullptr) between.resize(static_cast<size_t>((block * c_.c * es_ + 3) / 4));
     for (int k = 0; k < members(); ++k) {
       const FwdRun& r = member(k);
       FwdArgs a;
       a.x = r.x_ + off * es_;
-      a.y = r.y_ + off * es_;
-      a.residual = r.r_ == nullptr ? nullptr : r.r_ + off * es_;
+      a.y = sib_ != nullptr && k == 0 ? static_cast<void*>(between.data()) : r.y_ + off * es_;
+      a.residual = sib_ != nullptr && k == 1 ? static_cast<const void*>(between.data())
+                   : r.r_ == nullptr         ? nullptr
+                                             : r.r_ + off * es_;
       a.coef = scratch[k].coef.data();
       a.len = std::min(block, c_.pixels - p0);
       (r.k_.*r.apply_)(a);
@@ -498,15 +505,34 @@ void FwdRun::pixel_strips() {
       // The strip is whole lines: whole 16s of 16-bit channels.
       if (r.c_.line_walk && r.c_.pair_vectors) pair_order(cp, coef.data(), c0, c0 + w);
     }
-    for (int k = 0; k < members(); ++k) {
-      const FwdRun& r = member(k);
+    if (sib_ == nullptr) {
       FwdArgs b;
-      b.x = r.x_ + c0 * es_;
-      b.y = r.y_ + c0 * es_;
-      b.residual = r.r_ == nullptr ? nullptr : r.r_ + c0 * es_;
-      b.coef = scratch[k].coef.data() + c0;
+      b.x = x_ + c0 * es_;
+      b.y = y_ + c0 * es_;
+      b.residual = r_ == nullptr ? nullptr : r_ + c0 * es_;
+      b.coef = scratch[0].coef.data() + c0;
       b.len = c_.pixels;
-      (r.k_.*r.apply_)(b);
+      (k_.*apply_)(b);
+      return;
+    }
+    // Siblings: in blocks of pixels, the first's dst into a block of the
+    // thread's own (pixels C apart, as in dst), the second's residual there.
+    const int64_t block = c_.apply_pixels;
+    thread_local LineVector<float> between;
+    between.resize(static_cast<size_t>((block * c_.c * es_ + 3) / 4));
+    char* const mid = reinterpret_cast<char*>(between.data()) + c0 * es_;
+    for (int64_t p0 = 0; p0 < c_.pixels; p0 += block) {
+      const int64_t off = (p0 * c_.c + c0) * es_;
+      for (int k = 0; k < 2; ++k) {
+        const FwdRun& r = member(k);
+        FwdArgs b;
+        b.x = r.x_ + off;
+        b.y = k == 0 ? mid : r.y_ + off;
+        b.residual = k == 1 ? mid : nullptr;
+        b.coef = scratch[k].coef.data() + c0;
+        b.len = std::min(block, c_.pixels - p0);
+        (r.k_.*r.apply_)(b);
+      }
     }
   });
 }
