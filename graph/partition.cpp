@@ -39,6 +39,19 @@ const Op* Partition::bound(FusionRole role) const {
   return nullptr;
 }
 
+Partition Partition::without(int64_t op_id) const {
+  Partition p = *this;
+  p.ops.clear();
+  p.roles.clear();
+  for (const Op& op : ops) {
+    if (op.id() != op_id) p.ops.push_back(op);
+  }
+  for (const BoundOp& b : roles) {
+    if (b.op_id != op_id) p.roles.push_back(b);
+  }
+  return p;
+}
+
 int64_t Partition::anchor() const {
   for (const BoundOp& b : roles) {
     if (b.role == FusionRole::kAnchor) return b.op_id;

@@ -50,6 +50,9 @@ struct Partition {
   std::vector<BoundOp> roles;
   // The op bound to `role`, or nullptr.
   const Op* bound(FusionRole role) const;
+  // This partition without op `op_id` and its role, with the same inputs and
+  // outputs (a backend's view of one member of a multi-op match).
+  Partition without(int64_t op_id) const;
   // The id of the op the pattern is anchored at (its kAnchor role), or -1
   // for a partition not matched yet.
   int64_t anchor() const;

@@ -49,6 +49,19 @@ Status only_reader(const Graph& graph, int64_t t, const Op& reader) {
   return ok_status();
 }
 
+// Two batch norms one walk can take together: src (input 0 of the training
+// forward and backward) of the same dims and dtype, the same data_format
+// (oneDNN's default NXC when absent).
+static_assert(kSrcPort == 0 && BatchNormForwardTrainingPorts::src_port() == 0,
+              "op_ports.def: src is input 0 of the training kinds");
+bool same_walk(const Op& a, const Op& b) {
+  auto format = [](const Op& op) {
+    return op.has_attr("data_format") ? *op.attr_string("data_format") : std::string("NXC");
+  };
+  const LogicalTensor &x = a.inputs()[0], &y = b.inputs()[0];
+  return x.dims == y.dims && x.dtype == y.dtype && format(a) == format(b);
+}
+
 }  // namespace
 
 bool Pattern::anchored_at(OpKind kind) const {
@@ -205,12 +218,7 @@ StatusOr<PatternOps> match_bn_backward_siblings(const Graph& graph, const Op& bn
   if (sib == nullptr || uses.size() != 2)
     return unimplemented("tensor " + std::to_string(t.id) + " has no second batch-norm reader");
   NG_RETURN_IF_ERROR(graph.unknown_shape_error(*sib));
-  // The same walk for both: same data shape, dtypes and layout attribute.
-  const LogicalTensor &a = bn.inputs()[kSrcPort], &b = sib->inputs()[kSrcPort];
-  auto format = [](const Op& op) {
-    return op.has_attr("data_format") ? *op.attr_string("data_format") : std::string("NXC");
-  };
-  if (a.dims != b.dims || a.dtype != b.dtype || b.id == t.id || format(bn) != format(*sib))
+  if (!same_walk(bn, *sib))
     return unimplemented(sib->label() + " differs in src shape, dtype or data_format");
   PatternOps m;
   const Op& producer = *graph.producer(t.id);
@@ -312,11 +320,7 @@ StatusOr<PatternOps> match_bn_forward_siblings(const Graph& graph, const Op& bn)
     return unimplemented("the residual is not a BatchNormForwardTraining's dst");
   NG_RETURN_IF_ERROR(graph.unknown_shape_error(*sib));
   NG_RETURN_IF_ERROR(only_reader(graph, r.id, *add));
-  const LogicalTensor &a = bn.inputs()[0], &b = sib->inputs()[0];
-  auto format = [](const Op& op) {
-    return op.has_attr("data_format") ? *op.attr_string("data_format") : std::string("NXC");
-  };
-  if (a.dims != b.dims || a.dtype != b.dtype || format(bn) != format(*sib))
+  if (!same_walk(bn, *sib))
     return unimplemented(sib->label() + " differs in src shape, dtype or data_format");
   m.ops.push_back({sib->id(), FusionRole::kSibling});
   m.note = "the residual: " + sib->label() + "'s dst";

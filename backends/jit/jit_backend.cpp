@@ -50,9 +50,7 @@ class JitSiblingKernel final : public Kernel {
     return first_.isa == jit::Isa::kPortable
                ? "portable"
                : "codegen_ms=" +
-                     std::to_string(
-                         first_kernels_->generate_ms +
-                         (first_kernels_ == second_kernels_ ? 0.0 : second_kernels_->generate_ms));
+                     std::to_string(first_kernels_->generate_ms + second_kernels_->generate_ms);
   }
   Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
     return jit::run_batch_norm_siblings(first_, *first_kernels_, second_, *second_kernels_, in,
@@ -185,22 +183,7 @@ class JitBackend final : public Backend {
     }
     if (forward(partition)) {
       NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition));
-      if (!ctx.jit_variant.empty()) {
-        NG_RETURN_IF_ERROR(jit::apply_forward_variant(ctx.jit_variant, &conf));
-      } else if (conf.phase == jit::FwdPhase::kWhole) {
-        // The host's measured choice, as for the backward below (the
-        // synchronized forward's parts keep the rules: tune times the whole).
-        NG_ASSIGN_OR_RETURN(BatchNormDesc d,
-                            describe_batch_norm(*partition.bound(FusionRole::kAnchor)));
-        take_tuned(
-            conf.isa, d,
-            [&](const std::string& v) {
-              jit::FwdConf chosen = conf;
-              const Status s = jit::apply_forward_variant(v, &chosen);
-              return std::make_pair(s, chosen);
-            },
-            &conf);
-      }
+      NG_RETURN_IF_ERROR(choose_fwd(ctx, partition, &conf));
       NG_ASSIGN_OR_RETURN(auto kernels, forward_cache().get(conf));
       return std::shared_ptr<const Kernel>(
           std::make_shared<JitForwardKernel>(std::move(conf), std::move(kernels)));
@@ -236,15 +219,36 @@ class JitBackend final : public Backend {
                                  anchor->kind() == OpKind::kBatchNormForwardReduce ||
                                  anchor->kind() == OpKind::kBatchNormForwardApply);
   }
-  // The forward siblings' confs under the rules (a variant or tuned choice
-  // would have to keep both walking alike; no-siblings declines them).
+  // Both forward siblings' confs with the variant or tuned choice each would
+  // take, still walking alike (no-siblings declines them).
   static StatusOr<std::pair<jit::FwdConf, jit::FwdConf>> fwd_sibling_confs_of(
       const Partition& partition, const CompileContext& ctx) {
     if (jit::siblings_apart(ctx.jit_variant))
       return unimplemented("the no-siblings variant runs sibling batch norms apart");
-    if (!ctx.jit_variant.empty() && ctx.jit_variant != "default")
-      return unimplemented("the JIT runs forward siblings under its own rules, not a variant");
-    return jit::make_fwd_sibling_confs(partition, jit::detect_isa());
+    NG_ASSIGN_OR_RETURN(auto confs, jit::make_fwd_sibling_confs(partition, jit::detect_isa()));
+    NG_RETURN_IF_ERROR(choose_fwd(ctx, partition, &confs.first));
+    NG_RETURN_IF_ERROR(choose_fwd(ctx, partition, &confs.second));
+    NG_RETURN_IF_ERROR(jit::check_fwd_sibling_walks(confs.first, confs.second));
+    return confs;
+  }
+  // The variant the context names, else the host's tuned choice for the
+  // anchor's class (the synchronized forward's parts keep the rules: tune
+  // times the whole), else the rules.
+  static Status choose_fwd(const CompileContext& ctx, const Partition& partition,
+                           jit::FwdConf* conf) {
+    if (!ctx.jit_variant.empty()) return jit::apply_forward_variant(ctx.jit_variant, conf);
+    if (conf->phase != jit::FwdPhase::kWhole) return ok_status();
+    NG_ASSIGN_OR_RETURN(BatchNormDesc d,
+                        describe_batch_norm(*partition.bound(FusionRole::kAnchor)));
+    take_tuned(
+        conf->isa, d,
+        [&](const std::string& v) {
+          jit::FwdConf chosen = *conf;
+          const Status s = jit::apply_forward_variant(v, &chosen);
+          return std::make_pair(s, chosen);
+        },
+        conf);
+    return ok_status();
   }
   static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition) {
     return jit::make_fwd_conf(partition, jit::detect_isa());

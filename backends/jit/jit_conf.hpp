@@ -342,11 +342,13 @@ StatusOr<BnConf> make_conf(const Op& op, Isa isa);
 // the batch norm is its anchor, and any other op is the ReLUBackward or Add
 // the pattern found feeding its src or diff_dst.
 StatusOr<BnConf> make_conf(const Partition& partition, Isa isa);
-// A bn_bwd_siblings partition (jit_backend.cpp): the anchor's and the
-// sibling's confs, each as the partition of its batch norm with the shared
-// producer (and gradient Add) would have it, their ports indexing this
-// partition's inputs and outputs. Declines strided tensors (the siblings
-// share no staging) and the split halves.
+// A bn_bwd_siblings partition (jit_backend.cpp): the anchor's conf (its
+// side-output partition's, t written into the sibling's diff_src) and the
+// sibling's (a plain backward reading t there: diff_dst one input past the
+// partition's), their ports indexing this partition's inputs and outputs.
+// Declines strided tensors (the siblings share no staging) and the split
+// halves; check_sibling_walks, once variants are applied, says whether one
+// walk can drive both.
 StatusOr<std::pair<BnConf, BnConf>> make_sibling_confs(const Partition& partition, Isa isa);
 // OK when the two confs walk alike, so one walk can drive both (after any
 // variant or tuned choice is applied to each); else what differs.

@@ -218,15 +218,7 @@ StatusOr<std::pair<BnConf, BnConf>> make_sibling_confs(const Partition& partitio
   // which its apply reads t back. The second: a plain backward reading t
   // there (as one more input after the partition's; the driver appends that
   // buffer) and writing its diff_src over it, element by element.
-  Partition pa = partition;
-  pa.ops.clear();
-  pa.roles.clear();
-  for (const Op& op : partition.ops) {
-    if (op.id() != second->id()) pa.ops.push_back(op);
-  }
-  for (const BoundOp& r : partition.roles) {
-    if (r.op_id != second->id()) pa.roles.push_back(r);
-  }
+  const Partition pa = partition.without(second->id());
   const LogicalTensor& t = BatchNormTrainingBackwardPorts(*second).diff_dst();
   const LogicalTensor& dx2 = BatchNormTrainingBackwardPorts(*second).diff_src();
   Partition pb = partition;
@@ -254,7 +246,6 @@ StatusOr<std::pair<BnConf, BnConf>> make_sibling_confs(const Partition& partitio
   a.dy_side_out = true;
   a.ports.dy_out = b.ports.dx;
   set_apply_prefetch(&a);  // as the side output's own partition has it
-  NG_RETURN_IF_ERROR(check_sibling_walks(a, b));
   return std::make_pair(std::move(a), std::move(b));
 }
 

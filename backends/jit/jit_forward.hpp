@@ -199,11 +199,14 @@ bool fwd_line_walk(const FwdConf& c);
 // The conf of a partition the JIT's forward patterns matched, or the reason
 // the JIT declines it (strided tensors, non-f32 statistics, empty tensors).
 StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa);
-// A bn_fwd_siblings partition: the shortcut's conf (its dst written into
+// A bn_fwd_siblings partition: the sibling's conf (its dst written into
 // the partition's dst, output index out_dst) and the anchor's (its residual
-// read there: input index in_residual, one past the partition's inputs),
-// walking alike; or the reason the JIT declines.
+// read there: input index in_residual, one past the partition's inputs);
+// or the reason the JIT declines. check_fwd_sibling_walks, once variants are
+// applied, says whether one walk can drive both.
 StatusOr<std::pair<FwdConf, FwdConf>> make_fwd_sibling_confs(const Partition& partition, Isa isa);
+// OK when one walk can drive both.
+Status check_fwd_sibling_walks(const FwdConf& first, const FwdConf& second);
 // CompileOptions::jit_variant for a forward conf (jit_variants.cpp): of the
 // names apply_variant knows, bf16-single-vectors applies; the others are the
 // backward's and leave it as it is; an unknown name is an error.

@@ -284,25 +284,17 @@ StatusOr<std::pair<FwdConf, FwdConf>> make_fwd_sibling_confs(const Partition& pa
   const Op* sib = partition.bound(FusionRole::kSibling);
   if (anchor == nullptr || sib == nullptr)
     return internal_error("a sibling partition binds an anchor and a sibling");
-  // The first: the shortcut's plain forward, its dst r written into the
-  // partition's dst (r's twin; one more output, after the partition's: the
-  // driver appends that buffer). The second: the anchor with its epilogue,
-  // reading r there as its residual (one more input) and writing dst over
-  // it, element by element.
+  // The first: the sibling's plain forward, its dst r written into the
+  // partition's dst (r, appended to the outputs, only lets make_fwd_conf find
+  // it; out_dst is then the partition's dst). The second: the anchor with
+  // its epilogue, reading r there as its residual (one input past the
+  // partition's: the driver appends the dst buffer) and writing dst over it.
   const LogicalTensor& r = BatchNormForwardTrainingPorts(*sib).dst();
   Partition pa = partition;
   pa.ops = {*sib};
   pa.roles = {BoundOp{sib->id(), FusionRole::kAnchor}};
   pa.outputs.push_back(r);
-  Partition pb = partition;
-  pb.ops.clear();
-  pb.roles.clear();
-  for (const Op& op : partition.ops) {
-    if (op.id() != sib->id()) pb.ops.push_back(op);
-  }
-  for (const BoundOp& b : partition.roles) {
-    if (b.op_id != sib->id()) pb.roles.push_back(b);
-  }
+  Partition pb = partition.without(sib->id());
   pb.inputs.push_back(r);
   NG_ASSIGN_OR_RETURN(FwdConf a, make_fwd_conf(pa, isa));
   NG_ASSIGN_OR_RETURN(FwdConf b, make_fwd_conf(pb, isa));
@@ -320,16 +312,20 @@ StatusOr<std::pair<FwdConf, FwdConf>> make_fwd_sibling_confs(const Partition& pa
   a.bounce = false;
   a.strip_channels = b.strip_channels;
   a.line_walk = fwd_line_walk(a);
+  return std::make_pair(std::move(a), std::move(b));
+}
+
+Status check_fwd_sibling_walks(const FwdConf& a, const FwdConf& b) {
   const bool same = a.isa == b.isa && a.dt == b.dt && a.c == b.c && a.n == b.n &&
                     a.spatial == b.spatial && a.pixels == b.pixels && a.ncx_rows == b.ncx_rows &&
-                    a.channel_group == b.channel_group && a.chunk_rows == b.chunk_rows &&
-                    a.chunk_pixels == b.chunk_pixels && a.apply_pixels == b.apply_pixels &&
-                    a.single_thread == b.single_thread && a.empty == b.empty &&
-                    a.channels_last_view == b.channels_last_view;
-  if (!same)
-    return unimplemented("the JIT drives forward siblings with one walk; theirs differ (" +
-                         a.kernel_name() + " against " + b.kernel_name() + ")");
-  return std::make_pair(std::move(a), std::move(b));
+                    a.channel_group == b.channel_group && a.strip_channels == b.strip_channels &&
+                    a.chunk_rows == b.chunk_rows && a.chunk_pixels == b.chunk_pixels &&
+                    a.apply_pixels == b.apply_pixels && a.single_thread == b.single_thread &&
+                    a.empty == b.empty && a.channels_last_view == b.channels_last_view &&
+                    a.phase == FwdPhase::kWhole && b.phase == FwdPhase::kWhole;
+  if (same) return ok_status();
+  return unimplemented("the JIT drives forward siblings with one walk; theirs differ (" +
+                       a.kernel_name() + " against " + b.kernel_name() + ")");
 }
 
 }  // namespace jit

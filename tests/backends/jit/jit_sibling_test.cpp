@@ -174,33 +174,31 @@ TEST(JitSiblings, ForwardShortcutJoinsTheResidualAdd) {
   EXPECT_GT(ran, 0);
 }
 
-// The NXC strips (layers past the cache, a task a strip of channels): the
-// siblings' applies go block by block through the thread's own block.
-TEST(JitSiblings, ForwardStripsGoThroughABlockOfTheirOwn) {
+// A forward variant applies to both members, and the NXC strips (a task a
+// strip of channels, taken here through fwd-strips) go through the
+// thread's own block: the same bits as the two partitions under it.
+TEST(JitSiblings, ForwardVariantsAndStrips) {
   if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "no generated code on this CPU";
   for (DataType dt : {DataType::kF32, DataType::kBF16}) {
-    // Past a quarter of the cache model's L3, with strips chosen (ResNet-50's
-    // 14x14 f32 and 7x7 bf16 layers take them).
-    const Dims shape = dt == DataType::kF32 ? Dims{16, 14, 14, 1024} : Dims{32, 7, 7, 2048};
-    Graph g = forward_siblings(shape, "NXC", dt, true);
+    Graph g = forward_siblings({4, 7, 7, 256}, "NXC", dt, true);
     ASSERT_TRUE(g.finalize().ok());
     SCOPED_TRACE(dtype_name(dt));
-    const auto r = compare_with_ref(g, "jit", 61);
-    ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    EXPECT_NE(r.kernel.find("+sibling"), std::string::npos) << r.kernel;
-    EXPECT_LE(r.worst_ratio, 1.0) << r.report;
-    if (r.kernel.find("strips") == std::string::npos) {
-      ADD_FAILURE() << "this host's rules chose no strips here (" << r.kernel
-                    << "): the case needs another shape";
-      continue;
-    }
-    const auto inputs = jit_test::inputs_for(g, 62);
-    std::string together, apart;
-    const auto got = jit_test::run_jit(g, "", inputs, &together);
-    const auto want = jit_test::run_jit(g, "no-siblings", inputs, &apart);
-    for (int64_t id : {40, 21, 22, 55, 56}) {
-      ASSERT_TRUE(got.count(id) && want.count(id)) << "tensor " << id;
-      EXPECT_TRUE(got.at(id).bytes == want.at(id).bytes) << "tensor " << id;
+    for (const std::string variant : {"fwd-strips", "fwd-no-strips"}) {
+      SCOPED_TRACE(variant);
+      const auto r = compare_with_ref(g, "jit", 61, 0.0, variant);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_NE(r.kernel.find("+sibling"), std::string::npos) << r.kernel;
+      EXPECT_EQ(r.kernel.find("strips") != std::string::npos, variant == "fwd-strips") << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+      const auto inputs = jit_test::inputs_for(g, 62);
+      std::string together, apart;
+      const auto got = jit_test::run_jit(g, variant, inputs, &together);
+      const auto want = jit_test::run_jit(g, variant + "+no-siblings", inputs, &apart);
+      EXPECT_EQ(apart.find("+sibling"), std::string::npos) << apart;
+      for (int64_t id : {40, 21, 22, 55, 56}) {
+        ASSERT_TRUE(got.count(id) && want.count(id)) << "tensor " << id;
+        EXPECT_TRUE(got.at(id).bytes == want.at(id).bytes) << "tensor " << id;
+      }
     }
   }
 }
