@@ -95,7 +95,15 @@ Pattern bn_inference_relu_pattern(std::string backend) {
 Pattern bn_forward_epilogue_pattern(std::string backend) {
   return fused_pattern("bn_fwd_epilogue", std::move(backend),
                        {OpKind::kBatchNormForwardTraining, OpKind::kBatchNormForwardApply},
-                       match_bn_forward_epilogue);
+                       [](const Graph& graph, const Op& bn) {
+                         return match_bn_forward_epilogue(graph, bn, /*side_output=*/false);
+                       });
+}
+
+Pattern bn_forward_side_output_pattern(std::string backend) {
+  return fused_pattern("bn_fwd_side_output", std::move(backend),
+                       {OpKind::kBatchNormForwardTraining, OpKind::kBatchNormForwardApply},
+                       match_bn_forward_side_output);
 }
 
 Pattern bn_forward_siblings_pattern(std::string backend) {
@@ -267,7 +275,30 @@ StatusOr<PatternOps> match_int8_bn_chain(const Graph& graph, const Op& bn) {
                     ""};
 }
 
-StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn) {
+namespace {
+
+// The ReLU or LeakyReLU of y's dtype that reads y: y's only reader, or with
+// `side_output` the first such reader among others (y is then a side
+// output); nullptr when there is none. An activation has one input, so it
+// reads y on one port.
+const Op* fusible_activation(const Graph& graph, const LogicalTensor& y, bool side_output) {
+  auto activation = [&](const Op* op) {
+    return op != nullptr && (op->kind() == OpKind::kReLU || op->kind() == OpKind::kLeakyReLU) &&
+           elementwise_dst(*op).dtype == y.dtype;
+  };
+  const Op* only = sole_consumer(graph, y.id);
+  if (activation(only) && only_reader(graph, y.id, *only).ok()) return only;
+  if (!side_output) return nullptr;
+  for (const Use& u : graph.uses(y.id)) {
+    const Op* op = graph.op(u.op_id);
+    if (activation(op)) return op;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn, bool side_output) {
   // The forward, or the Apply part of a synchronized one (the same dst).
   const bool apply = bn.kind() == OpKind::kBatchNormForwardApply;
   if (bn.kind() != OpKind::kBatchNormForwardTraining && !apply)
@@ -291,9 +322,11 @@ StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn)
       next = sole_consumer(graph, y.id);
     }
   }
-  if (next != nullptr && (next->kind() == OpKind::kReLU || next->kind() == OpKind::kLeakyReLU) &&
-      only_reader(graph, y.id, *next).ok() && elementwise_dst(*next).dtype == y.dtype) {
-    m.ops.push_back({next->id(), FusionRole::kActivation});
+  if (const Op* act = fusible_activation(graph, y, side_output)) {
+    m.ops.push_back({act->id(), FusionRole::kActivation});
+    if (!only_reader(graph, y.id, *act).ok())
+      m.note += std::string(m.note.empty() ? "" : "; ") + "dst: tensor " + std::to_string(y.id) +
+                " written as a side output";
   }
   if (m.ops.size() == 1)
     return unimplemented("dst is not read by one Add, ReLU or LeakyReLU alone" +
@@ -301,10 +334,21 @@ StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn)
   return m;
 }
 
+StatusOr<PatternOps> match_bn_forward_side_output(const Graph& graph, const Op& bn) {
+  NG_ASSIGN_OR_RETURN(PatternOps m, match_bn_forward_epilogue(graph, bn, /*side_output=*/true));
+  for (const BoundOp& b : m.ops) {
+    if (b.role != FusionRole::kActivation) continue;
+    const Op& act = *graph.op(b.op_id);
+    if (only_reader(graph, act.inputs()[0].id, act).ok()) break;
+    return m;
+  }
+  return unimplemented("no side output: the activation's input has no other reader");
+}
+
 StatusOr<PatternOps> match_bn_forward_siblings(const Graph& graph, const Op& bn) {
   if (bn.kind() != OpKind::kBatchNormForwardTraining)
     return unimplemented(bn.label() + " is not BatchNormForwardTraining");
-  NG_ASSIGN_OR_RETURN(PatternOps m, match_bn_forward_epilogue(graph, bn));
+  NG_ASSIGN_OR_RETURN(PatternOps m, match_bn_forward_epilogue(graph, bn, /*side_output=*/false));
   const Op* add = nullptr;
   for (const BoundOp& b : m.ops) {
     if (b.role == FusionRole::kResidualAdd) add = graph.op(b.op_id);

@@ -80,6 +80,10 @@ Pattern bn_backward_siblings_pattern(std::string backend);
 Pattern bn_inference_relu_pattern(std::string backend);
 Pattern int8_bn_chain_pattern(std::string backend);
 Pattern bn_forward_epilogue_pattern(std::string backend);
+// The JIT's form with a side output ("bn_fwd_side_output",
+// match_bn_forward_side_output), tried before bn_fwd_epilogue: where the
+// JIT declines it, the epilogue's only-reader form still takes the Add.
+Pattern bn_forward_side_output_pattern(std::string backend);
 // The forward's siblings ("bn_fwd_siblings", match_bn_forward_siblings).
 Pattern bn_forward_siblings_pattern(std::string backend);
 
@@ -124,8 +128,16 @@ StatusOr<PatternOps> match_bn_inference_relu(const Graph& graph, const Op& bn);
 // BatchNormForwardTraining whose dst is read by one Add alone (a residual of
 // dst's dims and dtype: no broadcast), by one ReLU alone, or by an Add whose
 // output one ReLU alone reads (ResNet's BN -> Add -> ReLU). Neither link may
-// be a graph output or change the dtype.
-StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn);
+// be a graph output or change the dtype. With `side_output`, the ReLU's
+// input (dst, or the Add's output) may also be read by other ops or be a
+// graph output: the partition then writes it as well as the ReLU's output
+// (a LeakyReLU's backward reads its input, so a captured LeakyReLU network's
+// every batch norm has this shape); the note names it.
+StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn,
+                                               bool side_output = false);
+// match_bn_forward_epilogue with side outputs, when it did take an
+// activation whose input is read elsewhere too (or is a graph output).
+StatusOr<PatternOps> match_bn_forward_side_output(const Graph& graph, const Op& bn);
 // match_bn_forward_epilogue with a residual Add whose other operand is the
 // dst of another BatchNormForwardTraining (a downsampling block's shortcut),
 // read by that Add alone, with the same src dims, dtype and data_format:

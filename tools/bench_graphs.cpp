@@ -82,7 +82,8 @@ Graph make_graph(const Dims& nchw, const std::string& layout, DataType dt,
 // optionally followed by ReLU ("relu") or by Add of a residual and ReLU
 // ("add": ResNet's BN -> Add -> ReLU); with "add-siblings" the residual is a
 // second batch norm's dst (src 20, statistics 21-24), a downsampling block's
-// shortcut.
+// shortcut. relu-side and add-relu-side are relu and add with the ReLU's
+// input a graph output too (as a LeakyReLU's backward reads it).
 Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType dt,
                          const std::string& fused) {
   const Dims data = layout == "NCX" ? nchw : Dims{nchw[0], nchw[2], nchw[3], nchw[1]};
@@ -105,7 +106,7 @@ Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType d
     for (int i = 25; i <= 28; ++i) second.add_output(LogicalTensor(i, DataType::kF32, {c}));
     add_op_or_abort(g, second);
   }
-  if (fused == "add" || fused == "add-siblings") {
+  if (fused == "add" || fused == "add-siblings" || fused == "add-relu-side") {
     Op add(1, OpKind::kAdd, "add");
     add.add_input(LogicalTensor(5, dt, data))
         .add_input(LogicalTensor(10, dt, data))
@@ -118,6 +119,7 @@ Graph make_forward_graph(const Dims& nchw, const std::string& layout, DataType d
     relu.add_input(LogicalTensor(y, dt, data)).add_output(LogicalTensor(12, dt, data));
     add_op_or_abort(g, relu);
   }
+  if (fused == "relu-side" || fused == "add-relu-side") g.set_output_ports({6, 7, 8, 9, y, 12});
   return g;
 }
 

@@ -72,12 +72,18 @@ void evict(const Runner& r) {
 // The columns of a case. Fused cases also time the unfused sequence (passes
 // off, each op on the fastest backend that takes it), to show what fusion
 // saves; --jit-variant adds the JIT again under each named variant,
-// "jit[NAME]"; --from-dst adds BatchNormTrainingBackwardFromDst of the same
-// shape, its own graph and inputs.
+// "jit[NAME]", or with --backends=auto (and not jit) every backend with the
+// JIT under it, "auto[NAME]" (a variant that declines a JIT partition then
+// times what runs instead); --from-dst adds BatchNormTrainingBackwardFromDst
+// of the same shape, its own graph and inputs.
 std::vector<std::string> columns_of(const BenchOptions& opt, const BenchCase& cr, bool from_dst) {
   std::vector<std::string> columns = opt.backends;
   if (cr.fused != "none") columns.push_back("unfused");
-  for (const std::string& v : opt.jit_variants) columns.push_back("jit[" + v + "]");
+  const bool on_auto =
+      std::find(opt.backends.begin(), opt.backends.end(), "auto") != opt.backends.end() &&
+      std::find(opt.backends.begin(), opt.backends.end(), "jit") == opt.backends.end();
+  for (const std::string& v : opt.jit_variants)
+    columns.push_back((on_auto ? "auto[" : "jit[") + v + "]");
   if (from_dst) columns.push_back("jit-from-dst");
   return columns;
 }
@@ -86,11 +92,15 @@ std::vector<std::string> columns_of(const BenchOptions& opt, const BenchCase& cr
 // apart), with its outputs allocated; a compile that fails leaves its reason.
 Status compile_runner(const std::string& b, const Graph& graph, Runner& r) {
   r.result.backend = b;
-  const bool variant = b.rfind("jit[", 0) == 0;
+  const size_t bracket = b.find('[');
+  const bool variant = bracket != std::string::npos && b.back() == ']';
   const bool own_graph = b == "jit-from-dst";
-  CompileOptions options{b == "unfused" ? "auto" : variant || own_graph ? "jit" : b};
+  CompileOptions options{b == "unfused" ? "auto"
+                         : variant      ? b.substr(0, bracket)
+                         : own_graph    ? "jit"
+                                        : b};
   options.optimize = b != "unfused";
-  if (variant) options.jit_variant = b.substr(4, b.size() - 5);
+  if (variant) options.jit_variant = b.substr(bracket + 1, b.size() - bracket - 2);
   const auto t0 = std::chrono::steady_clock::now();
   auto cg = CompiledGraph::compile(graph, options);
   r.result.compile_ms =

@@ -62,7 +62,8 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
                  "behind a gradient Add, as at a residual block's end), relu-siblings and "
                  "add-relu-siblings (a second batch norm reads the ReLUBackward's output, as a "
                  "downsampling shortcut's: one partition for both); with --dir fwd, add-siblings "
-                 "(the residual a second batch norm's dst)")
+                 "(the residual a second batch norm's dst), and relu-side and add-relu-side "
+                 "(the ReLU's input a graph output too: the JIT writes it as a side output)")
       ->check(list_of({"none", "relu", "add", "relu-side", "add-relu-side", "relu-siblings",
                        "add-relu-siblings", "add-siblings"}));
   app.add_option("--dir", opt.dir,
@@ -134,11 +135,12 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
   opt.layouts = split_list(layouts);
   opt.fused = split_list(fused);
   for (const std::string& f : opt.fused) {
-    const bool fwd_fusion = f == "none" || f == "relu" || f == "add" || f == "add-siblings";
+    const bool fwd_fusion = f == "none" || f == "relu" || f == "add" || f == "add-siblings" ||
+                            f == "relu-side" || f == "add-relu-side";
     const bool bwd_fusion = f != "add-siblings";
     if (opt.dir == "fwd" ? !fwd_fusion : !bwd_fusion) {
       std::cerr << "normgrad bench: --fused=" << f << " is not a fusion of --dir " << opt.dir
-                << " (fwd takes none, relu, add and add-siblings)\n";
+                << " (fwd takes none, relu, add, add-siblings, relu-side and add-relu-side)\n";
       return 2;
     }
   }
@@ -306,9 +308,11 @@ Status BenchCommand::layer_cases(const std::string& name, const Dims& nchw) {
         // relu-side; add-relu-side reads the Add's two operands and dst; the
         // siblings read a second src and write a second diff_src);
         // fwd reads src and writes dst (and reads the residual, or the sibling's src).
-        const bool fwd_add = fused == "add" || fused == "add-siblings";
-        const double passes = fwd                            ? (fwd_add ? 3.0 : 2.0)
-                              : fused == "none"              ? 3.0
+        // With --dir fwd, relu-side and add-relu-side write the ReLU's input too.
+        const bool fwd_add = fused == "add" || fused == "add-siblings" || fused == "add-relu-side";
+        const bool fwd_side = fused == "relu-side" || fused == "add-relu-side";
+        const double passes = fwd               ? (fwd_add ? 3.0 : 2.0) + (fwd_side ? 1.0 : 0.0)
+                              : fused == "none" ? 3.0
                               : fused == "relu-side"         ? 5.0
                               : fused == "add-relu-side"     ? 6.0
                               : fused == "relu-siblings"     ? 6.0

@@ -186,7 +186,21 @@ class Gen {
       add(OpKind::kAdd, "residual").add_input(dst).add_input(other).add_output(sum);
       y = sum;
     }
-    if (chance(0.6)) y = activation(y);
+    if (chance(0.6)) {
+      const LogicalTensor pre = y;
+      y = activation(pre);
+      // A backward that reads the activation's input, as a LeakyReLU's
+      // does: the JIT then writes that input as a side output.
+      if (chance(0.3)) {
+        const LogicalTensor dx = out(pre.dtype, pre.dims);
+        add(OpKind::kReLUBackward, "act_bwd")
+            .set_attr("use_dst", false)
+            .add_input(pre)
+            .add_input(fresh(pre.dtype, pre.dims))
+            .add_output(dx);
+        pool_.push_back(dx);
+      }
+    }
     pool_.push_back(y);
   }
 

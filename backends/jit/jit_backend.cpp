@@ -2,6 +2,7 @@
 // (AVX-512) on generated kernels or the portable path, with a process-wide
 // kernel cache.
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include <cstdio>
@@ -62,17 +63,23 @@ class JitSiblingKernel final : public Kernel {
   std::shared_ptr<const jit::KernelSet> first_kernels_, second_kernels_;
 };
 
-// Forward siblings driven by one walk (jit_forward_driver.cpp).
-class JitForwardSiblingKernel final : public Kernel {
+// Two forward confs driven by one walk (jit_forward_driver.cpp): siblings
+// (the shortcut's, then the anchor's), or a forward and its side output.
+class JitForwardPairKernel final : public Kernel {
  public:
-  JitForwardSiblingKernel(jit::FwdConf first, std::shared_ptr<const jit::FwdKernels> first_kernels,
-                          jit::FwdConf second,
-                          std::shared_ptr<const jit::FwdKernels> second_kernels)
-      : first_(std::move(first)),
+  enum class Mode { kSiblings, kSideOutput };
+  JitForwardPairKernel(Mode mode, jit::FwdConf first,
+                       std::shared_ptr<const jit::FwdKernels> first_kernels, jit::FwdConf second,
+                       std::shared_ptr<const jit::FwdKernels> second_kernels)
+      : mode_(mode),
+        first_(std::move(first)),
         second_(std::move(second)),
         first_kernels_(std::move(first_kernels)),
         second_kernels_(std::move(second_kernels)) {}
-  std::string name() const override { return second_.kernel_name() + "+sibling"; }
+  std::string name() const override {
+    return mode_ == Mode::kSiblings ? second_.kernel_name() + "+sibling"
+                                    : first_.kernel_name() + "+side_out";
+  }
   std::string config() const override { return first_.key() + " " + second_.key(); }
   std::string info() const override {
     return first_.isa == jit::Isa::kPortable
@@ -81,11 +88,15 @@ class JitForwardSiblingKernel final : public Kernel {
                      std::to_string(first_kernels_->generate_ms + second_kernels_->generate_ms);
   }
   Status execute(const std::vector<const void*>& in, const std::vector<void*>& out) const override {
+    if (mode_ == Mode::kSideOutput)
+      return jit::run_batch_norm_forward_side(first_, *first_kernels_, second_, *second_kernels_,
+                                              in, out);
     return jit::run_batch_norm_forward_siblings(first_, *first_kernels_, second_, *second_kernels_,
                                                 in, out);
   }
 
  private:
+  Mode mode_;
   jit::FwdConf first_, second_;
   std::shared_ptr<const jit::FwdKernels> first_kernels_, second_kernels_;
 };
@@ -155,6 +166,7 @@ class JitBackend final : public Backend {
     return {bn_backward_siblings_pattern(jit::kBackendName),
             bn_backward_producers_pattern(jit::kBackendName, /*side_output=*/true),
             bn_forward_siblings_pattern(jit::kBackendName),
+            bn_forward_side_output_pattern(jit::kBackendName),
             bn_forward_epilogue_pattern(jit::kBackendName),
             single_op_pattern("bn_bwd", jit::kBackendName, bn_backward_kinds()),
             single_op_pattern("bn_bwd_from_dst", jit::kBackendName,
@@ -167,7 +179,10 @@ class JitBackend final : public Backend {
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
     if (forward(partition) && siblings(partition))
       return fwd_sibling_confs_of(partition, ctx).status();
-    if (forward(partition)) return fwd_conf_of(partition).status();
+    if (forward(partition)) {
+      NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition, ctx));
+      return fwd_side_conf_of(partition, ctx, conf).status();
+    }
     if (siblings(partition)) return sibling_confs_of(partition, ctx).status();
     return conf_of(partition, ctx).status();
   }
@@ -178,13 +193,20 @@ class JitBackend final : public Backend {
       NG_ASSIGN_OR_RETURN(auto confs, fwd_sibling_confs_of(partition, ctx));
       NG_ASSIGN_OR_RETURN(auto first, forward_cache().get(confs.first));
       NG_ASSIGN_OR_RETURN(auto second, forward_cache().get(confs.second));
-      return std::shared_ptr<const Kernel>(std::make_shared<JitForwardSiblingKernel>(
-          std::move(confs.first), std::move(first), std::move(confs.second), std::move(second)));
+      return std::shared_ptr<const Kernel>(std::make_shared<JitForwardPairKernel>(
+          JitForwardPairKernel::Mode::kSiblings, std::move(confs.first), std::move(first),
+          std::move(confs.second), std::move(second)));
     }
     if (forward(partition)) {
-      NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition));
-      NG_RETURN_IF_ERROR(choose_fwd(ctx, partition, &conf));
+      NG_ASSIGN_OR_RETURN(jit::FwdConf conf, fwd_conf_of(partition, ctx));
+      NG_ASSIGN_OR_RETURN(std::optional<jit::FwdConf> side, fwd_side_conf_of(partition, ctx, conf));
       NG_ASSIGN_OR_RETURN(auto kernels, forward_cache().get(conf));
+      if (side) {
+        NG_ASSIGN_OR_RETURN(auto side_kernels, forward_cache().get(*side));
+        return std::shared_ptr<const Kernel>(std::make_shared<JitForwardPairKernel>(
+            JitForwardPairKernel::Mode::kSideOutput, std::move(conf), std::move(kernels),
+            std::move(*side), std::move(side_kernels)));
+      }
       return std::shared_ptr<const Kernel>(
           std::make_shared<JitForwardKernel>(std::move(conf), std::move(kernels)));
     }
@@ -250,8 +272,25 @@ class JitBackend final : public Backend {
         conf);
     return ok_status();
   }
-  static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition) {
-    return jit::make_fwd_conf(partition, jit::detect_isa());
+  static StatusOr<jit::FwdConf> fwd_conf_of(const Partition& partition, const CompileContext& ctx) {
+    NG_ASSIGN_OR_RETURN(jit::FwdConf conf, jit::make_fwd_conf(partition, jit::detect_isa()));
+    NG_RETURN_IF_ERROR(choose_fwd(ctx, partition, &conf));
+    return conf;
+  }
+  // The side output's conf, when the partition has one, with the variant or
+  // tuned choice the forward takes, on the forward's walk (fwd-no-side-output
+  // declines it: the batch norm and its activation then run apart).
+  static StatusOr<std::optional<jit::FwdConf>> fwd_side_conf_of(const Partition& partition,
+                                                                const CompileContext& ctx,
+                                                                const jit::FwdConf& conf) {
+    NG_ASSIGN_OR_RETURN(std::optional<jit::FwdConf> side,
+                        jit::make_fwd_side_conf(partition, jit::detect_isa()));
+    if (!side) return side;
+    if (jit::forward_side_apart(ctx.jit_variant))
+      return unimplemented("the fwd-no-side-output variant runs the activation apart");
+    NG_RETURN_IF_ERROR(choose_fwd(ctx, partition, &*side));
+    NG_RETURN_IF_ERROR(jit::check_fwd_side_walks(conf, *side));
+    return side;
   }
   static bool siblings(const Partition& partition) {
     return partition.bound(FusionRole::kSibling) != nullptr;

@@ -384,6 +384,10 @@ Status apply_variant(const std::string& variant, BnConf* conf);
 // Whether `variant` (a valid one) names no-siblings: sibling batch norms
 // then run as two partitions, for timing against the siblings' one walk.
 bool siblings_apart(const std::string& variant);
+// Whether `variant` (a valid one) names fwd-no-side-output: a forward whose
+// activation's input is read elsewhere then runs as the batch norm's
+// partition and the activation's, for timing against the side output.
+bool forward_side_apart(const std::string& variant);
 // "default, nxc-per-pixel, nxc-blocked[-PIXELS], ...": every variant
 // apply_variant knows, for help texts and errors.
 std::string jit_variant_names();

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -207,6 +208,17 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa);
 StatusOr<std::pair<FwdConf, FwdConf>> make_fwd_sibling_confs(const Partition& partition, Isa isa);
 // OK when one walk can drive both.
 Status check_fwd_sibling_walks(const FwdConf& first, const FwdConf& second);
+// A bn_fwd_epilogue partition that outputs its activation's input too (a
+// side output: the batch norm's dst or the Add's sum, read outside): the
+// conf of the partition less its activation, which writes that tensor;
+// nullopt when the partition has no side output. The driver runs both
+// applies on each task's block, the side output's first, so the second
+// reads src (and the residual) from the cache: src is read once, and the
+// side output is never read back. check_fwd_side_walks, once variants are
+// applied, says whether the side output can take the forward's walk and
+// coefficients.
+StatusOr<std::optional<FwdConf>> make_fwd_side_conf(const Partition& partition, Isa isa);
+Status check_fwd_side_walks(const FwdConf& conf, const FwdConf& side);
 // CompileOptions::jit_variant for a forward conf (jit_variants.cpp): of the
 // names apply_variant knows, bf16-single-vectors applies; the others are the
 // backward's and leave it as it is; an unknown name is an error.
@@ -247,6 +259,12 @@ std::shared_ptr<const FwdKernels> portable_fwd_kernels(const FwdConf& conf);
 
 Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
                               const std::vector<const void*>& in, const std::vector<void*>& out);
+// A forward with a side output (make_fwd_side_conf): each apply call of
+// `conf`'s walk is preceded by the same call of `side`'s apply, into its dst.
+Status run_batch_norm_forward_side(const FwdConf& conf, const FwdKernels& kernels,
+                                   const FwdConf& side, const FwdKernels& side_kernels,
+                                   const std::vector<const void*>& in,
+                                   const std::vector<void*>& out);
 // Forward siblings (make_fwd_sibling_confs) in one walk: each task's
 // statistics for both, then the first's apply (into dst), then the second's.
 Status run_batch_norm_forward_siblings(const FwdConf& first, const FwdKernels& first_kernels,

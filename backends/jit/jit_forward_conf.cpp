@@ -315,17 +315,44 @@ StatusOr<std::pair<FwdConf, FwdConf>> make_fwd_sibling_confs(const Partition& pa
   return std::make_pair(std::move(a), std::move(b));
 }
 
+namespace {
+
+// Whether one walk's tasks, chunks and apply calls fit both confs.
+bool same_walk(const FwdConf& a, const FwdConf& b) {
+  return a.isa == b.isa && a.dt == b.dt && a.c == b.c && a.n == b.n && a.spatial == b.spatial &&
+         a.pixels == b.pixels && a.ncx_rows == b.ncx_rows && a.channel_group == b.channel_group &&
+         a.strip_channels == b.strip_channels && a.chunk_rows == b.chunk_rows &&
+         a.chunk_pixels == b.chunk_pixels && a.apply_pixels == b.apply_pixels &&
+         a.single_thread == b.single_thread && a.empty == b.empty &&
+         a.channels_last_view == b.channels_last_view && a.phase == b.phase;
+}
+
+}  // namespace
+
 Status check_fwd_sibling_walks(const FwdConf& a, const FwdConf& b) {
-  const bool same = a.isa == b.isa && a.dt == b.dt && a.c == b.c && a.n == b.n &&
-                    a.spatial == b.spatial && a.pixels == b.pixels && a.ncx_rows == b.ncx_rows &&
-                    a.channel_group == b.channel_group && a.strip_channels == b.strip_channels &&
-                    a.chunk_rows == b.chunk_rows && a.chunk_pixels == b.chunk_pixels &&
-                    a.apply_pixels == b.apply_pixels && a.single_thread == b.single_thread &&
-                    a.empty == b.empty && a.channels_last_view == b.channels_last_view &&
-                    a.phase == FwdPhase::kWhole && b.phase == FwdPhase::kWhole;
-  if (same) return ok_status();
+  if (same_walk(a, b) && a.phase == FwdPhase::kWhole) return ok_status();
   return unimplemented("the JIT drives forward siblings with one walk; theirs differ (" +
                        a.kernel_name() + " against " + b.kernel_name() + ")");
+}
+
+StatusOr<std::optional<FwdConf>> make_fwd_side_conf(const Partition& partition, Isa isa) {
+  const Op* act = partition.bound(FusionRole::kActivation);
+  if (act == nullptr || index_in(partition.outputs, act->inputs()[0].id) < 0)
+    return std::optional<FwdConf>();
+  // The partition less its activation writes the activation's input (the
+  // batch norm's dst or the Add's sum) as its dst, where it is an output.
+  NG_ASSIGN_OR_RETURN(FwdConf side, make_fwd_conf(partition.without(act->id()), isa));
+  return std::optional<FwdConf>(std::move(side));
+}
+
+Status check_fwd_side_walks(const FwdConf& conf, const FwdConf& side) {
+  // The side output's apply takes the conf's coefficients as they are laid out.
+  if (same_walk(conf, side) && conf.line_walk == side.line_walk &&
+      conf.pair_vectors == side.pair_vectors && conf.residual == side.residual)
+    return ok_status();
+  return unimplemented(
+      "the JIT writes a forward's side output on the forward's walk; theirs differ (" +
+      conf.kernel_name() + " against " + side.kernel_name() + ")");
 }
 
 }  // namespace jit

@@ -13,19 +13,13 @@
 #include <normgrad/backends/backend.hpp>
 #include <normgrad/backends/jit/jit_driver.hpp>
 #include <normgrad/backends/jit/jit_forward.hpp>
+#include <normgrad/backends/jit/jit_forward_finish.hpp>
 #include <normgrad/graph/data_type.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
 
 namespace normgrad {
 namespace jit {
 namespace {
-
-const float* f32_in(const std::vector<const void*>& in, int i) {
-  return i < 0 ? nullptr : static_cast<const float*>(in[static_cast<size_t>(i)]);
-}
-float* f32_out(const std::vector<void*>& out, int i) {
-  return i < 0 ? nullptr : static_cast<float*>(out[static_cast<size_t>(i)]);
-}
 
 // The pixels walk's per-channel arrays, kept per thread (ScratchLeaseOf).
 struct FwdScratch {
@@ -36,112 +30,6 @@ struct FwdScratch {
 struct FwdScratchPair {
   FwdScratch run[2];
 };
-
-// Per-channel results of the statistics and what the apply needs.
-struct Finish {
-  const FwdConf& c;
-  const std::vector<const void*>& in;
-  const std::vector<void*>& out;
-  double m;  // elements per channel
-
-  // hi/lo/a/b for channel ch from the shift and the f64 shifted sums; writes
-  // the statistics outputs.
-  void channel(int64_t ch, double shift, double s1, double s2, float* hi, float* lo, float* a,
-               float* b) const {
-    // An empty batch has zero batch statistics (as ref defines them).
-    const double d1 = m > 0 ? s1 / m : 0.0;
-    const double bmean = m > 0 ? shift + d1 : 0.0;
-    const double bvar = m > 0 ? std::max(s2 / m - d1 * d1, 0.0) : 0.0;
-    moments(ch, bmean, bvar, hi, lo, a, b);
-  }
-
-  // Apply: the same from the global sum, M2 and count (inputs, f64 and s64).
-  void global(int64_t ch, float* hi, float* lo, float* a, float* b) const {
-    const double total = global_count();
-    const double bmean = f64_in(c.in_sum)[ch] / total;
-    const double bvar = std::max(f64_in(c.in_m2)[ch] / total, 0.0);
-    moments(ch, bmean, bvar, hi, lo, a, b);
-  }
-  double global_count() const {
-    return static_cast<double>(*static_cast<const int64_t*>(in[static_cast<size_t>(c.in_count)]));
-  }
-
-  // Reduce: this process's sum, M2 about its own mean (f64) from the shifted
-  // sums: sum = m K + S1, M2 = S2 - S1^2 / m, where K is near the mean, so
-  // neither cancels.
-  void reduce(int64_t ch, double shift, double s1, double s2) const {
-    const double sum = m > 0 ? m * shift + s1 : 0.0;
-    const double m2 = m > 0 ? std::max(s2 - s1 * s1 / m, 0.0) : 0.0;
-    f64_out(c.out_sum)[ch] = sum;
-    f64_out(c.out_m2)[ch] = m2;
-  }
-
-  const double* f64_in(int i) const {
-    return static_cast<const double*>(in[static_cast<size_t>(i)]);
-  }
-  double* f64_out(int i) const { return static_cast<double*>(out[static_cast<size_t>(i)]); }
-
-  // The batch mean and (biased) variance: the coefficients and the statistics outputs.
-  void moments(int64_t ch, double bmean, double bvar, float* hi, float* lo, float* a,
-               float* b) const {
-    const double inv = 1.0 / std::sqrt(bvar + static_cast<double>(c.epsilon));
-    const double gamma = c.affine ? f32_in(in, c.in_gamma)[ch] : 1.0;
-    const double beta = c.affine ? f32_in(in, c.in_beta)[ch] : 0.0;
-    *hi = kernel_float(bmean);
-    *lo = kernel_float(bmean - static_cast<double>(*hi));
-    *a = kernel_float(gamma * inv);
-    *b = kernel_float(beta);
-    const double mom = c.momentum;
-    if (float* o = f32_out(out, c.out_running_mean))
-      o[ch] = static_cast<float>(mom * f32_in(in, c.in_mean)[ch] + (1.0 - mom) * bmean);
-    if (float* o = f32_out(out, c.out_running_var))
-      o[ch] = static_cast<float>(mom * f32_in(in, c.in_var)[ch] + (1.0 - mom) * bvar);
-    if (float* o = f32_out(out, c.out_batch_mean)) o[ch] = static_cast<float>(bmean);
-    if (float* o = f32_out(out, c.out_batch_var)) o[ch] = static_cast<float>(bvar);
-  }
-};
-
-// The shift of each channel: the mean of its first few elements (up to 16),
-// close enough to the channel's mean that the shifted sums do not cancel.
-float ncx_shift(const FwdConf& c, const void* x, int64_t ch) {
-  const int64_t k = std::min<int64_t>(c.spatial, 16);
-  double s = 0.0;
-  for (int64_t i = 0; i < k; ++i) s += load_element(x, ch * c.spatial + i, c.dt);
-  return static_cast<float>(s / static_cast<double>(k));
-}
-
-// The NXC walk's shifts: each channel's mean over the first pixels (up to
-// 8), on vectors of channels padded with zeros.
-void pixel_shifts(const FwdConf& c, const void* x, LineVector<float>* shift) {
-  shift->assign(static_cast<size_t>(padded_channels(c.c)), 0.f);
-  const int64_t k0 = std::min<int64_t>(c.pixels, 8);
-  for (int64_t ch = 0; ch < c.c; ++ch) {
-    double s = 0.0;
-    for (int64_t p = 0; p < k0; ++p) s += load_element(x, p * c.c + ch, c.dt);
-    (*shift)[static_cast<size_t>(ch)] = static_cast<float>(s / static_cast<double>(k0));
-  }
-}
-
-// FwdConf::line_walk with pairs: each of the four coefficient rows (cp
-// floats apart) laid out per 16 channels as the pairs load them, the even
-// channels first, then the odd ones; channels [first, last), whole 16s.
-void pair_order(int64_t cp, float* coef, int64_t first, int64_t last) {
-  float block[16];
-  for (int64_t row = 0; row < 4; ++row) {
-    for (int64_t f = first; f + 16 <= last; f += 16) {
-      float* v = coef + row * cp + f;
-      for (int i = 0; i < 8; ++i) block[i] = v[2 * i], block[8 + i] = v[2 * i + 1];
-      std::copy(block, block + 16, v);
-    }
-  }
-}
-
-// The apply to call: the streaming variant when dst starts on a line (the
-// conf made every row or pixel whole lines).
-void (FwdKernels::*apply_fn(const FwdConf& c, const void* y))(const FwdArgs&) const {
-  const bool aligned = reinterpret_cast<uintptr_t>(y) % 64 == 0;
-  return c.streaming && aligned ? &FwdKernels::apply_streaming : &FwdKernels::apply;
-}
 
 // One forward call: the conf, the kernels and the call's buffers, unpacked
 // once; run() takes the walk the conf chose (the backward's DenseRun is the
@@ -170,8 +58,14 @@ class FwdRun {
   // The second run over the same walk (make_fwd_sibling_confs checked it).
   void set_sibling(FwdRun* second) {
     assert(c_.phase == FwdPhase::kWhole && second->c_.phase == FwdPhase::kWhole &&
-           "forward siblings: whole forwards");
+           side_ == nullptr && "forward siblings: whole forwards, no side output");
     sib_ = second;
+  }
+  // The side output's run (make_fwd_side_conf): its apply kernel and dst
+  // only; it takes this run's coefficients (check_fwd_side_walks).
+  void set_side(const FwdRun* side) {
+    assert(sib_ == nullptr && "a side output is not taken with siblings");
+    side_ = side;
   }
 
   void run() {
@@ -191,6 +85,8 @@ class FwdRun {
   FwdRun& member(int k) { return k == 0 ? *this : *sib_; }
   Finish finish(double m) const { return Finish{c_, in_, out_, m}; }
 
+  void apply_pair(const FwdArgs& a) const;
+  void apply_images(const FwdArgs& a, int64_t image_bytes) const;
   void rows();
   void rows_sums(int64_t ch, float shift, double* s1, double* s2) const;
   void rows_apply(int64_t ch, const float* coef) const;
@@ -208,7 +104,40 @@ class FwdRun {
   const int64_t es_;
   void (FwdKernels::*const apply_)(const FwdArgs&) const;
   FwdRun* sib_ = nullptr;
+  const FwdRun* side_ = nullptr;
 };
+
+// One apply call; with a side output, the side output's apply on the same
+// block first (it reads src, and the residual, from memory; the forward's
+// apply then reads them from the cache).
+void FwdRun::apply_pair(const FwdArgs& a) const {
+  if (side_ != nullptr) {
+    FwdArgs s = a;
+    s.y = side_->y_ + (static_cast<char*>(a.y) - y_);
+    (side_->k_.*side_->apply_)(s);
+  }
+  (k_.*apply_)(a);
+}
+
+// A rows walk's apply over a.rows images, one image_bytes of src each; with
+// a side output, in runs of images of up to kFwdApplyBytes, so each run's
+// src is still in the L2 when the second apply reads it.
+void FwdRun::apply_images(const FwdArgs& a, int64_t image_bytes) const {
+  if (side_ == nullptr) {
+    (k_.*apply_)(a);
+    return;
+  }
+  const int64_t run = std::max<int64_t>(1, kFwdApplyBytes / std::max<int64_t>(1, image_bytes));
+  const int64_t stride = c_.c * c_.spatial * es_;  // an image
+  for (int64_t n = 0; n < a.rows; n += run) {
+    FwdArgs b = a;
+    b.x = static_cast<const char*>(a.x) + n * stride;
+    b.y = static_cast<char*>(a.y) + n * stride;
+    if (a.residual != nullptr) b.residual = static_cast<const char*>(a.residual) + n * stride;
+    b.rows = std::min(run, a.rows - n);
+    apply_pair(b);
+  }
+}
 
 // A channel's chunks: runs of whole rows up to kFwdRowPiece elements, or
 // pieces of one row when a row is longer.
@@ -250,7 +179,7 @@ void FwdRun::rows_apply(int64_t ch, const float* coef) const {
   a.coef = coef;
   a.len = c_.spatial;
   a.rows = c_.n;
-  (k_.*apply_)(a);
+  apply_images(a, c_.spatial * es_);
 }
 
 void FwdRun::rows() {
@@ -344,7 +273,7 @@ void FwdRun::rows_grouped() {
       a.len = c_.spatial;
       a.rows = c_.n;
       a.channels = count;
-      (r.k_.*r.apply_)(a);
+      r.apply_images(a, count * c_.spatial * es_);
     }
   });
 }
@@ -439,7 +368,7 @@ void FwdRun::pixels() {
                                              : r.r_ + off * es_;
       a.coef = scratch[k].coef.data();
       a.len = std::min(block, c_.pixels - p0);
-      (r.k_.*r.apply_)(a);
+      r.apply_pair(a);
     }
   });
 }
@@ -505,7 +434,7 @@ void FwdRun::pixel_strips() {
       // The strip is whole lines: whole 16s of 16-bit channels.
       if (r.c_.line_walk && r.c_.pair_vectors) pair_order(cp, coef.data(), c0, c0 + w);
     }
-    if (sib_ == nullptr) {
+    if (sib_ == nullptr && side_ == nullptr) {
       FwdArgs b;
       b.x = x_ + c0 * es_;
       b.y = y_ + c0 * es_;
@@ -515,9 +444,23 @@ void FwdRun::pixel_strips() {
       (k_.*apply_)(b);
       return;
     }
+    // A side output: in blocks of pixels, its apply then the forward's.
+    const int64_t block = c_.apply_pixels;
+    if (side_ != nullptr) {
+      for (int64_t p0 = 0; p0 < c_.pixels; p0 += block) {
+        const int64_t off = (p0 * c_.c + c0) * es_;
+        FwdArgs b;
+        b.x = x_ + off;
+        b.y = y_ + off;
+        b.residual = r_ == nullptr ? nullptr : r_ + off;
+        b.coef = scratch[0].coef.data() + c0;
+        b.len = std::min(block, c_.pixels - p0);
+        apply_pair(b);
+      }
+      return;
+    }
     // Siblings: in blocks of pixels, the first's dst into a block of the
     // thread's own (pixels C apart, as in dst), the second's residual there.
-    const int64_t block = c_.apply_pixels;
     thread_local LineVector<float> between;
     between.resize(static_cast<size_t>((block * c_.c * es_ + 3) / 4));
     char* const mid = reinterpret_cast<char*>(between.data()) + c0 * es_;
@@ -539,8 +482,12 @@ void FwdRun::pixel_strips() {
 
 }  // namespace
 
-Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
-                              const std::vector<const void*>& in, const std::vector<void*>& out) {
+namespace {
+
+// The forward, with the side output's run when `side` is given.
+Status run_forward(const FwdConf& conf, const FwdKernels& kernels, const FwdConf* side,
+                   const FwdKernels* side_kernels, const std::vector<const void*>& in,
+                   const std::vector<void*>& out) {
   const Finish fin{conf, in, out, conf.empty ? 0.0 : static_cast<double>(conf.pixels)};
   if (conf.phase == FwdPhase::kApply) {
     // The global count covers this process's elements, and some: with every
@@ -563,8 +510,29 @@ Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
     }
     return ok_status();
   }
-  FwdRun(conf, kernels, in, out).run();
+  FwdRun run(conf, kernels, in, out);
+  if (side == nullptr) {
+    run.run();
+    return ok_status();
+  }
+  const FwdRun side_run(*side, *side_kernels, in, out);
+  run.set_side(&side_run);
+  run.run();
   return ok_status();
+}
+
+}  // namespace
+
+Status run_batch_norm_forward(const FwdConf& conf, const FwdKernels& kernels,
+                              const std::vector<const void*>& in, const std::vector<void*>& out) {
+  return run_forward(conf, kernels, nullptr, nullptr, in, out);
+}
+
+Status run_batch_norm_forward_side(const FwdConf& conf, const FwdKernels& kernels,
+                                   const FwdConf& side, const FwdKernels& side_kernels,
+                                   const std::vector<const void*>& in,
+                                   const std::vector<void*>& out) {
+  return run_forward(conf, kernels, &side, &side_kernels, in, out);
 }
 
 Status run_batch_norm_forward_siblings(const FwdConf& first, const FwdKernels& first_kernels,

@@ -111,6 +111,10 @@ const Variant kVariants[] = {
     // Sibling batch norms as two partitions (the first with the side
     // output): the JIT declines the siblings pattern (siblings_apart).
     {"no-siblings", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},
+    // A forward's side output (the activation's input read elsewhere too)
+    // as two partitions: the JIT declines the side output, so the batch
+    // norm runs alone and its activation apart (forward_side_apart).
+    {"fwd-no-side-output", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},
     {"bf16-single-vectors", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->stream.pair_vectors = false; },
      [](FwdConf* c, int64_t) { c->pair_vectors = false; }},
@@ -240,6 +244,14 @@ bool siblings_apart(const std::string& variant) {
   bool apart = false;
   const Status s = for_each_variant(variant, [&](const Variant& v, int64_t) {
     apart = apart || std::string(v.name) == "no-siblings";
+  });
+  return s.ok() && apart;
+}
+
+bool forward_side_apart(const std::string& variant) {
+  bool apart = false;
+  const Status s = for_each_variant(variant, [&](const Variant& v, int64_t) {
+    apart = apart || std::string(v.name) == "fwd-no-side-output";
   });
   return s.ok() && apart;
 }

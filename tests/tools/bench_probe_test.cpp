@@ -246,6 +246,40 @@ TEST(CliBench, SiblingsAgainstTheirPartitionsApart) {
   EXPECT_NE(r.output.find("is not a fusion of --dir fwd"), std::string::npos) << r.output;
 }
 
+// The forward's side output against the activation apart: with
+// --backends=auto the variant column runs every backend with the JIT under
+// fwd-no-side-output ("auto[NAME]"), and the bound counts the side output.
+TEST(CliBench, ForwardSideOutputAgainstTheActivationApart) {
+  const auto [output, doc] = bench_json(
+      "--shapes=small --dt=f32 --layouts=NCX,NXC --backends=auto --iters 1 --warmup 0 "
+      "--threads 1 --jit-variant=fwd-no-side-output --dir fwd --fused=relu-side,add-relu-side",
+      "ng_bench_fwd_side.json");
+  ASSERT_TRUE(doc.is_object()) << output;
+  int cases = 0;
+  for (const auto& c : doc.at("cases")) {
+    const std::string name = c.at("name");
+    const bool add = name.find("+add-relu-side") != std::string::npos;
+    const auto shape = c.at("shape").get<std::vector<int64_t>>();
+    EXPECT_DOUBLE_EQ(c.at("bytes_min").get<double>(),
+                     (add ? 4.0 : 3.0) * 4.0 * shape[0] * shape[1] * shape[2] * shape[3])
+        << name;
+    std::vector<std::string> columns;
+    for (const auto& res : c.at("results")) {
+      const std::string b = res.at("backend"), kernel = res.at("kernel");
+      columns.push_back(b);
+      EXPECT_EQ(kernel.find("+side_out") != std::string::npos, b == "auto") << name << " " << b;
+      if (b == "auto[fwd-no-side-output]") {
+        EXPECT_EQ(kernel.find("+add+") != std::string::npos, add) << name << " " << kernel;
+      }
+      EXPECT_GT(res.at("median_ms").get<double>(), 0.0) << name << " " << b;
+    }
+    EXPECT_EQ(columns, (std::vector<std::string>{"auto", "unfused", "auto[fwd-no-side-output]"}))
+        << name;
+    ++cases;
+  }
+  EXPECT_GE(cases, 4);
+}
+
 // The bench's column order: every row a permutation, and over a full cycle
 // of rows each column right after every other one equally often and first
 // equally often, for even and odd column counts.

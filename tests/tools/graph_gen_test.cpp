@@ -62,6 +62,37 @@ TEST(GraphGen, SomeBackwardsShareTheirGradientAsSiblings) {
   EXPECT_GT(taken, 5);
 }
 
+// Some forwards' activation input is read by a backward too, and the JIT
+// writes it as a side output of the fused forward.
+TEST(GraphGen, SomeForwardsWriteTheActivationInputAsASideOutput) {
+  cli::GraphGenOptions options;
+  options.max_ops = 16;
+  int read_twice = 0, taken = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    auto g = cli::random_graph(seed, options);
+    ASSERT_TRUE(g.ok()) << seed << ": " << g.status().to_string();
+    ASSERT_TRUE(g->finalize().ok()) << seed;
+    for (const Op& op : g->ops()) {
+      if (op.kind() != OpKind::kReLU && op.kind() != OpKind::kLeakyReLU) continue;
+      const Op* bn = g->producer(op.inputs()[0].id);
+      read_twice += bn != nullptr && bn->kind() == OpKind::kBatchNormForwardTraining &&
+                            g->uses(op.inputs()[0].id).size() == 2
+                        ? 1
+                        : 0;
+    }
+    auto parts = partition_graph(*g, CompileOptions{"auto"});
+    ASSERT_TRUE(parts.ok()) << seed << ": " << parts.status().to_string();
+    for (const Partition& p : *parts) {
+      const Op* act = p.bound(FusionRole::kActivation);
+      bool side = false;
+      for (const LogicalTensor& t : p.outputs) side = side || (act && t.id == act->inputs()[0].id);
+      taken += p.pattern == "jit.bn_fwd_side_output" && side ? 1 : 0;
+    }
+  }
+  EXPECT_GT(read_twice, 10);
+  EXPECT_GT(taken, 10);
+}
+
 // Some graphs are large enough for the walks the JIT chooses by size: a
 // batch norm over more than a quarter of the cache model's 32 MiB L3 in
 // f32, or over pixel rows of 4 KiB.
