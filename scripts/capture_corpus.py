@@ -25,6 +25,10 @@ MODELS = ["resnet18", "resnet50", "mobilenet_v2", "densenet121", "efficientnet_b
           "regnet_x_400mf", "vgg11_bn", "shufflenet_v2_x1_0"]
 VARIANTS = {"nchw": [], "channels_last": ["--channels-last"], "nchw-bf16": ["--autocast", "bf16"],
             "channels_last-bf16": ["--channels-last", "--autocast", "bf16"]}
+# Not in the default set: the model with every nn.ReLU a LeakyReLU(0.01)
+# (its backward reads the activation's input: the forward's side output).
+EXTRA_VARIANTS = {"nchw-leaky": ["--leaky-relu", "0.01"],
+                  "channels_last-leaky": ["--channels-last", "--leaky-relu", "0.01"]}
 BN_KINDS = ("BatchNormForwardTraining", "BatchNormTrainingBackward", "BatchNormInference")
 
 
@@ -32,12 +36,16 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--normgrad", required=True, help="the normgrad command")
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="of %s" % ", ".join(list(VARIANTS) + list(EXTRA_VARIANTS)))
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--dir", help="keep the graphs here (default: a temporary folder)")
     a = p.parse_args(argv)
+    for variant in a.variants.split(","):
+        if variant not in VARIANTS and variant not in EXTRA_VARIANTS:
+            p.error("no variant %r" % variant)
     try:
         import functorch  # noqa: F401
         import torchvision  # noqa: F401
@@ -63,7 +71,7 @@ def main(argv=None):
 def run_one(a, out_dir, model, variant, failures):
     path = os.path.join(out_dir, "%s-%s.json" % (model, variant))
     cap = subprocess.run([sys.executable, "-m", "normgrad.capture", model, "--batch", str(a.batch),
-                          "--size", str(a.size), "-o", path] + VARIANTS[variant],
+                          "--size", str(a.size), "-o", path] + flags(variant),
                          capture_output=True, text=True)
     if cap.returncode != 0:
         why = (cap.stderr.strip().splitlines() or ["?"])[-1]
@@ -111,17 +119,26 @@ def run_one(a, out_dir, model, variant, failures):
             "%.2f" % seconds, "%d / %d" % (passed, a.seeds)]
 
 
+def flags(variant):
+    """The capture's flags for a variant of VARIANTS or EXTRA_VARIANTS."""
+    return VARIANTS[variant] if variant in VARIANTS else EXTRA_VARIANTS[variant]
+
+
 def torch_step(model, variant, a):
     """torch's own eager step of the variant: None when it runs, else the error."""
     code = ("import torch, torchvision\n"
+            "from normgrad.capture import leaky_relus\n"
             "m = torchvision.models.%s(num_classes=10)\n"
+            "if %r:\n"
+            "    leaky_relus(m, 0.01)\n"
             "x = torch.randn(%d, 3, %d, %d)\n"
             "if %r:\n"
             "    m = m.to(memory_format=torch.channels_last)\n"
             "    x = x.to(memory_format=torch.channels_last)\n"
             "with torch.autocast('cpu', dtype=torch.bfloat16, enabled=%r):\n"
             "    m(x).float().sum().backward()\n" %
-            (model, a.batch, a.size, a.size, "channels_last" in variant, "bf16" in variant))
+            (model, "leaky" in variant, a.batch, a.size, a.size, "channels_last" in variant,
+             "bf16" in variant))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if r.returncode == 0:
         return None

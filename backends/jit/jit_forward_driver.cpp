@@ -444,17 +444,20 @@ void FwdRun::pixel_strips() {
       (k_.*apply_)(b);
       return;
     }
-    // A side output: in blocks of pixels, its apply then the forward's.
+    // A side output: in blocks of pixels, its apply then the forward's,
+    // each block kFwdApplyBytes of the strip's src (apply_pixels counts
+    // whole pixels: at 14x14x1024 f32 it would make calls of 8 KiB).
     const int64_t block = c_.apply_pixels;
     if (side_ != nullptr) {
-      for (int64_t p0 = 0; p0 < c_.pixels; p0 += block) {
+      const int64_t strip_block = std::max<int64_t>(block, kFwdApplyBytes / (w * es_));
+      for (int64_t p0 = 0; p0 < c_.pixels; p0 += strip_block) {
         const int64_t off = (p0 * c_.c + c0) * es_;
         FwdArgs b;
         b.x = x_ + off;
         b.y = y_ + off;
         b.residual = r_ == nullptr ? nullptr : r_ + off;
         b.coef = scratch[0].coef.data() + c0;
-        b.len = std::min(block, c_.pixels - p0);
+        b.len = std::min(strip_block, c_.pixels - p0);
         apply_pair(b);
       }
       return;

@@ -522,6 +522,19 @@ def _assemble(fw, bw, names, n_outputs):
     return Capture(doc, b.names)
 
 
+def leaky_relus(module, slope):
+    """Replaces every torch.nn.ReLU under `module` by a LeakyReLU of `slope`
+    (in place, as the ReLU was); returns how many it replaced."""
+    n = 0
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.ReLU):
+            setattr(module, name, torch.nn.LeakyReLU(slope, inplace=child.inplace))
+            n += 1
+        else:
+            n += leaky_relus(child, slope)
+    return n
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python3 -m normgrad.capture",
@@ -532,6 +545,9 @@ def main(argv=None):
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--autocast", choices=["bf16"], help="torch.autocast('cpu', bfloat16)")
     p.add_argument("--eval", action="store_true", help="the model in eval mode")
+    p.add_argument("--leaky-relu", type=float, metavar="SLOPE",
+                   help="every nn.ReLU module replaced by nn.LeakyReLU(SLOPE) first (whose "
+                   "backward reads its input, so each batch norm's output is read twice)")
     p.add_argument("-o", "--output", required=True)
     a = p.parse_args(argv)
     import torchvision
@@ -540,6 +556,8 @@ def main(argv=None):
     torch.manual_seed(0)
     model = getattr(torchvision.models, a.model)(num_classes=10)
     model.train(not a.eval)
+    if a.leaky_relu is not None:
+        leaky_relus(model, a.leaky_relu)
     x = torch.randn(a.batch, 3, a.size, a.size)
     if a.channels_last:
         model = model.to(memory_format=torch.channels_last)

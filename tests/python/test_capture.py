@@ -167,3 +167,29 @@ def test_command_line_writes_a_graph(tmp_path):
     assert k["BatchNormForwardTraining"] == 20 and k["BatchNormTrainingBackward"] == 20, k
     with pytest.raises(SystemExit):
         main(["no_such_model", "-o", str(out)])
+
+
+def test_leaky_relu_network_writes_each_activation_input_as_a_side_output(tmp_path):
+    """--leaky-relu: every nn.ReLU a LeakyReLU, whose backward reads its
+    input, so each forward batch norm's dst (or the residual sum after it)
+    is read twice. Every forward batch norm still runs fused: with its
+    LeakyReLU, writing that input as a side output, or (a downsampling
+    block's two) as siblings; and the captured step passes --check."""
+    pytest.importorskip("torchvision", reason="python3-torchvision is not installed")
+    from normgrad.capture import main
+    out = tmp_path / "r18-leaky.json"
+    assert main(["resnet18", "--batch", "2", "--size", "32", "--leaky-relu", "0.01",
+                 "-o", str(out)]) == 0
+    g = normgrad.load_graph(str(out))
+    parts = normgrad.partition(g)
+    fwd = [p for p in parts if "BatchNormForwardTraining" in p.ops]
+    assert sum(p.ops.count("BatchNormForwardTraining") for p in fwd) == 20
+    patterns = {}
+    for p in fwd:
+        assert p.supported and len(p.ops) > 1, (p.ops, p.pattern)
+        patterns[p.pattern] = patterns.get(p.pattern, 0) + 1
+        if p.pattern == "jit.bn_fwd_side_output":
+            assert p.ops[-1] == "LeakyReLU", p.ops
+    # The stem's, each block's first and each plain block's second (with
+    # the Add): 1 + 8 + 5; the three downsampling blocks' pairs as siblings.
+    assert patterns == {"jit.bn_fwd_side_output": 14, "jit.bn_fwd_siblings": 3}, patterns
