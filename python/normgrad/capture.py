@@ -523,12 +523,13 @@ def _assemble(fw, bw, names, n_outputs):
 
 
 def leaky_relus(module, slope):
-    """Replaces every torch.nn.ReLU under `module` by a LeakyReLU of `slope`
-    (in place, as the ReLU was); returns how many it replaced."""
+    """Replaces every torch.nn.ReLU under `module` by a LeakyReLU of `slope`,
+    not in place: its backward then reads its input (an in-place one's reads
+    its output, as ReLU's does). Returns how many it replaced."""
     n = 0
     for name, child in module.named_children():
         if isinstance(child, torch.nn.ReLU):
-            setattr(module, name, torch.nn.LeakyReLU(slope, inplace=child.inplace))
+            setattr(module, name, torch.nn.LeakyReLU(slope))
             n += 1
         else:
             n += leaky_relus(child, slope)
@@ -546,8 +547,9 @@ def main(argv=None):
     p.add_argument("--autocast", choices=["bf16"], help="torch.autocast('cpu', bfloat16)")
     p.add_argument("--eval", action="store_true", help="the model in eval mode")
     p.add_argument("--leaky-relu", type=float, metavar="SLOPE",
-                   help="every nn.ReLU module replaced by nn.LeakyReLU(SLOPE) first (whose "
-                   "backward reads its input, so each batch norm's output is read twice)")
+                   help="every nn.ReLU module replaced by nn.LeakyReLU(SLOPE) first, not in "
+                   "place (its backward reads its input, so each batch norm's output is read "
+                   "twice)")
     p.add_argument("-o", "--output", required=True)
     a = p.parse_args(argv)
     import torchvision
