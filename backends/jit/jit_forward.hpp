@@ -3,7 +3,9 @@
 // parts, run the same kernels: the first pass alone, or the second alone.
 //
 // BatchNormForwardTraining, optionally followed by an Add of a residual and/or
-// a ReLU or LeakyReLU on dst (the jit.bn_fwd_epilogue pattern), runs in two passes over src:
+// a ReLU or LeakyReLU on dst (the jit.bn_fwd_epilogue pattern, or
+// jit.bn_fwd_side_output, which writes the activation's input as well),
+// runs in two passes over src:
 //   1. statistics: per channel, shifted sums S1 = sum (x - K), S2 = sum (x - K)^2
 //      around a shift K taken from the channel's first elements. With K close
 //      to the mean the sums do not cancel (a channel of constant 1e7 has

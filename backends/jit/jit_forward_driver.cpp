@@ -39,6 +39,8 @@ struct FwdScratchPair {
 // (set_sibling): each task takes both runs' statistics, then the first's
 // apply (the shortcut's dst, into the partition's dst), then the second's,
 // which reads it there as its residual from the cache and overwrites it.
+// A side output (set_side) is a second FwdRun whose apply runs on each
+// block just before this one's, on this run's coefficients.
 class FwdRun {
  public:
   FwdRun(const FwdConf& conf, const FwdKernels& kernels, const std::vector<const void*>& in,
