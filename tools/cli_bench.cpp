@@ -72,7 +72,8 @@ int parse_bench_args(const std::vector<std::string>& argv, BenchOptions& opt, Be
       ->check(CLI::IsMember({"bwd", "fwd"}));
   std::string variants;
   app.add_option("--jit-variant", variants,
-                 "comma-separated JIT variants timed as extra columns jit[NAME], interleaved with "
+                 "comma-separated JIT variants timed as extra columns jit[NAME] (auto[NAME], every "
+                 "backend with the JIT under the variant, with --backends=auto), interleaved with "
                  "the rest: default (the JIT's own choice, a control) or a named variant, A+B "
                  "for both (docs/cli.md lists them; an unknown name prints the list)");
   app.add_flag("--from-dst", opt.from_dst,
