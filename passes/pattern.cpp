@@ -336,12 +336,11 @@ StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn,
 
 StatusOr<PatternOps> match_bn_forward_side_output(const Graph& graph, const Op& bn) {
   NG_ASSIGN_OR_RETURN(PatternOps m, match_bn_forward_epilogue(graph, bn, /*side_output=*/true));
+  const Op* act = nullptr;
   for (const BoundOp& b : m.ops) {
-    if (b.role != FusionRole::kActivation) continue;
-    const Op& act = *graph.op(b.op_id);
-    if (only_reader(graph, act.inputs()[0].id, act).ok()) break;
-    return m;
+    if (b.role == FusionRole::kActivation) act = graph.op(b.op_id);
   }
+  if (act != nullptr && !only_reader(graph, act->inputs()[0].id, *act).ok()) return m;
   return unimplemented("no side output: the activation's input has no other reader");
 }
 

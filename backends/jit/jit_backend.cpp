@@ -245,7 +245,7 @@ class JitBackend final : public Backend {
   // take, still walking alike (no-siblings declines them).
   static StatusOr<std::pair<jit::FwdConf, jit::FwdConf>> fwd_sibling_confs_of(
       const Partition& partition, const CompileContext& ctx) {
-    if (jit::siblings_apart(ctx.jit_variant))
+    if (jit::variant_names(ctx.jit_variant, "no-siblings"))
       return unimplemented("the no-siblings variant runs sibling batch norms apart");
     NG_ASSIGN_OR_RETURN(auto confs, jit::make_fwd_sibling_confs(partition, jit::detect_isa()));
     NG_RETURN_IF_ERROR(choose_fwd(ctx, partition, &confs.first));
@@ -286,7 +286,7 @@ class JitBackend final : public Backend {
     NG_ASSIGN_OR_RETURN(std::optional<jit::FwdConf> side,
                         jit::make_fwd_side_conf(partition, jit::detect_isa()));
     if (!side) return side;
-    if (jit::forward_side_apart(ctx.jit_variant))
+    if (jit::variant_names(ctx.jit_variant, "fwd-no-side-output"))
       return unimplemented("the fwd-no-side-output variant runs the activation apart");
     NG_RETURN_IF_ERROR(choose_fwd(ctx, partition, &*side));
     NG_RETURN_IF_ERROR(jit::check_fwd_side_walks(conf, *side));
@@ -299,7 +299,7 @@ class JitBackend final : public Backend {
   // walking alike.
   static StatusOr<std::pair<jit::BnConf, jit::BnConf>> sibling_confs_of(const Partition& partition,
                                                                         const CompileContext& ctx) {
-    if (jit::siblings_apart(ctx.jit_variant))
+    if (jit::variant_names(ctx.jit_variant, "no-siblings"))
       return unimplemented("the no-siblings variant runs sibling batch norms apart");
     NG_ASSIGN_OR_RETURN(auto confs, jit::make_sibling_confs(partition, jit::detect_isa()));
     NG_RETURN_IF_ERROR(choose(ctx, &confs.first));

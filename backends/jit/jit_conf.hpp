@@ -381,13 +381,11 @@ bool reduce_prefetch_fits(const BnConf& c);
 // Applies CompileOptions::jit_variant to a conf make_conf chose
 // (jit_variants.cpp): a name of jit_variant_names(), or "A+B" for both.
 Status apply_variant(const std::string& variant, BnConf* conf);
-// Whether `variant` (a valid one) names no-siblings: sibling batch norms
-// then run as two partitions, for timing against the siblings' one walk.
-bool siblings_apart(const std::string& variant);
-// Whether `variant` (a valid one) names fwd-no-side-output: a forward whose
-// activation's input is read elsewhere then runs as the batch norm's
-// partition and the activation's, for timing against the side output.
-bool forward_side_apart(const std::string& variant);
+// Whether `variant` (a valid one, or "A+B") names the variant `name`. The
+// backend asks it for the variants that decline a pattern rather than
+// change a conf: no-siblings (sibling batch norms as two partitions) and
+// fwd-no-side-output (the activation apart from its batch norm).
+bool variant_names(const std::string& variant, const char* name);
 // "default, nxc-per-pixel, nxc-blocked[-PIXELS], ...": every variant
 // apply_variant knows, for help texts and errors.
 std::string jit_variant_names();

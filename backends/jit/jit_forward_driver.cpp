@@ -9,6 +9,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <normgrad/backends/backend.hpp>
 #include <normgrad/backends/jit/jit_driver.hpp>
@@ -125,11 +126,9 @@ void FwdRun::apply_pair(const FwdArgs& a) const {
 // a side output, in runs of images of up to kFwdApplyBytes, so each run's
 // src is still in the L2 when the second apply reads it.
 void FwdRun::apply_images(const FwdArgs& a, int64_t image_bytes) const {
-  if (side_ == nullptr) {
-    (k_.*apply_)(a);
-    return;
-  }
-  const int64_t run = std::max<int64_t>(1, kFwdApplyBytes / std::max<int64_t>(1, image_bytes));
+  const int64_t run =
+      side_ == nullptr ? a.rows
+                       : std::max<int64_t>(1, kFwdApplyBytes / std::max<int64_t>(1, image_bytes));
   const int64_t stride = c_.c * c_.spatial * es_;  // an image
   for (int64_t n = 0; n < a.rows; n += run) {
     FwdArgs b = a;
@@ -436,30 +435,22 @@ void FwdRun::pixel_strips() {
       // The strip is whole lines: whole 16s of 16-bit channels.
       if (r.c_.line_walk && r.c_.pair_vectors) pair_order(cp, coef.data(), c0, c0 + w);
     }
-    if (sib_ == nullptr && side_ == nullptr) {
-      FwdArgs b;
-      b.x = x_ + c0 * es_;
-      b.y = y_ + c0 * es_;
-      b.residual = r_ == nullptr ? nullptr : r_ + c0 * es_;
-      b.coef = scratch[0].coef.data() + c0;
-      b.len = c_.pixels;
-      (k_.*apply_)(b);
-      return;
-    }
-    // A side output: in blocks of pixels, its apply then the forward's,
-    // each block kFwdApplyBytes of the strip's src (apply_pixels counts
-    // whole pixels: at 14x14x1024 f32 it would make calls of 8 KiB).
+    // The strip's apply in one call; with a side output, in blocks of
+    // kFwdApplyBytes of the strip's src (apply_pixels counts whole pixels:
+    // at 14x14x1024 f32 it would make calls of 8 KiB), its apply then the
+    // forward's on each.
     const int64_t block = c_.apply_pixels;
-    if (side_ != nullptr) {
-      const int64_t strip_block = std::max<int64_t>(block, kFwdApplyBytes / (w * es_));
-      for (int64_t p0 = 0; p0 < c_.pixels; p0 += strip_block) {
+    if (sib_ == nullptr) {
+      const int64_t step =
+          side_ == nullptr ? c_.pixels : std::max<int64_t>(block, kFwdApplyBytes / (w * es_));
+      for (int64_t p0 = 0; p0 < c_.pixels; p0 += step) {
         const int64_t off = (p0 * c_.c + c0) * es_;
         FwdArgs b;
         b.x = x_ + off;
         b.y = y_ + off;
         b.residual = r_ == nullptr ? nullptr : r_ + off;
         b.coef = scratch[0].coef.data() + c0;
-        b.len = std::min(strip_block, c_.pixels - p0);
+        b.len = std::min(step, c_.pixels - p0);
         apply_pair(b);
       }
       return;
@@ -516,12 +507,11 @@ Status run_forward(const FwdConf& conf, const FwdKernels& kernels, const FwdConf
     return ok_status();
   }
   FwdRun run(conf, kernels, in, out);
-  if (side == nullptr) {
-    run.run();
-    return ok_status();
+  std::optional<FwdRun> side_run;
+  if (side != nullptr) {
+    side_run.emplace(*side, *side_kernels, in, out);
+    run.set_side(&*side_run);
   }
-  const FwdRun side_run(*side, *side_kernels, in, out);
-  run.set_side(&side_run);
   run.run();
   return ok_status();
 }

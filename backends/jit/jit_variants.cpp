@@ -109,11 +109,11 @@ const Variant kVariants[] = {
      }},
     {"ncx-no-nt", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->stream.nt_stores = false; }},
     // Sibling batch norms as two partitions (the first with the side
-    // output): the JIT declines the siblings pattern (siblings_apart).
+    // output): the JIT declines the siblings pattern (variant_names).
     {"no-siblings", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},
     // A forward's side output (the activation's input read elsewhere too)
     // as two partitions: the JIT declines the side output, so the batch
-    // norm runs alone and its activation apart (forward_side_apart).
+    // norm runs alone and its activation apart (variant_names).
     {"fwd-no-side-output", nullptr, 0, 0, 0, [](BnConf*, int64_t) {}},
     {"bf16-single-vectors", nullptr, 0, 0, 0,
      [](BnConf* c, int64_t) { c->stream.pair_vectors = false; },
@@ -240,20 +240,11 @@ Status apply_variant(const std::string& variant, BnConf* c) {
   return for_each_variant(variant, [&](const Variant& v, int64_t n) { v.apply(c, n); });
 }
 
-bool siblings_apart(const std::string& variant) {
-  bool apart = false;
-  const Status s = for_each_variant(variant, [&](const Variant& v, int64_t) {
-    apart = apart || std::string(v.name) == "no-siblings";
-  });
-  return s.ok() && apart;
-}
-
-bool forward_side_apart(const std::string& variant) {
-  bool apart = false;
-  const Status s = for_each_variant(variant, [&](const Variant& v, int64_t) {
-    apart = apart || std::string(v.name) == "fwd-no-side-output";
-  });
-  return s.ok() && apart;
+bool variant_names(const std::string& variant, const char* name) {
+  bool named = false;
+  const Status s = for_each_variant(
+      variant, [&](const Variant& v, int64_t) { named = named || std::string(v.name) == name; });
+  return s.ok() && named;
 }
 
 Status apply_forward_variant(const std::string& variant, FwdConf* c) {
