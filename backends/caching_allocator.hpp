@@ -11,6 +11,17 @@
 // CompiledGraph::execute's intermediates and scratch through allocator(),
 // and the Python package's outputs (a tensor returns its block through its
 // DLPack deleter).
+//
+// What it keeps must not add to the process's peak: by default
+// (CachePolicy::kPeak) free blocks are kept only while the blocks in use
+// and the cached ones together stay within the most the pool has ever had
+// in use at once, plus a sixteenth of that (kPeakSlackDivisor), so at the
+// moment its own use peaks it holds at most that sixteenth idle. A miss
+// beyond that gives cached blocks back first, the largest first. Blocks of 2 MiB and
+// more are their own mappings, aligned to 2 MiB and advised as transparent
+// huge pages, and go back with munmap: what is given back really leaves
+// the process (glibc's heap would keep it), and a fresh block faults in
+// 2 MiB at a time (on a VM, 30 times faster than 4 KiB pages).
 #pragma once
 
 #include <cstddef>
@@ -35,12 +46,21 @@ class CachingAllocator {
     int64_t released = 0;              // blocks given back to the system
   };
 
-  // Where blocks come from and go back to: posix_memalign and free by
-  // default; tests give one that fails on purpose.
+  // Where blocks come from and go back to: huge-page mappings from
+  // kHugeBlockBytes up, posix_memalign and free below; tests give one that
+  // fails on purpose. release gets the bytes allocate was asked for.
   struct System {
     std::function<void*(size_t bytes, size_t alignment)> allocate;  // nullptr: no memory
-    std::function<void(void*)> release;
+    std::function<void(void*, size_t bytes)> release;
   };
+  static constexpr size_t kHugeBlockBytes = size_t{2} << 20;
+
+  // kPeak: cached blocks only within the pool's peak use and a sixteenth
+  // (the default).
+  // kLimit: every freed block up to max_cached_bytes (trades memory for
+  // fewer fresh blocks; for comparison).
+  enum class CachePolicy { kPeak, kLimit };
+  static constexpr int64_t kPeakSlackDivisor = 16;
   static System default_system();
 
   // Free blocks beyond `max_cached_bytes` go back to the system.
@@ -59,10 +79,18 @@ class CachingAllocator {
   // A block from allocate(); nullptr is ignored. A pointer this pool did not
   // hand out is reported on stderr and left alone (never freed twice).
   void deallocate(void* p);
+  // deallocate() for a pointer that may not be this pool's: false (and
+  // nothing done, nothing reported) when it is not.
+  bool try_deallocate(void* p);
   // Gives every cached block back to the system.
   void empty_cache();
   Stats stats() const;
   void set_max_cached_bytes(int64_t bytes);
+  // Starts the peak over from what is in use now (kPeak then keeps within
+  // the new one).
+  void reset_peak();
+  void set_policy(CachePolicy policy);
+  CachePolicy policy() const;
 
   // The hook view of this pool, for CompiledGraph::execute.
   const Allocator& allocator() const { return hook_; }
@@ -72,12 +100,17 @@ class CachingAllocator {
 
  private:
   void trim_locked();
+  // Under kPeak, gives back cached blocks until a new block of `cls` bytes
+  // keeps the pool within its peak use.
+  void make_room_locked(size_t cls);
+  void release_largest_locked();
 
   mutable std::mutex mu_;
   std::multimap<size_t, void*> free_;       // size class -> cached block
   std::unordered_map<void*, size_t> live_;  // handed-out block -> size class
   Stats stats_;
   int64_t max_cached_;
+  CachePolicy policy_ = CachePolicy::kPeak;
   System system_;
   Allocator hook_;
 };

@@ -10,9 +10,11 @@ NG_BUILD="${NG_BUILD:-$NG_ROOT/build}"
 NG_PACKAGES=(cmake make g++ libdnnl-dev libtbb-dev libgtest-dev googletest nlohmann-json3-dev
              libxbyak-dev libbenchmark-dev ocl-icd-opencl-dev pkg-config libcli11-dev)
 # ...and the optional parts and test tools scripts/test adds (ng_add_test_packages):
-# MPI, Python and torch, lit and FileCheck, graphviz, clang-format.
+# MPI, Python and torch (libtorch-dev: c10's headers, for the pool allocator), lit and
+# FileCheck, graphviz, clang-format.
 NG_TEST_PACKAGES=(clang-format libopenmpi-dev openmpi-bin pybind11-dev python3-dev python3-numpy
-                  python3-torch python3-pytest python3-torchvision llvm-16-tools graphviz
+                  python3-torch libtorch-dev python3-pytest python3-torchvision llvm-16-tools
+                  graphviz
                   python3-venv python3-pip python3-setuptools python3-wheel)
 NG_INSTALLED=0  # set when ng_install_deps installed something: the build then configures again
 

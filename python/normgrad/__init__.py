@@ -6,7 +6,7 @@ CPU tensors, borrowed without copies; or ``partition`` a graph normgrad runs
 only in part and compile and execute its supported partitions one by one.
 ``normgrad.torch`` has drop-in BatchNorm modules that run here. Outputs
 normgrad.torch allocates come from a caching pool (``memory_stats()`` reports
-it, ``empty_cache()`` releases it), or, with ``set_heap_retention()``, up to
+it, ``empty_cache()`` releases it, ``set_cache_policy()`` says what it keeps), or, with ``set_heap_retention()``, up to
 32 MiB from torch's allocator over a heap glibc keeps.
 """
 import ctypes as _ctypes
@@ -31,6 +31,7 @@ from ._normgrad import (  # noqa: E402  # noqa: F401
     __version__,
     backends,
     _pooled_empty,
+    cache_policy,
     compile,
     empty_cache,
     graph_from_json,
@@ -40,7 +41,9 @@ from ._normgrad import (  # noqa: E402  # noqa: F401
     memory_stats,
     num_threads,
     partition,
+    reset_peak_memory_stats,
     set_cache_limit,
+    set_cache_policy,
     set_num_threads,
     set_thread_runtime,
     thread_runtime,
@@ -49,9 +52,10 @@ from ._normgrad import set_heap_retention as _set_heap_retention  # noqa: E402
 
 __all__ = [
     "CompiledGraph", "CompiledPartition", "Error", "Graph", "GraphPartition", "LogicalTensor", "Op",
-    "Partition", "__version__", "backends", "compile", "empty_cache", "graph_from_json",
-    "has_openmp_runtime", "heap_retention", "load_graph", "memory_stats", "num_threads",
-    "partition", "set_cache_limit", "set_heap_retention", "set_num_threads", "set_thread_runtime",
+    "Partition", "__version__", "backends", "cache_policy", "compile", "empty_cache",
+    "graph_from_json", "has_openmp_runtime", "heap_retention", "load_graph", "memory_stats",
+    "num_threads", "partition", "reset_peak_memory_stats", "set_cache_limit",
+    "set_cache_policy", "set_heap_retention", "set_num_threads", "set_thread_runtime",
     "thread_runtime",
 ]
 

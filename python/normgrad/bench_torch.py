@@ -218,10 +218,12 @@ def run_model(args, out):
     names = (["torch", "normgrad"] + (["normgrad-abn"] if args.leaky else []) +
              (["normgrad-ckpt"] if args.checkpoint else []) +
              (["normgrad-compile"] if args.compile else []) + ["no-bn"])
+    if args.pool_allocator:  # each normgrad mode again, torch's allocations from its pool
+        names += [n + "-alloc" for n in names if n.startswith("normgrad") or n == "torch"]
     for layout in args.layouts:
         mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-        models = {k: make_model(args.model, prefix + k if k != "no-bn" else k,
-                                args.leaky_inplace) for k in names}
+        models = {k: make_model(args.model, prefix + k.replace("-alloc", "") if k != "no-bn"
+                                else k, args.leaky_inplace) for k in names}
         x = torch.randn(args.batch, 3, args.size, args.size).contiguous(memory_format=mf)
         labels = torch.randint(0, 1000, (args.batch,))
         steps = {}
@@ -229,12 +231,16 @@ def run_model(args, out):
             m.to(memory_format=mf).train()
             opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
 
-            def step(m=m, opt=opt):
+            def step(m=m, opt=opt, alloc=name.endswith("-alloc")):
+                if alloc:
+                    ngt.set_pool_allocator(True)
                 opt.zero_grad(set_to_none=True)
                 with autocast(args):
                     loss = torch.nn.functional.cross_entropy(m(x), labels)
                 loss.backward()
                 opt.step()
+                if alloc:
+                    ngt.set_pool_allocator(False)
             steps[name] = step
         times = {k: [] for k in models}
         for i in range(args.steps + 1):
@@ -244,7 +250,7 @@ def run_model(args, out):
                 times[name].append((time.perf_counter() - t0) * 1e3)
         med = {k: statistics.median(v[1:]) for k, v in times.items()}
         shares = {k: bn_share(models[k], steps[k], mf) for k in models
-                  if k not in ("no-bn", "normgrad-compile")}
+                  if k not in ("no-bn", "normgrad-compile") and not k.endswith("-alloc")}
         # Batch norm and its activations' share of torch's step, measured as
         # the same model without them (interleaved above), and how much of
         # that time normgrad's step wins back.
@@ -289,6 +295,10 @@ def run_model(args, out):
             row["normgrad_ckpt_ms"] = med["normgrad-ckpt"]
             print("  checkpoint='blocks' (fused): %8.1f ms, %.2fx torch's speed"
                   % (med["normgrad-ckpt"], med["torch"] / med["normgrad-ckpt"]), flush=True)
+        for name in (n for n in names if n.endswith("-alloc")):
+            row[name.replace("-", "_") + "_ms"] = med[name]
+            print("  %s (torch's allocations from normgrad's pool): %8.1f ms, %.2fx torch's "
+                  "speed" % (name, med[name], med["torch"] / med[name]), flush=True)
     out["model"] = results
 
 
@@ -322,9 +332,15 @@ def memory_child(args):
     if config.endswith("-heap"):  # glibc's heap retained (normgrad.set_heap_retention)
         normgrad.set_heap_retention(True)
         config = config[:-len("-heap")]
+    if config.endswith("-alloc"):  # torch's allocations from normgrad's pool too
+        ngt.set_pool_allocator(True)
+        config = config[:-len("-alloc")]
     if config.endswith("-nopool"):  # normgrad's caching pool off: its blocks not held
         normgrad.set_cache_limit(0)
         config = config[:-len("-nopool")]
+    if config.endswith("-limit"):  # the pool keeps every freed block (up to its limit)
+        normgrad.set_cache_policy("limit")
+        config = config[:-len("-limit")]
     model = make_model(args.model, config, args.leaky_inplace)
     model = model.to(memory_format=mf).train()
     x = torch.randn(args.batch, 3, args.size, args.size).contiguous(memory_format=mf)
@@ -474,7 +490,10 @@ def main(argv=None):
                         "normgrad-abn-ckpt (the same with checkpoint='blocks'), "
                         "normgrad-compile (normgrad.torch.compile); a -nopool "
                         "suffix runs one with normgrad's caching pool off (set_cache_limit(0)), "
-                        "and a -heap suffix (torch's too) with glibc's heap retained "
+                        "a -limit suffix with the pool keeping every freed block "
+                        "(set_cache_policy('limit')), an -alloc suffix with torch's allocations "
+                        "from normgrad's pool (normgrad.torch.set_pool_allocator()), and a -heap "
+                        "suffix (torch's too) with glibc's heap retained "
                         "(normgrad.set_heap_retention())")
     p.add_argument("--autocast", action="store_true",
                    help="--model and --memory: the forward and loss under torch.autocast('cpu', "
@@ -486,6 +505,9 @@ def main(argv=None):
     p.add_argument("--heap", action="store_true",
                    help="--model and the per-layer table: glibc's heap retained "
                         "(normgrad.set_heap_retention()) for torch and normgrad alike")
+    p.add_argument("--pool-allocator", action="store_true",
+                   help="--model: torch and each normgrad mode also with torch's allocations "
+                        "from normgrad's pool during its step (normgrad.torch.set_pool_allocator)")
     p.add_argument("--relu", action="store_true",
                    help="with --memory: the model keeps its ReLUs (default: LeakyReLU, which "
                         "InPlaceABN needs)")
@@ -508,10 +530,19 @@ def main(argv=None):
     known = ("torch", "normgrad", "normgrad-abn", "normgrad-ckpt", "normgrad-abn-ckpt",
              "normgrad-compile")
     for c in args.configs:
-        base = c[:-len("-heap")] if c.endswith("-heap") else c
-        if base.replace("-nopool", "") not in known or base == "torch-nopool":
-            p.error("--configs: '%s' is not one of %s (each but torch may end in -nopool; "
-                    "each, then, in -heap)" % (c, ", ".join(known)))
+        base = c
+        for suffix in ("-heap", "-alloc", "-nopool", "-limit"):  # memory_child's order
+            base = base[:-len(suffix)] if base.endswith(suffix) else base
+        if base not in known or (base == "torch" and c not in ("torch", "torch-heap",
+                                                               "torch-alloc")):
+            p.error("--configs: '%s' is not one of %s (each but torch may end in -limit, then "
+                    "-nopool; each, then, in -alloc, then -heap)" % (c, ", ".join(known)))
+    if args.repeats < 1:
+        p.error("--repeats takes a count of 1 or more")
+    if args.pool_allocator or any("-alloc" in c for c in args.configs):
+        ok, why = ngt.pool_allocator_available()
+        if not ok:
+            p.error(why)
     if "torch" not in args.configs:
         p.error("--configs: torch is the baseline every other configuration is compared with")
     args.dtypes = args.dtypes.split(",")

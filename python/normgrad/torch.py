@@ -9,7 +9,8 @@ The modules (``BatchNorm1d``, ``BatchNorm2d``, ``BatchNorm3d``,
 synchronized layers' collectives (agreement before data, bounded waits,
 ``SyncError``) in _sync.py and their statistics in _group_stats.py;
 checkpointing (the recompute recognised, ``convert(checkpoint="blocks")``)
-in _checkpoint.py. This module is their public face. docs/python.md
+in _checkpoint.py; torch's allocations from normgrad's pool
+(``set_pool_allocator``) in _pool_allocator.py. This module is their public face. docs/python.md
 describes them, with a table of the torch features each supports.
 
 NCHW (NCX) and channels_last (NXC) tensors are passed to normgrad without
@@ -51,9 +52,11 @@ from ._sync import (SyncError, collective_timeout, name_layers, set_collective_t
 from ._torch_graphs import BatchError, InputTypeError, RankError, recording
 from .capture import Capture, CaptureError, capture
 from ._compile import CompiledModule, compile, dynamo_backend  # noqa: A004 - torch.compile's name
+from ._pool_allocator import pool_allocator, pool_allocator_available, set_pool_allocator
 
 __all__ = ["BatchError", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Capture", "CaptureError",
            "CompiledModule", "InputTypeError", "SyncBatchNorm", "SyncError", "InPlaceABN",
            "InPlaceABNSync", "RankError", "capture", "collective_timeout", "compile", "convert",
-           "convert_sync_batchnorm", "dynamo_backend", "name_layers", "recording",
-           "set_collective_timeout", "sync_stats"]
+           "convert_sync_batchnorm", "dynamo_backend", "name_layers", "pool_allocator",
+           "pool_allocator_available", "recording", "set_collective_timeout",
+           "set_pool_allocator", "sync_stats"]

@@ -497,6 +497,25 @@ PYBIND11_MODULE(_normgrad, m) {
       [](int64_t bytes) { default_caching_allocator().set_max_cached_bytes(bytes); },
       py::arg("bytes"), "Bound the bytes the caching pool keeps in free blocks");
   m.def(
+      "set_cache_policy",
+      [](const std::string& name) {
+        if (name != "peak" && name != "limit")
+          raise(invalid_argument("set_cache_policy: '" + name + "' is neither peak nor limit"));
+        default_caching_allocator().set_policy(name == "peak"
+                                                   ? CachingAllocator::CachePolicy::kPeak
+                                                   : CachingAllocator::CachePolicy::kLimit);
+      },
+      py::arg("policy"),
+      "'peak' (the default): keep free blocks only within the most the pool has had in use at "
+      "once; 'limit': keep every freed block up to set_cache_limit's bound");
+  m.def(
+      "reset_peak_memory_stats", [] { default_caching_allocator().reset_peak(); },
+      "Start the pool's peak_allocated_bytes over from what is in use now");
+  m.def("cache_policy", [] {
+    return default_caching_allocator().policy() == CachingAllocator::CachePolicy::kPeak ? "peak"
+                                                                                        : "limit";
+  });
+  m.def(
       "set_heap_retention",
       [](bool on) {
         if (!set_heap_retention(on))

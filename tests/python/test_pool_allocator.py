@@ -1,0 +1,128 @@
+"""torch's CPU allocations from normgrad's caching pool
+(normgrad.torch.set_pool_allocator): which tensors the pool serves, that
+switching is safe with tensors of either allocator alive, that a training
+step computes the same values (against float64 torch), and the refusals."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+
+import normgrad  # noqa: E402
+import normgrad.torch as ngt  # noqa: E402
+
+AVAILABLE, WHY = ngt.pool_allocator_available()
+needs_allocator = pytest.mark.skipif(not AVAILABLE, reason=WHY)
+
+
+@pytest.fixture
+def pool_allocator():
+    normgrad.empty_cache()
+    ngt.set_pool_allocator(True)
+    try:
+        yield
+    finally:
+        ngt.set_pool_allocator(False)
+        normgrad.empty_cache()
+
+
+@needs_allocator
+def test_large_tensors_come_from_the_pool_and_go_back(pool_allocator):
+    assert ngt.pool_allocator()
+    before = normgrad.memory_stats()["allocated_bytes"]
+    big = torch.empty(1 << 20)  # 4 MiB
+    small = torch.ones(1000)  # 4 KB: malloc's
+    grown = normgrad.memory_stats()["allocated_bytes"] - before
+    assert grown == 4 << 20, grown
+    big.fill_(2.0)
+    assert float(big.sum()) == 2.0 * (1 << 20) and float(small.sum()) == 1000.0
+    ngt.set_pool_allocator(False)
+    other = torch.empty(1 << 20)  # torch's default allocator again
+    assert normgrad.memory_stats()["allocated_bytes"] - before == 4 << 20
+    del big  # made by the pool, freed after the switch: back to the pool
+    assert normgrad.memory_stats()["allocated_bytes"] == before
+    del other, small
+
+
+@needs_allocator
+def test_a_training_step_matches_float64(pool_allocator):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32),
+                                torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3, padding=1),
+                                torch.nn.BatchNorm2d(32))
+    ref = copy.deepcopy(model).double()
+    fused = ngt.convert(model, fuse=True)
+    x = torch.randn(8, 3, 48, 48)
+    g = torch.randn(8, 32, 48, 48)
+    grads = {}
+    for on in (False, True):
+        ngt.set_pool_allocator(on)
+        m = copy.deepcopy(fused)
+        stats = normgrad.memory_stats()
+        before = stats["hits"] + stats["misses"]
+        for _ in range(2):
+            m.zero_grad()
+            m(x).backward(g)
+        stats = normgrad.memory_stats()
+        # with it on, the convolutions' outputs and gradients (2.25 MiB each)
+        # come from the pool too, not only normgrad's own outputs
+        calls = stats["hits"] + stats["misses"] - before
+        grads[on] = ([p.grad for p in m.parameters()], list(m.buffers()), calls)
+    assert grads[True][2] >= grads[False][2] + 8, (grads[True][2], grads[False][2])
+    for a, b in zip(grads[True][0] + grads[True][1], grads[False][0] + grads[False][1]):
+        assert torch.equal(a, b)  # where the memory came from changes no bit
+    for _ in range(2):
+        ref.zero_grad()
+        ref(x.double()).backward(g.double())
+    # The convolutions' biases have a gradient of 0 (a batch norm follows):
+    # f32 error there is measured against the model's gradient scale.
+    scale = max(float(q.grad.abs().max()) for q in ref.parameters())
+    for p, (name, q) in zip(grads[True][0], ref.named_parameters()):
+        torch.testing.assert_close(p.double(), q.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+    for b, (name, r) in zip(grads[True][1], ref.named_buffers()):
+        torch.testing.assert_close(b.double(), r.double(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_refusals():
+    with pytest.raises(TypeError, match="on is a bool"):
+        ngt.set_pool_allocator("yes")
+    if not AVAILABLE:
+        with pytest.raises(RuntimeError, match="set_pool_allocator"):
+            ngt.set_pool_allocator(True)
+        assert not ngt.pool_allocator()
+
+
+@needs_allocator
+def test_bench_torch_alloc_and_limit_configurations(tmp_path):
+    """bench_torch --memory's -alloc suffix serves torch's tensors from the
+    pool in that child (far more pool calls than normgrad's outputs alone
+    make), and -limit keeps more cached than the default policy; --model
+    --pool-allocator times torch and each normgrad mode with it."""
+    pytest.importorskip("torchvision")
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "mem.json"
+    subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--memory", "--relu", "--model",
+                    "resnet18", "--batch", "4", "--size", "64", "--steps", "3", "--repeats", "1",
+                    "--layouts", "NCHW", "--configs",
+                    "torch,torch-alloc,normgrad,normgrad-alloc,normgrad-limit",
+                    "--json", str(out)], check=True, capture_output=True)
+    rows = {r["config"]: r["pool"] for r in json.loads(out.read_text())["memory"]}
+    calls = {k: p["hits"] + p["misses"] for k, p in rows.items()}
+    assert calls["torch"] == 0 and calls["torch-alloc"] > 0, calls
+    assert calls["normgrad-alloc"] > 2 * calls["normgrad"], calls
+    for k in ("normgrad", "normgrad-alloc"):  # the default policy: within the peak
+        assert rows[k]["cached_bytes"] <= rows[k]["peak_allocated_bytes"], rows[k]
+    out = tmp_path / "step.json"
+    subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--model", "resnet18", "--batch",
+                    "4", "--size", "64", "--steps", "1", "--layouts", "NCHW",
+                    "--pool-allocator", "--json", str(out)], check=True, capture_output=True)
+    row = json.loads(out.read_text())["model"][0]
+    assert row["torch_alloc_ms"] > 0 and row["normgrad_alloc_ms"] > 0, row
+    for bad in (["--memory", "--configs", "torch,torch-nopool"],
+                ["--memory", "--configs", "torch,normgrad-alloc-limit"],
+                ["--memory", "--repeats", "0"]):
+        r = subprocess.run([sys.executable, "-m", "normgrad.bench_torch"] + bad,
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and "error" in r.stderr, r.stderr
