@@ -11,6 +11,7 @@ second full build); NORMGRAD_CMAKE_ARGS adds CMake arguments.
 """
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -46,6 +47,16 @@ class CMakeBuild(build_ext):
             raise RuntimeError("normgrad: expected one _normgrad extension in %s, found %s"
                                % (build, built))
         shutil.copy2(built[0], self.get_ext_fullpath(ext.name))
+        # Optional: torch's allocator hook (normgrad.torch.set_pool_allocator),
+        # a target only where CMake found c10's headers (libtorch-dev).
+        cache = open(os.path.join(build, "CMakeCache.txt")).read()
+        if re.search(r"^NORMGRAD_C10_INCLUDE_DIR:PATH=(?!.*NOTFOUND).+$", cache, re.M):
+            subprocess.check_call(["cmake", "--build", build, "--target", "_torch_allocator"])
+            for f in glob.glob(os.path.join(build, "python", "normgrad", "_torch_allocator*.so")):
+                shutil.copy2(f, os.path.join(out, os.path.basename(f)))
+        else:
+            print("normgrad: no c10 headers (libtorch-dev): normgrad.torch.set_pool_allocator "
+                  "is left out of this build")
         # The library under its soname (what the extension asks the loader for).
         libs = [p for p in glob.glob(os.path.join(build, "lib", "libnormgrad.so.*"))
                 if p.count(".so.") == 1 and p.rsplit(".so.", 1)[1].isdigit()]

@@ -95,11 +95,10 @@ void* CachingAllocator::allocate(size_t bytes, size_t alignment) {
     for (auto it = free_.find(cls); it != free_.end() && it->first == cls; ++it) {
       if (reinterpret_cast<uintptr_t>(it->second) % align != 0) continue;
       void* p = it->second;
-      const size_t got = it->first;
       free_.erase(it);
-      live_[p] = got;
-      stats_.cached_bytes -= static_cast<int64_t>(got);
-      stats_.allocated_bytes += static_cast<int64_t>(got);
+      live_[p] = cls;
+      stats_.cached_bytes -= static_cast<int64_t>(cls);
+      stats_.allocated_bytes += static_cast<int64_t>(cls);
       stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
       ++stats_.hits;
       return p;
