@@ -4,10 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include <normgrad/backends/caching_allocator.hpp>
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #ifdef __GLIBC__
@@ -54,6 +57,47 @@ void* map_aligned(size_t bytes, size_t alignment) {
 #endif
   return p;
 }
+
+// fork() copies a pool's mutex as it is; if another thread held it then
+// (freeing a tensor while a DataLoader forks its workers), the child's pool
+// would stay locked for good. So every live pool is listed, and fork locks
+// them all first and unlocks them in both processes after.
+struct ForkGuard {
+  std::mutex mu;
+  std::vector<std::mutex*> pools;
+};
+
+ForkGuard& fork_guard() {
+  static ForkGuard* guard = new ForkGuard();  // never destroyed: pools may outlive statics
+  return *guard;
+}
+
+void lock_pools_before_fork() {
+  ForkGuard& g = fork_guard();
+  g.mu.lock();
+  for (std::mutex* m : g.pools) m->lock();
+}
+
+void unlock_pools_after_fork() {
+  ForkGuard& g = fork_guard();
+  for (auto it = g.pools.rbegin(); it != g.pools.rend(); ++it) (*it)->unlock();
+  g.mu.unlock();
+}
+
+void list_pool(std::mutex* m) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork(lock_pools_before_fork, unlock_pools_after_fork, unlock_pools_after_fork);
+  });
+  std::lock_guard<std::mutex> lock(fork_guard().mu);
+  fork_guard().pools.push_back(m);
+}
+
+void unlist_pool(std::mutex* m) {
+  std::lock_guard<std::mutex> lock(fork_guard().mu);
+  auto& pools = fork_guard().pools;
+  pools.erase(std::remove(pools.begin(), pools.end(), m), pools.end());
+}
 }  // namespace
 
 CachingAllocator::System CachingAllocator::default_system() {
@@ -77,9 +121,11 @@ CachingAllocator::CachingAllocator(int64_t max_cached_bytes, System system)
     : max_cached_(max_cached_bytes), system_(std::move(system)) {
   hook_.allocate = [this](size_t bytes, size_t alignment) { return allocate(bytes, alignment); };
   hook_.deallocate = [this](void* p) { deallocate(p); };
+  list_pool(&mu_);
 }
 
 CachingAllocator::~CachingAllocator() {
+  unlist_pool(&mu_);
   empty_cache();
   // Blocks still handed out belong to their holders' deleters, which may run
   // after this pool is gone only at process exit: leave them.

@@ -2,6 +2,9 @@
 // keeps, alignment, threads, and serving CompiledGraph::execute as its
 // Allocator hook (steady executions allocate nothing new).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -10,6 +13,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -143,6 +149,43 @@ TEST(CachingAllocator, HugeBlocksAreMappingsThatLeaveTheProcess) {
   ASSERT_TRUE(mapped(p));  // cached
   pool.empty_cache();
   EXPECT_FALSE(mapped(p));
+}
+
+// A fork while another thread holds the pool (here: inside a slow release
+// under the pool's lock) must not leave the child's pool locked: fork waits
+// for the pool, and the child then allocates. Without the fork handlers the
+// child blocks for good and is killed after 10 s.
+TEST(CachingAllocator, ForkWhileAnotherThreadHoldsThePool) {
+  std::atomic<bool> releasing{false};
+  CachingAllocator::System slow = CachingAllocator::default_system();
+  const auto release = slow.release;
+  slow.release = [&releasing, release](void* p, size_t bytes) {
+    releasing = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    release(p, bytes);
+  };
+  CachingAllocator pool(0, slow);  // caches nothing: every free releases under the lock
+  pool.set_policy(CachingAllocator::CachePolicy::kLimit);
+  void* a = pool.allocate(size_t{64} << 10);
+  ASSERT_NE(a, nullptr);
+  std::thread holder([&pool, a] { pool.deallocate(a); });
+  while (!releasing) std::this_thread::yield();
+  const pid_t pid = fork();
+  if (pid == 0) _exit(pool.allocate(size_t{64} << 10) != nullptr ? 0 : 1);
+  holder.join();
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  bool exited = false;
+  for (int i = 0; i < 1000 && !exited; ++i) {
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "the child's pool stayed locked after fork";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 TEST(CachingAllocator, HonoursLargerAlignments) {

@@ -83,6 +83,34 @@ def test_a_training_step_matches_float64(pool_allocator):
         torch.testing.assert_close(b.double(), r.double(), rtol=1e-5, atol=1e-6, msg=name)
 
 
+@needs_allocator
+def test_a_forked_child_allocates_from_its_copy_of_the_pool(pool_allocator):
+    # A DataLoader's fork workers: the child's tensors come from its copy of
+    # the pool (the pool's fork handlers leave it unlocked there).
+    import os
+    import time
+    keep = torch.ones(1 << 20)  # a pooled block alive across the fork
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            child = torch.full((1 << 20,), 3.0) + keep
+            ok = float(child.sum()) == 4.0 * (1 << 20) and ngt.pool_allocator()
+        finally:
+            os._exit(0 if ok else 1)
+    for _ in range(1000):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child did not finish in 10 s")
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    del keep
+
+
 def test_refusals():
     with pytest.raises(TypeError, match="on is a bool"):
         ngt.set_pool_allocator("yes")
