@@ -90,10 +90,14 @@ def test_a_forked_child_allocates_from_its_copy_of_the_pool(pool_allocator):
     import os
     import time
     keep = torch.ones(1 << 20)  # a pooled block alive across the fork
+    float((keep * 2).sum())  # torch's OpenMP threads started in the parent
     pid = os.fork()
     if pid == 0:
         ok = False
         try:
+            # One thread, as DataLoader workers run: libgomp's pool does not
+            # survive fork (torch's own parallel ops would hang in the child).
+            torch.set_num_threads(1)
             child = torch.full((1 << 20,), 3.0) + keep
             ok = float(child.sum()) == 4.0 * (1 << 20) and ngt.pool_allocator()
         finally:
