@@ -132,6 +132,9 @@ CachingAllocator::~CachingAllocator() {
 }
 
 void* CachingAllocator::allocate(size_t bytes, size_t alignment) {
+  // No system has this much; the class rounding and the aligned mapping's
+  // slack would overflow near SIZE_MAX.
+  if (bytes > kMaxBlockBytes || alignment > kHugeBlockBytes) return nullptr;
   const size_t cls = size_class(bytes);
   const size_t align = alignment > kMinAlignment ? alignment : kMinAlignment;
   {

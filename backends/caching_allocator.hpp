@@ -56,6 +56,8 @@ class CachingAllocator {
     std::function<void(void*, size_t bytes)> release;
   };
   static constexpr size_t kHugeBlockBytes = size_t{2} << 20;
+  // Larger requests (and alignments above kHugeBlockBytes) get nullptr.
+  static constexpr size_t kMaxBlockBytes = size_t{1} << 48;
 
   // kPeak: cached blocks only within the pool's peak use and a sixteenth
   // (the default).

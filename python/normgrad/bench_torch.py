@@ -218,7 +218,7 @@ def run_model(args, out):
     names = (["torch", "normgrad"] + (["normgrad-abn"] if args.leaky else []) +
              (["normgrad-ckpt"] if args.checkpoint else []) +
              (["normgrad-compile"] if args.compile else []) + ["no-bn"])
-    if args.pool_allocator:  # each normgrad mode again, torch's allocations from its pool
+    if args.pool_allocator:  # torch and each normgrad mode again, torch's tensors from the pool
         names += [n + "-alloc" for n in names if n.startswith("normgrad") or n == "torch"]
     for layout in args.layouts:
         mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
@@ -234,13 +234,15 @@ def run_model(args, out):
             def step(m=m, opt=opt, alloc=name.endswith("-alloc")):
                 if alloc:
                     ngt.set_pool_allocator(True)
-                opt.zero_grad(set_to_none=True)
-                with autocast(args):
-                    loss = torch.nn.functional.cross_entropy(m(x), labels)
-                loss.backward()
-                opt.step()
-                if alloc:
-                    ngt.set_pool_allocator(False)
+                try:
+                    opt.zero_grad(set_to_none=True)
+                    with autocast(args):
+                        loss = torch.nn.functional.cross_entropy(m(x), labels)
+                    loss.backward()
+                    opt.step()
+                finally:  # only this model's step: the others run on torch's allocator
+                    if alloc:
+                        ngt.set_pool_allocator(False)
             steps[name] = step
         times = {k: [] for k in models}
         for i in range(args.steps + 1):

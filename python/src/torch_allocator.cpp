@@ -35,24 +35,35 @@ constexpr size_t kPoolMinBytes = size_t{256} << 10;
 // of equal or higher priority than the one in place.
 constexpr uint8_t kPriority = 100;
 
-// Any block this allocator made: the pool's go back to the pool, the rest to
-// free (raw_deallocate hands over only the pointer).
-void release(void* p) {
+void release_pooled(void* p) {
+  normgrad::default_caching_allocator().deallocate(p);
+}
+
+void release_small(void* p) {
+  std::free(p);
+}
+
+// Any block this allocator made, for raw_deallocate, which hands over only
+// the pointer: the pool's go back to the pool, the rest to free. Tensors
+// carry the deleter of their own kind, so a small tensor's free never takes
+// the pool's lock.
+void release_any(void* p) {
   if (!normgrad::default_caching_allocator().try_deallocate(p)) std::free(p);
 }
 
 struct PoolAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) const override {
     void* p = nullptr;
-    if (n >= kPoolMinBytes) {
+    const bool pooled = n >= kPoolMinBytes;
+    if (pooled) {
       p = normgrad::default_caching_allocator().allocate(n, 64);
     } else if (posix_memalign(&p, 64, n == 0 ? 64 : n) != 0) {
       p = nullptr;
     }
     TORCH_CHECK(p != nullptr, "normgrad's pool allocator: out of memory for ", n, " bytes");
-    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+    return {p, p, pooled ? &release_pooled : &release_small, c10::Device(c10::DeviceType::CPU)};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  c10::DeleterFnPtr raw_deleter() const override { return &release_any; }
 };
 
 PoolAllocator g_pool_allocator;

@@ -194,6 +194,21 @@ TEST(CachingAllocator, HonoursLargerAlignments) {
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 4096, 0u);
   pool.deallocate(p);
+  void* q = pool.allocate(size_t{3} << 20, CachingAllocator::kHugeBlockBytes);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(q) % CachingAllocator::kHugeBlockBytes, 0u);
+  pool.deallocate(q);
+}
+
+// Sizes and alignments no system has give nullptr, never a wrapped-around
+// small block (the class rounding and the mapping's slack would overflow).
+TEST(CachingAllocator, RefusesImpossibleSizes) {
+  CachingAllocator pool;
+  EXPECT_EQ(pool.allocate(SIZE_MAX), nullptr);
+  EXPECT_EQ(pool.allocate(SIZE_MAX - 4096), nullptr);
+  EXPECT_EQ(pool.allocate(CachingAllocator::kMaxBlockBytes + 1), nullptr);
+  EXPECT_EQ(pool.allocate(4096, size_t{1} << 40), nullptr);
+  EXPECT_EQ(pool.stats().allocated_bytes, 0);
 }
 
 // A system with a budget: a request it cannot meet while blocks sit in the

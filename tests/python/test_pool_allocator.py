@@ -115,6 +115,17 @@ def test_a_forked_child_allocates_from_its_copy_of_the_pool(pool_allocator):
     del keep
 
 
+@needs_allocator
+def test_a_torch_other_than_the_headers_is_refused(monkeypatch):
+    from normgrad import _pool_allocator as pa
+    monkeypatch.setattr(pa, "_module", None)
+    monkeypatch.setattr(pa, "_why_not", None)
+    monkeypatch.setattr(pa._torch, "__version__", "9.1.0")
+    with pytest.raises(RuntimeError, match="built against torch .*'s headers, running torch 9.1"):
+        ngt.set_pool_allocator(True)
+    assert ngt.pool_allocator_available()[0] is False and not ngt.pool_allocator()
+
+
 def test_refusals():
     with pytest.raises(TypeError, match="on is a bool"):
         ngt.set_pool_allocator("yes")
@@ -125,21 +136,16 @@ def test_refusals():
 
 
 @needs_allocator
-def test_bench_torch_alloc_and_limit_configurations(tmp_path):
+def test_bench_torch_alloc_and_limit_configurations(bench_memory, tmp_path):
     """bench_torch --memory's -alloc suffix serves torch's tensors from the
     pool in that child (far more pool calls than normgrad's outputs alone
     make, here under the -limit policy); --model --pool-allocator times torch
     and each normgrad mode with it; bad configurations are refused."""
-    pytest.importorskip("torchvision")
     import json
     import subprocess
     import sys
-    out = tmp_path / "mem.json"
-    subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--memory", "--relu", "--model",
-                    "resnet18", "--batch", "4", "--size", "64", "--steps", "2", "--repeats", "1",
-                    "--layouts", "NCHW", "--configs", "torch,torch-alloc,normgrad-limit,normgrad-alloc",
-                    "--json", str(out)], check=True, capture_output=True)
-    rows = {r["config"]: r["pool"] for r in json.loads(out.read_text())["memory"]}
+    rows = {k: r["pool"] for k, r in bench_memory(["torch", "torch-alloc", "normgrad-limit",
+                                                   "normgrad-alloc"]).items()}
     calls = {k: p["hits"] + p["misses"] for k, p in rows.items()}
     assert calls["torch"] == 0 and calls["torch-alloc"] > 0, calls
     assert calls["normgrad-alloc"] > 2 * calls["normgrad-limit"], calls

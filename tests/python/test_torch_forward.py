@@ -301,20 +301,13 @@ def test_an_untraceable_model_is_converted_with_a_warning():
     assert any("cannot trace" in str(x.message) for x in w), [str(x.message) for x in w]
 
 
-def test_bench_torch_heap_configuration_takes_outputs_from_torch(tmp_path):
+def test_bench_torch_heap_configuration_takes_outputs_from_torch(bench_memory):
     """bench_torch --memory's -heap suffix retains glibc's heap in that child:
     its normgrad outputs (at most 32 MiB here) never touch the pool, while the
     same configuration without it does; --heap is refused where it cannot act."""
-    pytest.importorskip("torchvision")
-    import json
     import subprocess
     import sys
-    out = tmp_path / "mem.json"
-    subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--memory", "--relu", "--model",
-                    "resnet18", "--batch", "4", "--size", "64", "--steps", "2", "--repeats", "1",
-                    "--layouts", "NCHW", "--configs", "torch,normgrad,normgrad-heap",
-                    "--json", str(out)], check=True, capture_output=True)
-    rows = {r["config"]: r for r in json.loads(out.read_text())["memory"]}
+    rows = bench_memory(["torch", "normgrad", "normgrad-heap"])
     calls = {k: r["pool"]["hits"] + r["pool"]["misses"] for k, r in rows.items()}
     assert calls["normgrad-heap"] == 0, calls
     assert calls["normgrad"] > 0, calls  # outputs of 256 KiB or more: the pool's
