@@ -154,23 +154,29 @@ void* CachingAllocator::allocate(size_t bytes, size_t alignment) {
     }
   }
   {
+    // Make room and count the block as in use under one lock: two threads
+    // that each made room for their own miss, before either counted its
+    // block, kept the cache sized for one miss and overshot the peak bound.
     std::lock_guard<std::mutex> lock(mu_);
     make_room_locked(cls);
+    stats_.allocated_bytes += static_cast<int64_t>(cls);
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   }
   void* p = system_.allocate(cls, align);
-  if (p == nullptr) {
+  if (p == nullptr && stats().cached_bytes > 0) {
     // Out of memory with blocks sitting in the cache: give them back and try
     // once more before failing (an 800 MiB request once failed under a
     // 1.4 GiB address-space limit with 704 MiB cached).
-    if (stats().cached_bytes == 0) return nullptr;
     empty_cache();
     p = system_.allocate(cls, align);
-    if (p == nullptr) return nullptr;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (p == nullptr) {
+    // The reservation goes; the peak keeps it (it was asked for).
+    stats_.allocated_bytes -= static_cast<int64_t>(cls);
+    return nullptr;
+  }
   live_[p] = cls;
-  stats_.allocated_bytes += static_cast<int64_t>(cls);
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   ++stats_.misses;
   return p;
 }

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -245,6 +247,56 @@ TEST(CachingAllocator, ReleasesItsCacheAndRetriesWhenTheSystemIsOut) {
   pool.deallocate(b);
   pool.empty_cache();
   EXPECT_EQ(in_use, 0u);
+}
+
+// Two misses at once under kPeak: each makes room for its own block while
+// the other's is not yet counted. The system here holds both threads inside
+// it together, so the pool must count each block when it makes room for it.
+// 4 MiB cached at a 4 MiB peak, then two 3 MiB misses: counted one at a time
+// the cache would keep 1 MiB and end at 7 MiB in use and cached against a
+// bound of 6 + 6/16 MiB.
+TEST(CachingAllocator, ConcurrentMissesKeepThePeakBound) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int inside = 0;
+  bool hold = false;
+  CachingAllocator::System fake;
+  fake.allocate = [&](size_t bytes, size_t alignment) -> void* {
+    std::unique_lock<std::mutex> lock(mu);
+    if (hold) {
+      ++inside;
+      cv.notify_all();
+      // A bounded wait: a pool that serialised its misses would fail the
+      // check below, never hang.
+      cv.wait_for(lock, std::chrono::seconds(5), [&] { return inside >= 2; });
+    }
+    void* p = nullptr;
+    return posix_memalign(&p, alignment, bytes) == 0 ? p : nullptr;
+  };
+  fake.release = [](void* p, size_t) { std::free(p); };
+  CachingAllocator pool(int64_t{1} << 30, fake);
+  std::vector<void*> first;
+  for (int i = 0; i < 4; ++i) first.push_back(pool.allocate(size_t{1} << 20));
+  for (void* p : first) pool.deallocate(p);
+  ASSERT_EQ(pool.stats().cached_bytes, int64_t{4} << 20);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    hold = true;
+  }
+  void* got[2] = {nullptr, nullptr};
+  std::thread a([&] { got[0] = pool.allocate(size_t{3} << 20); });
+  std::thread b([&] { got[1] = pool.allocate(size_t{3} << 20); });
+  a.join();
+  b.join();
+  EXPECT_EQ(inside, 2);  // both misses were in the system at once
+  ASSERT_NE(got[0], nullptr);
+  ASSERT_NE(got[1], nullptr);
+  const auto s = pool.stats();
+  EXPECT_EQ(s.allocated_bytes, int64_t{6} << 20);
+  EXPECT_LE(s.allocated_bytes + s.cached_bytes,
+            s.peak_allocated_bytes + s.peak_allocated_bytes / CachingAllocator::kPeakSlackDivisor);
+  pool.deallocate(got[0]);
+  pool.deallocate(got[1]);
 }
 
 // Both policies from four threads at once (TSan runs this too). Under kLimit
