@@ -9,6 +9,16 @@
 namespace normgrad {
 namespace {
 
+// A BatchNormInference whose src a Dequantize produces is an int8 chain's,
+// which oneDNN's int8 pattern quantizes around as a whole.
+Status outside_int8_chain(const Graph& graph, const Op& bn) {
+  const Op* producer = graph.producer(BatchNormInferencePorts(bn).src().id);
+  if (producer != nullptr && producer->kind() == OpKind::kDequantize)
+    return unimplemented("src comes from " + producer->label() +
+                         ": an int8 chain, which oneDNN's int8 pattern takes whole");
+  return ok_status();
+}
+
 // The three batch-norm backward kinds share their data ports' indices.
 constexpr size_t kSrcPort = BatchNormTrainingBackwardPorts::src_port();
 constexpr size_t kDiffDstPort = BatchNormTrainingBackwardPorts::diff_dst_port();
@@ -94,7 +104,8 @@ Pattern bn_inference_relu_pattern(std::string backend) {
 
 Pattern bn_forward_epilogue_pattern(std::string backend) {
   return fused_pattern("bn_fwd_epilogue", std::move(backend),
-                       {OpKind::kBatchNormForwardTraining, OpKind::kBatchNormForwardApply},
+                       {OpKind::kBatchNormForwardTraining, OpKind::kBatchNormForwardApply,
+                        OpKind::kBatchNormInference},
                        [](const Graph& graph, const Op& bn) {
                          return match_bn_forward_epilogue(graph, bn, /*side_output=*/false);
                        });
@@ -114,6 +125,15 @@ Pattern bn_forward_siblings_pattern(std::string backend) {
 Pattern int8_bn_chain_pattern(std::string backend) {
   return fused_pattern("int8_bn_chain", std::move(backend), {OpKind::kBatchNormInference},
                        match_int8_bn_chain);
+}
+
+Pattern bn_inference_pattern(std::string backend) {
+  Pattern p = single_op_pattern("bn_inf", std::move(backend), {OpKind::kBatchNormInference});
+  p.match = [](const Graph& graph, const Op& bn) -> StatusOr<PatternOps> {
+    NG_RETURN_IF_ERROR(outside_int8_chain(graph, bn));
+    return PatternOps{{{bn.id(), FusionRole::kAnchor}}, ""};
+  };
+  return p;
 }
 
 Pattern single_op_pattern(std::string name, std::string backend, std::vector<OpKind> kinds) {
@@ -299,14 +319,20 @@ const Op* fusible_activation(const Graph& graph, const LogicalTensor& y, bool si
 }  // namespace
 
 StatusOr<PatternOps> match_bn_forward_epilogue(const Graph& graph, const Op& bn, bool side_output) {
-  // The forward, or the Apply part of a synchronized one (the same dst).
+  // The forward, the Apply part of a synchronized one, or the inference
+  // (the same dst).
   const bool apply = bn.kind() == OpKind::kBatchNormForwardApply;
-  if (bn.kind() != OpKind::kBatchNormForwardTraining && !apply)
-    return unimplemented(bn.label() + " is not BatchNormForwardTraining or BatchNormForwardApply");
+  const bool inference = bn.kind() == OpKind::kBatchNormInference;
+  if (bn.kind() != OpKind::kBatchNormForwardTraining && !apply && !inference)
+    return unimplemented(bn.label() +
+                         " is not BatchNormForwardTraining, BatchNormForwardApply or "
+                         "BatchNormInference");
   NG_RETURN_IF_ERROR(graph.unknown_shape_error(bn));
+  if (inference) NG_RETURN_IF_ERROR(outside_int8_chain(graph, bn));
   PatternOps m{{{bn.id(), FusionRole::kAnchor}}, ""};
-  LogicalTensor y =
-      apply ? BatchNormForwardApplyPorts(bn).dst() : BatchNormForwardTrainingPorts(bn).dst();
+  LogicalTensor y = apply       ? BatchNormForwardApplyPorts(bn).dst()
+                    : inference ? BatchNormInferencePorts(bn).dst()
+                                : BatchNormForwardTrainingPorts(bn).dst();
   const Op* next = sole_consumer(graph, y.id);
   if (next != nullptr && next->kind() == OpKind::kAdd && only_reader(graph, y.id, *next).ok()) {
     // The residual must be dst's twin: same dims (no broadcast), same dtype.

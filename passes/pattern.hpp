@@ -17,8 +17,9 @@
 //     so the intermediate is never written);
 //   - match_bn_inference_relu: BatchNormInference -> ReLU (oneDNN's
 //     fuse_norm_relu);
-//   - match_bn_forward_epilogue: BatchNormForwardTraining -> [Add] -> [ReLU]
-//     (the JIT adds the residual and clamps before it stores dst);
+//   - match_bn_forward_epilogue: BatchNormForwardTraining (or
+//     BatchNormInference) -> [Add] -> [ReLU] (the JIT adds the residual and
+//     clamps before it stores dst);
 //   - match_int8_bn_chain: Dequantize -> BatchNormInference -> ReLU ->
 //     Quantize (oneDNN's int8 batch-norm pattern).
 #pragma once
@@ -80,6 +81,9 @@ Pattern bn_backward_siblings_pattern(std::string backend);
 Pattern bn_inference_relu_pattern(std::string backend);
 Pattern int8_bn_chain_pattern(std::string backend);
 Pattern bn_forward_epilogue_pattern(std::string backend);
+// BatchNormInference alone ("bn_inf"), except in an int8 chain (src from a
+// Dequantize), which oneDNN's int8 pattern takes whole.
+Pattern bn_inference_pattern(std::string backend);
 // The JIT's form with a side output ("bn_fwd_side_output",
 // match_bn_forward_side_output), tried before bn_fwd_epilogue: where the
 // JIT declines it, the epilogue's only-reader form still takes the Add.

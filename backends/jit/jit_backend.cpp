@@ -161,7 +161,8 @@ class JitBackend final : public Backend {
 
   // Batch-norm backward, with the ReLUBackward/Add producers its generated
   // code computes while it loads src and diff_dst (jit_conf.hpp, Fuse); and
-  // forward training with the Add/ReLU its apply computes before it stores.
+  // forward training and inference with the Add/ReLU its apply computes
+  // before it stores.
   std::vector<Pattern> patterns() const override {
     return {bn_backward_siblings_pattern(jit::kBackendName),
             bn_backward_producers_pattern(jit::kBackendName, /*side_output=*/true),
@@ -173,7 +174,8 @@ class JitBackend final : public Backend {
                               {OpKind::kBatchNormTrainingBackwardFromDst}),
             single_op_pattern("bn_fwd", jit::kBackendName,
                               {OpKind::kBatchNormForwardTraining, OpKind::kBatchNormForwardReduce,
-                               OpKind::kBatchNormForwardApply})};
+                               OpKind::kBatchNormForwardApply}),
+            bn_inference_pattern(jit::kBackendName)};
   }
 
   Status supports(const Partition& partition, const CompileContext& ctx) const override {
@@ -239,7 +241,8 @@ class JitBackend final : public Backend {
     const Op* anchor = partition.bound(FusionRole::kAnchor);
     return anchor != nullptr && (anchor->kind() == OpKind::kBatchNormForwardTraining ||
                                  anchor->kind() == OpKind::kBatchNormForwardReduce ||
-                                 anchor->kind() == OpKind::kBatchNormForwardApply);
+                                 anchor->kind() == OpKind::kBatchNormForwardApply ||
+                                 anchor->kind() == OpKind::kBatchNormInference);
   }
   // Both forward siblings' confs with the variant or tuned choice each would
   // take, still walking alike (no-siblings declines them).

@@ -80,8 +80,15 @@ constexpr int64_t kFwdAvx2BounceRowBytes = 256;
 // The whole forward, or a part of the synchronized one: Reduce (this
 // process's f64 sum, M2 about its mean and count, from the statistics pass
 // alone) or Apply (the normalisation and statistics outputs from the global
-// sum, M2 and count given as inputs, with no statistics pass).
-enum class FwdPhase : uint8_t { kWhole, kReduce, kApply };
+// sum, M2 and count given as inputs, with no statistics pass); or
+// BatchNormInference (the normalisation from the mean and variance given as
+// inputs, no statistics pass and no statistics outputs).
+enum class FwdPhase : uint8_t { kWhole, kReduce, kApply, kInference };
+
+// The phases whose statistics are inputs rather than the batch's own.
+inline bool fwd_given_statistics(FwdPhase phase) {
+  return phase == FwdPhase::kApply || phase == FwdPhase::kInference;
+}
 
 struct FwdConf {
   FwdPhase phase = FwdPhase::kWhole;

@@ -1,11 +1,13 @@
 // JIT batch-norm forward: the conf of a matched partition (plain C++ decisions).
 //
-// The partition is BatchNormForwardTraining, optionally followed by an Add of
+// The partition is BatchNormForwardTraining (or a synchronized one's part, or
+// BatchNormInference), optionally followed by an Add of
 // a residual of dst's shape and dtype, and/or a ReLU (jit.bn_fwd_epilogue in
 // passes/pattern.cpp decides the structure). This file maps its buffers,
 // checks what the kernels need (dense data, f32 statistics) and fixes the
 // statistics chunking from the shape alone.
 #include <algorithm>
+#include <type_traits>
 
 #include <normgrad/backends/jit/jit_forward.hpp>
 #include <normgrad/ops/batch_norm_desc.hpp>
@@ -46,6 +48,7 @@ std::string FwdConf::kernel_name() const {
   if (stats_pixel_group > 0 && !empty) s += "+stats_groups" + std::to_string(stats_pixel_group);
   if (phase == FwdPhase::kReduce) s += "+reduce";
   if (phase == FwdPhase::kApply) s += "+apply";
+  if (phase == FwdPhase::kInference) s += "+inference";
   if (residual) s += "+add";
   if (relu) s += leaky ? "+leaky_relu" : "+relu";
   if (channels_last_view) s += "+channels_last";
@@ -67,8 +70,9 @@ std::string FwdConf::key() const {
 namespace {
 
 // What the forward's parts share, read through the kind's port class P
-// (BatchNormForwardTrainingPorts or BatchNormForwardApplyPorts, which name
-// src, the running statistics, gamma, beta and the outputs alike).
+// (BatchNormForwardTrainingPorts, BatchNormForwardApplyPorts or
+// BatchNormInferencePorts, which name src, the mean and variance inputs,
+// gamma, beta and dst alike; the first two also the statistics outputs).
 template <typename P, typename NeedInput>
 Status forward_ports(const Partition& partition, const Op& bn, const Op* add, const Op* relu,
                      const NeedInput& need_input, FwdConf& c) {
@@ -100,15 +104,25 @@ Status forward_ports(const Partition& partition, const Op& bn, const Op* add, co
     NG_ASSIGN_OR_RETURN(c.alpha, relu->attr_f32("alpha"));
     c.leaky = true;
   }
-  const std::pair<const LogicalTensor*, int*> stats[] = {
-      {&ports.running_mean(), &c.out_running_mean},
-      {&ports.running_variance(), &c.out_running_var},
-      {&ports.batch_mean(), &c.out_batch_mean},
-      {&ports.batch_variance(), &c.out_batch_var}};
-  for (const auto& [lt, slot] : stats) {
-    *slot = index_in(partition.outputs, lt->id);
-    if (*slot >= 0 && !dense_vector(*lt))
-      return unimplemented("the JIT forward writes dense statistics");
+  if constexpr (std::is_same_v<P, BatchNormInferencePorts>) {
+    // Used as given: every one f32, as the kernels' coefficients take them.
+    for (const LogicalTensor* lt :
+         {&ports.mean(), &ports.variance(), &ports.gamma(), &ports.beta()}) {
+      if (lt->dtype != DataType::kF32)
+        return unimplemented("the JIT inference takes f32 mean, variance, gamma and beta, not " +
+                             std::string(dtype_name(lt->dtype)));
+    }
+  } else {
+    const std::pair<const LogicalTensor*, int*> stats[] = {
+        {&ports.running_mean(), &c.out_running_mean},
+        {&ports.running_variance(), &c.out_running_var},
+        {&ports.batch_mean(), &c.out_batch_mean},
+        {&ports.batch_variance(), &c.out_batch_var}};
+    for (const auto& [lt, slot] : stats) {
+      *slot = index_in(partition.outputs, lt->id);
+      if (*slot >= 0 && !dense_vector(*lt))
+        return unimplemented("the JIT forward writes dense statistics");
+    }
   }
   return ok_status();
 }
@@ -156,17 +170,20 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   const Op* bn = partition.bound(FusionRole::kAnchor);
   const Op* add = partition.bound(FusionRole::kResidualAdd);
   const Op* relu = partition.bound(FusionRole::kActivation);
-  if (bn == nullptr || (bn->kind() != OpKind::kBatchNormForwardTraining &&
-                        bn->kind() != OpKind::kBatchNormForwardReduce &&
-                        bn->kind() != OpKind::kBatchNormForwardApply))
+  if (bn == nullptr ||
+      (bn->kind() != OpKind::kBatchNormForwardTraining &&
+       bn->kind() != OpKind::kBatchNormForwardReduce &&
+       bn->kind() != OpKind::kBatchNormForwardApply && bn->kind() != OpKind::kBatchNormInference))
     return internal_error(
-        "the JIT forward compiles partitions anchored at BatchNormForwardTraining or its parts");
+        "the JIT forward compiles partitions anchored at BatchNormForwardTraining, its parts or "
+        "BatchNormInference");
   NG_ASSIGN_OR_RETURN(BatchNormDesc d, describe_batch_norm(*bn));
-  // src is input 0 of all three kinds.
+  // src is input 0 of all four kinds.
   static_assert(
       BatchNormForwardTrainingPorts::src_port() == BatchNormForwardReducePorts::src_port() &&
-          BatchNormForwardApplyPorts::src_port() == BatchNormForwardReducePorts::src_port(),
-      "the forward's parts read src first");
+          BatchNormForwardApplyPorts::src_port() == BatchNormForwardReducePorts::src_port() &&
+          BatchNormInferencePorts::src_port() == BatchNormForwardReducePorts::src_port(),
+      "the forward's kinds read src first");
   const LogicalTensor& src = bn->inputs()[BatchNormForwardReducePorts::src_port()];
   // torch's channels_last tensors under an NCX op are dense NXC (dst and the
   // residual are checked against the same layout).
@@ -178,6 +195,7 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   c.channels_last_view = channels_last_view;
   c.phase = bn->kind() == OpKind::kBatchNormForwardReduce  ? FwdPhase::kReduce
             : bn->kind() == OpKind::kBatchNormForwardApply ? FwdPhase::kApply
+            : bn->kind() == OpKind::kBatchNormInference    ? FwdPhase::kInference
                                                            : FwdPhase::kWhole;
   c.isa = isa;
   c.avx512_bf16 = isa == Isa::kAvx512 && cpu_has_avx512_bf16();
@@ -225,6 +243,9 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
     NG_ASSIGN_OR_RETURN(c.in_count, need_input(ports.count(), "the global count"));
     NG_RETURN_IF_ERROR(
         forward_ports<BatchNormForwardApplyPorts>(partition, *bn, add, relu, need_input, c));
+  } else if (c.phase == FwdPhase::kInference) {
+    NG_RETURN_IF_ERROR(
+        forward_ports<BatchNormInferencePorts>(partition, *bn, add, relu, need_input, c));
   } else {
     NG_RETURN_IF_ERROR(
         forward_ports<BatchNormForwardTrainingPorts>(partition, *bn, add, relu, need_input, c));

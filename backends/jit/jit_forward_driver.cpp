@@ -192,7 +192,7 @@ void FwdRun::rows() {
     for (int k = 0; k < members(); ++k) {
       FwdRun& r = member(k);
       const Finish fin = r.finish(m);
-      if (c_.phase == FwdPhase::kApply) {
+      if (fwd_given_statistics(c_.phase)) {
         fin.global(ch, &coef[k][0], &coef[k][1], &coef[k][2], &coef[k][3]);
         continue;
       }
@@ -227,7 +227,7 @@ void FwdRun::rows_grouped() {
       FwdRun& r = member(k);
       const Finish fin = r.finish(m);
       float* cf = coef[k];
-      if (c_.phase == FwdPhase::kApply) {
+      if (fwd_given_statistics(c_.phase)) {
         for (int64_t g = 0; g < count; ++g)
           fin.global(ch0 + g, &cf[4 * g], &cf[4 * g + 1], &cf[4 * g + 2], &cf[4 * g + 3]);
         continue;
@@ -290,7 +290,7 @@ void FwdRun::pixels() {
   // partials alone are 2 MB, which a fresh allocation would fault in per call.
   ScratchLeaseOf<FwdScratchPair> lease;
   FwdScratch* scratch = lease.get().run;
-  const bool stats = c_.phase != FwdPhase::kApply;  // Apply is given the global statistics
+  const bool stats = !fwd_given_statistics(c_.phase);  // Apply is given the global statistics
   for (int k = 0; k < members(); ++k) {
     if (stats) pixel_shifts(member(k).c_, member(k).x_, &scratch[k].shift);
     scratch[k].partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
@@ -498,7 +498,7 @@ Status run_forward(const FwdConf& conf, const FwdKernels& kernels, const FwdConf
     for (int64_t ch = 0; ch < conf.c; ++ch) {
       if (conf.phase == FwdPhase::kReduce) {
         fin.reduce(ch, 0.0, 0.0, 0.0);
-      } else if (conf.phase == FwdPhase::kApply) {
+      } else if (fwd_given_statistics(conf.phase)) {
         fin.global(ch, &unused[0], &unused[1], &unused[2], &unused[3]);
       } else {
         fin.channel(ch, 0.0, 0.0, 0.0, &unused[0], &unused[1], &unused[2], &unused[3]);

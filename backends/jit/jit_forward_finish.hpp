@@ -44,8 +44,13 @@ struct Finish {
     moments(ch, bmean, bvar, hi, lo, a, b);
   }
 
-  // Apply: the same from the global sum, M2 and count (inputs, f64 and s64).
+  // Apply: the same from the global sum, M2 and count (inputs, f64 and s64);
+  // Inference: from the mean and variance (f32 inputs), used as given.
   void global(int64_t ch, float* hi, float* lo, float* a, float* b) const {
+    if (c.phase == FwdPhase::kInference) {
+      moments(ch, f32_in(in, c.in_mean)[ch], f32_in(in, c.in_var)[ch], hi, lo, a, b);
+      return;
+    }
     const double total = global_count();
     const double bmean = f64_in(c.in_sum)[ch] / total;
     const double bvar = std::max(f64_in(c.in_m2)[ch] / total, 0.0);

@@ -121,14 +121,12 @@ class _BatchNormFunction(_torch.autograd.Function):
         else:
             mean = running_mean.detach().float().contiguous()
             var = running_var.detach().float().contiguous()
-            cg = _g.inference_graph(shape, fmt, dt, c, eps, fuse_relu and residual is None)
-            out_id = _g.RELU_OUT if fuse_relu and residual is None else _g.Y0
-            _g.run(cg, {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var},
-                   {out_id: yv})
+            # The residual's Add and the ReLU in the same pass (the JIT's epilogue).
+            cg = _g.inference_graph(shape, fmt, dt, c, eps, fuse_relu, residual is not None)
+            inputs = {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var}
             if residual is not None:
-                y.add_(residual)
-                if fuse_relu:
-                    y.relu_()
+                inputs[_g.RES] = rv_view
+            _g.run(cg, inputs, {_g.forward_output_id(residual is not None, fuse_relu): yv})
         if not use_batch_stats:
             ctx.mean_lo = None
         ctx.use_batch_stats, ctx.fuse_relu, ctx.eps = use_batch_stats, fuse_relu, eps

@@ -312,16 +312,23 @@ def forward_output_id(residual, relu):
     return RELU_OUT if relu else (ADD_OUT if residual else Y0)
 
 
-def inference_graph(shape, fmt, dt, c, eps, relu):
-    """BatchNormInference [-> ReLU] on frozen statistics."""
+def inference_graph(shape, fmt, dt, c, eps, relu, residual=False):
+    """BatchNormInference [-> Add(residual)] [-> ReLU] on frozen statistics;
+    dst is the last op's output (forward_output_id)."""
     def build(g):
         ins = [_t(X, dt, shape), _t(GAMMA, "f32", [c]), _t(BETA, "f32", [c]),
                _t(MEAN, "f32", [c]), _t(VAR, "f32", [c])]
         g.add_op("BatchNormInference", ins, [_t(Y0, dt, shape)],
                  {"epsilon": float(eps), "data_format": fmt}, id=0, name="bn_inf")
+        last = Y0
+        if residual:
+            g.add_op("Add", [_t(Y0, dt, shape), _t(RES, dt, shape)], [_t(ADD_OUT, dt, shape)], {},
+                     id=1, name="add")
+            last = ADD_OUT
         if relu:
-            g.add_op("ReLU", [_t(Y0, dt, shape)], [_t(RELU_OUT, dt, shape)], {}, id=2, name="relu")
-    return _compiled(("inf", tuple(shape), fmt, dt, float(eps), relu), build)
+            g.add_op("ReLU", [_t(last, dt, shape)], [_t(RELU_OUT, dt, shape)], {}, id=2,
+                     name="relu")
+    return _compiled(("inf", tuple(shape), fmt, dt, float(eps), relu, residual), build)
 
 
 def backward_graph(shape, fmt, dt, c, affine, training, fuse_relu, eps, dy_strides,

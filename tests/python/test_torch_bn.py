@@ -216,3 +216,41 @@ def test_data_far_from_zero_keeps_the_mean_at_full_precision(layout, relu, resid
         assert rel(a, b) < 1e-6, (what, rel(a, b))
     if residual:
         assert rel(ro.grad, rr.grad) < 1e-6
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("relu,residual", [(False, False), (True, False), (False, True),
+                                           (True, True)])
+def test_eval_is_one_pass_with_its_residual_and_relu(layout, dtype, relu, residual):
+    # In eval the batch norm, a residual's Add and the ReLU are one
+    # BatchNormInference partition, which the JIT runs in one pass.
+    torch.manual_seed(9)
+    x = torch.randn(4, 6, 5, 7).to(dtype)
+    r = torch.randn(4, 6, 5, 7).to(dtype)
+    if layout == "channels_last":
+        x, r = (t.contiguous(memory_format=torch.channels_last) for t in (x, r))
+    ours = ngt.BatchNorm2d(6, fuse_relu=relu)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ours.bias.uniform_(-0.5, 0.5)
+        ours.running_mean.uniform_(-0.3, 0.3)
+        ours.running_var.uniform_(0.5, 2.0)
+    ref = torch.nn.BatchNorm2d(6).double()
+    ref.load_state_dict({k: v.double() if v.is_floating_point() else v
+                         for k, v in ours.state_dict().items()})
+    ours.eval()
+    ref.eval()
+    with ngt.recording() as ran:
+        yo = ours(x, r) if residual else ours(x)
+    yr = ref(x.double()) + r.double() if residual else ref(x.double())
+    if relu:
+        yr = torch.relu(yr)
+    assert yo.dtype == dtype
+    close(yo, yr, dtype, "dst")
+    if layout == "channels_last":
+        assert yo.is_contiguous(memory_format=torch.channels_last)
+    ops = ["BatchNormInference"] + (["Add"] if residual else []) + (["ReLU"] if relu else [])
+    assert [p.ops for cg in ran for p in cg.partitions] == [ops]
+    if "jit" in normgrad.backends():
+        assert [p.backend for cg in ran for p in cg.partitions] == ["jit"]

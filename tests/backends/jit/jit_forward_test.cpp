@@ -19,15 +19,6 @@ namespace {
 using testing_util::compare_with_ref;
 using testing_util::lt;
 
-Dims fwd_shape(const std::string& fmt, int rank, int64_t c, int64_t n, int64_t s0) {
-  Dims shape = {n};
-  const int64_t spatial[] = {s0, 3, 5};
-  if (fmt == "NCX") shape.push_back(c);
-  for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
-  if (fmt == "NXC") shape.push_back(c);
-  return shape;
-}
-
 // form: 0 affine, 1 no gamma/beta, 2 affine + ReLU, 3 affine + Add + ReLU, 4 affine + Add,
 // 5 affine + LeakyReLU(0.01), 6 affine + Add + LeakyReLU(2.5).
 Graph fwd_graph(const Dims& shape, const std::string& fmt, DataType dt, int form,
@@ -42,24 +33,11 @@ Graph fwd_graph(const Dims& shape, const std::string& fmt, DataType dt, int form
   bn.add_output(lt(20, dt, shape));
   for (int64_t id = 21; id <= 24; ++id) bn.add_output(lt(id, DataType::kF32, {c}));
   EXPECT_TRUE(g.add_op(bn).ok());
-  int64_t y = 20;
-  if (form == 3 || form == 4 || form == 6) {
-    Op add(2, OpKind::kAdd, "add");
-    add.add_input(lt(y, dt, shape)).add_input(lt(30, dt, shape)).add_output(lt(31, dt, shape));
-    EXPECT_TRUE(g.add_op(add).ok());
-    y = 31;
-  }
-  if (form == 2 || form == 3) {
-    Op relu(3, OpKind::kReLU, "relu");
-    relu.add_input(lt(y, dt, shape)).add_output(lt(40, dt, shape));
-    EXPECT_TRUE(g.add_op(relu).ok());
-  }
-  if (form == 5 || form == 6) {
-    Op leaky(3, OpKind::kLeakyReLU, "leaky_relu");
-    leaky.set_attr("alpha", form == 5 ? 0.01f : 2.5f);
-    leaky.add_input(lt(y, dt, shape)).add_output(lt(40, dt, shape));
-    EXPECT_TRUE(g.add_op(leaky).ok());
-  }
+  jit_test::add_forward_epilogue(&g, shape, dt, form == 3 || form == 4 || form == 6,
+                                 form == 2 || form == 3 || form >= 5,
+                                 form == 5   ? std::optional<float>(0.01f)
+                                 : form == 6 ? std::optional<float>(2.5f)
+                                             : std::nullopt);
   return g;
 }
 
@@ -68,45 +46,29 @@ class JitForwardIsa : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(JitForwardIsa, SweepAgainstRef) {
   const std::string isa = GetParam();
-  const jit::Isa here = jit::detect_isa();
-  if ((isa == "avx512" && here != jit::Isa::kAvx512) ||
-      (isa == "avx2" && here == jit::Isa::kPortable))
-    GTEST_SKIP() << "the JIT runs " << jit::isa_name(here) << " here (CPU or NORMGRAD_JIT), not "
-                 << isa;
+  if (const std::string why = jit_test::isa_unavailable(isa); !why.empty()) GTEST_SKIP() << why;
   jit_test::IsaScope scope(isa);
-  int ran = 0;
-  for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
-    for (const char* fmt : {"NCX", "NXC"}) {
-      for (int rank = 2; rank <= 5; ++rank) {
-        for (int64_t c : {1, 3, 16, 17, 64, 251}) {
-          for (int form = 0; form < 7; ++form) {
-            const Dims shape = fwd_shape(fmt, rank, c, rank == 2 ? 40 : 3, 37);
-            const Graph g = fwd_graph(shape, fmt, dt, form);
-            SCOPED_TRACE(std::string(dtype_name(dt)) + " " + fmt + " " + dims_to_string(shape) +
-                         " form " + std::to_string(form));
-            const double offset = form == 0 ? 1e3 : 0.0;  // statistics on offset data
-            // Seeds: the ReLU/Add forms keep theirs (7000 + their own count); LeakyReLU's follow.
-            const uint64_t seed = form < 5 ? 7000 + static_cast<uint64_t>(ran / 7 * 5 + form)
-                                           : 20000 + static_cast<uint64_t>(ran);
-            const auto r = compare_with_ref(g, "jit", seed, offset);
-            ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-            EXPECT_LE(r.worst_ratio, 1.0) << r.report;
-            // One fused kernel for BN and its epilogue.
-            EXPECT_EQ(r.kernel.rfind("jit:"), 0u) << r.kernel;  // one partition, on the JIT
-            // On the ISA asked for, every dtype (bf16 rounds by integer arithmetic
-            // where vcvtneps2bf16 is missing).
-            EXPECT_EQ(r.kernel.rfind("jit:" + isa + ":", 0), 0u) << r.kernel;
-            EXPECT_NE(r.kernel.find(":fwd:"), std::string::npos) << r.kernel;
-            if (form >= 2) {
-              const char* epilogue = form == 4 ? "+add" : form >= 5 ? "+leaky_relu" : "+relu";
-              EXPECT_NE(r.kernel.find(epilogue), std::string::npos) << r.kernel;
-            }
-            ++ran;
-          }
+  const int ran = jit_test::for_each_forward_case(
+      7, [&](DataType dt, const std::string& fmt, const Dims& shape, int form, int index) {
+        const Graph g = fwd_graph(shape, fmt, dt, form);
+        const double offset = form == 0 ? 1e3 : 0.0;  // statistics on offset data
+        // Seeds: the ReLU/Add forms keep theirs (7000 + their own count); LeakyReLU's follow.
+        const uint64_t seed = form < 5 ? 7000 + static_cast<uint64_t>(index / 7 * 5 + form)
+                                       : 20000 + static_cast<uint64_t>(index);
+        const auto r = compare_with_ref(g, "jit", seed, offset);
+        ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+        EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+        // One fused kernel for BN and its epilogue.
+        EXPECT_EQ(r.kernel.rfind("jit:"), 0u) << r.kernel;  // one partition, on the JIT
+        // On the ISA asked for, every dtype (bf16 rounds by integer arithmetic
+        // where vcvtneps2bf16 is missing).
+        EXPECT_EQ(r.kernel.rfind("jit:" + isa + ":", 0), 0u) << r.kernel;
+        EXPECT_NE(r.kernel.find(":fwd:"), std::string::npos) << r.kernel;
+        if (form >= 2) {
+          const char* epilogue = form == 4 ? "+add" : form >= 5 ? "+leaky_relu" : "+relu";
+          EXPECT_NE(r.kernel.find(epilogue), std::string::npos) << r.kernel;
         }
-      }
-    }
-  }
+      });
   EXPECT_EQ(ran, 3 * 2 * 4 * 6 * 7);
 }
 

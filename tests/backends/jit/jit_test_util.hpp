@@ -33,6 +33,73 @@ inline std::vector<std::string> isas() {
   return v;
 }
 
+// Why `isa` ("avx512", "avx2" or "portable") cannot run here, or "" when it
+// can: a test skips with this reason rather than pass on another path.
+inline std::string isa_unavailable(const std::string& isa) {
+  const jit::Isa here = jit::detect_isa();
+  if ((isa == "avx512" && here != jit::Isa::kAvx512) ||
+      (isa == "avx2" && here == jit::Isa::kPortable))
+    return std::string("the JIT runs ") + jit::isa_name(here) +
+           " here (CPU or NORMGRAD_JIT), not " + isa;
+  return "";
+}
+
+// A batch-norm data shape in `fmt` ("NCX" or "NXC"): batch n, c channels,
+// rank - 2 spatial dims (s0, 3, 5).
+inline Dims bn_data_shape(const std::string& fmt, int rank, int64_t c, int64_t n, int64_t s0) {
+  Dims shape = {n};
+  const int64_t spatial[] = {s0, 3, 5};
+  if (fmt == "NCX") shape.push_back(c);
+  for (int i = 0; i < rank - 2; ++i) shape.push_back(spatial[i]);
+  if (fmt == "NXC") shape.push_back(c);
+  return shape;
+}
+
+// The forward sweeps' cases: f32, bf16 and f16, NCX and NXC, ranks 2 to 5,
+// channel counts from 1 to 251, `forms` forms of each, in that order; `run`
+// gets each case and its index. Returns the number of cases.
+inline int for_each_forward_case(
+    int forms,
+    const std::function<void(DataType, const std::string&, const Dims&, int, int)>& run) {
+  int ran = 0;
+  for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
+    for (const char* fmt : {"NCX", "NXC"}) {
+      for (int rank = 2; rank <= 5; ++rank) {
+        for (int64_t c : {1, 3, 16, 17, 64, 251}) {
+          for (int form = 0; form < forms; ++form) {
+            const Dims shape = bn_data_shape(fmt, rank, c, rank == 2 ? 40 : 3, 37);
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " " + fmt + " " + dims_to_string(shape) +
+                         " form " + std::to_string(form));
+            run(dt, fmt, shape, form, ran++);
+          }
+        }
+      }
+    }
+  }
+  return ran;
+}
+
+// What the forward epilogue adds after a batch norm whose dst is tensor 20:
+// an Add of tensor 30 (into 31), then a ReLU, or a LeakyReLU when `alpha` is
+// given (into 40).
+inline void add_forward_epilogue(Graph* g, const Dims& shape, DataType dt, bool residual, bool relu,
+                                 std::optional<float> alpha = std::nullopt) {
+  using testing_util::lt;
+  int64_t y = 20;
+  if (residual) {
+    Op add(2, OpKind::kAdd, "add");
+    add.add_input(lt(y, dt, shape)).add_input(lt(30, dt, shape)).add_output(lt(31, dt, shape));
+    EXPECT_TRUE(g->add_op(add).ok());
+    y = 31;
+  }
+  if (relu) {
+    Op act(3, alpha ? OpKind::kLeakyReLU : OpKind::kReLU, alpha ? "leaky_relu" : "relu");
+    if (alpha) act.set_attr("alpha", *alpha);
+    act.add_input(lt(y, dt, shape)).add_output(lt(40, dt, shape));
+    EXPECT_TRUE(g->add_op(act).ok());
+  }
+}
+
 // NORMGRAD_JIT set to `isa` for a scope, and put back as it was after.
 struct IsaScope {
   explicit IsaScope(const std::string& isa) {
