@@ -9,8 +9,9 @@
 Per layer: the five batch-32 BatchNorm shapes of ResNet-50, NCHW and
 channels_last, f32 and bf16: the forward, the backward and the whole
 forward + backward of torch.nn.BatchNorm2d and of normgrad.torch.BatchNorm2d
-on the same tensors, each output fresh (as autograd allocates it), so page
-faults count where they happen. Also the per-call time at 1x32x8x8, where
+on the same tensors, and the eval forward (running statistics, no grad), each
+output fresh (as autograd allocates it), so page faults count where they
+happen. Also the per-call time at 1x32x8x8, where
 the overhead shows.
 
 --model resnet50: torchvision's ResNet-50 (random init, synthetic data,
@@ -66,6 +67,7 @@ import torch
 
 import normgrad
 import normgrad.torch as ngt
+from normgrad._bench_models import make_model, with_leaky_relu, without_bn_and_activations  # noqa: F401
 
 LAYERS = [(32, 64, 112, 112), (32, 256, 56, 56), (32, 512, 28, 28), (32, 1024, 14, 14),
           (32, 2048, 7, 7)]
@@ -102,7 +104,7 @@ def layer_case(shape, layout, dt, runs):
     g = torch.randn(shape).to(DTYPES[dt]).contiguous(memory_format=mf)
     c = shape[1]
     mods = {"torch": torch.nn.BatchNorm2d(c), "normgrad": ngt.BatchNorm2d(c)}
-    res = {k: {"fwd": [], "bwd": [], "step": []} for k in mods}
+    res = {k: {"fwd": [], "bwd": [], "step": [], "eval": []} for k in mods}
     for _ in range(runs + 1):  # the first round warms up (compiles, pools)
         for name, m in mods.items():
             xi = x.detach().requires_grad_()
@@ -116,6 +118,13 @@ def layer_case(shape, layout, dt, runs):
             r["bwd"].append((t2 - t1) * 1e3)
             r["step"].append((t2 - t0) * 1e3)
             del y, xi
+            m.eval()  # the running statistics, as a validation pass runs
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                y = m(x)
+                r["eval"].append((time.perf_counter() - t0) * 1e3)
+            m.train()
+            del y
     return {k: {p: statistics.median(v[1:]) for p, v in r.items()} for k, r in res.items()}
 
 
@@ -128,12 +137,14 @@ def run_layers(args, out):
                 r = layer_case(shape, layout, dt, runs)
                 row = {"shape": "x".join(map(str, shape)), "layout": layout, "dtype": dt,
                        "torch_ms": r["torch"], "normgrad_ms": r["normgrad"],
-                       "speedup": r["torch"]["step"] / r["normgrad"]["step"]}
+                       "speedup": r["torch"]["step"] / r["normgrad"]["step"],
+                       "eval_speedup": r["torch"]["eval"] / r["normgrad"]["eval"]}
                 rows.append(row)
                 print("%-14s %-13s %-4s  torch fwd %8.3f ms bwd %8.3f ms  normgrad fwd %8.3f ms "
-                      "bwd %8.3f ms  fwd+bwd %6.2fx torch's speed" % (row["shape"], layout, dt, r["torch"]["fwd"],
-                                          r["torch"]["bwd"], r["normgrad"]["fwd"],
-                                          r["normgrad"]["bwd"], row["speedup"]), flush=True)
+                      "bwd %8.3f ms  fwd+bwd %6.2fx torch's speed  eval %6.2fx" % (
+                          row["shape"], layout, dt, r["torch"]["fwd"], r["torch"]["bwd"],
+                          r["normgrad"]["fwd"], r["normgrad"]["bwd"], row["speedup"],
+                          row["eval_speedup"]), flush=True)
     out["layers"] = rows
 
 
@@ -156,53 +167,6 @@ def bn_share(model, step, mf):
             parts["add"] += t
     return {k: v / total if total else 0.0 for k, v in parts.items()}
 
-
-def with_leaky_relu(model, slope=0.01, inplace=False):
-    """Every nn.ReLU of `model` replaced by nn.LeakyReLU(slope), in place only
-    where the ReLU was and `inplace` says to keep that."""
-    for name, child in list(model.named_children()):
-        if type(child) is torch.nn.ReLU:
-            setattr(model, name, torch.nn.LeakyReLU(slope, inplace=inplace and child.inplace))
-        else:
-            with_leaky_relu(child, slope, inplace)
-    return model
-
-
-def without_bn_and_activations(model):
-    """`model` with every batch norm and ReLU/LeakyReLU an nn.Identity: the
-    step's time without them, against which their share is measured."""
-    for name, child in list(model.named_children()):
-        if isinstance(child, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.ReLU,
-                              torch.nn.LeakyReLU)):
-            setattr(model, name, torch.nn.Identity())
-        else:
-            without_bn_and_activations(child)
-    return model
-
-
-def make_model(name, config, leaky_inplace=False):
-    """torchvision's `name` (random init, seed 0) for a configuration: torch,
-    normgrad (convert with fusion) or normgrad-abn (convert with InPlaceABN);
-    leaky-* configurations have LeakyReLU(0.01) for every ReLU."""
-    import torchvision
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, name)()
-    if config.startswith("leaky-"):
-        model = with_leaky_relu(model, inplace=leaky_inplace)
-        config = config[len("leaky-"):]
-    if config == "no-bn":
-        return without_bn_and_activations(model)
-    if config == "normgrad":
-        return ngt.convert(model, fuse=True)
-    if config == "normgrad-abn":
-        return ngt.convert(model, inplace_abn=True)
-    if config == "normgrad-ckpt":
-        return ngt.convert(model, fuse=True, checkpoint="blocks")
-    if config == "normgrad-abn-ckpt":
-        return ngt.convert(model, inplace_abn=True, checkpoint="blocks")
-    if config == "normgrad-compile":
-        return ngt.compile(model)
-    return model
 
 
 def autocast(args):

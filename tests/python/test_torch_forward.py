@@ -315,3 +315,24 @@ def test_bench_torch_heap_configuration_takes_outputs_from_torch(bench_memory):
         r = subprocess.run([sys.executable, "-m", "normgrad.bench_torch"] + bad,
                            capture_output=True, text=True)
         assert r.returncode == 2 and "--heap" in r.stderr, r.stderr
+
+
+def test_bench_torch_per_layer_table_times_eval_too(tmp_path):
+    """The per-layer table times the eval forward beside the training one,
+    for torch and normgrad alike, and writes both ratios."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "layers.json"
+    subprocess.run([sys.executable, "-m", "normgrad.bench_torch", "--shapes", "2x8x5x5",
+                    "--layouts", "NCHW,channels_last", "--dtypes", "f32,bf16", "--runs", "2",
+                    "--threads", "1", "--json", str(out)], check=True, capture_output=True,
+                   timeout=300)
+    rows = json.loads(out.read_text())["layers"]
+    assert [(r["layout"], r["dtype"]) for r in rows] == [
+        ("NCHW", "f32"), ("NCHW", "bf16"), ("channels_last", "f32"), ("channels_last", "bf16")]
+    for r in rows:
+        for side in ("torch_ms", "normgrad_ms"):
+            assert set(r[side]) == {"fwd", "bwd", "step", "eval"}
+            assert all(v > 0 for v in r[side].values()), r
+        assert r["eval_speedup"] == pytest.approx(r["torch_ms"]["eval"] / r["normgrad_ms"]["eval"])
