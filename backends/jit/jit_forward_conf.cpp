@@ -104,15 +104,9 @@ Status forward_ports(const Partition& partition, const Op& bn, const Op* add, co
     NG_ASSIGN_OR_RETURN(c.alpha, relu->attr_f32("alpha"));
     c.leaky = true;
   }
-  if constexpr (std::is_same_v<P, BatchNormInferencePorts>) {
-    // Used as given: every one f32, as the kernels' coefficients take them.
-    for (const LogicalTensor* lt :
-         {&ports.mean(), &ports.variance(), &ports.gamma(), &ports.beta()}) {
-      if (lt->dtype != DataType::kF32)
-        return unimplemented("the JIT inference takes f32 mean, variance, gamma and beta, not " +
-                             std::string(dtype_name(lt->dtype)));
-    }
-  } else {
+  // BatchNormInference has no statistics outputs (its statistics inputs
+  // share gamma's dtype, which make_fwd_conf checks is f32).
+  if constexpr (!std::is_same_v<P, BatchNormInferencePorts>) {
     const std::pair<const LogicalTensor*, int*> stats[] = {
         {&ports.running_mean(), &c.out_running_mean},
         {&ports.running_variance(), &c.out_running_var},

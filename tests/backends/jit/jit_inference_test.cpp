@@ -86,7 +86,7 @@ TEST(JitInference, DeclinesWithReasons) {
   EXPECT_STATUS_HAS(
       compare_with_ref(inference_graph(shape, "NCX", DataType::kBF16, 0, DataType::kBF16), "jit")
           .status,
-      "f32");
+      "takes f32 statistics, not bf16");
   const auto r =
       compare_with_ref(inference_graph(shape, "NCX", DataType::kBF16, 0, DataType::kBF16), "auto");
   ASSERT_TRUE(r.status.ok()) << r.status.to_string();
