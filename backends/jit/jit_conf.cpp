@@ -1,6 +1,7 @@
 // JIT conf: ISA detection, cache sizes from sysfs, and the walk and chunking.
 #include <normgrad/backends/jit/jit_conf.hpp>
 
+#include <algorithm>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -100,6 +101,7 @@ std::string BnConf::kernel_name() const {
                    : walk.sweep_rows > 0    ? "pixels_swept"
                    : walk.pixel_group > 0   ? "pixels_blocked"
                                             : "pixels");
+  if (pixel_pairs(*this)) n += "+pairs";
   if (x_fuse != Fuse::kNone) n += std::string("+src_") + fuse_name(x_fuse);
   if (dy_fuse != Fuse::kNone) n += std::string("+diff_dst_") + fuse_name(dy_fuse);
   if (dy_side_out) n += "+side_out";
@@ -196,6 +198,19 @@ constexpr int64_t kAvx2BounceRowBytes = 512;
 bool apply_in_pairs(const BnConf& c) {
   return c.stream.pair_vectors && c.isa == Isa::kAvx2 && c.d.data_dt == DataType::kBF16 &&
          c.x_fuse == Fuse::kNone && c.dy_fuse == Fuse::kNone && !c.dy_side_out;
+}
+
+bool pixel_pairs(const BnConf& c) {
+  return apply_in_pairs(c) && c.walk.kind == Walk::kPixels && c.walk.cols % 16 == 0 &&
+         c.walk.row_stride % 16 == 0 && c.walk.dx_row_stride % 16 == 0;
+}
+
+void pair_order_row(float* row, int64_t first, int64_t last) {
+  float block[16];
+  for (int64_t f = first; f + 16 <= last; f += 16) {
+    for (int64_t i = 0; i < 16; ++i) block[pair_position(i)] = row[f + i];
+    std::copy(block, block + 16, row + f);
+  }
 }
 
 int64_t bounce_block_bytes(const BnConf& c) {

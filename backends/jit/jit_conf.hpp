@@ -308,6 +308,19 @@ int64_t bounce_block_bytes(const BnConf& c);
 // producers (whose loads are per vector). Rows then stream when they start
 // on a pair's 32 bytes.
 bool apply_in_pairs(const BnConf& c);
+// The pixels walk in pairs (AVX2 bf16, whole 16s of channels, no fused
+// producers): both kernels load 16 channels of a pixel as the even and odd
+// words of one 32-byte load, so the means, the sums and the coefficients are
+// laid out per 16 channels in that order (pair_position). The arithmetic
+// is the vector at a time's, term for term: the same bits.
+bool pixel_pairs(const BnConf& c);
+// Where channel c sits in a pair-ordered row: per 16 channels the even ones,
+// then the odd ones.
+inline int64_t pair_position(int64_t c) {
+  return (c & ~int64_t{15}) | ((c & 1) << 3) | ((c & 15) >> 1);
+}
+// Channels [first, last) (whole 16s) of a row into pair order.
+void pair_order_row(float* row, int64_t first, int64_t last);
 // Whether the grouped rows apply (AVX-512, rows that are not whole vectors:
 // 14x14, 7x7) computes each image's block of a group as one run of vectors
 // over diff_src's lines, instead of each channel's row with a masked tail

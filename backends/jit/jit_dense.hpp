@@ -136,11 +136,17 @@ class DenseRun {
   void rows_per_channel();
   void pixels();
   void pixels_strips();
-  // The pixels walks' coefficient rows a, b, c and the means, cp_ apart.
+  // The pixels walks' coefficient rows a, b, c and the means, cp_ apart
+  // (in pair order under pixel_pairs: at(c) is channel c's place).
+  // Channels per task of the pixels walk's merge and coefficients.
+  static constexpr int64_t kMergeChannels = 128;
+  int64_t merge_blocks() const { return (nc_ + kMergeChannels - 1) / kMergeChannels; }
+  int64_t at(int64_t c) const { return pixel_pairs(conf_) ? pair_position(c) : c; }
   LineVector<float>& coef_with_means() {
     LineVector<float>& coef = scratch_.coef;
     coef.assign(static_cast<size_t>(4 * cp_), 0.f);
     for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = kernel_float(scratch_.ch[c].mean);
+    if (pixel_pairs(conf_)) pair_order_row(coef.data() + 3 * cp_, 0, nc_);
     return coef;
   }
   // The pixels walk's phases.

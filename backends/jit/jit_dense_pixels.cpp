@@ -61,17 +61,22 @@ void DenseRun::pixels_reduce(int64_t nchunks, LineVector<float>* const* coef) {
         }
       },
       conf_.walk.contiguous_split ? Split::kContiguous : Split::kAdaptive);
-  // Chunks in index order for every channel: sequential in memory, fixed in order.
-  for (int m = 0; m < nm; ++m) {
-    DriverScratch& s = member(m).scratch_;
-    for (int64_t k = 0; k < nchunks && member(m).conf_.needs_reduction; ++k) {
-      const float* p = s.partial.data() + k * 2 * cp_;
-      for (int64_t c = 0; c < nc_; ++c) {
-        s.s0[c] += p[c];
-        s.s1[c] += p[cp_ + c];
+  // Chunks in index order for every channel, the channels in blocks over
+  // the threads: the same order, so the same bits, for any thread count.
+  for_range(conf_.single_thread, merge_blocks(), [&](int64_t b) {
+    const int64_t c0 = b * kMergeChannels, c1 = std::min(nc_, c0 + kMergeChannels);
+    for (int m = 0; m < nm; ++m) {
+      DenseRun& run = member(m);
+      DriverScratch& s = run.scratch_;
+      for (int64_t k = 0; k < nchunks && run.conf_.needs_reduction; ++k) {
+        const float* p = s.partial.data() + k * 2 * cp_;
+        for (int64_t c = c0; c < c1; ++c) {
+          s.s0[c] += p[run.at(c)];
+          s.s1[c] += p[cp_ + run.at(c)];
+        }
       }
     }
-  }
+  });
 }
 
 // Phase 4: diff_src. Last chunks first (WalkConf::apply_last_first): each
@@ -123,14 +128,19 @@ void DenseRun::pixels() {
   for (int m = 0; m < nm; ++m) coef[m] = &member(m).coef_with_means();
   const int64_t nchunks = (conf_.walk.rows + conf_.walk.chunk_rows - 1) / conf_.walk.chunk_rows;
   pixels_reduce(nchunks, coef);
-  // Phase 3: the coefficients (Reduce: the sums are the output).
-  for (int m = 0; m < nm; ++m) {
-    DenseRun& run = member(m);
-    LineVector<float>& cf = *coef[m];
-    for (int64_t c = 0; c < nc_; ++c)
-      run.finish_channel(c, run.scratch_.s0[c], run.scratch_.s1[c], &cf[c], &cf[cp_ + c],
-                         &cf[2 * cp_ + c]);
-  }
+  // Phase 3: the coefficients (Reduce: the sums are the output), per channel.
+  for_range(conf_.single_thread, merge_blocks(), [&](int64_t b) {
+    const int64_t c0 = b * kMergeChannels, c1 = std::min(nc_, c0 + kMergeChannels);
+    for (int m = 0; m < nm; ++m) {
+      DenseRun& run = member(m);
+      LineVector<float>& cf = *coef[m];
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t k = run.at(c);
+        run.finish_channel(c, run.scratch_.s0[c], run.scratch_.s1[c], &cf[k], &cf[cp_ + k],
+                           &cf[2 * cp_ + k]);
+      }
+    }
+  });
   if (!reduce_only_) pixels_apply(nchunks, coef);
 }
 
@@ -170,17 +180,17 @@ void DenseRun::pixels_strips() {
                                        coef[m]->data() + 3 * cp_ + c0, acc, n));
         });
         for (int64_t j = 0; j < w; ++j) {
-          sums[m][j] += acc[j];
-          sums[m][w + j] += acc[cp_ + j];
+          sums[m][j] += acc[run.at(j)];
+          sums[m][w + j] += acc[cp_ + run.at(j)];
         }
       }
     }
     for (int m = 0; m < nm; ++m) {
       LineVector<float>& cf = *coef[m];
       for (int64_t j = 0; j < w; ++j) {
-        const int64_t c = c0 + j;
-        member(m).finish_channel(c, sums[m][j], sums[m][w + j], &cf[c], &cf[cp_ + c],
-                                 &cf[2 * cp_ + c]);
+        const int64_t c = c0 + j, k = c0 + member(m).at(j);  // strips are whole 32s
+        member(m).finish_channel(c, sums[m][j], sums[m][w + j], &cf[k], &cf[cp_ + k],
+                                 &cf[2 * cp_ + k]);
       }
     }
     for (int64_t k = 0; k < nchunks; ++k) {

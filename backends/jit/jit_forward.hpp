@@ -50,6 +50,8 @@ constexpr int64_t kFwdRowPiece = 4096;
 // on the shape alone); a short row's NCX chunk takes as many whole rows as
 // fit in kFwdRowPiece elements.
 constexpr int64_t kFwdChunkPixels = 64;
+// Channels per task of the NXC walk's merge of its chunk groups.
+constexpr int64_t kFwdMergeChannels = 128;
 // Bytes of src per apply call of the NXC walk (the call walks its pixels once
 // per block of channels, so they should stay in the L1/L2 between blocks).
 constexpr int64_t kFwdApplyBytes = 64 * 1024;
@@ -62,9 +64,11 @@ constexpr int64_t kFwdApplyBytes = 64 * 1024;
 // 16-bit ones, were slower.
 constexpr int64_t kFwdStripF32 = 128;
 constexpr int64_t kFwdStrip16 = 64;
-// The shortest 16-bit pixel row (bytes) whose statistics go pixel by pixel
-// (FwdConf::stats_pixel_group).
+// The 16-bit pixel rows (bytes) whose statistics go pixel by pixel
+// (FwdConf::stats_pixel_group): from the first, up to the second; longer
+// rows keep the prefetching sweeps.
 constexpr int64_t kFwdStatsGroupRowBytes = 512;
+constexpr int64_t kFwdStatsSweepRowBytes = 2048;
 // Pixels per statistics group of an AVX2 strip (FwdConf::stats_pixel_group).
 constexpr int kFwdStripStatsGroupAvx2 = 4;
 // The shortest pixel row (bytes) the rule takes strips for: a page.
@@ -125,6 +129,11 @@ struct FwdConf {
   // pixels walked one channel block at a time), 0: each channel block over
   // the whole chunk's pixels, its sums in registers. The same bits.
   int stats_pixel_group = 0;
+  // The sweeps (stats_pixel_group 0) prefetch, a line at a time, the lines
+  // the next channel block reads of each pixel. A block reads a few lines of
+  // every pixel of the chunk, rows a pixel apart: no stream the hardware
+  // prefetchers follow, so without it the next block waits on DRAM.
+  bool stats_prefetch = true;
   float epsilon = 0.f, momentum = 0.1f;
   bool affine = false;  // gamma and beta given
   // The op is NCX but its tensors are channels last: walked as dense NXC.

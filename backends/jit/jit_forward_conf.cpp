@@ -64,7 +64,7 @@ std::string FwdConf::key() const {
          (prefetch_next_channel ? ":pf" : "") +
          (strip_channels > 0 ? ":strip=" + std::to_string(strip_channels) : "") +
          (stats_pixel_group > 0 ? ":spg=" + std::to_string(stats_pixel_group) : "") +
-         (leaky ? ":alpha=" + std::to_string(alpha) : "");
+         (stats_prefetch ? "" : ":nospf") + (leaky ? ":alpha=" + std::to_string(alpha) : "");
 }
 
 namespace {
@@ -280,12 +280,14 @@ StatusOr<FwdConf> make_fwd_conf(const Partition& partition, Isa isa) {
   // the strips (7x7) keep streaming (docs/jit-rules.md).
   if (!c.ncx_rows && c.dt != DataType::kF32 && c.strip_channels == 0 && !c.bounce)
     c.streaming = false;
-  // 16-bit NXC statistics pixel by pixel, the chunk's sums in memory: each
-  // channel block swept over a chunk's 64 pixels read 16-bit data at half
-  // f32's bytes a second, slower the wider the pixel. Narrow pixels keep the
-  // sweeps, and so do AVX-512 strips (docs/jit-rules.md).
+  // 16-bit NXC statistics pixel by pixel, the chunk's sums in memory, for
+  // rows of 512 bytes to 2 KiB: there the sweeps, even prefetching, were
+  // level or slower. Narrow pixels keep the sweeps, and so do rows of 2 KiB
+  // and more, where the prefetching sweeps won (a row is many blocks, whose
+  // lines no hardware prefetcher foresees), and AVX-512 strips
+  // (docs/jit-rules.md).
   if (!c.ncx_rows && c.isa != Isa::kPortable && c.dt != DataType::kF32 && c.strip_channels == 0 &&
-      c.c * es >= kFwdStatsGroupRowBytes)
+      c.c * es >= kFwdStatsGroupRowBytes && c.c * es < kFwdStatsSweepRowBytes)
     c.stats_pixel_group = 1;
   // AVX2 strips: groups of 4 pixels beat the sweeps, whose strips hold too
   // few vectors for AVX2's 16 registers; on AVX-512 the sweeps are level or

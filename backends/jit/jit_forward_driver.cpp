@@ -293,7 +293,8 @@ void FwdRun::pixels() {
   const bool stats = !fwd_given_statistics(c_.phase);  // Apply is given the global statistics
   for (int k = 0; k < members(); ++k) {
     if (stats) pixel_shifts(member(k).c_, member(k).x_, &scratch[k].shift);
-    scratch[k].partial.assign(static_cast<size_t>(groups * 2 * cp), 0.0);
+    // Each group's first chunk writes its partials, the rest add: no zeroing pass.
+    scratch[k].partial.resize(static_cast<size_t>(groups * 2 * cp));
   }
   parallel_range(c_.single_thread || !stats, stats ? groups : 0, [&](int64_t g) {
     // The chunk's f32 sums: the task's thread keeps them (no call inside waits).
@@ -313,6 +314,11 @@ void FwdRun::pixels() {
         a.s2 = f.data() + cp;
         a.len = std::min(c_.chunk_pixels, c_.pixels - p0);
         r.k_.stats(a);
+        if (ck == g * per_group) {
+          std::copy(a.s1, a.s1 + c_.c, d1);
+          std::copy(a.s2, a.s2 + c_.c, d2);
+          continue;
+        }
         for (int64_t ch = 0; ch < c_.c; ++ch) {
           d1[ch] += a.s1[ch];
           d2[ch] += a.s2[ch];
@@ -320,33 +326,40 @@ void FwdRun::pixels() {
       }
     }
   });
+  // The groups in order for every channel, the channels in blocks over the
+  // threads (at C = 2048 with 64 groups, 262k additions a thread alone would
+  // make wait); the statistics outputs and the coefficients are per channel.
+  const int64_t blocks = (c_.c + kFwdMergeChannels - 1) / kFwdMergeChannels;
   for (int k = 0; k < members(); ++k) {
     const FwdRun& r = member(k);
     LineVector<float>& coef = scratch[k].coef;
     const std::vector<double>& partial = scratch[k].partial;
     coef.assign(static_cast<size_t>(4 * cp), 0.f);
     const Finish fin = r.finish(static_cast<double>(c_.pixels));
-    for (int64_t ch = 0; ch < c_.c; ++ch) {
-      float* hi = &coef[static_cast<size_t>(ch)];
-      float* lo = hi + cp;
-      float* a = hi + 2 * cp;
-      float* b = hi + 3 * cp;
-      if (!stats) {
-        fin.global(ch, hi, lo, a, b);
-        continue;
+    parallel_range(c_.single_thread, blocks, [&](int64_t blk) {
+      const int64_t ch_end = std::min(c_.c, (blk + 1) * kFwdMergeChannels);
+      for (int64_t ch = blk * kFwdMergeChannels; ch < ch_end; ++ch) {
+        float* hi = &coef[static_cast<size_t>(ch)];
+        float* lo = hi + cp;
+        float* a = hi + 2 * cp;
+        float* b = hi + 3 * cp;
+        if (!stats) {
+          fin.global(ch, hi, lo, a, b);
+          continue;
+        }
+        double s1 = 0.0, s2 = 0.0;
+        for (int64_t g = 0; g < groups; ++g) {
+          s1 += partial[static_cast<size_t>(g * 2 * cp + ch)];
+          s2 += partial[static_cast<size_t>(g * 2 * cp + cp + ch)];
+        }
+        const float shift = scratch[k].shift[static_cast<size_t>(ch)];
+        if (c_.phase == FwdPhase::kReduce) {
+          fin.reduce(ch, shift, s1, s2);
+        } else {
+          fin.channel(ch, shift, s1, s2, hi, lo, a, b);
+        }
       }
-      double s1 = 0.0, s2 = 0.0;
-      for (int64_t g = 0; g < groups; ++g) {
-        s1 += partial[static_cast<size_t>(g * 2 * cp + ch)];
-        s2 += partial[static_cast<size_t>(g * 2 * cp + cp + ch)];
-      }
-      const float shift = scratch[k].shift[static_cast<size_t>(ch)];
-      if (c_.phase == FwdPhase::kReduce) {
-        fin.reduce(ch, shift, s1, s2);
-      } else {
-        fin.channel(ch, shift, s1, s2, hi, lo, a, b);
-      }
-    }
+    });
     if (r.c_.line_walk && r.c_.pair_vectors) pair_order(cp, coef.data(), 0, cp);
   }
   if (c_.phase == FwdPhase::kReduce) return;

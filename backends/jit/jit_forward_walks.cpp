@@ -199,6 +199,8 @@ void FwdGenerator::pixels_stats() {
       const bool masked = tail_ != 0 && first + v == nv - 1;
       const int t = avx512_ ? 24 + v : 14;
       load_vec(t, rsi + static_cast<int>((first + v) * lanes_ * es_), masked);
+      if (c_.stats_prefetch && (v * lanes_ * es_) % 64 == 0 && first + block + v < nv)
+        prefetcht0(ptr[rsi + static_cast<int>((first + block + v) * lanes_ * es_)]);
       // K's padded lanes are 0: masked lanes stay 0.
       if (avx512_) {
         vsubps(vmm(t), vmm(t), Zmm(k0 + v));

@@ -130,6 +130,9 @@ class BnGenerator : public VecEmitter {
   void pixels_apply_wide();
   void pixels_reduce();
   void pixels_apply();
+  void row_pairs(const std::function<void(int, int64_t)>& pair);
+  void pixels_reduce_pairs();
+  void pixels_apply_pairs(bool nt);
 
   // Fixed roles: v10 scratch for hsum in reduce kernels; v8..v10 for store conversion in
   // apply kernels (which keep data in v0..v7); v11 holds the AVX2 f32 tail mask.

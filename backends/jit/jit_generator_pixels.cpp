@@ -254,12 +254,86 @@ void BnGenerator::pixels_apply_wide() {
   L(done);
 }
 
+// One pixel's row in pairs (pixel_pairs): pair(j, off) for the pair at
+// element r11 + off, two (j = 0, 1: a line of 16-bit data) per step, then
+// the odd one out.
+void BnGenerator::row_pairs(const std::function<void(int, int64_t)>& pair) {
+  const int64_t pairs = c_.walk.cols / 16;
+  xor_(r11, r11);
+  if (pairs >= 2) {
+    Label step;
+    L(step);
+    pair(0, 0);
+    pair(1, 16);
+    add(r11, 32);
+    cmp(r11, static_cast<uint32_t>(pairs / 2 * 32));
+    jl(step, T_NEAR);
+  }
+  if (pairs % 2 != 0) pair(0, 0);
+}
+
+// pixel_pairs, the reduce of one pixel's row: two pairs (a line of each
+// input) per step, the sums (pair order) read and written back as memory
+// operands as the vector at a time does, in the same arithmetic: the same
+// bits. It spends a shift and a mask per 16 channels where that spends two
+// widening loads and two shifts. x in v0..1 and v4..5, dy in v2..3 and
+// v6..7. Keeping a block's sums in registers over a group of pixels instead
+// was slower at DRAM sizes (groups of 2 to 16: the loads stride across rows).
+void BnGenerator::pixels_reduce_pairs() {
+  auto pair = [&](int j, int64_t off) {
+    const int x = 4 * j, dy = x + 2;
+    load_pair(x, x + 1, at(rsi, off));
+    load_pair(dy, dy + 1, at(rdx, off));
+    for (int h = 0; h < 2; ++h) {
+      vsubps(Ymm(x + h), Ymm(x + h), f32_at(r8, off + 8 * h));
+      vmulps(Ymm(x + h), Ymm(x + h), Ymm(dy + h));
+      vaddps(Ymm(dy + h), Ymm(dy + h), f32_at(r9, off + 8 * h));
+      vmovups(f32_at(r9, off + 8 * h), Ymm(dy + h));
+      vaddps(Ymm(x + h), Ymm(x + h), f32_at(r9, cp_ + off + 8 * h));
+      vmovups(f32_at(r9, cp_ + off + 8 * h), Ymm(x + h));
+    }
+  };
+  Label row, done;
+  test(r10, r10);
+  jz(done, T_NEAR);
+  L(row);
+  row_pairs(pair);
+  next_row(false);
+  dec(r10);
+  jnz(row, T_NEAR);
+  L(done);
+}
+
+// pixel_pairs, the apply of one pixel's row: two pairs per step, x in v0..1
+// and v4..5, dy (then diff_src) in v2..3 and v6..7, the coefficients (pair
+// order) as memory operands in the vector at a time's arithmetic; scratch v8.
+void BnGenerator::pixels_apply_pairs(bool nt) {
+  auto pair = [&](int j, int64_t off) {
+    const int x = 4 * j, dy = x + 2;
+    load_pair(x, x + 1, at(rsi, off));
+    load_pair(dy, dy + 1, at(rdx, off));
+    for (int h = 0; h < 2; ++h) {
+      vsubps(Ymm(x + h), Ymm(x + h), f32_at(r8, 3 * cp_ + off + 8 * h));
+      vmulps(Ymm(dy + h), Ymm(dy + h), f32_at(r8, off + 8 * h));
+      vaddps(Ymm(dy + h), Ymm(dy + h), f32_at(r8, 2 * cp_ + off + 8 * h));
+      vfmadd231ps(Ymm(dy + h), Ymm(x + h), f32_at(r8, cp_ + off + 8 * h));
+    }
+    store_pair(at(rcx, off), dy, dy + 1, kScratch0, nt);
+  };
+  row_pairs(pair);
+}
+
 // pixels_reduce: acc[c] += dy and acc[Cp + c] += dy (x - mean[c]). On AVX-512,
 // rows of up to 8 vectors keep both sums in zmm16..31 across all pixels of
 // the call; longer rows take the channel-blocked kernel (f32) or add into the
 // memory arrays (L1-resident) per pixel.
 void BnGenerator::pixels_reduce() {
   prologue();
+  if (pixel_pairs(c_)) {
+    pixels_reduce_pairs();
+    epilogue();
+    return;
+  }
   const bool in_regs = avx512_ && row_vectors() <= 8;
   if (!in_regs && (c_.walk.pixel_group > 0 || c_.walk.sweep_rows > 0)) {
     if (c_.walk.sweep_rows > 0) {
@@ -310,6 +384,11 @@ void BnGenerator::pixels_reduce() {
 // channel-blocked kernel (f32) or read them as memory operands.
 void BnGenerator::pixels_apply() {
   prologue();
+  if (pixel_pairs(c_)) {
+    apply_rows(true, [&](bool nt) { pixels_apply_pairs(nt); });
+    epilogue();
+    return;
+  }
   const bool in_regs = avx512_ && row_vectors() <= 4;
   if (!in_regs && (c_.walk.pixel_group > 0 || c_.walk.sweep_rows > 0)) {
     pixels_apply_wide();

@@ -173,6 +173,8 @@ const Variant kVariants[] = {
      }},
     {"fwd-stats-sweeps", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
      [](FwdConf* c, int64_t) { c->stats_pixel_group = 0; }},
+    {"fwd-stats-no-prefetch", nullptr, 0, 0, 0, [](BnConf*, int64_t) {},
+     [](FwdConf* c, int64_t) { c->stats_prefetch = false; }},
     {"bf16-integer-rounding", nullptr, 0, 0, 0, [](BnConf* c, int64_t) { c->avx512_bf16 = false; },
      [](FwdConf* c, int64_t) { c->avx512_bf16 = false; }},
 };

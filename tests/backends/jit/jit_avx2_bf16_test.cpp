@@ -6,7 +6,9 @@
 // streamed rows on and off a 32-byte boundary, the forward's epilogues, and
 // NaN, infinities and overflow through the rounding. Then the 16-bit NXC
 // forward apply that walks each pixel's row whole (bf16 and f16), against
-// the channel blocks it replaced.
+// the channel blocks it replaced. Then the NXC backward in pairs
+// (pixel_pairs): both kernels, the sums and coefficients in pair order,
+// the split phases and the strips, and the cases that keep single vectors.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -251,6 +253,75 @@ TEST(JitAvx2Bf16, ForwardLinesMatchRefAndTheChannelBlockBits) {
     IsaScope scope(isa);
     forward_lines_against_blocks(isa);
   }
+}
+
+// The NXC backward in pairs: channel counts of one pair, an odd number of
+// pairs and many, pixel counts that leave a group short, a case past the
+// streaming threshold, the three output forms, frozen statistics, data far
+// from its mean; against ref and bit for bit against single vectors, and
+// the same bits for 1 and 2 threads.
+TEST(JitAvx2Bf16, PixelPairsMatchRefAndTheSingleVectorBits) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
+  IsaScope scope("avx2");
+  const int64_t l3 = jit::cache_sizes().l3_bytes;
+  uint64_t seed = 5200;
+  std::vector<Dims> shapes = {{1, 1, 3, 16}, {2, 3, 5, 48}, {3, 7, 7, 64}, {1, 5, 3, 1024}};
+  shapes.push_back({l3 / (4 * 2 * 14 * 14 * 512) + 1, 14, 14, 512});  // streamed
+  for (const Dims& shape : shapes) {
+    for (int form : {0, 1, 3, 4}) {
+      SCOPED_TRACE("NXC " + std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" +
+                   std::to_string(shape[2]) + "x" + std::to_string(shape[3]) + " form " +
+                   std::to_string(form));
+      const Op op = form_op(shape, "NXC", DataType::kBF16, form);
+      EXPECT_TRUE(jit::pixel_pairs(conf_for(op)));
+      EXPECT_FALSE(jit::pixel_pairs(conf_for(op, "bf16-single-vectors")));
+      const Graph g = one_op(op);
+      const auto r = compare_with_ref(g, "jit", ++seed);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_NE(r.kernel.find("jit:avx2:bf16/f32:pixels+pairs"), std::string::npos) << r.kernel;
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+      std::string kernel;
+      run_pairs_and_singles(g, inputs_for(g, seed), &kernel);
+      if (form == 0) {
+        EXPECT_EQ(jit_test::run_with_threads(g, 1), jit_test::run_with_threads(g, 2));
+        // The strips take the same kernels a strip of 32 channels at a time.
+        if (shape[3] % 64 == 0)
+          jit_test::expect_jit_matches_ref(g, ++seed, "avx2", "pixels_strips+pairs",
+                                           "nxc-strips-32");
+      }
+    }
+  }
+  // Whole pairs only, and no fused producer (whose loads are per vector).
+  EXPECT_FALSE(jit::pixel_pairs(conf_for(form_op({2, 3, 3, 24}, "NXC", DataType::kBF16, 0))));
+  EXPECT_FALSE(jit::pixel_pairs(conf_for(form_op({2, 3, 3, 32}, "NXC", DataType::kF32, 0))));
+}
+
+// The synchronized backward's halves in pairs: the reduce's sums leave in
+// channel order, and the apply lays the given sums' coefficients in pairs.
+TEST(JitAvx2Bf16, PixelPairsSplitPhasesMatchRef) {
+  if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "the JIT needs AVX2 here";
+  IsaScope scope("avx2");
+  const Dims data = {2, 6, 5, 96};
+  Op reduce(0, OpKind::kBatchNormBackwardReduce, "r");
+  reduce.set_attr("data_format", std::string("NXC"));
+  reduce.add_input(testing_util::lt(0, DataType::kBF16, data))
+      .add_input(testing_util::lt(1, DataType::kBF16, data))
+      .add_input(testing_util::lt(2, DataType::kF32, {96}));
+  reduce.add_output(testing_util::lt(3, DataType::kF32, {96}))
+      .add_output(testing_util::lt(4, DataType::kF32, {96}))
+      .add_output(testing_util::lt(5, DataType::kS64, {1}));
+  jit_test::expect_jit_matches_ref(one_op(reduce), 5301, "avx2", "pixels+pairs");
+  Op apply(0, OpKind::kBatchNormBackwardApply, "a");
+  apply.set_attr("data_format", std::string("NXC")).set_attr("epsilon", 1e-3f);
+  apply.add_input(testing_util::lt(0, DataType::kBF16, data))
+      .add_input(testing_util::lt(1, DataType::kBF16, data));
+  for (int64_t id = 2; id <= 5; ++id) apply.add_input(testing_util::lt(id, DataType::kF32, {96}));
+  apply.add_input(testing_util::lt(6, DataType::kS64, {1}))
+      .add_input(testing_util::lt(7, DataType::kF32, {96}));
+  apply.add_output(testing_util::lt(8, DataType::kBF16, data))
+      .add_output(testing_util::lt(9, DataType::kF32, {96}))
+      .add_output(testing_util::lt(10, DataType::kF32, {96}));
+  jit_test::expect_jit_matches_ref(one_op(apply), 5302, "avx2", "pixels+pairs");
 }
 
 }  // namespace

@@ -212,5 +212,40 @@ TEST(JitForwardPixels, StatsGroupsSameBitsAsSweeps) {
   if (ran == 0) GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
 }
 
+// The 16-bit statistics' walk by row length: pixel by pixel from 512 bytes
+// up to 2 KiB, the prefetching sweeps below and from there. The sweeps'
+// prefetches change no bit (fwd-stats-no-prefetch), and the sweeps match
+// ref on data far from zero.
+TEST(JitForwardPixels, StatsWalkByRowLengthAndPrefetchBits) {
+  int ran = 0;
+  for (const std::string& isa : jit_test::isas()) {
+    if (isa == "portable") continue;
+    jit_test::IsaScope scope(isa);
+    for (int64_t c : {128, 512, 1000, 1024, 2048}) {
+      const Graph g = jit_test::forward_graph({2, 3, 5, c}, ran % 4, "NXC", DataType::kBF16);
+      const auto inputs = jit_test::inputs_for(g, 1500 + static_cast<uint64_t>(ran));
+      SCOPED_TRACE(isa + " C " + std::to_string(c));
+      std::string name, plain_name;
+      const auto swept = jit_test::run_jit(g, "", inputs, &name);
+      const bool by_pixel =
+          c * 2 >= jit::kFwdStatsGroupRowBytes && c * 2 < jit::kFwdStatsSweepRowBytes;
+      EXPECT_EQ(name.find("+stats_groups1") != std::string::npos, by_pixel) << name;
+      const auto plain =
+          jit_test::run_jit(g, "fwd-stats-sweeps+fwd-stats-no-prefetch", inputs, &plain_name);
+      const auto prefetched = jit_test::run_jit(g, "fwd-stats-sweeps", inputs, &plain_name);
+      ASSERT_EQ(plain.size(), swept.size());
+      for (const auto& [id, buf] : plain) {
+        EXPECT_TRUE(buf.bytes == swept.at(id).bytes) << "tensor " << id;
+        EXPECT_TRUE(buf.bytes == prefetched.at(id).bytes) << "tensor " << id;
+      }
+      const auto r = compare_with_ref(g, "jit", 1500 + static_cast<uint64_t>(ran), 1e4);
+      ASSERT_TRUE(r.status.ok()) << r.status.to_string();
+      EXPECT_LE(r.worst_ratio, 1.0) << r.report;
+      ++ran;
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "the JIT generates no code here (CPU or NORMGRAD_JIT)";
+}
+
 }  // namespace
 }  // namespace normgrad
