@@ -136,12 +136,13 @@ class DenseRun {
   void rows_per_channel();
   void pixels();
   void pixels_strips();
-  // The pixels walks' coefficient rows a, b, c and the means, cp_ apart
-  // (in pair order under pixel_pairs: at(c) is channel c's place).
   // Channels per task of the pixels walk's merge and coefficients.
   static constexpr int64_t kMergeChannels = 128;
   int64_t merge_blocks() const { return (nc_ + kMergeChannels - 1) / kMergeChannels; }
+  // Channel c's place in the pixels walk's per-channel rows (pair order
+  // under pixel_pairs).
   int64_t at(int64_t c) const { return pixel_pairs(conf_) ? pair_position(c) : c; }
+  // The pixels walks' coefficient rows a, b, c and the means, cp_ apart.
   LineVector<float>& coef_with_means() {
     LineVector<float>& coef = scratch_.coef;
     coef.assign(static_cast<size_t>(4 * cp_), 0.f);
