@@ -58,6 +58,7 @@ class DenseRun {
         es_(dtype_size(d_.data_dt)),
         reduce_only_(d_.phase == BackwardPhase::kReduce),
         given_sums_(d_.phase == BackwardPhase::kApply),
+        pairs_(pixel_pairs(conf)),
         x_(input(pm_.x)),
         x2_(input(pm_.x_second)),
         dy_(input(pm_.dy)),
@@ -141,13 +142,13 @@ class DenseRun {
   int64_t merge_blocks() const { return (nc_ + kMergeChannels - 1) / kMergeChannels; }
   // Channel c's place in the pixels walk's per-channel rows (pair order
   // under pixel_pairs).
-  int64_t at(int64_t c) const { return pixel_pairs(conf_) ? pair_position(c) : c; }
+  int64_t at(int64_t c) const { return pairs_ ? pair_position(c) : c; }
   // The pixels walks' coefficient rows a, b, c and the means, cp_ apart.
   LineVector<float>& coef_with_means() {
     LineVector<float>& coef = scratch_.coef;
     coef.assign(static_cast<size_t>(4 * cp_), 0.f);
     for (int64_t c = 0; c < nc_; ++c) coef[3 * cp_ + c] = kernel_float(scratch_.ch[c].mean);
-    if (pixel_pairs(conf_)) pair_order_row(coef.data() + 3 * cp_, 0, nc_);
+    if (pairs_) pair_order_row(coef.data() + 3 * cp_, 0, nc_);
     return coef;
   }
   // The pixels walk's phases.
@@ -168,6 +169,7 @@ class DenseRun {
   const int64_t nc_, cp_, es_;
   const bool reduce_only_;  // Reduce: the per-channel sums out
   const bool given_sums_;   // Apply: the global sums and count in
+  const bool pairs_;        // pixel_pairs: the per-channel rows in pair order
   double m_ = 0.0;          // elements per channel the sums cover
   const char* x_;
   const char* x2_;

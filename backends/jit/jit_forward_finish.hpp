@@ -120,14 +120,7 @@ inline void pixel_shifts(const FwdConf& c, const void* x, LineVector<float>* shi
 // floats apart) laid out per 16 channels as the pairs load them, the even
 // channels first, then the odd ones; channels [first, last), whole 16s.
 inline void pair_order(int64_t cp, float* coef, int64_t first, int64_t last) {
-  float block[16];
-  for (int64_t row = 0; row < 4; ++row) {
-    for (int64_t f = first; f + 16 <= last; f += 16) {
-      float* v = coef + row * cp + f;
-      for (int i = 0; i < 8; ++i) block[i] = v[2 * i], block[8 + i] = v[2 * i + 1];
-      std::copy(block, block + 16, v);
-    }
-  }
+  for (int64_t row = 0; row < 4; ++row) pair_order_row(coef + row * cp, first, last);
 }
 
 // The apply to call: the streaming variant when dst starts on a line (the
