@@ -217,6 +217,12 @@ TEST(JitForwardPixels, StatsGroupsSameBitsAsSweeps) {
 // prefetches change no bit (fwd-stats-no-prefetch), and the sweeps match
 // ref on data far from zero.
 TEST(JitForwardPixels, StatsWalkByRowLengthAndPrefetchBits) {
+  // The variant turns the prefetches off, and the generated code's key
+  // says so (the bits below cannot tell).
+  jit::FwdConf plain;
+  ASSERT_TRUE(jit::apply_forward_variant("fwd-stats-no-prefetch", &plain).ok());
+  EXPECT_FALSE(plain.stats_prefetch);
+  EXPECT_NE(plain.key(), jit::FwdConf{}.key());
   int ran = 0;
   for (const std::string& isa : jit_test::isas()) {
     if (isa == "portable") continue;
