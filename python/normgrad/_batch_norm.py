@@ -78,6 +78,14 @@ def _differentiable_backward(x, weight, bias, mean, var, y, grad, use_batch_stat
             g if has_residual else None)
 
 
+def _f32_vector(t):
+    """A per-channel tensor as the kernels read it, dense f32 (by pointer: a
+    tensor that is so already is passed as it is, without a detached copy)."""
+    if t.dtype == _torch.float32 and t.is_contiguous():
+        return t
+    return t.detach().float().contiguous()
+
+
 class _BatchNormFunction(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, use_batch_stats, factor, eps,
@@ -90,8 +98,8 @@ class _BatchNormFunction(_torch.autograd.Function):
         affine = weight is not None
         y = _g.pooled_like(x, fmt)
         yv = _g.view_as_fmt(y, fmt)
-        gamma = weight.detach().float().contiguous() if affine else _g.constant(c, 1.0)
-        beta = bias.detach().float().contiguous() if affine else _g.constant(c, 0.0)
+        gamma = _f32_vector(weight) if affine else _g.constant(c, 1.0)
+        beta = _f32_vector(bias) if affine else _g.constant(c, 0.0)
         if residual is not None:
             # Dense in src's order (a copy only when the residual's format differs).
             rv_view = _g.view_as_fmt(_g.like(residual.detach(), x), fmt)
@@ -119,8 +127,8 @@ class _BatchNormFunction(_torch.autograd.Function):
                 ctx.step_state = state
             ctx.mean_lo = _mean_lo(xd, mean, var, eps)
         else:
-            mean = running_mean.detach().float().contiguous()
-            var = running_var.detach().float().contiguous()
+            mean = _f32_vector(running_mean)
+            var = _f32_vector(running_var)
             # The residual's Add and the ReLU in the same pass (the JIT's epilogue).
             cg = _g.inference_graph(shape, fmt, dt, c, eps, fuse_relu, residual is not None)
             inputs = {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var}
@@ -183,7 +191,7 @@ class _BatchNormFunction(_torch.autograd.Function):
             d_residual = _g.pooled_like(x, fmt)
             outputs[_g.DY] = _g.view_as_fmt(d_residual, fmt)
         if affine:
-            inputs[_g.GAMMA] = weight.detach().float().contiguous()
+            inputs[_g.GAMMA] = _f32_vector(weight)
             dgamma = _torch.empty(c, dtype=_torch.float32)
             dbeta = _torch.empty(c, dtype=_torch.float32)
             outputs[_g.DGAMMA], outputs[_g.DBETA] = dgamma, dbeta
@@ -311,16 +319,35 @@ class _EmptyBatchNormFunction(_torch.autograd.Function):
         return _torch.empty_like(grad), _torch.zeros_like(weight), _torch.zeros_like(weight)
 
 
+class _NoGradContext:
+    """What _BatchNormFunction.forward is given for a ctx when no graph is
+    recorded: it keeps the attributes the forward sets and saves nothing."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+
+def _apply_function(grad_enabled, *args):
+    """_BatchNormFunction's forward: through autograd when gradients are
+    recorded, else called directly (the same computation, outputs without a
+    grad_fn as Function.apply gives them under no_grad), which spares an
+    inference call autograd's per-call machinery."""
+    if grad_enabled:
+        return _BatchNormFunction.apply(*args)
+    return _BatchNormFunction.forward(_NoGradContext(), *args)
+
+
 def _bn_apply(m, x, residual, relu):
+    grad_enabled = _torch.is_grad_enabled()
     if not m.training:
         factor, use_batch_stats, rm, rv = forward_state(m, False)
-        return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, use_batch_stats, factor,
-                                        m.eps, relu, residual)
+        return _apply_function(grad_enabled, x, m.weight, m.bias, rm, rv, use_batch_stats,
+                               factor, m.eps, relu, residual)
     # Training: the Function counts the batch, once per step under checkpointing.
     _, rm, rv = batch_state(m, True)
-    step = (_ckpt.state_of(m), lambda: count_batch(m), _torch.is_grad_enabled())
-    return _BatchNormFunction.apply(x, m.weight, m.bias, rm, rv, True, 0.0, m.eps, relu,
-                                    residual, step)
+    step = (_ckpt.state_of(m), lambda: count_batch(m), grad_enabled)
+    return _apply_function(grad_enabled, x, m.weight, m.bias, rm, rv, True, 0.0, m.eps, relu,
+                           residual, step)
 
 
 class _NormgradBatchNorm:

@@ -54,7 +54,8 @@ class StepState:
         """A training forward ran (its backward is pending); `extra` is what a
         recompute reuses (a synchronized layer's group statistics)."""
         self.key = key
-        self.stats = tuple(s.detach().clone() for s in stats)
+        # The statistics are fresh tensors nothing writes to afterwards: kept, not copied.
+        self.stats = tuple(s.detach() for s in stats)
         self.extra, self.pending = extra, True
 
     def done(self):

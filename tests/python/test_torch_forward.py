@@ -336,3 +336,35 @@ def test_bench_torch_per_layer_table_times_eval_too(tmp_path):
             assert set(r[side]) == {"fwd", "bwd", "step", "eval"}
             assert all(v > 0 for v in r[side].values()), r
         assert r["eval_speedup"] == pytest.approx(r["torch_ms"]["eval"] / r["normgrad_ms"]["eval"])
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_forward_without_a_graph_matches_torch(training):
+    """Under no_grad the forward runs without autograd's Function machinery:
+    the same values, no grad_fn, the running statistics moved once per call
+    in training, and parameters that are not dense f32 (an f64 weight, a
+    strided running_var) still read correctly."""
+    torch.manual_seed(4)
+    x = (torch.randn(5, 12, 7, 6) * 3 + 40).to(torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    ours = ngt.BatchNorm2d(12).train(training)
+    ref = torch.nn.BatchNorm2d(12).double().train(training)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ours.bias.uniform_(-0.5, 0.5)
+        ours.running_mean.uniform_(35, 45)
+        ours.running_var.uniform_(5, 15)
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            getattr(ref, name).copy_(getattr(ours, name))
+    # Not dense f32: read through a converted copy, never by the raw pointer.
+    ours.running_var = torch.empty(24)[::2].copy_(ours.running_var)
+    ours.weight = torch.nn.Parameter(ours.weight.detach().double())
+    with torch.no_grad():
+        y = ours(x)
+        want = ref(x.double())
+    assert y.grad_fn is None and not y.requires_grad
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert rel(y, want) < 8e-3
+    assert torch.allclose(ours.running_mean.double(), ref.running_mean, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(ours.running_var.double(), ref.running_var, rtol=1e-4, atol=1e-4)
+    assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked)
