@@ -148,9 +148,8 @@ TEST(CachingAllocator, HugeBlocksAreMappingsThatLeaveTheProcess) {
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % CachingAllocator::kHugeBlockBytes, 0u);
   p[0] = p[bytes - 1] = 7;  // the whole span is ours
-  // A 5.5 MiB class: mapped to the end of its third huge page.
-  ASSERT_EQ(CachingAllocator::size_class(bytes), (size_t{11} << 19));
-  unsigned char* last = p + (size_t{6} << 20) - 1;
+  ASSERT_EQ(CachingAllocator::size_class(bytes), (size_t{11} << 19));  // 5.5 MiB
+  unsigned char* last = p + (size_t{6} << 20) - 1;                     // of the third huge page
   ASSERT_TRUE(mapped(p));
   EXPECT_TRUE(mapped(last));
   pool.deallocate(p);
