@@ -100,29 +100,16 @@ void unlist_pool(std::mutex* m) {
 }
 }  // namespace
 
-namespace {
-// A mapped block's length: whole huge pages. A class size between them
-// (3.25 MiB) would leave its last part to 4 KiB pages, each a fault of its
-// own: on a VM about 10 us a page, 3 ms for that 1.25 MiB against one huge
-// page's 0.3. The block keeps its class size; the rest of its last huge
-// page is never handed out.
-size_t mapped_bytes(size_t bytes) {
-  return (bytes + CachingAllocator::kHugeBlockBytes - 1) / CachingAllocator::kHugeBlockBytes *
-         CachingAllocator::kHugeBlockBytes;
-}
-}  // namespace
-
 CachingAllocator::System CachingAllocator::default_system() {
   System s;
   s.allocate = [](size_t bytes, size_t alignment) -> void* {
-    if (bytes >= kHugeBlockBytes)
-      return map_aligned(mapped_bytes(bytes), std::max(alignment, kHugeBlockBytes));
+    if (bytes >= kHugeBlockBytes) return map_aligned(bytes, std::max(alignment, kHugeBlockBytes));
     void* p = nullptr;
     return posix_memalign(&p, alignment, bytes) == 0 ? p : nullptr;
   };
   s.release = [](void* p, size_t bytes) {
     if (bytes >= kHugeBlockBytes) {
-      munmap(p, mapped_bytes(bytes));
+      munmap(p, bytes);
     } else {
       std::free(p);
     }
