@@ -344,7 +344,7 @@ void FwdRun::pixels() {
       // row at a time, not a channel down every row, which would touch a
       // page per group per channel and wait on the TLB.
       double t1[kFwdMergeChannels] = {}, t2[kFwdMergeChannels] = {};
-      for (int64_t g = 0; g < groups && stats; ++g) {
+      for (int64_t g = 0; stats && g < groups; ++g) {  // Apply: given statistics, no groups
         const double* p1 = &partial[static_cast<size_t>(g * 2 * cp)];
         const double* p2 = p1 + cp;
         for (int64_t ch = ch0; ch < ch_end; ++ch) {

@@ -78,14 +78,6 @@ def _differentiable_backward(x, weight, bias, mean, var, y, grad, use_batch_stat
             g if has_residual else None)
 
 
-def _f32_vector(t):
-    """A per-channel tensor as the kernels read it, dense f32 (by pointer: a
-    tensor that is so already is passed as it is, without a detached copy)."""
-    if t.dtype == _torch.float32 and t.is_contiguous():
-        return t
-    return t.detach().float().contiguous()
-
-
 class _BatchNormFunction(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, use_batch_stats, factor, eps,
@@ -98,8 +90,8 @@ class _BatchNormFunction(_torch.autograd.Function):
         affine = weight is not None
         y = _g.pooled_like(x, fmt)
         yv = _g.view_as_fmt(y, fmt)
-        gamma = _f32_vector(weight) if affine else _g.constant(c, 1.0)
-        beta = _f32_vector(bias) if affine else _g.constant(c, 0.0)
+        gamma = _g.f32_vector(weight) if affine else _g.constant(c, 1.0)
+        beta = _g.f32_vector(bias) if affine else _g.constant(c, 0.0)
         if residual is not None:
             # Dense in src's order (a copy only when the residual's format differs).
             rv_view = _g.view_as_fmt(_g.like(residual.detach(), x), fmt)
@@ -127,8 +119,8 @@ class _BatchNormFunction(_torch.autograd.Function):
                 ctx.step_state = state
             ctx.mean_lo = _mean_lo(xd, mean, var, eps)
         else:
-            mean = _f32_vector(running_mean)
-            var = _f32_vector(running_var)
+            mean = _g.f32_vector(running_mean)
+            var = _g.f32_vector(running_var)
             # The residual's Add and the ReLU in the same pass (the JIT's epilogue).
             cg = _g.inference_graph(shape, fmt, dt, c, eps, fuse_relu, residual is not None)
             inputs = {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta, _g.MEAN: mean, _g.VAR: var}
@@ -191,7 +183,7 @@ class _BatchNormFunction(_torch.autograd.Function):
             d_residual = _g.pooled_like(x, fmt)
             outputs[_g.DY] = _g.view_as_fmt(d_residual, fmt)
         if affine:
-            inputs[_g.GAMMA] = _f32_vector(weight)
+            inputs[_g.GAMMA] = _g.f32_vector(weight)
             dgamma = _torch.empty(c, dtype=_torch.float32)
             dbeta = _torch.empty(c, dtype=_torch.float32)
             outputs[_g.DGAMMA], outputs[_g.DBETA] = dgamma, dbeta

@@ -142,9 +142,8 @@ def normalize_group(x, total, mean64, var64, gamma, beta, eps, leaky=None, relu=
               _g.G_COUNT: _torch.tensor([int(round(total))], dtype=_torch.int64)}
     affine = gamma is not None
     if affine:
-        inputs[_g.GAMMA] = gamma.detach().float().contiguous()
-        inputs[_g.BETA] = (beta.detach().float().contiguous() if beta is not None
-                           else _g.constant(c, 0.0))
+        inputs[_g.GAMMA] = _g.f32_vector(gamma)
+        inputs[_g.BETA] = _g.f32_vector(beta) if beta is not None else _g.constant(c, 0.0)
     scratch = _torch.empty(4 * c, dtype=_torch.float32)  # the op's statistics outputs, unused
     out = _g.RELU_OUT if leaky is not None or relu else _g.Y0
     _g.run(_g.forward_apply_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, affine, eps,

@@ -324,8 +324,8 @@ class InPlaceABN(_nn.Module):
         fmt, xv = _g.layout(x.detach())
         cg = _g.inference_graph(tuple(xv.shape), fmt, _g.DTYPES[x.dtype], c, self.eps, False)
         _g.run(cg, {_g.X: xv, _g.GAMMA: gamma, _g.BETA: beta,
-                    _g.MEAN: self.running_mean.detach().float().contiguous(),
-                    _g.VAR: self.running_var.detach().float().contiguous()}, {_g.Y0: xv})
+                    _g.MEAN: _g.f32_vector(self.running_mean),
+                    _g.VAR: _g.f32_vector(self.running_var)}, {_g.Y0: xv})
         if self._slope() is not None and not no_act:
             _F.leaky_relu_(x.detach(), self._slope())
         return x

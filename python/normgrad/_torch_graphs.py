@@ -155,6 +155,15 @@ def check_residual(name, residual):
                         "(rule: device == cpu)" % (name, residual.device))
 
 
+def f32_vector(t):
+    """A per-channel tensor as the kernels read it (by pointer), dense f32: one
+    that is so already is passed as it is, a Parameter too, without the
+    detach/float/contiguous calls a per-call path would pay for nothing."""
+    if t.dtype == _torch.float32 and t.is_contiguous():
+        return t
+    return t.detach().float().contiguous()
+
+
 def like(grad, x):
     """grad in x's memory format (a copy only when they differ)."""
     if channels_last(x):
