@@ -2,6 +2,8 @@
 // JIT's backward and forward generators share (jit_emitter.hpp).
 #include <normgrad/backends/jit/jit_emitter.hpp>
 
+#include <cassert>
+
 namespace normgrad {
 namespace jit {
 
@@ -72,15 +74,23 @@ void VecEmitter::load_vec(int v, const RegExp& e, bool masked) {
 // meet NaNs loaded from bf16, made by arithmetic (the default NaN or an
 // operand's) or from the drivers' kernel_float, which makes any NaN
 // 0x7fc00000; a test feeds NaNs with full payloads in every f32 input.
+// AVX2 takes bit 16 by two shifts rather than a shift and a mask: the same
+// bits without a memory operand, as loads limit the AVX2 16-bit loops.
 void VecEmitter::bf16_dwords(int t, int v, bool down) {
   const Xmm tv = vmm(t), vv = vmm(v);
-  vpsrld(tv, vv, 16);
   if (avx512_) {
+    vpsrld(tv, vv, 16);
     vpandd(tv, tv, ptr[rip + c_one_]);
+    vpaddd(tv, tv, ptr[rip + c_7fff_]);
   } else {
-    vpand(tv, tv, ptr[rip + c_one_]);
+    vpslld(tv, vv, 15);
+    vpsrld(tv, tv, 31);
+    if (reg_7fff_ >= 0) {
+      vpaddd(tv, tv, Ymm(reg_7fff_));
+    } else {
+      vpaddd(tv, tv, ptr[rip + c_7fff_]);
+    }
   }
-  vpaddd(tv, tv, ptr[rip + c_7fff_]);
   vpaddd(tv, tv, vv);
   if (down) vpsrld(tv, tv, 16);
 }
@@ -174,7 +184,22 @@ void VecEmitter::store_exact(const RegExp& e, int v, bool masked, int t) {
 void VecEmitter::load_pair(int even, int odd, const RegExp& e) {
   vmovdqu(Ymm(odd), ptr[e]);
   vpslld(Ymm(even), Ymm(odd), 16);
-  vpand(Ymm(odd), Ymm(odd), ptr[rip + c_hi16_]);
+  if (reg_hi16_ >= 0) {
+    vpand(Ymm(odd), Ymm(odd), Ymm(reg_hi16_));
+  } else {
+    vpand(Ymm(odd), Ymm(odd), ptr[rip + c_hi16_]);
+  }
+}
+
+void VecEmitter::keep_bf16_constants(int bias, int hi16) {
+  assert(!avx512_ && "keep_bf16_constants: AVX2 only (AVX-512 has no spare ymm to name)");
+  if (bias >= 0) vmovdqu(Ymm(bias), ptr[rip + c_7fff_]);
+  if (hi16 >= 0) vmovdqu(Ymm(hi16), ptr[rip + c_hi16_]);
+  reg_7fff_ = bias, reg_hi16_ = hi16;
+}
+
+void VecEmitter::drop_bf16_constants() {
+  reg_7fff_ = reg_hi16_ = -1;
 }
 
 void VecEmitter::store_pair(const RegExp& e, int even, int odd, int t, bool nt) {

@@ -97,6 +97,14 @@ class VecEmitter : public Xbyak::CodeGenerator {
   // The constants the helpers above read; the derived generator's pool
   // follows them.
   void emit_shared_constants();
+  // AVX2: keeps the bf16 rounding bias (0x7fff per dword) in ymm(bias) and
+  // the pairs' high-word mask (0xffff0000) in ymm(hi16) until
+  // drop_bf16_constants (-1: that one stays a memory operand), so the helpers
+  // above read registers: a pairs apply otherwise spends 4 of its 12 loads
+  // per 16 elements on them, and loads are what limits those loops. The
+  // caller keeps the registers free meanwhile.
+  void keep_bf16_constants(int bias, int hi16);
+  void drop_bf16_constants();
 
   const bool avx512_;
   const bool native_bf16_;  // vcvtneps2bf16 (AVX-512 with avx512_bf16)
@@ -106,6 +114,7 @@ class VecEmitter : public Xbyak::CodeGenerator {
   int tail_;       // the constant tail's elements (AVX2 16-bit word loops)
   int mask_ = 15;  // AVX2: the f32 tail's dword mask register
   Label c_one_, c_7fff_, c_hi16_;
+  int reg_7fff_ = -1, reg_hi16_ = -1;  // keep_bf16_constants
 };
 
 }  // namespace jit

@@ -89,7 +89,7 @@ void FwdGenerator::pair_step(const std::function<void(int)>& normalise, int64_t 
 void FwdGenerator::rows_apply() {
   // AVX-512: data v0..3, scratch v4..11, hi/lo/a/b v27..30, zero v31, alpha v26.
   // AVX2 (two vectors a step): data v0..1, scratch v2..7, hi/lo/a/b v8..11,
-  // zero v12, alpha v13.
+  // zero v12, alpha v13, the bf16 pairs' constants v14..15.
   const int unroll = avx512_ ? 4 : 2;
   const int cf = avx512_ ? 27 : 8;
   zero_ = avx512_ ? 31 : 12;
@@ -101,6 +101,7 @@ void FwdGenerator::rows_apply() {
   for (int i = 0; i < 4; ++i) vbroadcastss(vmm(cf + i), ptr[rax + 4 * i]);
   zero(zero_);
   load_alpha();
+  if (c_.pair_vectors) keep_bf16_constants(14, 15);  // free: 16-bit data has no f32 tail mask
   auto normalise = [&](int v) {
     vsubps(vmm(v), vmm(v), vmm(cf));
     vsubps(vmm(v), vmm(v), vmm(cf + 1));
@@ -147,6 +148,7 @@ void FwdGenerator::rows_apply() {
   jnz(row, T_NEAR);
   rows_epilogue();
   pop(rbx);
+  drop_bf16_constants();
   if (nt_) sfence();
   vzeroupper();
   ret();
@@ -353,7 +355,7 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
 // plus b. On AVX2, bf16 without a residual in pairs (the coefficients in
 // pair order, the odd channels' 32 bytes after the even ones'), otherwise
 // vector by vector. Data v0..1, scratch v2..5 (alpha and zero as
-// pixels_apply set them).
+// pixels_apply set them), the bf16 pairs' constants v8..9.
 void FwdGenerator::pixels_apply_lines(int row) {
   const int step_bytes = 32 * es_;
   const int scale = 4 / es_;  // coefficient bytes per data byte
@@ -431,7 +433,9 @@ void FwdGenerator::pixels_apply() {
   load_alpha();
   const int row = static_cast<int>(cp_ * 4);
   if (c_.line_walk) {
+    if (c_.pair_vectors) keep_bf16_constants(8, 9);  // the line walk uses v0..v7
     pixels_apply_lines(row);
+    drop_bf16_constants();
   } else {
     for (int64_t first = 0; first < nv; first += block) {
       const int b = static_cast<int>(std::min<int64_t>(block, nv - first));

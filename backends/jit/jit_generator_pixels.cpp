@@ -330,7 +330,9 @@ void BnGenerator::pixels_apply_pairs(bool nt) {
 void BnGenerator::pixels_reduce() {
   prologue();
   if (pixel_pairs(c_)) {
+    keep_bf16_constants(-1, 14);  // the loop uses v0..v7
     pixels_reduce_pairs();
+    drop_bf16_constants();
     epilogue();
     return;
   }
@@ -385,7 +387,9 @@ void BnGenerator::pixels_reduce() {
 void BnGenerator::pixels_apply() {
   prologue();
   if (pixel_pairs(c_)) {
+    keep_bf16_constants(13, 14);  // the loop uses v0..v8
     apply_rows(true, [&](bool nt) { pixels_apply_pairs(nt); });
+    drop_bf16_constants();
     epilogue();
     return;
   }

@@ -281,6 +281,7 @@ void BnGenerator::rows_apply_cols(int cf, int64_t off, const Reg64& out, int64_t
 // copy of the loop that also prefetches that channel's lines.
 void BnGenerator::rows_apply() {
   prologue();
+  if (pair_vectors()) keep_bf16_constants(kMask, -1);  // 16-bit data: no f32 tail mask
   broadcast_coefs(12, 0);
   Label last_channel, done;
   if (c_.prefetch.next_channel) {
@@ -309,6 +310,7 @@ void BnGenerator::rows_apply() {
     rows(false);
     L(done);
   }
+  drop_bf16_constants();
   epilogue();
 }
 
@@ -435,6 +437,7 @@ void BnGenerator::group_sums_avx512() {
 // (S whole vectors); otherwise (14x14, 7x7) through the bounce block.
 void BnGenerator::rows_apply_grouped() {
   prologue();
+  if (pair_vectors()) keep_bf16_constants(kMask, -1);  // 16-bit data: no f32 tail mask
   auto group_rows = [&](const Reg64& out, bool nt) {
     each_group_channel([&](int g) {
       broadcast_coefs(12, g);
@@ -484,6 +487,7 @@ void BnGenerator::rows_apply_grouped() {
                [&](bool nt) { group_rows(rcx, nt); });
   }
   L(done);
+  drop_bf16_constants();
   epilogue();
 }
 
