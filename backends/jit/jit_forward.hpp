@@ -58,12 +58,16 @@ constexpr int64_t kFwdApplyBytes = 64 * 1024;
 // Channels per grouped NCX call (FwdConf::channel_group): the backward's
 // kRowGroupAvx512 and kRowGroupAvx2, for the same reason (each channel's two
 // sums take a register for the whole call).
-// Channels per strip of the NXC forward (FwdConf::strip_channels): 512 bytes
-// of each f32 pixel, 128 of a 16-bit one. Measured on ResNet-50's 14x14 and
-// 7x7 layers (docs/performance.md): 32 and 64 f32 channels, and 128 or more
-// 16-bit ones, were slower.
+// Channels per strip of the NXC forward (FwdConf::strip_channels). 16-bit
+// data takes strips by rule: 256 bytes of each pixel on AVX2, 512 on
+// AVX-512 (at 7x7, interleaved: AVX2 128 channels 1.15-1.29x and AVX-512
+// 256 channels 1.30-1.45x the old 64; the other width 1.07-1.29x). f32
+// takes none (kFwdStripF32 is the variant's width): since the statistics'
+// merge runs row by row, the pixels walk is 1.06-1.30x faster at 14x14 and
+// 7x7 on both ISAs (docs/jit-rules.md).
 constexpr int64_t kFwdStripF32 = 128;
-constexpr int64_t kFwdStrip16 = 64;
+constexpr int64_t kFwdStrip16Avx2 = 128;
+constexpr int64_t kFwdStrip16Avx512 = 256;
 // The 16-bit pixel rows (bytes) whose statistics go pixel by pixel
 // (FwdConf::stats_pixel_group): from the first, up to the second; longer
 // rows keep the prefetching sweeps.
@@ -206,11 +210,14 @@ bool fwd_bounce_possible(const FwdConf& c);
 // NXC, the whole forward on generated code, `width` a multiple of 32
 // channels that divides C and is less than C.
 bool fwd_strips_possible(const FwdConf& c, int64_t width);
-// The rule's strip width (kFwdStripF32 or kFwdStrip16), or 0: strips when
-// src is past the cache, a pixel's row is a page or more
+// The rule's strip width (fwd_strip_width), or 0: strips for 16-bit data
+// when src is past the cache, a pixel's row is a page or more
 // (kFwdStripRowBytes), each of `threads` threads has a strip, and their
-// strips' src fits in a quarter of the L3.
+// strips' src fits in a quarter of the L3; none for f32.
 int64_t fwd_strip_rule(const FwdConf& c, int threads);
+// The strip width for the conf's dtype and ISA (the rule's, and the
+// fwd-strips variant's without a width).
+int64_t fwd_strip_width(const FwdConf& c);
 // FwdConf::line_walk's rule: 16-bit data of whole lines per 32 channels, or
 // strips (whose pixels the apply takes whole, any dtype).
 bool fwd_line_walk(const FwdConf& c);

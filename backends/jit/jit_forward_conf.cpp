@@ -133,8 +133,14 @@ bool fwd_strips_possible(const FwdConf& c, int64_t width) {
          width > 0 && width % 32 == 0 && c.c % width == 0 && width < c.c;
 }
 
+int64_t fwd_strip_width(const FwdConf& c) {
+  if (c.dt == DataType::kF32) return kFwdStripF32;
+  return c.isa == Isa::kAvx2 ? kFwdStrip16Avx2 : kFwdStrip16Avx512;
+}
+
 int64_t fwd_strip_rule(const FwdConf& c, int threads) {
-  const int64_t w = c.dt == DataType::kF32 ? kFwdStripF32 : kFwdStrip16;
+  if (c.dt == DataType::kF32) return 0;
+  const int64_t w = fwd_strip_width(c);
   // A pixel's row of a page or more: each page then holds one strip's run,
   // and the hardware prefetchers, which stay within a page, fetch nothing of
   // the other strips. Shorter rows share pages between strips and ran slower

@@ -156,7 +156,7 @@ const Variant kVariants[] = {
      [](FwdConf* c, int64_t w) {
        // Strips of CHANNELS (0 or none: the rule's width) wherever the walk
        // can take them, also within the cache.
-       if (w == 0) w = c->dt == DataType::kF32 ? kFwdStripF32 : kFwdStrip16;
+       if (w == 0) w = fwd_strip_width(*c);
        if (!fwd_strips_possible(*c, w)) return;
        c->strip_channels = w;
        c->line_walk = fwd_line_walk(*c);  // each pixel's strip whole

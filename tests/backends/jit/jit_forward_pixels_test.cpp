@@ -27,12 +27,12 @@ struct Case {
 };
 
 // 96 channels in strips of 32 (105 pixels: a partial second chunk); 64 in
-// strips of 32 over 5000 pixels (79 chunks, two to a group); 256 in the
-// rule's strips (128 f32 channels, 64 16-bit ones); 160 in strips of 32 over
-// 37 pixels (one partial chunk).
+// strips of 32 over 5000 pixels (79 chunks, two to a group); 512 in the
+// variant's default widths (128 f32 channels; 16-bit 128 on AVX2, 256 on
+// AVX-512); 160 in strips of 32 over 37 pixels (one partial chunk).
 const Case kCases[] = {{{3, 5, 7, 96}, "fwd-strips-32"},
                        {{2, 50, 50, 64}, "fwd-strips-32"},
-                       {{5, 7, 7, 256}, "fwd-strips"},
+                       {{5, 7, 7, 512}, "fwd-strips"},
                        {{37, 1, 1, 160}, "fwd-strips-32"}};
 
 TEST(JitForwardPixels, StripsMatchRefOnEachIsa) {
@@ -95,57 +95,52 @@ TEST(JitForwardPixels, StripsSameBitsForAnyThreadCount) {
   }
 }
 
-// The rule: strips of 128 f32 or 64 16-bit channels when src is past the
-// cache, a pixel's row is a page or more, every thread has a strip and all
-// threads' strips fit in a quarter of the L3; never for NCX, the
-// synchronized forward's parts or the portable code. The variant takes
-// widths the walk can take and leaves the others.
+// The rule: 16-bit strips of 128 channels on AVX2 and 256 on AVX-512 when
+// src is past the cache, a pixel's row is a page or more, every thread has
+// a strip and all threads' strips fit in a quarter of the L3; none for f32;
+// never for NCX, the synchronized forward's parts or the portable code. The
+// variant takes widths the walk can take and leaves the others.
 TEST(JitForwardPixels, StripsRule) {
   jit::FwdConf c;
   c.isa = jit::Isa::kAvx512;
-  c.dt = DataType::kF32;
+  c.dt = DataType::kBF16;
   c.ncx_rows = false;
   c.n = 32;
   c.spatial = 49;
-  c.c = 2048;  // ResNet-50's 7x7 layer: 12.8 MB of f32
+  c.c = 2048;  // ResNet-50's 7x7 layer: 6.4 MB of bf16
   c.pixels = c.n * c.spatial;
   const int64_t l3 = jit::cache_sizes().l3_bytes;
-  const bool past = 2 * c.pixels * c.c * 4 > l3 / 4;
-  const bool fits = 2 * c.pixels * jit::kFwdStripF32 * 4 <= l3 / 4;
-  EXPECT_EQ(jit::fwd_strip_rule(c, 2), past && fits ? jit::kFwdStripF32 : 0);
-  // 64 threads: 16 strips leave threads idle.
-  EXPECT_EQ(jit::fwd_strip_rule(c, 64), 0);
-  c.dt = DataType::kBF16;
-  EXPECT_EQ(jit::fwd_strip_rule(c, 2),
-            2 * c.pixels * c.c * 2 > l3 / 4 && 2 * c.pixels * jit::kFwdStrip16 * 2 <= l3 / 4
-                ? jit::kFwdStrip16
-                : 0);
+  const bool past = 2 * c.pixels * c.c * 2 > l3 / 4;
+  for (const auto& [isa, width] : std::vector<std::pair<jit::Isa, int64_t>>{
+           {jit::Isa::kAvx512, jit::kFwdStrip16Avx512}, {jit::Isa::kAvx2, jit::kFwdStrip16Avx2}}) {
+    jit::FwdConf k = c;
+    k.isa = isa;
+    EXPECT_EQ(jit::fwd_strip_width(k), width);
+    const bool fits = 2 * k.pixels * width * 2 <= l3 / 4;
+    EXPECT_EQ(jit::fwd_strip_rule(k, 2), past && fits ? width : 0);
+    // 64 threads: 16 or fewer strips leave threads idle.
+    EXPECT_EQ(jit::fwd_strip_rule(k, 64), 0);
+    k.dt = DataType::kF16;
+    EXPECT_EQ(jit::fwd_strip_rule(k, 2), past && fits ? width : 0);
+    k.dt = DataType::kF32;  // 12.8 MB, 8 KiB a pixel: the pixels walk
+    EXPECT_EQ(jit::fwd_strip_width(k), jit::kFwdStripF32);
+    EXPECT_EQ(jit::fwd_strip_rule(k, 2), 0);
+  }
   // 14x14 bf16: 2 KiB a pixel, so a page holds two strips' runs.
   jit::FwdConf half = c;
   half.spatial = 196;
   half.c = 1024;
   half.pixels = half.n * half.spatial;
   EXPECT_EQ(jit::fwd_strip_rule(half, 2), 0);
-  half.dt = DataType::kF32;  // 4 KiB a pixel
-  EXPECT_EQ(jit::fwd_strip_rule(half, 2), 2 * half.pixels * half.c * 4 > l3 / 4 &&
-                                                  2 * half.pixels * jit::kFwdStripF32 * 4 <= l3 / 4
-                                              ? jit::kFwdStripF32
-                                              : 0);
-  c.dt = DataType::kF32;
-  // 28x28 f32: 2 KiB a pixel, whatever the L3 holds.
-  jit::FwdConf wide = c;
-  wide.spatial = 784;
-  wide.c = 512;
-  wide.pixels = wide.n * wide.spatial;
-  EXPECT_EQ(jit::fwd_strip_rule(wide, 2), 0);
-  // 7x7 f32 at batch 256: each strip's src (25.7 MB) is more than a quarter
-  // of any L3 the cache model takes for two threads.
+  // 7x7 bf16 at batch 1024: each strip's src (25.7 MB) is more than a
+  // quarter of any L3 the cache model takes for two threads.
   jit::FwdConf big = c;
-  big.n = 256;
+  big.n = 1024;
   big.pixels = big.n * big.spatial;
-  if (2 * big.pixels * jit::kFwdStripF32 * 4 > l3 / 4) {
+  if (2 * big.pixels * jit::kFwdStrip16Avx512 * 2 > l3 / 4) {
     EXPECT_EQ(jit::fwd_strip_rule(big, 2), 0);
   }
+  c.dt = DataType::kF32;
   for (auto change : {+[](jit::FwdConf* k) { k->ncx_rows = true; },
                       +[](jit::FwdConf* k) { k->phase = jit::FwdPhase::kApply; },
                       +[](jit::FwdConf* k) { k->phase = jit::FwdPhase::kReduce; },
@@ -154,6 +149,7 @@ TEST(JitForwardPixels, StripsRule) {
     jit::FwdConf k = c;
     change(&k);
     EXPECT_FALSE(jit::fwd_strips_possible(k, jit::kFwdStripF32));
+    k.dt = DataType::kBF16;
     EXPECT_EQ(jit::fwd_strip_rule(k, 2), 0);
   }
   // The variant: a width of whole 32s that divides C, below C.

@@ -122,7 +122,7 @@ TEST(JitForwardSide, VariantsAndStrips) {
     const char* kernel;  // what the variant's kernel name says
   };
   const Case cases[] = {{{6, 16, 56, 56}, "NCX", "default", ":fwd:rows+"},
-                        {{4, 7, 7, 256}, "NXC", "fwd-strips", "_strips"},
+                        {{4, 7, 7, 512}, "NXC", "fwd-strips", "_strips"},
                         {{images, 512, 14, 14}, "NCX", "fwd-bounce", "+nt_bounce"}};
   int k = 0;
   for (const std::string& isa : jit_test::isas()) {

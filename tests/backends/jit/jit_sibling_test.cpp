@@ -180,7 +180,7 @@ TEST(JitSiblings, ForwardShortcutJoinsTheResidualAdd) {
 TEST(JitSiblings, ForwardVariantsAndStrips) {
   if (jit::detect_isa() == jit::Isa::kPortable) GTEST_SKIP() << "no generated code on this CPU";
   for (DataType dt : {DataType::kF32, DataType::kBF16}) {
-    Graph g = forward_siblings({4, 7, 7, 256}, "NXC", dt, true);
+    Graph g = forward_siblings({4, 7, 7, 512}, "NXC", dt, true);
     ASSERT_TRUE(g.finalize().ok());
     SCOPED_TRACE(dtype_name(dt));
     for (const std::string variant : {"fwd-strips", "fwd-no-strips"}) {
