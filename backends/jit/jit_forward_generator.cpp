@@ -21,6 +21,11 @@ class GeneratedFwd final : public FwdKernels {
   void apply_streaming(const FwdArgs& a) const override {
     (stream_ ? stream_->fn() : apply_.fn())(&a);
   }
+  void register_with_perf(const std::string& key) const {
+    jit::register_with_perf(stats_, key, "fwd_stats");
+    jit::register_with_perf(apply_, key, "fwd_apply");
+    if (stream_) jit::register_with_perf(*stream_, key, "fwd_apply_nt");
+  }
 
  private:
   FwdGenerator stats_, apply_;
@@ -31,8 +36,11 @@ class GeneratedFwd final : public FwdKernels {
 
 StatusOr<std::shared_ptr<const FwdKernels>> generate_fwd_kernels(const FwdConf& conf) {
   if (conf.isa == Isa::kPortable || conf.empty) return portable_fwd_kernels(conf);
-  return generate_guarded<FwdKernels>(conf.kernel_name(),
-                                      [&] { return std::make_shared<GeneratedFwd>(conf); });
+  return generate_guarded<FwdKernels>(conf.kernel_name(), [&] {
+    auto k = std::make_shared<GeneratedFwd>(conf);
+    k->register_with_perf(conf.key());
+    return k;
+  });
 }
 
 }  // namespace jit

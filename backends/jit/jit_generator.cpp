@@ -318,11 +318,9 @@ class GeneratedKernels final : public KernelSet {
 
 std::atomic<int64_t> g_generated{0};
 
-// NORMGRAD_JIT_PROFILE=1: name each generated kernel in /tmp/perf-<pid>.map,
-// the file `perf report` reads for code it has no symbols for, so profiles
-// split the time between the reduce and apply kernels of each conf (what
-// DNNL_JIT_PROFILE=1 does for oneDNN's kernels).
-void register_with_perf(const BnGenerator& gen, const BnConf& conf, const char* kind) {
+}  // namespace
+
+void register_with_perf(const Xbyak::CodeGenerator& gen, const std::string& key, const char* kind) {
   static const bool enabled = [] {
     const char* v = std::getenv("NORMGRAD_JIT_PROFILE");
     return v != nullptr && std::strcmp(v, "1") == 0;
@@ -334,12 +332,10 @@ void register_with_perf(const BnGenerator& gen, const BnConf& conf, const char* 
   if (FILE* f = std::fopen(path.c_str(), "a")) {
     std::fprintf(f, "%llx %zx normgrad_%s_%s\n",
                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(gen.getCode())),
-                 gen.getSize(), kind, conf.key().c_str());
+                 gen.getSize(), kind, key.c_str());
     std::fclose(f);
   }
 }
-
-}  // namespace
 
 int64_t generated_kernel_sets() {
   return g_generated.load();
@@ -349,8 +345,8 @@ StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf) 
   if (conf.isa == Isa::kPortable || conf.empty) return portable_kernels(conf);
   return generate_guarded<KernelSet>(conf.kernel_name(), [&] {
     auto k = std::make_shared<GeneratedKernels>(conf);
-    register_with_perf(k->reduce_generator(), conf, "reduce");
-    register_with_perf(k->apply_generator(), conf, "apply");
+    register_with_perf(k->reduce_generator(), conf.key(), "reduce");
+    register_with_perf(k->apply_generator(), conf.key(), "apply");
     g_generated.fetch_add(1);
     return k;
   });

@@ -47,6 +47,13 @@ StatusOr<std::shared_ptr<const Set>> generate_guarded(const std::string& what, M
   }
 }
 
+// NORMGRAD_JIT_PROFILE=1: names generated code in /tmp/perf-<pid>.map as
+// normgrad_<kind>_<key>, the file `perf report` reads for code it has no
+// symbols for (what DNNL_JIT_PROFILE=1 does for oneDNN's kernels). Shared by
+// the backward's kernels (reduce, apply) and the forward's (fwd_stats,
+// fwd_apply, fwd_apply_nt).
+void register_with_perf(const Xbyak::CodeGenerator& gen, const std::string& key, const char* kind);
+
 class BnGenerator : public VecEmitter {
  public:
   enum class Kind { kReduce, kApply };

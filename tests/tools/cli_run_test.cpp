@@ -364,6 +364,17 @@ TEST(CliRun, JitProfileNamesKernelsForPerf) {
     EXPECT_NE(start, 0u) << text;
     EXPECT_GT(size, 0u) << text;
   }
+  // The forward's kernels too: statistics and apply.
+  const auto [fpid, fout] =
+      run_with_pid("NORMGRAD_JIT_PROFILE=1",
+                   "bench --dir fwd --shapes small --backends jit --iters 1 --warmup 0");
+  ASSERT_FALSE(fpid.empty()) << fout;
+  const std::string fmap = "/tmp/perf-" + fpid + ".map";
+  std::ifstream fin(fmap);
+  const std::string ftext((std::istreambuf_iterator<char>(fin)), {});
+  std::filesystem::remove(fmap);
+  for (const char* kind : {" normgrad_fwd_stats_", " normgrad_fwd_apply_"})
+    EXPECT_NE(ftext.find(kind), std::string::npos) << fmap << ":\n" << ftext << "\n" << fout;
   // Without the variable nothing is written.
   const auto [pid2, out2] = run_with_pid("", args);
   ASSERT_FALSE(pid2.empty()) << out2;
