@@ -14,6 +14,7 @@
 #include <thread>
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #ifdef NORMGRAD_WITH_DNNL
 #include <oneapi/dnnl/dnnl.hpp>
@@ -76,6 +77,12 @@ __attribute__((target("avx"))) void add_stream(const float* a, const float* b, f
   for (int64_t i = begin; i < end; i += 8) {
     _mm256_stream_ps(c + i, _mm256_add_ps(_mm256_load_ps(a + i), _mm256_load_ps(b + i)));
   }
+}
+
+// c = 1 over [begin, end) with non-temporal stores: writes alone.
+__attribute__((target("avx"))) void write_stream(float* c, int64_t begin, int64_t end) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (int64_t i = begin; i < end; i += 8) _mm256_stream_ps(c + i, one);
 }
 
 // The reduce's pattern: reads a and b over [begin, end) and keeps sums of b
@@ -166,6 +173,31 @@ double StreamProbe::measure_read_only(int reps) {
     best = std::max(best, 2.0 * static_cast<double>(n_) * 4.0 / s / 1e9);
   }
   return best;
+}
+
+CoreRates StreamProbe::measure_one_core(int reps) {
+  CoreRates r;
+  if (n_ == 0) return r;
+  // A third of the arrays: each pattern still passes the L3 many times over.
+  const int64_t n = n_ / 3 / 1024 * 1024;
+  tbb::task_arena one(1);
+  one.execute([&] {
+    for (int k = 0; k < reps; ++k) {
+      auto gbps = [&](double bytes, auto&& body) {
+        const auto t0 = std::chrono::steady_clock::now();
+        body();
+        _mm_sfence();
+        return bytes /
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+      };
+      const double bytes = static_cast<double>(n) * 4.0;
+      r.reads = std::max(r.reads, gbps(2 * bytes, [&] { read_two(a_.get(), b_.get(), 0, n); }));
+      r.writes = std::max(r.writes, gbps(bytes, [&] { write_stream(c_.get(), 0, n); }));
+      r.mixed = std::max(r.mixed,
+                         gbps(3 * bytes, [&] { add_stream(a_.get(), b_.get(), c_.get(), 0, n); }));
+    }
+  });
+  return r;
 }
 
 TwoPassTraffic two_pass_traffic(const std::string& layout, int64_t n, int64_t c, int64_t spatial,

@@ -36,6 +36,14 @@ HostInfo host_info();
 // can run next to every case: a shared host's bandwidth changes within a run
 // (one VM here alternated between about 55 and 100 GB/s). Without memory for
 // the arrays it reports 0 GB/s (shares then read 0).
+// What one core reaches alone (GB/s): 2 reads, streaming writes, and the
+// two together in one loop (the probe's pattern). A core may serve the mix
+// well above either alone, so a kernel that reads and writes in separate
+// phases stays below the probe (docs/performance.md).
+struct CoreRates {
+  double reads = 0.0, writes = 0.0, mixed = 0.0;
+};
+
 class StreamProbe {
  public:
   explicit StreamProbe(int64_t floats_per_array);
@@ -44,6 +52,9 @@ class StreamProbe {
   // reduction pass (the NXC reduce reads src and diff_dst this way). A host
   // may serve it below measure()'s rate (0.74-0.86 of it here).
   double measure_read_only(int reps);
+  // The three patterns on one thread, over a third of the arrays each; the
+  // best of `reps` passes.
+  CoreRates measure_one_core(int reps);
 
  private:
   struct Free {

@@ -29,6 +29,8 @@ nlohmann::ordered_json bench_json(const std::vector<BenchCase>& cases, const Hos
   j["roofline_end_gbps"] = p.roof_end;
   j["read_only_start_gbps"] = p.read_start;
   j["read_only_end_gbps"] = p.read_end;
+  j["one_core_gbps"] = {
+      {"reads", p.core.reads}, {"writes", p.core.writes}, {"mixed", p.core.mixed}};
   j["cases"] = nlohmann::ordered_json::array();
   for (const BenchCase& c : cases) {
     nlohmann::ordered_json cj;

@@ -45,6 +45,7 @@ struct BenchCase {
 // the run, the read-only rate at the start and end (GB/s).
 struct RunProbes {
   double roof_start = 0.0, roof_end = 0.0, read_start = 0.0, read_end = 0.0, roofline = 0.0;
+  CoreRates core;  // one core alone, at the start
 };
 
 nlohmann::ordered_json bench_json(const std::vector<BenchCase>& cases, const HostInfo& host,

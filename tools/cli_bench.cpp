@@ -165,13 +165,16 @@ class BenchCommand {
       : opt_(opt), threads_(threads), probe_(kProbeFloats), host_(host_info()) {
     roof_start_ = last_probe_ = probe_.measure(4);
     read_start_ = probe_.measure_read_only(4);
+    core_ = probe_.measure_one_core(2);
     std::cout << "host: " << host_.cpu_model << ", " << host_.logical_cpus << " logical CPUs, L1d "
               << host_.l1d_bytes / 1024 << " KiB, L2 " << host_.l2_bytes / 1024 << " KiB, L3 "
               << host_.l3_bytes / 1024 << " KiB (cache model " << host_.model_l3_bytes / 1024
               << " KiB), " << host_.isa << "\n";
     std::cout << std::fixed << std::setprecision(2) << "roofline (2 reads + 1 streaming write, "
               << threads_ << " threads): " << roof_start_ << " GB/s at start; 2 reads alone "
-              << read_start_ << " GB/s (a reduction pass's pattern)\n";
+              << read_start_ << " GB/s (a reduction pass's pattern)\n"
+              << "one core alone: 2 reads " << core_.reads << " GB/s, streaming writes "
+              << core_.writes << ", both in one loop " << core_.mixed << "\n";
   }
 
   Status graph_case(const std::string& path);
@@ -190,6 +193,7 @@ class BenchCommand {
   StreamProbe probe_;
   const HostInfo host_;
   double roof_start_ = 0, read_start_ = 0, last_probe_ = 0;
+  CoreRates core_;  // one core alone, at the start
   std::vector<BenchCase> cases_;
 };
 
@@ -379,7 +383,7 @@ void BenchCommand::finish() {
             << "); each case's share divides by the higher of its two probes; 2 reads alone "
             << read_end << " GB/s at end\n";
   if (!opt_.json_out.empty()) {
-    const RunProbes probes{roof_start_, roof_end, read_start_, read_end, roofline};
+    const RunProbes probes{roof_start_, roof_end, read_start_, read_end, roofline, core_};
     std::ofstream(opt_.json_out) << bench_json(cases_, host_, opt_.shapes, threads_, probes).dump(2)
                                  << "\n";
     std::cout << "wrote " << opt_.json_out << "\n";

@@ -456,6 +456,8 @@ TEST(CliBench, WritesTheDocumentedJsonAndSvg) {
   EXPECT_GE(doc.at("roofline_gbps").get<double>(), highest);
   EXPECT_GT(doc.at("read_only_start_gbps").get<double>(), 0.0);
   EXPECT_GT(doc.at("read_only_end_gbps").get<double>(), 0.0);
+  for (const char* k : {"reads", "writes", "mixed"})
+    EXPECT_GT(doc.at("one_core_gbps").at(k).get<double>(), 0.0) << k;
   std::ifstream sin(svg);
   const std::string chart((std::istreambuf_iterator<char>(sin)), std::istreambuf_iterator<char>());
   EXPECT_EQ(chart.rfind("<svg", 0), 0u);
