@@ -100,7 +100,7 @@ class VecEmitter : public Xbyak::CodeGenerator {
   // AVX2: keeps the bf16 rounding bias (0x7fff per dword) in ymm(bias) and
   // the pairs' high-word mask (0xffff0000) in ymm(hi16) until
   // drop_bf16_constants (-1: that one stays a memory operand), so the helpers
-  // above read registers: a pairs apply otherwise spends 4 of its 12 loads
+  // above read registers: a pairs apply otherwise spends 4 of its 14 loads
   // per 16 elements on them, and loads are what limits those loops. The
   // caller keeps the registers free meanwhile.
   void keep_bf16_constants(int bias, int hi16);
