@@ -365,9 +365,8 @@ TEST(CliRun, JitProfileNamesKernelsForPerf) {
     EXPECT_GT(size, 0u) << text;
   }
   // The forward's kernels too: statistics and apply.
-  const auto [fpid, fout] =
-      run_with_pid("NORMGRAD_JIT_PROFILE=1",
-                   "bench --dir fwd --shapes small --backends jit --iters 1 --warmup 0");
+  const auto [fpid, fout] = run_with_pid(
+      "NORMGRAD_JIT_PROFILE=1", "run " + kData + "/onednn/op/f32/bnorm_fwd_d.json --backend jit");
   ASSERT_FALSE(fpid.empty()) << fout;
   const std::string fmap = "/tmp/perf-" + fpid + ".map";
   std::ifstream fin(fmap);
