@@ -13,11 +13,11 @@
 //      over fixed chunks (a row of the NCX walk, a block of pixels of the NXC
 //      walk); the driver adds the chunks' sums in f64 in chunk order, so the
 //      bits do not depend on the thread count;
-//   2. normalisation: y = ((x - hi) - lo) a + b [+ residual] [relu], with
-//      hi + lo the f64 mean as two f32 (x - hi is exact for x near the mean,
-//      so data far from 0 keeps its low bits), a = gamma / sqrt(var + eps)
-//      and b = beta, in one read of src (and of the residual) and one write
-//      of dst.
+//   2. normalisation: y = (x - hi) a + b [+ residual] [relu], with hi the
+//      f64 mean's f32 rounding (x - hi is exact for x near the mean, so data
+//      far from 0 keeps its low bits), a = gamma / sqrt(var + eps) and
+//      b = beta - lo a, where lo = mean - hi (Finish), in one read of src
+//      (and of the residual) and one write of dst.
 // NCX runs channel by channel on one thread each when there are enough
 // channels (rows of up to kShortRowBytes: a group of adjacent channels per
 // task, FwdConf::channel_group), so a channel that fits in the L2 is read

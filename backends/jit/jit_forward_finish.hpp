@@ -81,10 +81,15 @@ struct Finish {
     const double inv = 1.0 / std::sqrt(bvar + static_cast<double>(c.epsilon));
     const double gamma = c.affine ? f32_in(in, c.in_gamma)[ch] : 1.0;
     const double beta = c.affine ? f32_in(in, c.in_beta)[ch] : 0.0;
+    // The mean as hi (its f32 rounding) plus a low part, which is folded into
+    // b: dst = (x - hi) a + (beta - lo gamma inv). x - hi is exact near the
+    // mean (data far from zero keeps every bit of its deviation) and the low
+    // part costs no vector operation; lo stays 0 for the kernels' layout.
     *hi = kernel_float(bmean);
-    *lo = kernel_float(bmean - static_cast<double>(*hi));
+    const double low = bmean - static_cast<double>(*hi);
+    *lo = 0.f;
     *a = kernel_float(gamma * inv);
-    *b = kernel_float(beta);
+    *b = kernel_float(beta - low * gamma * inv);
     const double mom = c.momentum;
     if (float* o = f32_out(out, c.out_running_mean))
       o[ch] = static_cast<float>(mom * f32_in(in, c.in_mean)[ch] + (1.0 - mom) * bmean);

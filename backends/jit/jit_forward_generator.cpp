@@ -21,10 +21,10 @@ class GeneratedFwd final : public FwdKernels {
   void apply_streaming(const FwdArgs& a) const override {
     (stream_ ? stream_->fn() : apply_.fn())(&a);
   }
-  void register_with_perf(const std::string& key) const {
-    jit::register_with_perf(stats_, key, "fwd_stats");
-    jit::register_with_perf(apply_, key, "fwd_apply");
-    if (stream_) jit::register_with_perf(*stream_, key, "fwd_apply_nt");
+  void register_code(const std::string& key) const {
+    register_kernel_code(stats_, key, "fwd_stats");
+    register_kernel_code(apply_, key, "fwd_apply");
+    if (stream_) register_kernel_code(*stream_, key, "fwd_apply_nt");
   }
 
  private:
@@ -38,7 +38,7 @@ StatusOr<std::shared_ptr<const FwdKernels>> generate_fwd_kernels(const FwdConf& 
   if (conf.isa == Isa::kPortable || conf.empty) return portable_fwd_kernels(conf);
   return generate_guarded<FwdKernels>(conf.kernel_name(), [&] {
     auto k = std::make_shared<GeneratedFwd>(conf);
-    k->register_with_perf(conf.key());
+    k->register_code(conf.key());
     return k;
   });
 }

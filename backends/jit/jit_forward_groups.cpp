@@ -175,8 +175,7 @@ void FwdGenerator::rows_apply_grouped() {
   mov(rdx, row_stride_bytes());
   sub(rdx, r13);
   auto normalise = [&](int v) {
-    vsubps(vmm(v), vmm(v), vmm(cf));
-    vsubps(vmm(v), vmm(v), vmm(cf + 1));
+    vsubps(vmm(v), vmm(v), vmm(cf));  // cf + 1, the mean's low part, is in b (Finish)
     vfmadd213ps(vmm(v), vmm(cf + 2), vmm(cf + 3));
   };
   Label image, channel;

@@ -3,7 +3,7 @@
 //   rows stats    `rows` rows (or a row piece) of one channel: S1, S2 of (x - K);
 //                 four independent vector chains, a masked tail, one fixed
 //                 horizontal sum, so a row's sums depend on its data only
-//   rows apply    y = ((x - hi) - lo) a + b [+ r] [relu] over a channel's rows
+//   rows apply    y = (x - hi) a + b [+ r] [relu] over a channel's rows
 //   pixels stats  `len` pixels of C channels (or of a strip's, C apart:
 //                 FwdConf::strip_channels): per channel vector S1, S2; the
 //                 channels in blocks whose sums stay in registers while the
@@ -103,8 +103,7 @@ void FwdGenerator::rows_apply() {
   load_alpha();
   if (c_.pair_vectors) keep_bf16_constants(14, 15);  // free: 16-bit data has no f32 tail mask
   auto normalise = [&](int v) {
-    vsubps(vmm(v), vmm(v), vmm(cf));
-    vsubps(vmm(v), vmm(v), vmm(cf + 1));
+    vsubps(vmm(v), vmm(v), vmm(cf));  // cf + 1, the mean's low part, is in b (Finish)
     vfmadd213ps(vmm(v), vmm(cf + 2), vmm(cf + 3));
   };
   // Scratch registers of unroll slot u: t, n, m.
@@ -336,7 +335,6 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
   load_pair(0, 1, rsi + d);
   for (int h = 0; h < 2; ++h) {
     vsubps(Ymm(h), Ymm(h), Ymm(8 + h));
-    vsubps(Ymm(h), Ymm(h), Ymm(10 + h));
     vfmadd213ps(Ymm(h), Ymm(12 + h), Ymm(14 + h));
     epilogue(h, 2, 4, nullptr, false);
   }
@@ -351,7 +349,7 @@ void FwdGenerator::pixels_pair_block(int64_t first, int row) {
 // pixel after pixel, each row (or the strip's part of it) 32 channels per
 // step (one line of 16-bit dst, two of f32), rdi the step's byte offset in
 // the row and 4 / es that its offset in the coefficient rows (f32), which
-// the arithmetic reads as memory operands: x - hi - lo, times a (loaded)
+// the arithmetic reads as memory operands: x - hi, times a (loaded)
 // plus b. On AVX2, bf16 without a residual in pairs (the coefficients in
 // pair order, the odd channels' 32 bytes after the even ones'), otherwise
 // vector by vector. Data v0..1, scratch v2..5 (alpha and zero as
@@ -362,7 +360,6 @@ void FwdGenerator::pixels_apply_lines(int row) {
   auto normalise = [&](int v, int coef_disp) {
     const RegExp k = rax + rdi * scale + coef_disp;
     vsubps(vmm(v), vmm(v), ptr[k]);
-    vsubps(vmm(v), vmm(v), ptr[k + row]);
     vmovups(vmm(5), ptr[k + 2 * row]);
     vfmadd213ps(vmm(v), vmm(5), ptr[k + 3 * row]);
   };
@@ -462,7 +459,6 @@ void FwdGenerator::pixels_apply() {
         const int t = block + v, n = avx512_ ? 8 + v : 4, m = avx512_ ? 8 + v : 5;
         load_vec(v, rsi + d, masked);
         vsubps(vmm(v), vmm(v), vmm(hi0 + v));
-        vsubps(vmm(v), vmm(v), vmm(hi0 + block + v));
         if (avx512_) {
           vfmadd213ps(vmm(v), vmm(hi0 + 2 * block + v), vmm(hi0 + 3 * block + v));
         } else {

@@ -9,6 +9,7 @@
 // executable at once).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <chrono>
@@ -318,22 +319,45 @@ class GeneratedKernels final : public KernelSet {
 
 std::atomic<int64_t> g_generated{0};
 
+bool env_is_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+// NORMGRAD_JIT_DUMP's file name: the kernel's kind and key, '/' (as in
+// "bf16/f32") written as '_'.
+std::string dump_file_name(const std::string& key, const char* kind) {
+  std::string name = std::string("normgrad_") + kind + "_" + key + ".bin";
+  std::replace(name.begin(), name.end(), '/', '_');
+  return name;
+}
+
 }  // namespace
 
-void register_with_perf(const Xbyak::CodeGenerator& gen, const std::string& key, const char* kind) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("NORMGRAD_JIT_PROFILE");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  if (!enabled) return;
+void register_kernel_code(const Xbyak::CodeGenerator& gen, const std::string& key,
+                          const char* kind) {
+  static const bool profile = env_is_one("NORMGRAD_JIT_PROFILE");
+  static const bool dump = env_is_one("NORMGRAD_JIT_DUMP");
+  if (!profile && !dump) return;
   static std::mutex mu;
   const std::lock_guard<std::mutex> lock(mu);
-  const std::string path = "/tmp/perf-" + std::to_string(getpid()) + ".map";
-  if (FILE* f = std::fopen(path.c_str(), "a")) {
-    std::fprintf(f, "%llx %zx normgrad_%s_%s\n",
-                 static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(gen.getCode())),
-                 gen.getSize(), kind, key.c_str());
-    std::fclose(f);
+  if (profile) {
+    const std::string path = "/tmp/perf-" + std::to_string(getpid()) + ".map";
+    if (FILE* f = std::fopen(path.c_str(), "a")) {
+      std::fprintf(f, "%llx %zx normgrad_%s_%s\n",
+                   static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(gen.getCode())),
+                   gen.getSize(), kind, key.c_str());
+      std::fclose(f);
+    }
+  }
+  if (dump) {
+    const std::string name = dump_file_name(key, kind);
+    FILE* f = std::fopen(name.c_str(), "wb");
+    const bool ok =
+        f != nullptr && std::fwrite(gen.getCode(), 1, gen.getSize(), f) == gen.getSize();
+    if (f != nullptr && std::fclose(f) != 0)
+      std::fprintf(stderr, "normgrad: NORMGRAD_JIT_DUMP: closing %s failed\n", name.c_str());
+    if (!ok) std::fprintf(stderr, "normgrad: NORMGRAD_JIT_DUMP: cannot write %s\n", name.c_str());
   }
 }
 
@@ -345,8 +369,8 @@ StatusOr<std::shared_ptr<const KernelSet>> generate_kernels(const BnConf& conf) 
   if (conf.isa == Isa::kPortable || conf.empty) return portable_kernels(conf);
   return generate_guarded<KernelSet>(conf.kernel_name(), [&] {
     auto k = std::make_shared<GeneratedKernels>(conf);
-    register_with_perf(k->reduce_generator(), conf.key(), "reduce");
-    register_with_perf(k->apply_generator(), conf.key(), "apply");
+    register_kernel_code(k->reduce_generator(), conf.key(), "reduce");
+    register_kernel_code(k->apply_generator(), conf.key(), "apply");
     g_generated.fetch_add(1);
     return k;
   });

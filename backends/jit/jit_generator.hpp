@@ -47,12 +47,17 @@ StatusOr<std::shared_ptr<const Set>> generate_guarded(const std::string& what, M
   }
 }
 
-// NORMGRAD_JIT_PROFILE=1: names generated code in /tmp/perf-<pid>.map as
-// normgrad_<kind>_<key>, the file `perf report` reads for code it has no
-// symbols for (what DNNL_JIT_PROFILE=1 does for oneDNN's kernels). Shared by
-// the backward's kernels (reduce, apply) and the forward's (fwd_stats,
-// fwd_apply, fwd_apply_nt).
-void register_with_perf(const Xbyak::CodeGenerator& gen, const std::string& key, const char* kind);
+// What the developer tools see of a generated kernel, shared by the
+// backward's kernels (reduce, apply) and the forward's (fwd_stats, fwd_apply,
+// fwd_apply_nt):
+// - NORMGRAD_JIT_PROFILE=1 names it in /tmp/perf-<pid>.map as
+//   normgrad_<kind>_<key>, the file `perf report` reads for code it has no
+//   symbols for (what DNNL_JIT_PROFILE=1 does for oneDNN's kernels);
+// - NORMGRAD_JIT_DUMP=1 writes its code to normgrad_<kind>_<key>.bin in the
+//   working directory ('/' written as '_'), for
+//   `objdump -D -b binary -mi386:x86-64` (what ONEDNN_JIT_DUMP=1 does).
+void register_kernel_code(const Xbyak::CodeGenerator& gen, const std::string& key,
+                          const char* kind);
 
 class BnGenerator : public VecEmitter {
  public:
@@ -144,6 +149,9 @@ class BnGenerator : public VecEmitter {
   // Fixed roles: v10 scratch for hsum in reduce kernels; v8..v10 for store conversion in
   // apply kernels (which keep data in v0..v7); v11 holds the AVX2 f32 tail mask.
   static constexpr int kScratch0 = 8, kScratch1 = 9, kScratch2 = 10, kMask = 11;
+  // The apply's coefficient a for one fused multiply-add (dy a + c), in the
+  // walks that read the coefficients as memory operands.
+  static constexpr int kCoef = 12;
 
   BnConf c_;
   Kind kind_;

@@ -306,7 +306,7 @@ void BnGenerator::pixels_reduce_pairs() {
 
 // pixel_pairs, the apply of one pixel's row: two pairs per step, x in v0..1
 // and v4..5, dy (then diff_src) in v2..3 and v6..7, the coefficients (pair
-// order) as memory operands in the vector at a time's arithmetic; scratch v8.
+// order) as memory operands in the vector at a time's arithmetic; scratch v8, a in kCoef.
 void BnGenerator::pixels_apply_pairs(bool nt) {
   auto pair = [&](int j, int64_t off) {
     const int x = 4 * j, dy = x + 2;
@@ -314,8 +314,8 @@ void BnGenerator::pixels_apply_pairs(bool nt) {
     load_pair(dy, dy + 1, at(rdx, off));
     for (int h = 0; h < 2; ++h) {
       vsubps(Ymm(x + h), Ymm(x + h), f32_at(r8, 3 * cp_ + off + 8 * h));
-      vmulps(Ymm(dy + h), Ymm(dy + h), f32_at(r8, off + 8 * h));
-      vaddps(Ymm(dy + h), Ymm(dy + h), f32_at(r8, 2 * cp_ + off + 8 * h));
+      vmovups(Ymm(kCoef), f32_at(r8, off + 8 * h));
+      vfmadd213ps(Ymm(dy + h), Ymm(kCoef), f32_at(r8, 2 * cp_ + off + 8 * h));  // dy a + c
       vfmadd231ps(Ymm(dy + h), Ymm(x + h), f32_at(r8, cp_ + off + 8 * h));
     }
     store_pair(at(rcx, off), dy, dy + 1, kScratch0, nt);
@@ -387,7 +387,7 @@ void BnGenerator::pixels_reduce() {
 void BnGenerator::pixels_apply() {
   prologue();
   if (pixel_pairs(c_)) {
-    keep_bf16_constants(13, 14);  // the loop uses v0..v8
+    keep_bf16_constants(13, 14);  // the loop uses v0..v8 and kCoef
     apply_rows(true, [&](bool nt) { pixels_apply_pairs(nt); });
     drop_bf16_constants();
     epilogue();
@@ -413,8 +413,8 @@ void BnGenerator::pixels_apply() {
       load_port(0, x, 8, off, tail);
       load_port(1, dy, 8, off, tail);
       vsubps(vmm(x), vmm(x), f32_at(r8, 3 * cp_ + off));
-      vmulps(vmm(dy), vmm(dy), f32_at(r8, off));
-      vaddps(vmm(dy), vmm(dy), f32_at(r8, 2 * cp_ + off));
+      vmovups(vmm(kCoef), f32_at(r8, off));
+      vfmadd213ps(vmm(dy), vmm(kCoef), f32_at(r8, 2 * cp_ + off));  // dy a + c
       vfmadd231ps(vmm(dy), vmm(x), f32_at(r8, cp_ + off));
       store(rcx, off, dy, tail, nt);
     });

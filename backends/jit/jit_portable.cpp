@@ -167,8 +167,8 @@ class PortableFwd final : public FwdKernels {
 
   void apply(const FwdArgs& a) const override {
     const int64_t cp = padded_channels(c_.c);
-    auto one = [&](int64_t i, float hi, float lo, float scale, float shift) {
-      float v = std::fma((load_element(a.x, i, c_.dt) - hi) - lo, scale, shift);
+    auto one = [&](int64_t i, float hi, float scale, float shift) {  // Finish folds lo into shift
+      float v = std::fma(load_element(a.x, i, c_.dt) - hi, scale, shift);
       if (c_.residual) {
         // The Add's output is rounded to the data type before the ReLU reads it,
         // as the unfused graph does (the generated code matches).
@@ -185,13 +185,13 @@ class PortableFwd final : public FwdKernels {
     if (c_.ncx_rows) {
       for (int64_t r = 0; r < a.rows; ++r) {
         for (int64_t i = 0; i < a.len; ++i)
-          one(r * c_.c * c_.spatial + i, a.coef[0], a.coef[1], a.coef[2], a.coef[3]);
+          one(r * c_.c * c_.spatial + i, a.coef[0], a.coef[2], a.coef[3]);
       }
       return;
     }
     for (int64_t p = 0; p < a.len; ++p) {
       for (int64_t ch = 0; ch < c_.c; ++ch)
-        one(p * c_.c + ch, a.coef[ch], a.coef[cp + ch], a.coef[2 * cp + ch], a.coef[3 * cp + ch]);
+        one(p * c_.c + ch, a.coef[ch], a.coef[2 * cp + ch], a.coef[3 * cp + ch]);
     }
   }
 

@@ -380,6 +380,41 @@ TEST(CliRun, JitProfileNamesKernelsForPerf) {
   EXPECT_FALSE(std::filesystem::exists("/tmp/perf-" + pid2 + ".map")) << out2;
 }
 
+// NORMGRAD_JIT_DUMP=1 writes each generated kernel's code to the working
+// directory, one file per kernel the perf map names, of the size it gives.
+TEST(CliRun, JitDumpWritesEachKernelsCode) {
+  const std::string dir = ::testing::TempDir() + "/ng_jit_dump";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string args = "run " + kExamples + "/bn_training_backward_f32_nxc.json --backend jit";
+  const auto [pid, out] =
+      run_with_pid("env -C " + dir + " NORMGRAD_JIT_DUMP=1 NORMGRAD_JIT_PROFILE=1", args);
+  ASSERT_FALSE(pid.empty()) << out;
+  const std::string map = "/tmp/perf-" + pid + ".map";
+  std::ifstream in(map);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::filesystem::remove(map);
+  if (out.find("jit:portable") != std::string::npos)
+    GTEST_SKIP() << "no generated code on this CPU (the portable path ran)";
+  ASSERT_EQ(lines.size(), 2u) << out;  // reduce and apply
+  for (const std::string& line : lines) {
+    unsigned long long start = 0, size = 0;
+    char name[1024] = {};
+    ASSERT_EQ(std::sscanf(line.c_str(), "%llx %llx %1023s", &start, &size, name), 3) << line;
+    std::string file = std::string(name) + ".bin";
+    std::replace(file.begin(), file.end(), '/', '_');
+    ASSERT_TRUE(std::filesystem::exists(dir + "/" + file)) << file << "\n" << out;
+    EXPECT_EQ(std::filesystem::file_size(dir + "/" + file), size) << file;
+    std::filesystem::remove(dir + "/" + file);
+  }
+  // Without the variable nothing is written.
+  const auto [pid2, out2] = run_with_pid("env -C " + dir, args);
+  ASSERT_FALSE(pid2.empty()) << out2;
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << out2;
+  std::filesystem::remove_all(dir);
+}
+
 // A functional smoke of `normgrad bench` (no timing is asserted): it runs, and its
 // JSON follows the documented schema and its SVG is a chart.
 // --compile times each phase on each generated shape, and its JSON has the
