@@ -110,9 +110,6 @@ uint16_t f32_to_bf16_bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-float bf16_bits_to_f32(uint16_t bits) {
-  return bits_f32(static_cast<uint32_t>(bits) << 16);
-}
 
 uint16_t f32_to_f16_bits(float f) {
   const uint32_t u = f32_bits(f);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include <normgrad/graph/status.hpp>
@@ -46,7 +47,14 @@ bool is_loadable_dtype(DataType dt);
 
 // Bit-exact conversions.
 uint16_t f32_to_bf16_bits(float f);
-float bf16_bits_to_f32(uint16_t bits);
+// Inline: the drivers widen bf16 element by element (a call each cost as much
+// as the kernels on a forward's per-channel set-up).
+inline float bf16_bits_to_f32(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 uint16_t f32_to_f16_bits(float f);
 float f16_bits_to_f32(uint16_t bits);
 

@@ -198,7 +198,7 @@ void FwdGenerator::rows_apply_grouped() {
     for (int64_t off = 0; off < row_bytes; off += 64)
       prefetcht1(ptr[r8 + static_cast<int>(c_.channel_group * row_bytes + off)]);
   }
-  for (int i = 0; i < 4; ++i) vbroadcastss(vmm(cf + i), ptr[r11 + 4 * i]);
+  for (int i : {0, 2, 3}) vbroadcastss(vmm(cf + i), ptr[r11 + 4 * i]);  // lo (1) is 0, in b
   int64_t from = 0;
   if (c_.pair_vectors) {
     for (; from + 2 * lanes_ <= c_.spatial; from += 2 * lanes_) pair_step(normalise, from);

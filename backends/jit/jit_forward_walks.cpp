@@ -98,7 +98,7 @@ void FwdGenerator::rows_apply() {
   rows_prologue();
   load_args();
   mov(rbx, ptr[rdi + offsetof(FwdArgs, rows)]);
-  for (int i = 0; i < 4; ++i) vbroadcastss(vmm(cf + i), ptr[rax + 4 * i]);
+  for (int i : {0, 2, 3}) vbroadcastss(vmm(cf + i), ptr[rax + 4 * i]);  // lo (1) is 0, in b
   zero(zero_);
   load_alpha();
   if (c_.pair_vectors) keep_bf16_constants(14, 15);  // free: 16-bit data has no f32 tail mask
@@ -318,7 +318,7 @@ void FwdGenerator::pixels_stats_block(int nb, bool tail_last, int g) {
 // zero v7.
 void FwdGenerator::pixels_pair_block(int64_t first, int row) {
   const int f = static_cast<int>(first * 32);
-  for (int k = 0; k < 4; ++k) {
+  for (int k : {0, 2, 3}) {  // lo (k = 1) is 0, in b
     vmovups(Ymm(2), ptr[rax + k * row + f]);
     vmovups(Ymm(3), ptr[rax + k * row + f + 32]);
     vshufps(Ymm(8 + 2 * k), Ymm(2), Ymm(3), 0x88);
@@ -407,6 +407,7 @@ void FwdGenerator::pixels_apply_lines(int row) {
 // block over the call's pixels (few enough to stay in the L1/L2 from one
 // block to the next: conf.apply_pixels).
 void FwdGenerator::pixels_apply() {
+  // lo is 0 (Finish folds it into b): its registers stay unused.
   // AVX-512: blocks of 4; data v0..3, t v4..7, n v8..11, hi/lo/a/b v12..27,
   // alpha v28, zero v31. AVX2: blocks of 2; data v0..1, t v2..3, n v4, m v5,
   // alpha v6, zero v7, hi/lo/a v8..13 (b from memory), tail mask v15
@@ -443,7 +444,6 @@ void FwdGenerator::pixels_apply() {
       for (int v = 0; v < b; ++v) {
         const int f = static_cast<int>((first + v) * vbytes);
         vmovups(vmm(hi0 + v), ptr[rax + f]);
-        vmovups(vmm(hi0 + block + v), ptr[rax + row + f]);
         vmovups(vmm(hi0 + 2 * block + v), ptr[rax + 2 * row + f]);
         if (avx512_) vmovups(vmm(hi0 + 3 * block + v), ptr[rax + 3 * row + f]);
       }
