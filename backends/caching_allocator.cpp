@@ -58,6 +58,26 @@ void* map_aligned(size_t bytes, size_t alignment) {
   return p;
 }
 
+// System::remap for mappings: a fresh aligned mapping of `bytes`, then each
+// piece's pages moved over its head in order (mremap replaces what the
+// fresh mapping had there, pages it never faulted in). A piece that cannot
+// move (the kernel's mapping limit) is given back, and its range of the new
+// block faults in as a fresh one would.
+void* remap_pieces(const std::vector<std::pair<void*, size_t>>& pieces, size_t bytes,
+                   size_t alignment) {
+  void* base = map_aligned(bytes, alignment);
+  size_t off = 0;
+  for (const auto& [p, n] : pieces) {
+    const size_t take = base == nullptr || off >= bytes ? 0 : std::min(n, bytes - off);
+    if (take > 0 && mremap(p, take, take, MREMAP_MAYMOVE | MREMAP_FIXED,
+                           static_cast<char*>(base) + off) == MAP_FAILED)
+      munmap(p, take);
+    if (take < n) munmap(static_cast<char*>(p) + take, n - take);
+    off += take;
+  }
+  return base;
+}
+
 // fork() copies a pool's mutex as it is; if another thread held it then
 // (freeing a tensor while a DataLoader forks its workers), the child's pool
 // would stay locked for good. So every live pool is listed, and fork locks
@@ -114,6 +134,10 @@ CachingAllocator::System CachingAllocator::default_system() {
       std::free(p);
     }
   };
+  s.remap = [](const std::vector<std::pair<void*, size_t>>& pieces, size_t bytes,
+               size_t alignment) {
+    return remap_pieces(pieces, bytes, std::max(alignment, kHugeBlockBytes));
+  };
   return s;
 }
 
@@ -153,16 +177,19 @@ void* CachingAllocator::allocate(size_t bytes, size_t alignment) {
       return p;
     }
   }
+  std::vector<std::pair<void*, size_t>> pieces;
+  std::vector<size_t> ranges;
   {
     // Make room and count the block as in use under one lock: two threads
     // that each made room for their own miss, before either counted its
     // block, kept the cache sized for one miss and overshot the peak bound.
     std::lock_guard<std::mutex> lock(mu_);
+    if (system_.remap && cls >= kHugeBlockBytes) ranges = take_pieces_locked(cls, &pieces);
     make_room_locked(cls);
     stats_.allocated_bytes += static_cast<int64_t>(cls);
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   }
-  void* p = system_.allocate(cls, align);
+  void* p = pieces.empty() ? system_.allocate(cls, align) : system_.remap(pieces, cls, align);
   if (p == nullptr && stats().cached_bytes > 0) {
     // Out of memory with blocks sitting in the cache: give them back and try
     // once more before failing (an 800 MiB request once failed under a
@@ -178,6 +205,10 @@ void* CachingAllocator::allocate(size_t bytes, size_t alignment) {
   }
   live_[p] = cls;
   ++stats_.misses;
+  if (!pieces.empty()) {
+    ++stats_.recycled;
+    if (ranges.size() > 1) ranges_[p] = std::move(ranges);
+  }
   return p;
 }
 
@@ -200,12 +231,17 @@ bool CachingAllocator::try_deallocate(void* p) {
   return true;
 }
 
+void CachingAllocator::release_locked(void* p, size_t cls) {
+  system_.release(p, cls);
+  ranges_.erase(p);
+  ++stats_.released;
+}
+
 void CachingAllocator::release_largest_locked() {
   auto last = std::prev(free_.end());
   stats_.cached_bytes -= static_cast<int64_t>(last->first);
-  system_.release(last->second, last->first);
+  release_locked(last->second, last->first);
   free_.erase(last);
-  ++stats_.released;
 }
 
 void CachingAllocator::trim_locked() {
@@ -213,8 +249,8 @@ void CachingAllocator::trim_locked() {
   while (stats_.cached_bytes > max_cached_ && !free_.empty()) release_largest_locked();
 }
 
-void CachingAllocator::make_room_locked(size_t cls) {
-  if (policy_ != CachePolicy::kPeak) return;
+int64_t CachingAllocator::room_needed_locked(size_t cls) const {
+  if (policy_ != CachePolicy::kPeak) return 0;
   // After this miss the pool uses allocated + cls; what it may keep idle is
   // what that leaves of its peak use (the new one, if this raises it), and a
   // sixteenth of the peak more: without it a ResNet-50 step (torch's
@@ -223,15 +259,73 @@ void CachingAllocator::make_room_locked(size_t cls) {
   const int64_t in_use = stats_.allocated_bytes + static_cast<int64_t>(cls);
   const int64_t peak = std::max(stats_.peak_allocated_bytes, in_use);
   const int64_t keep = peak - in_use + peak / kPeakSlackDivisor;
-  while (stats_.cached_bytes > keep && !free_.empty()) release_largest_locked();
+  return stats_.cached_bytes - keep;
+}
+
+void CachingAllocator::make_room_locked(size_t cls) {
+  while (room_needed_locked(cls) > 0 && !free_.empty()) release_largest_locked();
+}
+
+std::vector<size_t> CachingAllocator::take_pieces_locked(
+    size_t cls, std::vector<std::pair<void*, size_t>>* pieces) {
+  // Only pages the cache would give back anyway: a cached block of another
+  // class may be asked for again later in the step.
+  std::vector<size_t> ranges;
+  if (room_needed_locked(cls) <= 0) return ranges;
+  // A block built of more ranges than this is given back, not moved: each
+  // range is a kernel mapping of its own (the process has a limit).
+  constexpr size_t kMaxRanges = 16;
+  size_t got = 0;
+  while (got < cls && !free_.empty()) {
+    const auto last = std::prev(free_.end());  // the largest cached block
+    const size_t size = last->first;
+    if (size < kHugeBlockBytes) break;  // heap blocks are not mappings
+    void* const block = last->second;
+    std::vector<size_t> own{size};
+    if (auto it = ranges_.find(block); it != ranges_.end()) own = it->second;
+    if (ranges.size() + own.size() > kMaxRanges) break;
+    ranges_.erase(block);
+    free_.erase(last);
+    stats_.cached_bytes -= static_cast<int64_t>(size);
+    // The block's head moves into the new one, range by range; a range
+    // across the cut is split there.
+    const size_t use = std::min(size, cls - got);
+    std::vector<size_t> tail_ranges;
+    size_t off = 0;
+    for (const size_t n : own) {
+      const size_t head = off >= use ? 0 : std::min(n, use - off);
+      if (head > 0) {
+        pieces->emplace_back(static_cast<char*>(block) + off, head);
+        ranges.push_back(head);
+      }
+      if (head < n) tail_ranges.push_back(n - head);
+      off += n;
+    }
+    got += use;
+    if (use == size) continue;
+    // The tail (the last block taken): cached while a mapping's worth, else
+    // given back past the new block's end by the move.
+    void* const tail = static_cast<char*>(block) + use;
+    const size_t tail_size = size - use;
+    if (tail_size >= kHugeBlockBytes) {
+      free_.emplace(tail_size, tail);
+      stats_.cached_bytes += static_cast<int64_t>(tail_size);
+      if (tail_ranges.size() > 1) ranges_[tail] = std::move(tail_ranges);
+    } else {
+      size_t t = 0;
+      for (const size_t n : tail_ranges) {
+        pieces->emplace_back(static_cast<char*>(tail) + t, n);
+        t += n;
+      }
+    }
+  }
+  if (got < cls && !ranges.empty()) ranges.push_back(cls - got);  // the fresh rest
+  return ranges;
 }
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [cls, p] : free_) {
-    system_.release(p, cls);
-    ++stats_.released;
-  }
+  for (auto& [cls, p] : free_) release_locked(p, cls);
   free_.clear();
   stats_.cached_bytes = 0;
 }

@@ -259,12 +259,13 @@ def check_module(m, name, x, local_batch=True, empty_ok=False):
     """Every rule the module's input and its own tensors must meet."""
     _g.check_input(name, x, m.num_features, m.training, m._check_input_dim, local_batch,
                    empty_ok)
-    _g.check_vectors(name, m.num_features, weight=m.weight, bias=m.bias,
-                     running_mean=m.running_mean, running_var=m.running_var)
-    if (m.weight is None) != (m.bias is None):
+    weight, bias, rm, rv = m.weight, m.bias, m.running_mean, m.running_var
+    _g.check_vectors(name, m.num_features, weight=weight, bias=bias, running_mean=rm,
+                     running_var=rv)
+    if (weight is None) != (bias is None):
         raise _ng.Error("normgrad.torch.%s: weight and bias must both be set or both be None "
                         "(rule: affine)" % name)
-    if (m.running_mean is None) != (m.running_var is None):
+    if (rm is None) != (rv is None):
         raise _ng.Error("normgrad.torch.%s: running_mean and running_var must both be set or "
                         "both be None (rule: track_running_stats)" % name)
 

@@ -55,7 +55,7 @@ class StepState:
         recompute reuses (a synchronized layer's group statistics)."""
         self.key = key
         # The statistics are fresh tensors nothing writes to afterwards: kept, not copied.
-        self.stats = tuple(s.detach() for s in stats)
+        self.stats = tuple(s.detach() if s.requires_grad else s for s in stats)
         self.extra, self.pending = extra, True
 
     def done(self):

@@ -129,6 +129,10 @@ def check_vectors(name, num_features, **vectors):
     for role, t in vectors.items():
         if t is None:
             continue
+        # The usual case first, in one expression: this runs on every call of every layer.
+        if isinstance(t, _torch.Tensor) and t.is_cpu and t.dim() == 1 and \
+                t.shape[0] == num_features and t.is_floating_point():
+            continue
         if not isinstance(t, _torch.Tensor):
             raise TypeError("normgrad.torch.%s: %s is a %s, expected a tensor or None"
                             % (name, role, type(t).__name__))
@@ -194,8 +198,10 @@ def update_running(running_mean, running_var, mean, var, factor, n):
     if running_mean is None:
         return
     c, unbias = mean.numel(), n / max(n - 1, 1)
-    if (all(t.dtype == _torch.float32 and t.is_contiguous()
-            for t in (running_mean, running_var, mean, var))):
+    f32 = _torch.float32
+    if (running_mean.dtype == f32 and running_var.dtype == f32 and mean.dtype == f32 and
+            var.dtype == f32 and running_mean.is_contiguous() and running_var.is_contiguous() and
+            mean.is_contiguous() and var.is_contiguous()):
         _ng._normgrad._update_running(running_mean.data_ptr(), running_var.data_ptr(),
                                       mean.data_ptr(), var.data_ptr(), c, float(factor),
                                       float(unbias))
@@ -235,6 +241,10 @@ POOL_MIN_BYTES = 256 * 1024
 # reuses what they free: the pool serves only larger outputs, which glibc
 # would map afresh every time.
 HEAP_BLOCK_MAX_BYTES = _ng._normgrad.HEAP_BLOCK_MAX_BYTES
+# A DLPack capsule to a tensor: torch's own converter where this torch has
+# it (torch.utils.dlpack.from_dlpack calls it after asking, in Python,
+# whether its argument is a tensor).
+_from_capsule = getattr(_torch._C, "_from_dlpack", _dlpack.from_dlpack)
 
 
 def run(cg, inputs, outputs):
@@ -248,28 +258,43 @@ def run(cg, inputs, outputs):
         ran.append(cg)
 
 
+_POOL_PLANS = {}  # (shape, fmt, dtype) -> what pooled_like needs for it
+
+
+def _pool_plan(shape, fmt, dtype):
+    """(bytes, shape list, dense strides in fmt's order, normgrad dtype name,
+    torch memory format) of a tensor of `shape`: made once per shape, since
+    a call per layer per step would otherwise redo them in Python."""
+    key = (shape, fmt, dtype)
+    plan = _POOL_PLANS.get(key)
+    if plan is None:
+        rank = len(shape)
+        if fmt == "NXC":
+            order = [0] + list(range(2, rank)) + [1]  # memory order, outermost first
+            mf = _torch.channels_last if rank == 4 else _torch.channels_last_3d
+        else:
+            order = list(range(rank))
+            mf = _torch.contiguous_format
+        strides = [0] * rank
+        step = 1
+        for d in reversed(order):
+            strides[d] = step
+            step *= shape[d]
+        nbytes = step * (_torch.finfo(dtype).bits // 8)
+        plan = _POOL_PLANS[key] = (nbytes, list(shape), strides, DTYPES[dtype], mf)
+    return plan
+
+
 def pooled_like(x, fmt, dtype=None):
     """A tensor of x's shape from the caching pool, dense in `fmt`'s order
     (small ones, and up to 32 MiB with glibc's heap retained, from torch's
     allocator)."""
-    dtype = dtype or x.dtype
-    shape = list(x.shape)
-    nbytes = x.numel() * (_torch.finfo(dtype).bits // 8)
+    nbytes, shape, strides, dt, mf = _pool_plan(x.shape, fmt, dtype or x.dtype)
     if nbytes < POOL_MIN_BYTES or (nbytes <= HEAP_BLOCK_MAX_BYTES and _ng.heap_retention()):
-        if fmt == "NXC":
-            mf = _torch.channels_last if x.dim() == 4 else _torch.channels_last_3d
-            return _torch.empty(shape, dtype=dtype, memory_format=mf)
-        return _torch.empty(shape, dtype=dtype)
-    if fmt == "NXC":
-        order = [0] + list(range(2, x.dim())) + [1]  # memory order, outermost first
-    else:
-        order = list(range(x.dim()))
-    strides = [0] * x.dim()
-    step = 1
-    for d in reversed(order):
-        strides[d] = step
-        step *= shape[d]
-    return _dlpack.from_dlpack(_ng._pooled_empty(shape, strides, DTYPES[dtype]))
+        return _torch.empty(shape, dtype=dtype or x.dtype, memory_format=mf)
+    # The capsule straight to torch: torch.utils.dlpack.from_dlpack first
+    # asks, in Python, whether its argument is a tensor.
+    return _from_capsule(_ng._pooled_empty(shape, strides, dt))
 
 
 def view_as_fmt(t, fmt):

@@ -540,6 +540,7 @@ PYBIND11_MODULE(_normgrad, m) {
         d["hits"] = s.hits;
         d["misses"] = s.misses;
         d["released"] = s.released;
+        d["recycled"] = s.recycled;
         return d;
       },
       "The caching pool's counters");

@@ -8,11 +8,9 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -24,6 +22,7 @@
 #include <normgrad/backends/caching_allocator.hpp>
 #include <normgrad/compile/compiler.hpp>
 #include "tests/backend_test_util.hpp"
+#include "tests/backends/process_maps.hpp"
 
 namespace normgrad {
 namespace {
@@ -129,17 +128,7 @@ TEST(CachingAllocator, HoldsNoMoreThanItsPeakUse) {
 // Blocks of 2 MiB and more are their own 2 MiB-aligned mappings, and giving
 // one back unmaps it (glibc's heap would keep the pages).
 TEST(CachingAllocator, HugeBlocksAreMappingsThatLeaveTheProcess) {
-  const auto mapped = [](void* p) {
-    std::ifstream maps("/proc/self/maps");
-    std::string line;
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    while (std::getline(maps, line)) {
-      const uintptr_t lo = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
-      const uintptr_t hi = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
-      if (a >= lo && a < hi) return true;
-    }
-    return false;
-  };
+  const auto mapped = [](void* p) { return testing_util::mapping_of(p).second != 0; };
   CachingAllocator pool;
   const size_t bytes = (size_t{5} << 20) + 100;
   auto* p = static_cast<unsigned char*>(pool.allocate(bytes, 4096));
