@@ -435,17 +435,12 @@ void set_walk_rules(BnConf* cp) {
   const BatchNormDesc& d = c.d;
   const Isa isa = c.isa;
   c.walk.chunk_rows = pixel_chunk_rows(c.walk.rows, 2 * c.walk.cols * dtype_size(d.data_dt));
-  // Rows wider than the registers (C > 64 on AVX-512). From DRAM, 16-bit
-  // data and f32 rows of up to kPerPixelMaxChannels take the per-pixel walk:
-  // two sequential streams, which the prefetchers follow best. Wider f32 rows
-  // from DRAM, and f32 that src and diff_dst fit in half the L3, take the
-  // channel-swept kernels: every load a fixed stride from its previous one
-  // (what the stride prefetchers follow, as in oneDNN's nspc kernel), sums and
-  // coefficients in registers, a call's rows re-read from the L2. Rows so
-  // wide that a call has fewer than kMinSweepRows pixels (C >= 1024) take the
-  // blocked walk, whose groups stay long enough there; so does 16-bit data in
-  // half the L3. The runs behind each rule: docs/performance.md, "Why the
-  // JIT chooses what it does".
+  // Rows wider than the registers (C > 64 on AVX-512): the per-pixel walk
+  // up to kPerPixelMaxChannels, two sequential streams, which the
+  // prefetchers follow best; wider rows the channel-blocked walk, whose
+  // groups of pixels stay long enough there (choose_pixels_walk). The
+  // channel-swept kernels are a variant (nxc-swept). The runs behind each
+  // rule: docs/jit-rules.md.
   const int64_t data_bytes = c.total_elements * dtype_size(d.data_dt);  // one tensor
   if (c.walk.kind == Walk::kPixels) choose_pixels_walk(&c);
   // Short rows of adjacent channels (NCX 7x7 and 14x14 f32, say) take the
@@ -519,15 +514,15 @@ void choose_pixels_walk(BnConf* c) {
   c->walk.pixel_group = 0;
   const int64_t data_bytes = c->total_elements * dtype_size(d.data_dt);  // one tensor
   const bool cache_resident = 2 * data_bytes <= cache_sizes().l3_bytes / 2;
-  const bool per_pixel = !cache_resident && c->walk.cols <= kPerPixelMaxChannels;
-  if (c->isa == Isa::kAvx512 && c->walk.cols > 64 && !per_pixel) {
-    const int64_t call_rows = sweep_call_rows(*c, kSweepCallBytes);
-    if (d.data_dt == DataType::kF32 && call_rows >= kMinSweepRows) {
-      c->walk.sweep_rows = call_rows;
-    } else if (d.data_dt == DataType::kF32 || cache_resident) {
-      c->walk.pixel_group = kPixelGroup;
-    }
-  }
+  // Pixel by pixel up to kPerPixelMaxChannels even where src and diff_dst
+  // would fit in the cache: run after run on the same tensors the swept and
+  // blocked walks were level with it or up to 10% faster, but a call meets
+  // its tensors cold after the layers between (through torch, a network's
+  // step), and there it ran 1.15-1.8x faster (docs/jit-rules.md). Wider f32
+  // rows, and wider 16-bit rows in half the L3, take the blocked walk.
+  if (c->isa == Isa::kAvx512 && c->walk.cols > kPerPixelMaxChannels &&
+      (d.data_dt == DataType::kF32 || cache_resident))
+    c->walk.pixel_group = kPixelGroup;
 }
 
 bool bwd_strips_possible(const BnConf& c, int64_t width) {

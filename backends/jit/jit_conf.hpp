@@ -92,20 +92,18 @@ using normgrad::CacheSizes;
 // 8 and 16 on C = 256..2048, f32; docs/performance.md).
 constexpr int kPixelGroup = 8;
 
-// NXC from DRAM on AVX-512: rows of up to this many channels take the
-// per-pixel kernels. Their sums (reduce) and coefficients (apply) are rows of
-// C floats read from the L1 as memory operands: at 2048 channels the apply's
-// four rows take 32 KiB of a 48 KiB L1 and the blocked walk is faster; below
-// that the per-pixel walk beats the swept and blocked ones (docs/jit-rules.md).
+// NXC on AVX-512: rows of up to this many channels take the per-pixel
+// kernels, from DRAM and from the cache alike. Their sums (reduce) and
+// coefficients (apply) are rows of C floats read from the L1 as memory
+// operands: at 2048 channels the apply's four rows take 32 KiB of a 48 KiB
+// L1 and the blocked walk is faster; below that the per-pixel walk beats the
+// swept and blocked ones (docs/jit-rules.md).
 constexpr int64_t kPerPixelMaxChannels = 1024;
 
 // Bytes of src + diff_dst per call of the channel-swept pixel kernels
-// (WalkConf::sweep_rows): a quarter of a 1 MiB L2, so the blocks after the
-// first find the call's rows there.
+// (WalkConf::sweep_rows, the nxc-swept variant): a quarter of a 1 MiB L2, so
+// the blocks after the first find the call's rows there.
 constexpr int64_t kSweepCallBytes = 256 * 1024;
-// Fewest pixels per call for the swept kernels: with fewer, each channel
-// block's pass is too short for its setup and for the stride prefetchers.
-constexpr int64_t kMinSweepRows = 64;
 
 // Channels per strip of the NXC backward's strips (WalkConf::strips) when
 // `nxc-strips` names no width.

@@ -17,35 +17,38 @@ using testing_util::bn_bwd;
 using testing_util::compare_with_ref;
 using testing_util::one_op;
 
-// Wide NXC rows (C > 64 on AVX-512) that src and diff_dst fit in half the
-// L3: f32 takes the channel-swept kernels (the channel-blocked ones from 1024
-// channels), 16-bit data the channel-blocked ones. From DRAM both take the
-// per-pixel ones (f32 up to kPerPixelMaxChannels, the blocked ones above).
+// Wide NXC rows (C > 64 on AVX-512) take the per-pixel kernels up to
+// kPerPixelMaxChannels, whether or not src and diff_dst fit in the cache;
+// wider rows the channel-blocked ones, f32 always and 16-bit data in half
+// the L3 (per pixel from DRAM). The swept kernels are a variant only
+// (NxcVariantsMatchRef).
 TEST(JitBackend, WidePixelKernels) {
   if (jit::detect_isa() != jit::Isa::kAvx512) GTEST_SKIP() << "the wide-row kernels are AVX-512";
   int ran = 0;
-  auto check = [&](const Graph& g, const std::string& what, const char* walk, const char* feature) {
+  // `walk` is the kernel name's walk: "pixels" alone (per pixel) or "pixels_blocked".
+  auto check = [&](const Graph& g, const std::string& what, const std::string& walk,
+                   const char* feature) {
     SCOPED_TRACE(what);
     const auto r = compare_with_ref(g, "jit", static_cast<uint64_t>(ran++));
     ASSERT_TRUE(r.status.ok()) << r.status.to_string();
-    EXPECT_NE(r.kernel.find(std::string(":") + walk), std::string::npos) << r.kernel;
+    EXPECT_NE(r.kernel.find(":" + walk), std::string::npos) << r.kernel;
+    if (walk == "pixels") {
+      EXPECT_EQ(r.kernel.find(":pixels_"), std::string::npos) << r.kernel;
+    }
     EXPECT_NE(r.kernel.find(feature), std::string::npos) << r.kernel;
     EXPECT_LE(r.worst_ratio, 1.0) << r.report;
   };
-  // f32 rows of up to 512 channels give a call kMinSweepRows pixels or more.
-  auto walk_for = [](DataType dt, int64_t c) {
-    return dt == DataType::kF32 && c <= 512 ? "pixels_swept" : "pixels_blocked";
-  };
   // C = 65: the apply wide, one vector and a tail; 129: the reduce wide too;
   // 320: two reduce blocks and 4 vectors left, no tail; 1000: 7 blocks and a tail.
-  // Pixels: 7 (single pixels only), 30 (3 groups and 6 singles), 128.
+  // Pixels: 7 (single pixels only), 30 (3 groups and 6 singles), 128. All
+  // fit in the cache, and all go pixel by pixel.
   for (DataType dt : {DataType::kF32, DataType::kBF16, DataType::kF16}) {
     for (int64_t c : {65, 129, 320, 1000}) {
       for (const Dims& px : {Dims{1, 1, 7}, Dims{2, 3, 5}, Dims{2, 8, 8}}) {
         const Op op = form_op({px[0], px[1], px[2], c}, "NXC", dt, ran % 6);
         check(one_op(op),
               std::string(dtype_name(dt)) + " C " + std::to_string(c) + " " + dims_to_string(px),
-              walk_for(dt, c), ":pixels");
+              "pixels", ":pixels");
       }
     }
   }
@@ -67,7 +70,7 @@ TEST(JitBackend, WidePixelKernels) {
       EXPECT_LE(r.worst_ratio, 1.0) << r.report;
     }
     // Rows wider than kPerPixelMaxChannels from DRAM: f32 takes the blocked
-    // walk, 16-bit data stays per pixel.
+    // walk, 16-bit data stays per pixel; in half the L3 both are blocked.
     const int64_t wide_images = jit::cache_sizes().l3_bytes / (7 * 7 * 2048 * 2 * 2) + 1;
     static_assert(jit::kPerPixelMaxChannels < 2048, "the wide rows below");
     auto wide_conf = jit::make_conf(
@@ -75,42 +78,39 @@ TEST(JitBackend, WidePixelKernels) {
     ASSERT_TRUE(wide_conf.ok());
     EXPECT_EQ(wide_conf->walk.pixel_group, f32 ? jit::kPixelGroup : 0) << dtype_name(dt);
     EXPECT_EQ(wide_conf->walk.sweep_rows, 0) << dtype_name(dt);
-    const Op cached = bn_bwd({4, 14, 14, 512}, "NXC", dt, DataType::kF32, true, 3);
-    auto cached_conf = jit::make_conf(cached, jit::Isa::kAvx512);
+    auto wide_cached_conf = jit::make_conf(
+        bn_bwd({2, 3, 7, 2048}, "NXC", dt, DataType::kF32, true, 3), jit::Isa::kAvx512);
+    ASSERT_TRUE(wide_cached_conf.ok());
+    EXPECT_EQ(wide_cached_conf->walk.pixel_group, jit::kPixelGroup) << dtype_name(dt);
+    // 512 channels in the cache: per pixel, as from DRAM.
+    auto cached_conf = jit::make_conf(bn_bwd({4, 14, 14, 512}, "NXC", dt, DataType::kF32, true, 3),
+                                      jit::Isa::kAvx512);
     ASSERT_TRUE(cached_conf.ok());
-    const bool resident = 4 * 14 * 14 * 512 * 2 * static_cast<int64_t>(dtype_size(dt)) <=
-                          jit::cache_sizes().l3_bytes / 2;
-    EXPECT_EQ(cached_conf->walk.pixel_group, !f32 && resident ? jit::kPixelGroup : 0)
-        << dtype_name(dt);
-    EXPECT_EQ(cached_conf->walk.sweep_rows > 0, f32) << dtype_name(dt);
+    EXPECT_EQ(cached_conf->walk.pixel_group, 0) << dtype_name(dt);
+    EXPECT_EQ(cached_conf->walk.sweep_rows, 0) << dtype_name(dt);
   }
-  // f32 rows too wide for kMinSweepRows pixels per call take the blocked walk.
-  static_assert(jit::kSweepCallBytes / (2 * 512 * 4) >= jit::kMinSweepRows &&
-                    jit::kSweepCallBytes / (2 * 1024 * 4) < jit::kMinSweepRows,
-                "walk_for's 512 channels");
   const Op widest = bn_bwd({2, 3, 7, 2048}, "NXC", DataType::kF32, DataType::kF32, true, 3);
-  auto widest_conf = jit::make_conf(widest, jit::Isa::kAvx512);
-  ASSERT_TRUE(widest_conf.ok());
-  EXPECT_EQ(widest_conf->walk.sweep_rows, 0);
   check(one_op(widest), "2x3x7x2048", "pixels_blocked", ":pixels");
+  check(one_op(bn_bwd({2, 3, 7, 2048}, "NXC", DataType::kBF16, DataType::kF32, true, 3)),
+        "bf16 2x3x7x2048", "pixels_blocked", ":pixels");
   // Fused producers on either port.
   for (int port : {0, 1}) {
     check(fused_on_port({3, 5, 7, 200}, "NXC", port), "fused on port " + std::to_string(port),
-          "pixels_swept", port == 0 ? "+src_" : "+diff_dst_");
+          "pixels", port == 0 ? "+src_" : "+diff_dst_");
   }
   // Rows padded from 150 to 160 channels in src and diff_dst, to 176 in diff_src.
   Op padded = bn_bwd({2, 5, 7, 150}, "NXC", DataType::kF32, DataType::kF32, true, 3);
   padded.mutable_inputs()[0].strides = {5 * 7 * 160, 7 * 160, 160, 1};
   padded.mutable_inputs()[1].strides = {5 * 7 * 160, 7 * 160, 160, 1};
   padded.mutable_outputs()[0].strides = {5 * 7 * 176, 7 * 176, 176, 1};
-  check(one_op(padded), "padded rows", "pixels_swept", "+strided");
+  check(one_op(padded), "padded rows", "pixels", "+strided");
   // 5.2 MB per tensor: on a 32 MiB L3 the three take more than a quarter of
   // it (streaming stores).
   Op big = bn_bwd({4, 32, 32, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3);
   auto conf = jit::make_conf(big, jit::Isa::kAvx512);
   ASSERT_TRUE(conf.ok());
   EXPECT_EQ(conf->stream.nt_stores, streams(conf->total_elements * 4));
-  check(one_op(big), "4x32x32x320", "pixels_swept", ":pixels");
+  check(one_op(big), "4x32x32x320", "pixels", ":pixels");
   // The chunks, groups and calls are fixed by the shape: same bits for 1, 2 and 4 threads.
   expect_same_bits_for_1_2_4_threads(
       one_op(bn_bwd({16, 14, 14, 320}, "NXC", DataType::kF32, DataType::kF32, true, 3)));
