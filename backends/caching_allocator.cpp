@@ -268,8 +268,10 @@ void CachingAllocator::make_room_locked(size_t cls) {
 
 std::vector<size_t> CachingAllocator::take_pieces_locked(
     size_t cls, std::vector<std::pair<void*, size_t>>* pieces) {
-  // Only pages the cache would give back anyway: a cached block of another
-  // class may be asked for again later in the step.
+  // Only when the bound makes the cache give something back (otherwise a
+  // cached block of another class may be asked for again later in the
+  // step). Then the largest blocks, up to the new block's size: what the
+  // bound still needs gone after that, make_room_locked gives back.
   std::vector<size_t> ranges;
   if (room_needed_locked(cls) <= 0) return ranges;
   // A block built of more ranges than this is given back, not moved: each

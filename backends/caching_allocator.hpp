@@ -127,8 +127,8 @@ class CachingAllocator {
   void make_room_locked(size_t cls);
   // What the cache must give up, under kPeak, for a new block of `cls`.
   int64_t room_needed_locked(size_t cls) const;
-  // When a miss of `cls` must give cached mappings back: takes the largest,
-  // up to `cls` bytes of them, out of the cache as ranges for System::remap
+  // When a miss of `cls` must give cached blocks back: takes the largest
+  // mappings, up to `cls` bytes of them, out of the cache as ranges for System::remap
   // (a block's tail past them stays cached when it is a mapping's worth,
   // else rides along to be given back). Returns the new block's ranges.
   std::vector<size_t> take_pieces_locked(size_t cls, std::vector<std::pair<void*, size_t>>* pieces);

@@ -45,6 +45,29 @@ def test_large_tensors_come_from_the_pool_and_go_back(pool_allocator):
 
 
 @needs_allocator
+def test_a_miss_moves_the_pages_freed_blocks_would_give_back(pool_allocator):
+    """A training step's backward in small: two 3.25 MiB tensors freed, then a
+    6.5 MiB one asked for beyond the peak's slack. The new tensor is their
+    pages, moved (it reads what was written to them; fresh pages read zero),
+    nothing is given back, and memory_stats() counts the recycled miss."""
+    quarter = (3 << 20) + (1 << 18)  # bytes, a size class of its own
+    normgrad.reset_peak_memory_stats()
+    held = normgrad.memory_stats()["allocated_bytes"]
+    if held > (64 << 20):
+        pytest.skip("other tests hold %d bytes of the pool: the peak's slack would keep both" % held)
+    a = torch.full((quarter // 4,), 1.0)
+    b = torch.full((quarter // 4,), 2.0)
+    del a, b
+    before = normgrad.memory_stats()
+    c = torch.empty(quarter // 2)  # 6.5 MiB of float32
+    after = normgrad.memory_stats()
+    assert after["recycled"] == before["recycled"] + 1, (before, after)
+    assert after["released"] == before["released"], (before, after)
+    assert {float(c[0]), float(c[-1])} == {1.0, 2.0}
+    del c
+
+
+@needs_allocator
 def test_a_training_step_matches_float64(pool_allocator):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32),
